@@ -1,0 +1,13 @@
+//! idlegate: an idle-connection timeout gateway.
+//!
+//! Clients hold one long-lived TCP connection each, log in with a numeric uid and send
+//! keepalive and data frames; a uid silent for the timeout goes offline and its connection is
+//! closed. Idle detection is a sliding slot ring ([`Ring`]) driven by one ticker, not a timer
+//! per connection.
+//!
+//! One frame's path, one file per step: socket -> `codec` -> `connection` -> `registry` (and
+//! the `ring` inside it) -> `ticker` -> BYE back through `connection`.
+
+mod ring;
+
+pub use ring::{Ring, Touch};
