@@ -11,3 +11,20 @@
 mod ring;
 
 pub use ring::{Ring, Touch};
+mod auth;
+mod codec;
+mod error;
+mod frame;
+mod metrics;
+mod registry;
+mod session;
+mod ticker;
+
+pub use auth::{unix_now, Auth};
+pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
+pub use error::{AuthError, ConfigError, FrameError};
+pub use frame::{kind, CloseReason, Frame};
+pub use metrics::{FrameKind, Metrics};
+pub use registry::{Activity, Registry};
+pub use session::Session;
+pub use ticker::{Clock, Ticker};

@@ -1,0 +1,60 @@
+//! Typed errors for the hot path and the configuration; `anyhow` only wraps them in `main`.
+
+use std::io;
+
+/// A frame the gateway cannot accept. Each one closes the connection with
+/// BYE(protocol_error), except [`FrameError::Io`], which is the socket failing.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The length prefix is zero or above `--max-frame-bytes`; caught from the header alone.
+    #[error("frame length {len} outside 1..={max}")]
+    BadLength { len: u32, max: u32 },
+    /// A body with no kind byte (only reachable through [`crate::Frame::parse`] directly).
+    #[error("empty frame body")]
+    Empty,
+    /// A kind byte this protocol version does not define.
+    #[error("unknown frame kind 0x{0:02x}")]
+    UnknownKind(u8),
+    /// A LOGIN whose payload cannot hold the 8-byte uid.
+    #[error("LOGIN payload is {0} bytes; the uid alone takes 8")]
+    ShortLogin(usize),
+    /// A WELCOME whose payload is not two u32 values.
+    #[error("WELCOME payload is {0} bytes, not 8")]
+    BadWelcome(usize),
+    /// A BYE with no reason byte, or one this version does not define.
+    #[error("BYE with reason {0:?}")]
+    BadBye(Option<u8>),
+    /// The socket failed or closed in the middle of a frame.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Why a LOGIN token was refused; the client only sees BYE(auth_failed).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// Not `<expiry>.<64 lowercase hex digits>`.
+    #[error("token is not <expiry_unix_seconds>.<hex hmac>")]
+    Malformed,
+    /// The expiry has passed.
+    #[error("token expired at {expiry}, now is {now}")]
+    Expired { expiry: u64, now: u64 },
+    /// The MAC does not match the uid and expiry.
+    #[error("token signature does not match")]
+    BadSignature,
+}
+
+/// A configuration the gateway refuses to start with; names the flag at fault.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{flag}: {message}")]
+pub struct ConfigError {
+    /// The command-line flag, such as `--timeout`.
+    pub flag: &'static str,
+    /// What is wrong with its value.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(flag: &'static str, message: impl Into<String>) -> ConfigError {
+        ConfigError { flag, message: message.into() }
+    }
+}

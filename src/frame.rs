@@ -1,0 +1,269 @@
+//! The wire vocabulary: frame kinds, their payloads and the reasons a session ends.
+//!
+//! No IO and no length prefix here: [`Frame::parse`] reads one frame's body (kind byte and
+//! payload) and [`Frame::encode`] writes one; `codec` adds the framing around them. See
+//! docs/PROTOCOL.md for the byte layout with examples.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::error::FrameError;
+
+/// Frame kind bytes; client-to-gateway kinds have the high bit clear, gateway-to-client set.
+pub mod kind {
+    /// uid (u64 BE) then an optional token.
+    pub const LOGIN: u8 = 0x01;
+    /// Any payload; answered by PONG with the same payload.
+    pub const PING: u8 = 0x02;
+    /// Opaque application payload; counts as activity.
+    pub const DATA: u8 = 0x03;
+    /// Ends the session now.
+    pub const LOGOUT: u8 = 0x04;
+    /// `timeout_ms` (u32 BE) then `tick_ms` (u32 BE).
+    pub const WELCOME: u8 = 0x81;
+    /// The PING's payload.
+    pub const PONG: u8 = 0x82;
+    /// A reason byte and optional UTF-8 text; the gateway closes after it.
+    pub const BYE: u8 = 0x8F;
+}
+
+/// Bytes of the uid at the start of a LOGIN payload.
+const UID_LEN: usize = 8;
+
+/// Bytes of a WELCOME payload: two u32 values.
+const WELCOME_LEN: usize = 8;
+
+/// One protocol frame, in either direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// First frame of a session: who the client is and, with auth on, its token.
+    Login { uid: u64, token: Bytes },
+    /// Keepalive; the payload comes back in the PONG (clients put a timestamp there).
+    Ping(Bytes),
+    /// Application payload; activity without a reply.
+    Data(Bytes),
+    /// The client ends its session.
+    Logout,
+    /// The gateway accepted the LOGIN and tells the client how often it must speak.
+    Welcome { timeout_ms: u32, tick_ms: u32 },
+    /// Answer to a PING.
+    Pong(Bytes),
+    /// The gateway's last frame on a connection.
+    Bye { reason: CloseReason, text: String },
+}
+
+// === impl Frame ===
+
+impl Frame {
+    /// Parses one frame body: the kind byte and the payload after it.
+    pub fn parse(mut body: Bytes) -> Result<Frame, FrameError> {
+        if body.is_empty() {
+            return Err(FrameError::Empty);
+        }
+        let kind = body.get_u8();
+        Ok(match kind {
+            kind::LOGIN => {
+                if body.len() < UID_LEN {
+                    return Err(FrameError::ShortLogin(body.len()));
+                }
+                let uid = body.get_u64();
+                Frame::Login { uid, token: body }
+            }
+            kind::PING => Frame::Ping(body),
+            kind::DATA => Frame::Data(body),
+            kind::LOGOUT => Frame::Logout,
+            kind::WELCOME => {
+                if body.len() != WELCOME_LEN {
+                    return Err(FrameError::BadWelcome(body.len()));
+                }
+                Frame::Welcome { timeout_ms: body.get_u32(), tick_ms: body.get_u32() }
+            }
+            kind::PONG => Frame::Pong(body),
+            kind::BYE => {
+                if body.is_empty() {
+                    return Err(FrameError::BadBye(None));
+                }
+                let code = body.get_u8();
+                let reason = CloseReason::from_wire(code).ok_or(FrameError::BadBye(Some(code)))?;
+                let text = String::from_utf8_lossy(&body).into_owned();
+                Frame::Bye { reason, text }
+            }
+            other => return Err(FrameError::UnknownKind(other)),
+        })
+    }
+
+    /// Length of the body [`Frame::encode`] writes: kind byte plus payload.
+    pub fn body_len(&self) -> usize {
+        1 + match self {
+            Frame::Login { token, .. } => UID_LEN + token.len(),
+            Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) => p.len(),
+            Frame::Logout => 0,
+            Frame::Welcome { .. } => WELCOME_LEN,
+            Frame::Bye { text, .. } => 1 + text.len(),
+        }
+    }
+
+    /// Writes the body: kind byte then payload.
+    pub fn encode(&self, dst: &mut BytesMut) {
+        dst.reserve(self.body_len());
+        match self {
+            Frame::Login { uid, token } => {
+                dst.put_u8(kind::LOGIN);
+                dst.put_u64(*uid);
+                dst.put_slice(token);
+            }
+            Frame::Ping(p) => {
+                dst.put_u8(kind::PING);
+                dst.put_slice(p);
+            }
+            Frame::Data(p) => {
+                dst.put_u8(kind::DATA);
+                dst.put_slice(p);
+            }
+            Frame::Logout => dst.put_u8(kind::LOGOUT),
+            Frame::Welcome { timeout_ms, tick_ms } => {
+                dst.put_u8(kind::WELCOME);
+                dst.put_u32(*timeout_ms);
+                dst.put_u32(*tick_ms);
+            }
+            Frame::Pong(p) => {
+                dst.put_u8(kind::PONG);
+                dst.put_slice(p);
+            }
+            Frame::Bye { reason, text } => {
+                dst.put_u8(kind::BYE);
+                // Disconnect never reaches the wire; 0 keeps encode total anyway.
+                dst.put_u8(reason.wire_code().unwrap_or(0));
+                dst.put_slice(text.as_bytes());
+            }
+        }
+    }
+}
+
+/// Why a session or connection ended: the BYE reasons plus `Disconnect`, which has no BYE.
+///
+/// The labels are the `reason` values of the closed-connections metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CloseReason {
+    IdleTimeout = 1,
+    Logout = 2,
+    Kicked = 3,
+    ProtocolError = 4,
+    LoginTimeout = 5,
+    AuthFailed = 6,
+    ServerFull = 7,
+    Shutdown = 8,
+    SlowConsumer = 9,
+    /// The client closed the socket; nothing is sent.
+    Disconnect = 10,
+}
+
+// === impl CloseReason ===
+
+impl CloseReason {
+    /// Every reason, in code order; `ALL[i]` has code `i + 1`.
+    pub const ALL: [CloseReason; 10] = [
+        CloseReason::IdleTimeout,
+        CloseReason::Logout,
+        CloseReason::Kicked,
+        CloseReason::ProtocolError,
+        CloseReason::LoginTimeout,
+        CloseReason::AuthFailed,
+        CloseReason::ServerFull,
+        CloseReason::Shutdown,
+        CloseReason::SlowConsumer,
+        CloseReason::Disconnect,
+    ];
+
+    /// The reason byte of its BYE, or `None` for a disconnect, which sends no BYE.
+    pub fn wire_code(self) -> Option<u8> {
+        match self {
+            CloseReason::Disconnect => None,
+            other => Some(other as u8),
+        }
+    }
+
+    /// The reason for a BYE reason byte.
+    pub fn from_wire(code: u8) -> Option<CloseReason> {
+        match code {
+            1..=9 => Some(CloseReason::ALL[usize::from(code) - 1]),
+            _ => None,
+        }
+    }
+
+    /// Position in [`CloseReason::ALL`], for per-reason arrays.
+    pub fn index(self) -> usize {
+        self as usize - 1
+    }
+
+    /// Metric label and log name.
+    pub fn label(self) -> &'static str {
+        match self {
+            CloseReason::IdleTimeout => "idle_timeout",
+            CloseReason::Logout => "logout",
+            CloseReason::Kicked => "kicked",
+            CloseReason::ProtocolError => "protocol_error",
+            CloseReason::LoginTimeout => "login_timeout",
+            CloseReason::AuthFailed => "auth_failed",
+            CloseReason::ServerFull => "server_full",
+            CloseReason::Shutdown => "shutdown",
+            CloseReason::SlowConsumer => "slow_consumer",
+            CloseReason::Disconnect => "disconnect",
+        }
+    }
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(frame: Frame) {
+        let mut buf = BytesMut::new();
+        frame.encode(&mut buf);
+        assert_eq!(buf.len(), frame.body_len(), "{frame:?}");
+        assert_eq!(Frame::parse(buf.freeze()).unwrap(), frame);
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        round_trip(Frame::Login { uid: 42, token: Bytes::from_static(b"tok") });
+        round_trip(Frame::Login { uid: u64::MAX, token: Bytes::new() });
+        round_trip(Frame::Ping(Bytes::from_static(b"\x00\x01")));
+        round_trip(Frame::Data(Bytes::new()));
+        round_trip(Frame::Logout);
+        round_trip(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 });
+        round_trip(Frame::Pong(Bytes::from_static(b"t")));
+        for reason in CloseReason::ALL.into_iter().filter(|r| r.wire_code().is_some()) {
+            round_trip(Frame::Bye { reason, text: "why".into() });
+        }
+    }
+
+    #[test]
+    fn reason_codes_and_indices_agree() {
+        for (i, reason) in CloseReason::ALL.into_iter().enumerate() {
+            assert_eq!(reason.index(), i);
+            if let Some(code) = reason.wire_code() {
+                assert_eq!(CloseReason::from_wire(code), Some(reason));
+            }
+        }
+        assert_eq!(CloseReason::from_wire(0), None);
+        assert_eq!(CloseReason::from_wire(10), None);
+    }
+
+    #[test]
+    fn bad_bodies_are_errors() {
+        let parse = |b: &'static [u8]| Frame::parse(Bytes::from_static(b)).unwrap_err();
+        assert!(matches!(parse(b""), FrameError::Empty));
+        assert!(matches!(parse(b"\x01\x00\x00"), FrameError::ShortLogin(2)));
+        assert!(matches!(parse(b"\x07"), FrameError::UnknownKind(7)));
+        assert!(matches!(parse(b"\x81\x00"), FrameError::BadWelcome(1)));
+        assert!(matches!(parse(b"\x8f"), FrameError::BadBye(None)));
+        assert!(matches!(parse(b"\x8f\x0a"), FrameError::BadBye(Some(10))));
+    }
+}

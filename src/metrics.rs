@@ -1,0 +1,201 @@
+//! Prometheus metrics: what operators scrape to see who is online and whether detection is
+//! healthy.
+//!
+//! Every labelled child is resolved once here, so the per-frame path only bumps atomics.
+//! Each gateway owns its own [`prometheus::Registry`], so several gateways (in tests) can
+//! live in one process. Scraping walks no sessions: the silence picture is refreshed by the
+//! ticker from the ring's slot sizes, once a tick.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::frame::CloseReason;
+
+/// Buckets of `idlegate_ring_expired_per_sweep`: decades, from a quiet tick to a mass expiry.
+const EXPIRED_PER_SWEEP_BUCKETS: [f64; 8] = [0.0, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
+
+/// Buckets of the sweep-duration and tick-lag histograms, in seconds: from 10 µs (a quiet
+/// sweep) to 10 s (a badly stalled process), roughly three per decade.
+const SECONDS_BUCKETS: [f64; 19] = [
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Frame kinds counted by `idlegate_frames_received_total`, in [`FrameKind`] order.
+const FRAME_KIND_LABELS: [&str; 4] = ["login", "ping", "data", "logout"];
+
+/// A client frame kind, as an index into the per-kind counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    Login = 0,
+    Ping = 1,
+    Data = 2,
+    Logout = 3,
+}
+
+/// The gateway's metrics; see the module documentation.
+pub struct Metrics {
+    registry: Registry,
+    /// uids logged in now.
+    pub online_users: IntGauge,
+    /// TCP connections open now, logged in or not.
+    pub connections_open: IntGauge,
+    /// Connections accepted, including those refused as server_full.
+    pub connections_accepted: IntCounter,
+    closed: Vec<IntCounter>,
+    /// Successful logins.
+    pub logins: IntCounter,
+    frames: Vec<IntCounter>,
+    /// uids taken out of the ring by sweeps.
+    pub ring_expired: IntCounter,
+    /// uids in the ring; equals online users when healthy.
+    pub ring_tracked: IntGauge,
+    silence: Vec<IntGauge>,
+    /// Time to sweep the slots of one tick, notifications included.
+    pub sweep_duration: Histogram,
+    /// uids expired by one tick's sweep.
+    pub expired_per_sweep: Histogram,
+    /// How late each tick ran against its schedule.
+    pub tick_lag: Histogram,
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// Metrics for a gateway whose timeout is `timeout_secs` whole seconds (one silence
+    /// series per second, `0 ..= timeout_secs - 1`).
+    pub fn new(timeout_secs: u64) -> Metrics {
+        let registry = Registry::new();
+        let reg = |c: Box<dyn prometheus::core::Collector>| {
+            registry.register(c).expect("metric names are unique and valid");
+        };
+
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid gauge");
+            reg(Box::new(g.clone()));
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid counter");
+            reg(Box::new(c.clone()));
+            c
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("valid histogram");
+            reg(Box::new(h.clone()));
+            h
+        };
+
+        let online_users = gauge("idlegate_online_users", "uids logged in now");
+        let connections_open = gauge("idlegate_connections_open", "TCP connections open now, logged in or not");
+        let connections_accepted = counter(
+            "idlegate_connections_accepted_total",
+            "TCP connections accepted, including those refused with BYE(server_full)",
+        );
+        let closed_vec = IntCounterVec::new(
+            Opts::new("idlegate_connections_closed_total", "TCP connections closed, by the reason they ended"),
+            &["reason"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(closed_vec.clone()));
+        let closed = CloseReason::ALL.iter().map(|r| closed_vec.with_label_values(&[r.label()])).collect();
+        let logins = counter("idlegate_logins_total", "successful logins");
+        let frames_vec = IntCounterVec::new(
+            Opts::new("idlegate_frames_received_total", "valid frames received from clients, by kind"),
+            &["kind"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(frames_vec.clone()));
+        let frames = FRAME_KIND_LABELS.iter().map(|k| frames_vec.with_label_values(&[k])).collect();
+        let ring_expired = counter("idlegate_ring_expired_total", "uids expired by ring sweeps");
+        let ring_tracked = gauge("idlegate_ring_tracked_uids", "uids in the ring (equals online users when healthy)");
+        let silence_vec = IntGaugeVec::new(
+            Opts::new(
+                "idlegate_ring_silence_uids",
+                "uids silent for at least age_seconds and fewer than age_seconds + 1 seconds, read off the ring's slots",
+            ),
+            &["age_seconds"],
+        )
+        .expect("valid gauge vec");
+        reg(Box::new(silence_vec.clone()));
+        let silence = (0..timeout_secs.max(1)).map(|s| silence_vec.with_label_values(&[&s.to_string()])).collect();
+        let sweep_duration = histogram(
+            "idlegate_ring_sweep_duration_seconds",
+            "time to sweep one tick's slots, notifications included",
+            &SECONDS_BUCKETS,
+        );
+        let expired_per_sweep =
+            histogram("idlegate_ring_expired_per_sweep", "uids expired by one sweep", &EXPIRED_PER_SWEEP_BUCKETS);
+        let tick_lag =
+            histogram("idlegate_ring_tick_lag_seconds", "how late each tick ran against its schedule", &SECONDS_BUCKETS);
+
+        let build = IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])
+            .expect("valid gauge vec");
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        reg(Box::new(build));
+
+        #[cfg(target_os = "linux")]
+        reg(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
+
+        Metrics {
+            registry,
+            online_users,
+            connections_open,
+            connections_accepted,
+            closed,
+            logins,
+            frames,
+            ring_expired,
+            ring_tracked,
+            silence,
+            sweep_duration,
+            expired_per_sweep,
+            tick_lag,
+        }
+    }
+
+    /// Counts a closed connection.
+    pub fn closed(&self, reason: CloseReason) {
+        self.closed[reason.index()].inc();
+    }
+
+    /// Closed connections so far for `reason`.
+    pub fn closed_count(&self, reason: CloseReason) -> u64 {
+        self.closed[reason.index()].get()
+    }
+
+    /// Counts a valid client frame.
+    pub fn frame(&self, kind: FrameKind) {
+        self.frames[kind as usize].inc();
+    }
+
+    /// Frames of `kind` received so far.
+    pub fn frame_count(&self, kind: FrameKind) -> u64 {
+        self.frames[kind as usize].get()
+    }
+
+    /// Sets the silence picture: `by_age[s]` uids silent for `s` whole seconds.
+    pub fn set_silence(&self, by_age: &[i64]) {
+        for (gauge, &n) in self.silence.iter().zip(by_age) {
+            gauge.set(n);
+        }
+    }
+
+    /// Number of silence series (whole seconds of the timeout).
+    pub fn silence_series(&self) -> usize {
+        self.silence.len()
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding into a Vec cannot fail");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").field("online_users", &self.online_users.get()).finish_non_exhaustive()
+    }
+}

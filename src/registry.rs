@@ -1,0 +1,299 @@
+//! The session registry: uid -> current session, kept consistent with the ring.
+//!
+//! Two structures, each sharded so no frame takes a global lock:
+//! - `sessions`, a `DashMap` from uid to the session that owns it now;
+//! - `rings`, [`RING_SHARDS`] rings behind their own mutexes, a uid always in the same one.
+//!
+//! Invariant: a uid is in `sessions` and in its ring together, except between the sweep that
+//! takes it out of the ring and [`Registry::finish_expired`], which then removes the session.
+//! Everything that changes both takes the `sessions` entry first, then the ring shard; the
+//! per-frame path takes only the ring shard, and only when the tick changed.
+//!
+//! Callers pass the tick their frame was read on, from the [`crate::Clock`]. A shard whose
+//! cursor trails that tick (the ticker has not run yet, or the process stalled) is moved up
+//! to it first, so a frame read just after a tick boundary counts on the new tick, never on
+//! the old one: that is what keeps every silence above `timeout - tick`.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use foldhash::fast::RandomState;
+
+use crate::frame::CloseReason;
+use crate::metrics::Metrics;
+use crate::ring::{Ring, Touch};
+use crate::session::Session;
+
+/// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
+/// time, so a mass expiry stalls touches on 1/64 of the uids for one chunk at most.
+const RING_SHARDS: usize = 64;
+
+/// What a frame's activity did to its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    /// The session is online; its deadline now counts from this tick.
+    Online,
+    /// The session is over (expired, kicked or closed); the frame is dropped.
+    Offline,
+}
+
+/// The gateway's shared state of who is online; see the module documentation.
+#[derive(Debug)]
+pub struct Registry {
+    sessions: DashMap<u64, Arc<Session>, RandomState>,
+    rings: Box<[Mutex<Ring>]>,
+    metrics: Arc<Metrics>,
+}
+
+// === impl Registry ===
+
+impl Registry {
+    /// An empty registry whose uids expire `window` ticks after their last activity.
+    pub fn new(window: u64, metrics: Arc<Metrics>) -> Registry {
+        Registry {
+            sessions: DashMap::with_hasher(RandomState::default()),
+            rings: (0..RING_SHARDS).map(|_| Mutex::new(Ring::new(window))).collect(),
+            metrics,
+        }
+    }
+
+    /// Number of ring shards, for the ticker's sweep loop.
+    pub fn shard_count(&self) -> usize {
+        self.rings.len()
+    }
+
+    /// Logs `uid` in on connection `conn_id` on tick `now`, placing it in the ring.
+    ///
+    /// A session the uid already had ends: kicked if it was still in the ring, expired if a
+    /// sweep had already taken it out.
+    pub fn login(&self, uid: u64, conn_id: u64, now: u64) -> Arc<Session> {
+        let session = Arc::new(Session::new(uid, conn_id));
+        match self.sessions.entry(uid) {
+            Entry::Occupied(mut entry) => {
+                let mut ring = self.ring_at(uid, now);
+                let previous = entry.get();
+                // Ended under the ring lock, so the old connection's next touch sees it.
+                previous.end(if ring.remove(uid) { CloseReason::Kicked } else { CloseReason::IdleTimeout });
+                ring.insert(uid, now);
+                drop(ring);
+                entry.insert(session.clone());
+            }
+            Entry::Vacant(entry) => {
+                self.ring_at(uid, now).insert(uid, now);
+                entry.insert(session.clone());
+                self.metrics.online_users.inc();
+            }
+        }
+        self.metrics.logins.inc();
+        session
+    }
+
+    /// Records activity of `session` on tick `now`; the caller skips this call when it
+    /// already touched on `now`, so a frame in the same tick does no ring work.
+    pub fn touch(&self, session: &Session, now: u64) -> Activity {
+        let mut ring = self.ring_at(session.uid(), now);
+        // Checked under the ring lock: a newer login ends this session under the same lock
+        // before it files the uid again, so this never touches another session's entry.
+        if session.end_reason().is_some() {
+            return Activity::Offline;
+        }
+        match ring.touch(session.uid(), now) {
+            Touch::NotTracked => Activity::Offline,
+            Touch::Moved | Touch::Unchanged => Activity::Online,
+        }
+    }
+
+    /// Ends `session` for `reason` from its own connection (logout, disconnect, an error)
+    /// and returns the reason it actually ended with: an expiry or a kick that came first
+    /// wins.
+    pub fn leave(&self, session: &Arc<Session>, reason: CloseReason) -> CloseReason {
+        if let Entry::Occupied(entry) = self.sessions.entry(session.uid()) {
+            if Arc::ptr_eq(entry.get(), session) {
+                self.ring_of(session.uid()).remove(session.uid());
+                entry.remove();
+                self.metrics.online_users.dec();
+            }
+        }
+        session.end(reason);
+        session.end_reason().unwrap_or(reason)
+    }
+
+    /// Moves every ring's cursor up to tick `to` (shards already there stay). Uids that fell
+    /// due become overdue; a touch still rescues them until they are expired.
+    pub fn advance(&self, to: u64) {
+        for shard in self.rings.iter() {
+            catch_up(&mut lock(shard), to);
+        }
+    }
+
+    /// Takes up to `max` overdue uids of ring shard `shard` into `out`; returns how many.
+    /// Holds that shard's lock only for this chunk.
+    pub fn expire_chunk(&self, shard: usize, max: usize, out: &mut Vec<u64>) -> usize {
+        lock(&self.rings[shard]).expire(max, out)
+    }
+
+    /// Ends the session of a uid a sweep took out of the ring, unless the uid logged in
+    /// again since. Idempotent: the ticker and the uid's own connection may both call it.
+    pub fn finish_expired(&self, uid: u64) -> bool {
+        let Entry::Occupied(entry) = self.sessions.entry(uid) else {
+            return false;
+        };
+        if self.ring_of(uid).contains(uid) {
+            return false;
+        }
+        let session = entry.remove();
+        self.metrics.online_users.dec();
+        session.end(CloseReason::IdleTimeout);
+        true
+    }
+
+    /// Ends every session with `reason`, for shutdown; their connections send the BYE.
+    pub fn end_all(&self, reason: CloseReason) {
+        for entry in self.sessions.iter() {
+            entry.value().end(reason);
+        }
+    }
+
+    /// Sessions online now.
+    pub fn online(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// uids in the rings, and `due[k - 1]` = uids falling due in `k` ticks, summed over
+    /// shards (`due` has `window + 1` entries). Costs O(shards x slots), never O(uids).
+    pub fn ring_picture(&self, due: &mut [u64]) -> usize {
+        due.fill(0);
+        let mut tracked = 0;
+        for shard in self.rings.iter() {
+            let ring = lock(shard);
+            tracked += ring.len();
+            for (k, n) in due.iter_mut().enumerate() {
+                *n += ring.due_in(k as u64 + 1) as u64;
+            }
+        }
+        tracked
+    }
+
+    fn ring_of(&self, uid: u64) -> MutexGuard<'_, Ring> {
+        lock(&self.rings[shard_of(uid)])
+    }
+
+    /// The uid's ring shard, its cursor moved up to `now` if it trailed.
+    fn ring_at(&self, uid: u64, now: u64) -> MutexGuard<'_, Ring> {
+        let mut ring = self.ring_of(uid);
+        catch_up(&mut ring, now);
+        ring
+    }
+}
+
+/// Advances `ring` to `to` unless it is there already: the ticker and every connection may
+/// move a shard, and whoever comes second has nothing to do.
+fn catch_up(ring: &mut Ring, to: u64) {
+    if to > ring.elapsed() {
+        ring.advance(to);
+    }
+}
+
+/// Locks a ring shard. A panic elsewhere while holding it cannot leave a ring half-updated
+/// in a way later calls trip over (each call restores its invariants before returning), so a
+/// poisoned lock is used as is rather than taking the gateway down.
+fn lock(shard: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Ring shard of a uid: Fibonacci hashing, so sequential uids spread evenly.
+fn shard_of(uid: u64) -> usize {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    (uid.wrapping_mul(GOLDEN) >> (64 - RING_SHARDS.trailing_zeros())) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry(window: u64) -> Registry {
+        Registry::new(window, Arc::new(Metrics::new(window)))
+    }
+
+    fn sweep(reg: &Registry, to: u64) -> Vec<u64> {
+        reg.advance(to);
+        let mut out = Vec::new();
+        for shard in 0..reg.shard_count() {
+            reg.expire_chunk(shard, usize::MAX, &mut out);
+        }
+        out.retain(|&uid| reg.finish_expired(uid));
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn shards_spread_sequential_uids() {
+        let mut counts = [0usize; RING_SHARDS];
+        for uid in 0..64_000 {
+            counts[shard_of(uid)] += 1;
+        }
+        assert!(counts.iter().all(|&c| (900..1100).contains(&c)), "{counts:?}");
+    }
+
+    #[test]
+    fn login_touch_expire_keep_the_online_gauge_exact() {
+        let reg = registry(3);
+        let a = reg.login(1, 10, 0);
+        let b = reg.login(2, 11, 0);
+        assert_eq!(reg.metrics.online_users.get(), 2);
+        reg.advance(1);
+        assert_eq!(reg.touch(&a, 1), Activity::Online);
+        assert_eq!(sweep(&reg, 3), vec![2]);
+        assert_eq!(b.end_reason(), Some(CloseReason::IdleTimeout));
+        assert_eq!(reg.touch(&b, 3), Activity::Offline);
+        assert_eq!(sweep(&reg, 4), vec![1]);
+        assert_eq!(reg.metrics.online_users.get(), 0);
+        assert_eq!(reg.metrics.logins.get(), 2);
+        assert_eq!(reg.online(), 0);
+    }
+
+    #[test]
+    fn touch_on_a_tick_the_ticker_has_not_reached_counts_on_that_tick() {
+        let reg = registry(3);
+        let a = reg.login(1, 1, 0);
+        let b = reg.login(2, 2, 0);
+        // The clock says tick 3 before the ticker ran: uid 1's frame counts on tick 3 and
+        // moves its shard, so uid 2 (same shard or not) is due and uid 1 is not.
+        assert_eq!(reg.touch(&a, 3), Activity::Online);
+        assert_eq!(sweep(&reg, 3), vec![2]);
+        assert_eq!(b.end_reason(), Some(CloseReason::IdleTimeout));
+        assert!(sweep(&reg, 5).is_empty());
+        assert_eq!(sweep(&reg, 6), vec![1]);
+    }
+
+    #[test]
+    fn newer_login_kicks_and_old_cleanup_spares_the_new_session() {
+        let reg = registry(3);
+        let old = reg.login(5, 1, 0);
+        let new = reg.login(5, 2, 0);
+        assert_eq!(old.end_reason(), Some(CloseReason::Kicked));
+        assert_eq!(reg.touch(&old, 0), Activity::Offline);
+        assert_eq!(reg.leave(&old, CloseReason::Disconnect), CloseReason::Kicked);
+        assert_eq!(reg.online(), 1);
+        assert_eq!(reg.metrics.online_users.get(), 1);
+        assert_eq!(reg.touch(&new, 0), Activity::Online);
+        assert_eq!(sweep(&reg, 3), vec![5]);
+        assert_eq!(new.end_reason(), Some(CloseReason::IdleTimeout));
+    }
+
+    #[test]
+    fn login_after_sweep_before_finish_ends_the_old_session_as_expired() {
+        let reg = registry(2);
+        let old = reg.login(9, 1, 0);
+        reg.advance(2);
+        let mut out = Vec::new();
+        reg.expire_chunk(shard_of(9), usize::MAX, &mut out);
+        assert_eq!(out, vec![9]);
+        let new = reg.login(9, 2, 2);
+        assert_eq!(old.end_reason(), Some(CloseReason::IdleTimeout));
+        assert!(!reg.finish_expired(9), "the new session must survive the old sweep");
+        assert_eq!(new.end_reason(), None);
+        assert_eq!(reg.metrics.online_users.get(), 1);
+    }
+}

@@ -1,0 +1,316 @@
+//! The ticker: the one task that moves the ring, and the one place time becomes ticks.
+//!
+//! Each tick it advances every ring shard to the tick the clock names, lets connections read
+//! what they were sent if the tick ran late, expires what fell due in chunks, and refreshes
+//! the ring's gauges.
+//!
+//! ```text
+//! tick:        0    1    2   ...  29   30
+//!              |----|----|-- ... --|----|
+//! login at 0.4 ^                        ^ swept on tick 30: 29.6 s of silence
+//! ```
+//!
+//! A late tick (the process stalled) sweeps every slot it missed, none skipped, but only
+//! after a short grace in which connections read what arrived during the stall: a client
+//! that kept sending while the gateway was frozen keeps its session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+
+/// uids expired per chunk before the ticker yields to the runtime. One chunk holds a ring
+/// shard's lock and the worker for well under a millisecond, so even a mass expiry of
+/// millions never pauses other connections for long.
+const SWEEP_CHUNK: usize = 4096;
+
+/// A tick later than `tick / LATE_FRACTION` counts as late: the process stalled long enough
+/// that clients' frames may be waiting unread in socket buffers.
+const LATE_FRACTION: u32 = 10;
+
+/// Longest grace a late tick gives connections to read before it sweeps, as a fraction of
+/// the tick (`tick / MAX_GRACE_FRACTION`); the grace is also never longer than the lag.
+const MAX_GRACE_FRACTION: u32 = 2;
+
+/// Converts between tokio instants and ring ticks; nothing else in the crate does.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Instant,
+    tick: Duration,
+}
+
+// === impl Clock ===
+
+impl Clock {
+    /// Tick 0 starts at `start`; each tick lasts `tick`.
+    pub fn new(start: Instant, tick: Duration) -> Clock {
+        assert!(!tick.is_zero(), "a tick must last some time");
+        Clock { start, tick }
+    }
+
+    /// The tick `at` falls in.
+    pub fn tick_at(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.start).as_nanos();
+        (since / self.tick.as_nanos()) as u64
+    }
+
+    /// When tick `tick` begins.
+    pub fn instant_of(&self, tick: u64) -> Instant {
+        self.start + self.ticks(tick)
+    }
+
+    /// The duration of `n` ticks.
+    pub fn ticks(&self, n: u64) -> Duration {
+        let nanos = self.tick.as_nanos().saturating_mul(u128::from(n));
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Whole seconds in `n` ticks, for the per-second silence series.
+    pub fn whole_seconds(&self, n: u64) -> u64 {
+        self.ticks(n).as_secs()
+    }
+}
+
+/// Drives the ring; see the module documentation.
+#[derive(Debug)]
+pub struct Ticker {
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    clock: Clock,
+    window: u64,
+    /// The last tick this ticker advanced the rings to.
+    elapsed: u64,
+    /// Scratch buffers reused every tick, so a steady ticker does not allocate.
+    expired: Vec<u64>,
+    due: Vec<u64>,
+    by_age: Vec<i64>,
+}
+
+// === impl Ticker ===
+
+impl Ticker {
+    /// A ticker for rings of `window` ticks, keeping time with `clock`.
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>, clock: Clock, window: u64) -> Ticker {
+        let series = metrics.silence_series();
+        Ticker {
+            registry,
+            metrics,
+            clock,
+            window,
+            elapsed: 0,
+            expired: Vec::with_capacity(SWEEP_CHUNK),
+            due: vec![0; window as usize + 1],
+            by_age: vec![0; series],
+        }
+    }
+
+    /// Ticks until `shutdown` is cancelled.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            let scheduled = self.clock.instant_of(self.elapsed + 1);
+            tokio::select! {
+                _ = sleep_until(scheduled) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            self.tick(scheduled).await;
+        }
+    }
+
+    /// One tick that was due at `scheduled`.
+    async fn tick(&mut self, scheduled: Instant) {
+        let woke = Instant::now();
+        let lag = woke.saturating_duration_since(scheduled);
+        self.metrics.tick_lag.observe(lag.as_secs_f64());
+
+        let to = self.clock.tick_at(woke).max(self.elapsed + 1);
+        self.registry.advance(to);
+        self.elapsed = to;
+        if lag > self.clock.tick / LATE_FRACTION {
+            // Frames that arrived during the stall sit unread in socket buffers; a touch
+            // rescues an overdue uid until it is expired below, so read them first.
+            let grace = lag.min(self.clock.tick / MAX_GRACE_FRACTION);
+            tracing::warn!(?lag, ?grace, tick = to, "tick ran late; reading clients before sweeping");
+            sleep(grace).await;
+        }
+
+        let started = Instant::now();
+        let expired = self.sweep().await;
+        self.metrics.sweep_duration.observe(started.elapsed().as_secs_f64());
+        self.metrics.expired_per_sweep.observe(expired as f64);
+        if expired > 0 {
+            tracing::debug!(tick = to, expired, "swept");
+        }
+        self.refresh_picture();
+    }
+
+    /// Expires every overdue uid, a chunk at a time, yielding between chunks.
+    async fn sweep(&mut self) -> usize {
+        let mut total = 0;
+        let mut since_yield = 0;
+        for shard in 0..self.registry.shard_count() {
+            loop {
+                let taken = self.registry.expire_chunk(shard, SWEEP_CHUNK - since_yield, &mut self.expired);
+                for uid in self.expired.drain(..) {
+                    self.registry.finish_expired(uid);
+                }
+                self.metrics.ring_expired.inc_by(taken as u64);
+                total += taken;
+                since_yield += taken;
+                if since_yield < SWEEP_CHUNK {
+                    break;
+                }
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
+        }
+        total
+    }
+
+    /// Refreshes the tracked-uids gauge and the silence picture from the slot sizes.
+    fn refresh_picture(&mut self) {
+        let tracked = self.registry.ring_picture(&mut self.due);
+        self.metrics.ring_tracked.set(tracked as i64);
+        self.by_age.fill(0);
+        let last = self.by_age.len().saturating_sub(1);
+        for (k, &n) in self.due.iter().enumerate() {
+            // Due in k + 1 ticks means touched window - (k + 1) ticks ago; the extra slot
+            // (due in window + 1, touched on the tick not yet begun) counts as silence 0.
+            let silent_ticks = self.window.saturating_sub(k as u64 + 1);
+            let age = (self.clock.whole_seconds(silent_ticks) as usize).min(last);
+            if let Some(slot) = self.by_age.get_mut(age) {
+                *slot += n as i64;
+            }
+        }
+        self.metrics.set_silence(&self.by_age);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::CloseReason;
+    use crate::registry::Activity;
+
+    const TICK: Duration = Duration::from_secs(1);
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    const WINDOW: u64 = 30;
+
+    struct Harness {
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+        start: Instant,
+        stop: CancellationToken,
+    }
+
+    impl Harness {
+        fn now(&self) -> u64 {
+            self.clock.tick_at(Instant::now())
+        }
+    }
+
+    fn start() -> Harness {
+        let metrics = Arc::new(Metrics::new(TIMEOUT.as_secs()));
+        let registry = Arc::new(Registry::new(WINDOW, metrics.clone()));
+        let start = Instant::now();
+        let clock = Clock::new(start, TICK);
+        let ticker = Ticker::new(registry.clone(), metrics.clone(), clock, WINDOW);
+        let stop = CancellationToken::new();
+        tokio::spawn(ticker.run(stop.clone()));
+        Harness { registry, metrics, clock, start, stop }
+    }
+
+    #[test]
+    fn clock_converts_both_ways() {
+        let start = Instant::now();
+        let clock = Clock::new(start, Duration::from_millis(100));
+        for tick in [0u64, 1, 7, 1_000_000] {
+            let at = clock.instant_of(tick);
+            assert_eq!(clock.tick_at(at), tick);
+            assert_eq!(clock.tick_at(at + Duration::from_millis(99)), tick);
+        }
+        assert_eq!(clock.whole_seconds(299), 29);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silent_uid_goes_offline_on_exactly_the_tick_the_guarantee_names() {
+        let h = start();
+        // Log in at several offsets inside tick 0, the last just before tick 1 begins: all
+        // are swept on tick 30, the tick that makes their silence longest but <= timeout.
+        let mut watchers = Vec::new();
+        for (uid, offset_ms) in [(1u64, 0u64), (2, 250), (3, 999)] {
+            let login_at = h.start + Duration::from_millis(offset_ms);
+            tokio::time::sleep_until(login_at).await;
+            let session = h.registry.login(uid, uid, h.now());
+            watchers.push(tokio::spawn(async move {
+                assert_eq!(session.ended().await, CloseReason::IdleTimeout);
+                (uid, login_at, Instant::now())
+            }));
+        }
+        for watcher in watchers {
+            let (uid, login_at, offline_at) = watcher.await.unwrap();
+            assert_eq!(offline_at, h.start + TIMEOUT, "uid {uid}");
+            let silence = offline_at - login_at;
+            assert!(silence > TIMEOUT - TICK && silence <= TIMEOUT, "uid {uid}: silence {silence:?}");
+        }
+        assert_eq!(h.registry.online(), 0);
+        assert_eq!(h.metrics.ring_expired.get(), 3);
+        assert_eq!(h.metrics.online_users.get(), 0);
+        h.stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn uid_pinging_every_timeout_minus_two_ticks_stays_online_for_many_cycles() {
+        let h = start();
+        let session = h.registry.login(1, 1, h.now());
+        let mut last_touch = 0;
+        for _ in 0..20 {
+            tokio::time::sleep(TIMEOUT - 2 * TICK).await;
+            let now = h.now();
+            assert_ne!(now, last_touch, "each ping lands on a new tick");
+            assert_eq!(h.registry.touch(&session, now), Activity::Online);
+            last_touch = now;
+        }
+        assert_eq!(session.end_reason(), None);
+        // Then it falls silent and goes offline within the window.
+        let silent_from = Instant::now();
+        assert_eq!(session.ended().await, CloseReason::IdleTimeout);
+        let silence = silent_from.elapsed();
+        assert!(silence > TIMEOUT - TICK && silence <= TIMEOUT, "silence {silence:?}");
+        h.stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn relogin_after_logout_gets_the_full_window_from_its_login() {
+        let h = start();
+        let first = h.registry.login(4, 1, h.now());
+        tokio::time::sleep(Duration::from_millis(29_500)).await;
+        h.registry.leave(&first, CloseReason::Logout);
+        let again_at = Instant::now();
+        let second = h.registry.login(4, 2, h.now());
+        assert_eq!(second.ended().await, CloseReason::IdleTimeout);
+        let silence = again_at.elapsed();
+        assert!(silence > TIMEOUT - TICK && silence <= TIMEOUT, "silence {silence:?}");
+        assert_eq!(h.metrics.online_users.get(), 0);
+        h.stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_picture_follows_the_slots() {
+        let h = start();
+        h.registry.login(1, 1, h.now());
+        tokio::time::sleep(Duration::from_millis(5_500)).await;
+        h.registry.login(2, 2, h.now());
+        // Let the tick at 6 s refresh the picture.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let text = h.metrics.render();
+        assert!(text.contains("idlegate_ring_silence_uids{age_seconds=\"6\"} 1"), "{text}");
+        assert!(text.contains("idlegate_ring_silence_uids{age_seconds=\"1\"} 1"), "{text}");
+        assert!(text.contains("idlegate_ring_tracked_uids 2"), "{text}");
+        h.stop.cancel();
+    }
+}
