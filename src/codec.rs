@@ -66,7 +66,8 @@ impl Encoder<&Frame> for FrameCodec {
 
     fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
         let body = frame.body_len();
-        let len = u32::try_from(body).map_err(|_| FrameError::BadLength { len: u32::MAX, max: self.max_frame_bytes })?;
+        let len =
+            u32::try_from(body).map_err(|_| FrameError::BadLength { len: u32::MAX, max: self.max_frame_bytes })?;
         dst.reserve(HEADER_LEN + body);
         dst.put_u32(len);
         frame.encode(dst);

@@ -11,20 +11,26 @@
 mod ring;
 
 pub use ring::{Ring, Touch};
+mod admin;
 mod auth;
 mod codec;
+mod config;
+mod connection;
 mod error;
 mod frame;
 mod metrics;
 mod registry;
+mod server;
 mod session;
 mod ticker;
 
 pub use auth::{unix_now, Auth};
 pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
+pub use config::{default_max_connections, Config, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
 pub use frame::{kind, CloseReason, Frame};
 pub use metrics::{FrameKind, Metrics};
 pub use registry::{Activity, Registry};
+pub use server::Server;
 pub use session::Session;
 pub use ticker::{Clock, Ticker};

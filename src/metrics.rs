@@ -81,7 +81,8 @@ impl Metrics {
             c
         };
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("valid histogram");
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .expect("valid histogram");
             reg(Box::new(h.clone()));
             h
         };
@@ -126,11 +127,15 @@ impl Metrics {
         );
         let expired_per_sweep =
             histogram("idlegate_ring_expired_per_sweep", "uids expired by one sweep", &EXPIRED_PER_SWEEP_BUCKETS);
-        let tick_lag =
-            histogram("idlegate_ring_tick_lag_seconds", "how late each tick ran against its schedule", &SECONDS_BUCKETS);
+        let tick_lag = histogram(
+            "idlegate_ring_tick_lag_seconds",
+            "how late each tick ran against its schedule",
+            &SECONDS_BUCKETS,
+        );
 
-        let build = IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])
-            .expect("valid gauge vec");
+        let build =
+            IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])
+                .expect("valid gauge vec");
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         reg(Box::new(build));
 

@@ -243,11 +243,7 @@ impl Ring {
 
     /// Deadline for a touch on `now`, clamped into the range the slots can hold.
     fn deadline_for(&self, now: u64) -> u64 {
-        debug_assert!(
-            now <= self.elapsed + 1,
-            "touch from the future: now={now}; elapsed={}",
-            self.elapsed
-        );
+        debug_assert!(now <= self.elapsed + 1, "touch from the future: now={now}; elapsed={}", self.elapsed);
         now.clamp(self.elapsed, self.elapsed + 1) + self.window
     }
 

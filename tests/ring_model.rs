@@ -39,11 +39,7 @@ struct Model {
 
 impl Model {
     fn overdue(&self) -> BTreeSet<u64> {
-        self.last
-            .iter()
-            .filter(|(_, &t)| t + self.window <= self.elapsed)
-            .map(|(&uid, _)| uid)
-            .collect()
+        self.last.iter().filter(|(_, &t)| t + self.window <= self.elapsed).map(|(&uid, _)| uid).collect()
     }
 }
 

@@ -1,0 +1,166 @@
+//! What the gateway runs with, checked once at start so a bad value fails loudly and names
+//! its flag instead of misbehaving later.
+
+use std::time::Duration;
+
+use crate::auth::Auth;
+use crate::codec::DEFAULT_MAX_FRAME_BYTES;
+use crate::error::ConfigError;
+
+/// Smallest `--max-frame-bytes` that still fits a LOGIN: a kind byte and the 8-byte uid.
+const MIN_FRAME_BYTES: u32 = 9;
+
+/// Most slots a ring may have (`timeout / tick + 1`): each slot costs a vector per ring
+/// shard, and a sub-millisecond resolution on a multi-second timeout buys nothing.
+const MAX_WINDOW_TICKS: u64 = 100_000;
+
+/// File descriptors kept back from `--max-connections`' default: the listeners, the admin
+/// server's connections, logs, and room to accept an over-limit client long enough to tell
+/// it BYE(server_full).
+pub const FD_HEADROOM: u64 = 100;
+
+/// Settings of one gateway; see `idlegate serve --help` for each.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Silence after which a uid goes offline.
+    pub timeout: Duration,
+    /// Resolution of idle detection: one ring slot.
+    pub tick: Duration,
+    /// Time a new connection has to send a valid LOGIN.
+    pub login_timeout: Duration,
+    /// Open connections beyond which new ones get BYE(server_full).
+    pub max_connections: usize,
+    /// Largest frame length accepted (kind byte plus payload).
+    pub max_frame_bytes: u32,
+    /// Token checking; `None` accepts any token.
+    pub auth: Option<Auth>,
+    /// Time shutdown waits for connections to take their BYE and close.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            timeout: Duration::from_secs(30),
+            tick: Duration::from_secs(1),
+            login_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            auth: None,
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Checks every value; the error names the flag at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let whole_ms = |d: Duration| d.as_nanos() % 1_000_000 == 0;
+        if self.tick < Duration::from_millis(1) || !whole_ms(self.tick) {
+            return Err(ConfigError::new(
+                "--tick",
+                format!("{:?} is not a whole number of milliseconds >= 1ms", self.tick),
+            ));
+        }
+        if self.timeout < self.tick || self.timeout.as_nanos() % self.tick.as_nanos() != 0 {
+            return Err(ConfigError::new(
+                "--timeout",
+                format!("{:?} is not a whole multiple (at least 1x) of the tick, {:?}", self.timeout, self.tick),
+            ));
+        }
+        if u32::try_from(self.timeout.as_millis()).is_err() {
+            return Err(ConfigError::new(
+                "--timeout",
+                format!("{:?} does not fit WELCOME's u32 milliseconds", self.timeout),
+            ));
+        }
+        if self.window() > MAX_WINDOW_TICKS {
+            return Err(ConfigError::new(
+                "--tick",
+                format!("timeout / tick = {} slots; at most {MAX_WINDOW_TICKS}: use a longer tick", self.window()),
+            ));
+        }
+        if self.login_timeout.is_zero() {
+            return Err(ConfigError::new("--login-timeout", "must be longer than zero"));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::new("--max-connections", "must be at least 1"));
+        }
+        if self.max_frame_bytes < MIN_FRAME_BYTES {
+            return Err(ConfigError::new(
+                "--max-frame-bytes",
+                format!("{} is too small for a LOGIN; at least {MIN_FRAME_BYTES}", self.max_frame_bytes),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Timeout in ticks: the ring's window, its slot count minus one.
+    pub fn window(&self) -> u64 {
+        (self.timeout.as_nanos() / self.tick.as_nanos().max(1)) as u64
+    }
+
+    /// The timeout in whole seconds, rounded up: the number of per-second silence series.
+    pub fn timeout_secs_ceil(&self) -> u64 {
+        self.timeout.as_millis().div_ceil(1000) as u64
+    }
+
+    /// The timeout in milliseconds, as WELCOME carries it.
+    pub fn timeout_ms(&self) -> u32 {
+        u32::try_from(self.timeout.as_millis()).unwrap_or(u32::MAX)
+    }
+
+    /// The tick in milliseconds, as WELCOME carries it.
+    pub fn tick_ms(&self) -> u32 {
+        u32::try_from(self.tick.as_millis()).unwrap_or(u32::MAX)
+    }
+}
+
+/// `--max-connections`' default for an open-file limit of `nofile`.
+pub fn default_max_connections(nofile: u64) -> usize {
+    nofile.saturating_sub(FD_HEADROOM).max(1) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(f: impl FnOnce(&mut Config)) -> Result<(), ConfigError> {
+        let mut c = Config::default();
+        f(&mut c);
+        c.validate()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_give_31_slots() {
+        assert_eq!(with(|_| {}), Ok(()));
+        assert_eq!(Config::default().window() + 1, 31);
+    }
+
+    #[test]
+    fn each_bad_value_names_its_flag() {
+        let flag = |r: Result<(), ConfigError>| r.unwrap_err().flag;
+        assert_eq!(flag(with(|c| c.timeout = Duration::from_millis(2500))), "--timeout");
+        assert_eq!(flag(with(|c| c.timeout = Duration::from_millis(500))), "--timeout");
+        assert_eq!(flag(with(|c| c.tick = Duration::ZERO)), "--tick");
+        assert_eq!(flag(with(|c| c.tick = Duration::from_micros(1500))), "--tick");
+        assert_eq!(
+            flag(with(|c| {
+                c.tick = Duration::from_millis(1);
+                c.timeout = Duration::from_secs(200);
+            })),
+            "--tick"
+        );
+        assert_eq!(flag(with(|c| c.login_timeout = Duration::ZERO)), "--login-timeout");
+        assert_eq!(flag(with(|c| c.max_connections = 0)), "--max-connections");
+        assert_eq!(flag(with(|c| c.max_frame_bytes = 8)), "--max-frame-bytes");
+    }
+
+    #[test]
+    fn max_connections_default_leaves_headroom() {
+        assert_eq!(default_max_connections(20_000), 19_900);
+        assert_eq!(default_max_connections(10), 1);
+    }
+}

@@ -1,0 +1,194 @@
+//! The `idlegate` binary: command line, logging, signals. Everything else is the library.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use idlegate::{default_max_connections, unix_now, Auth, Config, Server};
+use tokio::net::TcpListener;
+
+/// Idle-connection timeout gateway: clients log in with a uid and keep a TCP connection
+/// alive; a uid silent for the timeout goes offline and its connection is closed.
+#[derive(Debug, Parser)]
+#[command(name = "idlegate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Print a LOGIN token for a uid, signed with the gateway's secret.
+    Token(TokenArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address clients connect to.
+    #[arg(long, env = "IDLEGATE_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Address of the admin HTTP endpoint (/healthz, /readyz, /metrics).
+    #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071")]
+    admin_listen: SocketAddr,
+    /// Silence after which a uid goes offline; a whole multiple of --tick.
+    #[arg(long, env = "IDLEGATE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Resolution of idle detection: offline comes after more than timeout - tick of silence.
+    #[arg(long, env = "IDLEGATE_TICK", default_value = "1s", value_parser = humantime::parse_duration)]
+    tick: Duration,
+    /// Time a new connection has to log in.
+    #[arg(long, env = "IDLEGATE_LOGIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    login_timeout: Duration,
+    /// Open connections beyond which new ones get BYE(server_full) [default: the open-file
+    /// limit, raised to its hard limit, minus headroom].
+    #[arg(long, env = "IDLEGATE_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Largest frame length accepted, kind byte included.
+    #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate::DEFAULT_MAX_FRAME_BYTES)]
+    max_frame_bytes: u32,
+    /// Secret for LOGIN tokens; without it any token is accepted.
+    #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
+    auth_secret: Option<String>,
+    /// Allow running without --auth-secret on a non-loopback --listen address.
+    #[arg(long, env = "IDLEGATE_ALLOW_ANONYMOUS")]
+    allow_anonymous: bool,
+    /// Time shutdown waits for connections to take their BYE.
+    #[arg(long, env = "IDLEGATE_DRAIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
+    /// Log format; the level comes from RUST_LOG (default info).
+    #[arg(long, env = "IDLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct TokenArgs {
+    /// The gateway's --auth-secret.
+    #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
+    secret: String,
+    /// The uid the token logs in.
+    #[arg(long)]
+    uid: u64,
+    /// How long the token stays valid.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Token(args) => {
+            let expiry = unix_now().saturating_add(args.ttl.as_secs());
+            println!("{}", Auth::new(args.secret).mint(args.uid, expiry));
+            ExitCode::SUCCESS
+        }
+        Command::Serve(args) => match serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idlegate: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// Exits with status 2 and a usage error naming `flag`, as clap does for its own errors.
+fn usage_error(message: impl std::fmt::Display) -> ! {
+    Cli::command().error(ErrorKind::ValueValidation, message).exit()
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    // More connections need more descriptors: take everything the hard limit allows.
+    let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising the open-file limit")?;
+    let config = Config {
+        timeout: args.timeout,
+        tick: args.tick,
+        login_timeout: args.login_timeout,
+        max_connections: args.max_connections.unwrap_or_else(|| default_max_connections(nofile)),
+        max_frame_bytes: args.max_frame_bytes,
+        auth: args.auth_secret.as_deref().map(Auth::new),
+        drain_timeout: args.drain_timeout,
+    };
+    if let Err(e) = config.validate() {
+        usage_error(e);
+    }
+    if config.auth.is_none() {
+        if !args.listen.ip().is_loopback() && !args.allow_anonymous {
+            usage_error(format!(
+                "--listen {} is not a loopback address and no --auth-secret is set: anyone could log in as any uid; \
+                 set --auth-secret, or pass --allow-anonymous if that is what you want",
+                args.listen
+            ));
+        }
+        tracing::warn!("no --auth-secret: any LOGIN token is accepted");
+    }
+    if config.max_connections as u64 > nofile {
+        tracing::warn!(
+            max_connections = config.max_connections,
+            nofile,
+            "--max-connections exceeds the open-file limit"
+        );
+    }
+
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let listener =
+            TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
+        let admin = TcpListener::bind(args.admin_listen)
+            .await
+            .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+        tracing::info!(
+            listen = %args.listen,
+            admin = %args.admin_listen,
+            timeout = ?config.timeout,
+            tick = ?config.tick,
+            max_connections = config.max_connections,
+            "idlegate serving"
+        );
+        Server::new(config).run(listener, Some(admin), shutdown_signal()).await.context("serving")
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the gateway");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown signal received");
+}
