@@ -1,0 +1,168 @@
+//! Shared test helpers: a gateway on `127.0.0.1:0` and a raw protocol client.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use idlegate::{CloseReason, Config, Frame, FrameCodec, Metrics, Server};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::codec::{Decoder, Encoder};
+
+/// How long a test waits for a frame before calling the gateway hung. A deadline against a
+/// hang, never a speed assertion: generous on a loaded machine.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A gateway running in the test's runtime.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start(config: Config) -> TestServer {
+        config.validate().expect("test config is valid");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+        let server = Server::new(config);
+        let metrics = server.metrics();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(listener, Some(admin), async move {
+            let _ = stopped.await;
+        }));
+        TestServer { addr, admin: admin_addr, metrics, stop: Some(stop), task: Some(task) }
+    }
+
+    /// Triggers shutdown and waits for `run` to return.
+    pub async fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(PATIENCE, task).await.expect("server drains in time").unwrap().unwrap();
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.addr).await
+    }
+
+    /// GET on the admin endpoint: (status, body).
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin, path).await
+    }
+}
+
+/// A minimal HTTP/1.1 GET, enough for the admin endpoint.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    tokio::time::timeout(PATIENCE, s.read_to_string(&mut raw)).await.unwrap().unwrap();
+    let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one sample line `name{labels} value` in a Prometheus text body.
+pub fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A raw protocol client.
+pub struct Client {
+    pub stream: TcpStream,
+    buf: BytesMut,
+    codec: FrameCodec,
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client { stream, buf: BytesMut::new(), codec: FrameCodec::new(u32::MAX) }
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    pub async fn send(&mut self, frame: Frame) {
+        let mut out = BytesMut::new();
+        self.codec.encode(frame, &mut out).unwrap();
+        self.send_raw(&out).await;
+    }
+
+    /// The next frame, or `None` once the gateway closed the connection.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        tokio::time::timeout(PATIENCE, self.recv_inner()).await.expect("gateway answered in time")
+    }
+
+    async fn recv_inner(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(frame) = self.codec.decode(&mut self.buf).expect("gateway sends valid frames") {
+                return Some(frame);
+            }
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    pub async fn login(&mut self, uid: u64) -> Frame {
+        self.login_with(uid, b"").await
+    }
+
+    pub async fn login_with(&mut self, uid: u64, token: &[u8]) -> Frame {
+        self.send(Frame::Login { uid, token: bytes::Bytes::copy_from_slice(token) }).await;
+        self.recv().await.expect("an answer to LOGIN")
+    }
+
+    /// Sends a PING and expects its PONG.
+    pub async fn ping(&mut self, payload: &'static [u8]) {
+        self.send(Frame::Ping(bytes::Bytes::from_static(payload))).await;
+        assert_eq!(self.recv().await, Some(Frame::Pong(bytes::Bytes::from_static(payload))));
+    }
+
+    /// Expects BYE(reason), then the connection closing.
+    pub async fn expect_bye(&mut self, reason: CloseReason) -> String {
+        match self.recv().await {
+            Some(Frame::Bye { reason: got, text }) => {
+                assert_eq!(got, reason, "BYE text: {text}");
+                assert_eq!(self.recv().await, None, "connection closes after BYE");
+                text
+            }
+            other => panic!("expected BYE({reason}), got {other:?}"),
+        }
+    }
+}
+
+/// A frame's wire bytes: length prefix, kind, payload.
+pub fn raw_frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.put_u32(1 + payload.len() as u32);
+    v.put_u8(kind);
+    v.put_slice(payload);
+    v
+}
+
+/// A config with a short timeout for tests over real sockets.
+pub fn short_config() -> Config {
+    Config {
+        timeout: Duration::from_millis(600),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_millis(500),
+        max_connections: 1_000,
+        drain_timeout: Duration::from_secs(2),
+        ..Config::default()
+    }
+}

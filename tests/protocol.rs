@@ -1,0 +1,250 @@
+//! The wire protocol over real loopback TCP: every frame kind, every BYE reason, and the
+//! gateway serving everyone else while one client misbehaves.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{raw_frame, sample, short_config, TestServer};
+use idlegate::{kind, Auth, CloseReason, Config, Frame};
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn login_ping_data_logout_byte_for_byte() {
+    let mut server = TestServer::start(Config::default()).await;
+    let mut c = server.client().await;
+    c.send_raw(&raw_frame(kind::LOGIN, &[0, 0, 0, 0, 0, 0, 0, 42, b't'])).await;
+    // WELCOME: length 9, kind 0x81, timeout 30000 ms, tick 1000 ms.
+    let mut want = vec![0, 0, 0, 9, 0x81, 0, 0, 0x75, 0x30, 0, 0, 0x03, 0xe8];
+    // PONG echoes the PING payload; DATA gets no reply; LOGOUT gets BYE(logout).
+    c.send_raw(&raw_frame(kind::PING, b"abc")).await;
+    c.send_raw(&raw_frame(kind::DATA, b"app")).await;
+    c.send_raw(&raw_frame(kind::LOGOUT, b"")).await;
+    want.extend_from_slice(&[0, 0, 0, 4, 0x82, b'a', b'b', b'c']);
+    want.extend_from_slice(&[0, 0, 0, 2, 0x8f, 2]);
+    let mut got = Vec::new();
+    tokio::time::timeout(common::PATIENCE, tokio::io::AsyncReadExt::read_to_end(&mut c.stream, &mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, want);
+
+    let (_, body) = server.admin_get("/metrics").await;
+    assert_eq!(sample(&body, "idlegate_logins_total"), Some(1.0));
+    assert_eq!(sample(&body, "idlegate_online_users"), Some(0.0));
+    for kind in ["login", "ping", "data", "logout"] {
+        assert_eq!(sample(&body, &format!("idlegate_frames_received_total{{kind=\"{kind}\"}}")), Some(1.0), "{kind}");
+    }
+    assert_eq!(sample(&body, "idlegate_connections_closed_total{reason=\"logout\"}"), Some(1.0));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn silent_client_gets_idle_timeout_inside_the_window_and_pinger_stays() {
+    let config = short_config();
+    let (timeout, tick) = (config.timeout, config.tick);
+    let mut server = TestServer::start(config).await;
+    let mut silent = server.client().await;
+    let mut pinger = server.client().await;
+    assert!(matches!(pinger.login(2).await, Frame::Welcome { timeout_ms: 600, tick_ms: 100 }));
+    assert!(matches!(silent.login(1).await, Frame::Welcome { .. }));
+    let silent_since = Instant::now();
+
+    let keep_pinging = tokio::spawn(async move {
+        // Three timeouts' worth of pings, each well inside the window.
+        for _ in 0..9 {
+            tokio::time::sleep(timeout / 3).await;
+            pinger.ping(b"k").await;
+        }
+        pinger
+    });
+    silent.expect_bye(CloseReason::IdleTimeout).await;
+    // The lower bound is the guarantee's; the upper bound would be a timing assertion on a
+    // shared machine, so the ring's exact tick is tested with paused time instead.
+    assert!(silent_since.elapsed() > timeout - tick, "expired after {:?}", silent_since.elapsed());
+    let mut pinger = keep_pinging.await.unwrap();
+    pinger.send(Frame::Logout).await;
+    pinger.expect_bye(CloseReason::Logout).await;
+    assert_eq!(server.metrics.closed_count(CloseReason::IdleTimeout), 1);
+    assert_eq!(server.metrics.online_users.get(), 0);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn duplicate_login_kicks_the_older_connection_only() {
+    let mut server = TestServer::start(Config::default()).await;
+    let mut old = server.client().await;
+    old.login(7).await;
+    let mut new = server.client().await;
+    assert!(matches!(new.login(7).await, Frame::Welcome { .. }));
+    old.expect_bye(CloseReason::Kicked).await;
+    // The old connection's cleanup left the new session alone.
+    new.ping(b"still here").await;
+    assert_eq!(server.metrics.online_users.get(), 1);
+    new.send(Frame::Logout).await;
+    new.expect_bye(CloseReason::Logout).await;
+    assert_eq!(server.metrics.online_users.get(), 0);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_protocol_error_gets_its_bye_and_others_keep_being_served() {
+    let mut server = TestServer::start(Config { max_frame_bytes: 1024, ..Config::default() }).await;
+    let mut bystander = server.client().await;
+    bystander.login(1000).await;
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("unknown kind", [raw_frame(kind::LOGIN, &[0; 8]), raw_frame(0x7f, b"")].concat()),
+        ("ping before login", raw_frame(kind::PING, b"")),
+        ("data before login", raw_frame(kind::DATA, b"x")),
+        ("short login", raw_frame(kind::LOGIN, &[0; 7])),
+        ("second login", [raw_frame(kind::LOGIN, &[0; 8]), raw_frame(kind::LOGIN, &[0; 8])].concat()),
+        ("zero length", vec![0, 0, 0, 0]),
+        ("length over the limit", vec![0, 0, 4, 1]),
+        ("huge length", vec![0xff, 0xff, 0xff, 0xff]),
+        ("gateway frame from a client", raw_frame(kind::PONG, b"")),
+    ];
+    for (name, bytes) in cases {
+        let mut c = server.client().await;
+        c.send_raw(&bytes).await;
+        // A LOGIN that went through first is answered before the error.
+        let mut frame = c.recv().await;
+        if matches!(frame, Some(Frame::Welcome { .. })) {
+            frame = c.recv().await;
+        }
+        match frame {
+            Some(Frame::Bye { reason: CloseReason::ProtocolError, text }) => assert!(!text.is_empty(), "{name}"),
+            other => panic!("{name}: expected BYE(protocol_error), got {other:?}"),
+        }
+        assert_eq!(c.recv().await, None, "{name}: closed after BYE");
+        bystander.ping(b"fine").await;
+    }
+    assert_eq!(server.metrics.closed_count(CloseReason::ProtocolError), 9);
+    assert_eq!(server.metrics.online_users.get(), 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_login_in_time_gets_login_timeout_even_mid_header() {
+    let mut server = TestServer::start(short_config()).await;
+    let mut nothing = server.client().await;
+    let mut half_header = server.client().await;
+    half_header.send_raw(&[0, 0]).await;
+    let mut half_frame = server.client().await;
+    half_frame.send_raw(&[0, 0, 0, 9, kind::LOGIN, 0, 0]).await;
+    for c in [&mut nothing, &mut half_header, &mut half_frame] {
+        c.expect_bye(CloseReason::LoginTimeout).await;
+    }
+    assert_eq!(server.metrics.closed_count(CloseReason::LoginTimeout), 3);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn tokens_are_checked_when_a_secret_is_set() {
+    let auth = Auth::new("s3cret");
+    let mut server = TestServer::start(Config { auth: Some(auth.clone()), ..Config::default() }).await;
+    let expiry = idlegate::unix_now() + 3600;
+
+    let mut good = server.client().await;
+    assert!(matches!(good.login_with(5, auth.mint(5, expiry).as_bytes()).await, Frame::Welcome { .. }));
+
+    let expired = auth.mint(6, idlegate::unix_now() - 1);
+    let other_uid = auth.mint(5, expiry);
+    let wrong_secret = Auth::new("nope").mint(6, expiry);
+    for token in [b"".as_slice(), b"garbage", expired.as_bytes(), other_uid.as_bytes(), wrong_secret.as_bytes()] {
+        let mut c = server.client().await;
+        c.send(Frame::Login { uid: 6, token: Bytes::copy_from_slice(token) }).await;
+        c.expect_bye(CloseReason::AuthFailed).await;
+    }
+    good.ping(b"ok").await;
+    assert_eq!(server.metrics.closed_count(CloseReason::AuthFailed), 5);
+    assert_eq!(server.metrics.online_users.get(), 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn over_max_connections_gets_server_full_and_the_rest_are_served() {
+    let mut server = TestServer::start(Config { max_connections: 2, ..Config::default() }).await;
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    a.login(1).await;
+    b.login(2).await;
+    let mut c = server.client().await;
+    let text = c.expect_bye(CloseReason::ServerFull).await;
+    assert!(text.contains('2'), "{text}");
+    a.ping(b"a").await;
+    b.ping(b"b").await;
+    // A slot frees up when a client leaves.
+    a.send(Frame::Logout).await;
+    a.expect_bye(CloseReason::Logout).await;
+    let mut d = server.client().await;
+    assert!(matches!(d.login(4).await, Frame::Welcome { .. }));
+    assert_eq!(server.metrics.closed_count(CloseReason::ServerFull), 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_sends_bye_to_everyone_and_ends_every_session() {
+    let mut server = TestServer::start(Config::default()).await;
+    let mut clients = Vec::new();
+    for uid in 0..20 {
+        let mut c = server.client().await;
+        c.login(uid).await;
+        clients.push(c);
+    }
+    let mut not_logged_in = server.client().await;
+    assert_eq!(server.admin_get("/readyz").await.0, 200);
+    assert_eq!(server.metrics.online_users.get(), 20);
+    server.shutdown().await;
+    for c in &mut clients {
+        c.expect_bye(CloseReason::Shutdown).await;
+    }
+    not_logged_in.expect_bye(CloseReason::Shutdown).await;
+    assert_eq!(server.metrics.online_users.get(), 0);
+    assert_eq!(server.metrics.connections_open.get(), 0);
+    assert_eq!(server.metrics.closed_count(CloseReason::Shutdown), 21);
+    assert!(tokio::net::TcpStream::connect(server.addr).await.is_err(), "no longer accepting");
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_is_closed_as_slow_consumer() {
+    let mut server = TestServer::start(short_config()).await;
+    let mut bystander = server.client().await;
+    bystander.login(1).await;
+    let mut slow = server.client().await;
+    slow.login(2).await;
+    // Pings with large payloads, never reading the PONGs: the kernel's socket buffers fill,
+    // then the gateway's bounded queue, then it gives up on the client.
+    let ping = raw_frame(kind::PING, &[7u8; 60_000]);
+    let writer = tokio::spawn(async move {
+        for _ in 0..2_000 {
+            if slow.stream.write_all(&ping).await.is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metrics.closed_count(CloseReason::SlowConsumer) == 0 {
+        assert!(Instant::now() < deadline, "slow consumer was never closed");
+        bystander.ping(b"alive").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writer.await.unwrap();
+    bystander.ping(b"still alive").await;
+    assert_eq!(server.metrics.online_users.get(), 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn admin_endpoint_serves_health_readiness_and_metrics() {
+    let mut server = TestServer::start(Config::default()).await;
+    assert_eq!(server.admin_get("/healthz").await, (200, "ok\n".into()));
+    assert_eq!(server.admin_get("/readyz").await, (200, "ready\n".into()));
+    let (status, body) = server.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("idlegate_build_info{version=\""), "{body}");
+    assert_eq!(server.admin_get("/nope").await.0, 404);
+    server.shutdown().await;
+}
