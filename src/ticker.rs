@@ -300,6 +300,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn late_tick_reads_clients_before_it_sweeps() {
+        let h = start();
+        let active = h.registry.login(1, 1, h.now());
+        let silent = h.registry.login(2, 2, h.now());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The process stalls for longer than the timeout: the clock jumps, the ticker wakes
+        // 40 s late, and runs before this task reads anything.
+        tokio::time::advance(Duration::from_secs(40)).await;
+        for _ in 0..100 {
+            if h.metrics.tick_lag.get_sample_count() > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(h.metrics.tick_lag.get_sample_count(), 1, "the ticker ran once, late");
+        // A frame that arrived during the stall is read now, before the sweep.
+        assert_eq!(h.registry.touch(&active, h.now()), Activity::Online);
+        assert_eq!(silent.ended().await, CloseReason::IdleTimeout);
+        assert_eq!(active.end_reason(), None);
+        assert_eq!(h.metrics.ring_expired.get(), 1);
+        h.stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn silence_picture_follows_the_slots() {
         let h = start();
         h.registry.login(1, 1, h.now());

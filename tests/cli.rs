@@ -1,0 +1,82 @@
+//! The `idlegate` binary as a user runs it: bad flags exit 2 naming the flag, `token` mints
+//! tokens the gateway accepts, and SIGTERM drains with BYE(shutdown) and exits 0.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::Client;
+use idlegate::{Auth, CloseReason, Frame};
+
+fn idlegate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(args)
+        .env_remove("IDLEGATE_AUTH_SECRET")
+        .env("IDLEGATE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("IDLEGATE_LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn configuration_errors_exit_2_and_name_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["serve", "--timeout", "2500ms"], "--timeout"),
+        (&["serve", "--timeout", "soon"], "--timeout"),
+        (&["serve", "--tick", "0s"], "--tick"),
+        (&["serve", "--tick", "7s"], "--timeout"),
+        (&["serve", "--login-timeout", "0s"], "--login-timeout"),
+        (&["serve", "--max-frame-bytes", "4"], "--max-frame-bytes"),
+        (&["serve", "--max-connections", "0"], "--max-connections"),
+        (&["serve", "--listen", "not-an-address"], "--listen"),
+        (&["serve", "--log-format", "xml"], "--log-format"),
+        (&["serve", "--listen", "0.0.0.0:0"], "--auth-secret"),
+        (&["token", "--uid", "1"], "--secret"),
+    ];
+    for (args, flag) in cases {
+        let out = idlegate(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?} should name {flag}: {stderr}");
+    }
+}
+
+#[test]
+fn token_prints_a_token_the_secret_verifies() {
+    let out = idlegate(&["token", "--secret", "s3cret", "--uid", "77", "--ttl", "1h"]);
+    assert!(out.status.success());
+    let token = String::from_utf8(out.stdout).unwrap();
+    let auth = Auth::new("s3cret");
+    assert_eq!(auth.verify(77, token.trim().as_bytes(), idlegate::unix_now()), Ok(()));
+    assert!(auth.verify(78, token.trim().as_bytes(), idlegate::unix_now()).is_err());
+}
+
+#[tokio::test]
+async fn sigterm_sends_bye_shutdown_and_exits_0() {
+    // Reserve a port, then hand it to the gateway.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--listen", &listen, "--admin-listen", "127.0.0.1:0", "--drain-timeout", "3s"])
+        .env_remove("IDLEGATE_AUTH_SECRET")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut client = None;
+    for _ in 0..200 {
+        if let Ok(stream) = tokio::net::TcpStream::connect(&listen).await {
+            drop(stream);
+            client = Some(Client::connect(listen.parse().unwrap()).await);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut client = client.expect("gateway started listening");
+    assert!(matches!(client.login(1).await, Frame::Welcome { .. }));
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    client.expect_bye(CloseReason::Shutdown).await;
+    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
