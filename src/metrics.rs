@@ -10,6 +10,7 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::config::Config;
 use crate::frame::CloseReason;
 
 /// Buckets of `idlegate_ring_expired_per_sweep`: decades, from a quiet tick to a mass expiry.
@@ -62,9 +63,10 @@ pub struct Metrics {
 // === impl Metrics ===
 
 impl Metrics {
-    /// Metrics for a gateway whose timeout is `timeout_secs` whole seconds (one silence
-    /// series per second, `0 ..= timeout_secs - 1`).
-    pub fn new(timeout_secs: u64) -> Metrics {
+    /// Metrics for a gateway running with `config`: one silence series per whole second of
+    /// its timeout, and its limits exported so alerts can compare against them.
+    pub fn new(config: &Config) -> Metrics {
+        let timeout_secs = config.timeout_secs_ceil();
         let registry = Registry::new();
         let reg = |c: Box<dyn prometheus::core::Collector>| {
             registry.register(c).expect("metric names are unique and valid");
@@ -138,6 +140,16 @@ impl Metrics {
                 .expect("valid gauge vec");
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         reg(Box::new(build));
+        // Settings as gauges, so alert rules compare tick lag with the tick and open
+        // connections with the limit instead of hard-coding either.
+        let setting = |name: &str, help: &str, value: f64| {
+            let g = prometheus::Gauge::new(name, help).expect("valid gauge");
+            g.set(value);
+            reg(Box::new(g));
+        };
+        setting("idlegate_config_tick_seconds", "the --tick setting", config.tick.as_secs_f64());
+        setting("idlegate_config_timeout_seconds", "the --timeout setting", config.timeout.as_secs_f64());
+        setting("idlegate_config_max_connections", "the --max-connections setting", config.max_connections as f64);
 
         #[cfg(target_os = "linux")]
         reg(Box::new(prometheus::process_collector::ProcessCollector::for_self()));

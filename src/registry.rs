@@ -210,10 +210,14 @@ fn shard_of(uid: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::config::Config;
 
     fn registry(window: u64) -> Registry {
-        Registry::new(window, Arc::new(Metrics::new(window)))
+        let config = Config { timeout: Duration::from_secs(window), ..Config::default() };
+        Registry::new(window, Arc::new(Metrics::new(&config)))
     }
 
     fn sweep(reg: &Registry, to: u64) -> Vec<u64> {

@@ -69,7 +69,7 @@ impl Server {
     /// now.
     pub fn new(config: Config) -> Server {
         debug_assert!(config.validate().is_ok(), "Server::new with an invalid config: {:?}", config.validate());
-        let metrics = Arc::new(Metrics::new(config.timeout_secs_ceil()));
+        let metrics = Arc::new(Metrics::new(&config));
         let registry = Arc::new(Registry::new(config.window(), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
         Server { shared: Arc::new(Shared { config, registry, metrics, clock, shutdown: CancellationToken::new() }) }

@@ -192,6 +192,7 @@ impl Ticker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::frame::CloseReason;
     use crate::registry::Activity;
 
@@ -214,7 +215,7 @@ mod tests {
     }
 
     fn start() -> Harness {
-        let metrics = Arc::new(Metrics::new(TIMEOUT.as_secs()));
+        let metrics = Arc::new(Metrics::new(&Config { timeout: TIMEOUT, tick: TICK, ..Config::default() }));
         let registry = Arc::new(Registry::new(WINDOW, metrics.clone()));
         let start = Instant::now();
         let clock = Clock::new(start, TICK);

@@ -61,15 +61,44 @@ impl TestServer {
     }
 }
 
-/// A minimal HTTP/1.1 GET, enough for the admin endpoint.
+/// A minimal HTTP/1.1 GET, enough for the admin endpoint and Prometheus's API.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
     let mut raw = String::new();
     tokio::time::timeout(PATIENCE, s.read_to_string(&mut raw)).await.unwrap().unwrap();
     let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let chunked = head.lines().any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    (status, if chunked { dechunk(body) } else { body.to_string() })
+}
+
+/// Decodes a `Transfer-Encoding: chunked` body.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Every `(panel title, expr)` of the Grafana dashboard.
+pub fn dashboard_queries() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/dashboards/idlegate.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard is valid JSON");
+    let mut out = Vec::new();
+    for panel in dash["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().unwrap_or("?").to_string();
+        for target in panel["targets"].as_array().expect("targets") {
+            out.push((title.clone(), target["expr"].as_str().expect("expr").to_string()));
+        }
+    }
+    out
 }
 
 /// The value of one sample line `name{labels} value` in a Prometheus text body.
