@@ -154,8 +154,13 @@ async fn prometheus_sees_users_come_and_go_and_every_dashboard_query_works() {
     loop {
         let (_, body) = http_get(prom, "/api/v1/rules").await;
         let json: serde_json::Value = serde_json::from_str(&body).expect("rules API answers JSON");
-        let rules: Vec<&serde_json::Value> =
-            json["data"]["groups"].as_array().into_iter().flatten().flat_map(|g| g["rules"].as_array()).flatten().collect();
+        let rules: Vec<&serde_json::Value> = json["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array())
+            .flatten()
+            .collect();
         assert!(!rules.is_empty(), "prometheus loaded no alert rules");
         let bad: Vec<_> = rules.iter().filter(|r| r["health"] != "ok").map(|r| (&r["name"], &r["lastError"])).collect();
         if bad.is_empty() {

@@ -89,7 +89,8 @@ fn dechunk(mut body: &str) -> String {
 
 /// Every `(panel title, expr)` of the Grafana dashboard.
 pub fn dashboard_queries() -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/dashboards/idlegate.json")).unwrap();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/dashboards/idlegate.json")).unwrap();
     let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard is valid JSON");
     let mut out = Vec::new();
     for panel in dash["panels"].as_array().expect("panels") {
