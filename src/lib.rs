@@ -19,6 +19,8 @@ mod connection;
 mod error;
 mod frame;
 mod metrics;
+#[cfg(target_os = "linux")]
+mod process;
 mod registry;
 mod server;
 mod session;

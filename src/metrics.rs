@@ -152,7 +152,7 @@ impl Metrics {
         setting("idlegate_config_max_connections", "the --max-connections setting", config.max_connections as f64);
 
         #[cfg(target_os = "linux")]
-        reg(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
+        reg(Box::new(crate::process::ProcessCollector::new()));
 
         Metrics {
             registry,

@@ -1,0 +1,153 @@
+//! The command line: what load to offer, what to check, where to write the results.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Many real idlegate clients in one process: they log in, ping, fall silent, and check
+/// every expiry against the gateway's guarantee.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "loadtest", version, about)]
+pub struct Args {
+    /// The gateway's client address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub target: SocketAddr,
+    /// Client connections to open, one uid each.
+    #[arg(long, default_value_t = 1000)]
+    pub connections: u64,
+    /// New connections per second while opening.
+    #[arg(long, default_value_t = 5000.0)]
+    pub connect_rate: f64,
+    /// First uid; client i logs in as uid-base + i.
+    #[arg(long, default_value_t = 1)]
+    pub uid_base: u64,
+    /// Mean time between an active client's PINGs (each drawn with +-10 % jitter).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ping_interval: Duration,
+    /// DATA frames per active client per second, on top of the PINGs (0 = none).
+    #[arg(long, default_value_t = 0.0)]
+    pub data_rate: f64,
+    /// Fraction of clients that stop sending at a random moment in the first half of the run
+    /// and must then be expired inside the guarantee's window.
+    #[arg(long, default_value_t = 0.25)]
+    pub silent_fraction: f64,
+    /// How long active clients keep sending; silent clients get their full window on top.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// The gateway's admin address, to read its online gauge, memory and CPU.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// The gateway's --auth-secret, to mint LOGIN tokens.
+    #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
+    pub auth_secret: Option<String>,
+    /// Local addresses to connect from, as one address or a range like 127.0.0.1-127.0.0.8;
+    /// spreads connections past one address's ephemeral ports.
+    #[arg(long, value_parser = parse_source_ips)]
+    pub source_ips: Option<SourceIps>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write an SVG plot here: online users over time, and the silence histogram.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Exit 1 unless the run was clean: no false, missed, early or late offline, no
+    /// unexpected close, and the gateway's online gauge agreeing with ours at the end.
+    #[arg(long)]
+    pub check: bool,
+    /// Seed for jitter and for choosing silent clients, so runs can be repeated.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The wire protocol: idlegate's own, or MQTT 3.1.1 (CONNECT with a keepalive, PINGREQ).
+    #[arg(long, value_enum, default_value_t = Protocol::Idlegate)]
+    pub protocol: Protocol,
+    /// MQTT only: the keepalive sent in CONNECT; the broker's timeout is 1.5 times it.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub mqtt_keepalive: Duration,
+}
+
+/// Which protocol the clients speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Idlegate,
+    Mqtt,
+}
+
+/// A contiguous range of IPv4 source addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceIps {
+    first: u32,
+    count: u32,
+}
+
+impl SourceIps {
+    /// The address client `i` connects from: round robin over the range.
+    pub fn for_client(&self, i: u64) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::from(self.first + (i % u64::from(self.count)) as u32))
+    }
+}
+
+fn parse_source_ips(s: &str) -> Result<SourceIps, String> {
+    let parse = |a: &str| a.trim().parse::<Ipv4Addr>().map_err(|e| format!("{a:?}: {e}"));
+    let (first, last) = match s.split_once('-') {
+        Some((a, b)) => (parse(a)?, parse(b)?),
+        None => (parse(s)?, parse(s)?),
+    };
+    let (first, last) = (u32::from(first), u32::from(last));
+    if last < first {
+        return Err("the range ends before it starts".into());
+    }
+    Ok(SourceIps { first, count: last - first + 1 })
+}
+
+// === impl Args ===
+
+impl Args {
+    /// Checks values clap cannot; the error names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.connections == 0 {
+            return Err("--connections: must be at least 1".into());
+        }
+        if !(self.connect_rate.is_finite() && self.connect_rate > 0.0) {
+            return Err("--connect-rate: must be a positive number".into());
+        }
+        if !(0.0..=1.0).contains(&self.silent_fraction) {
+            return Err("--silent-fraction: must be between 0 and 1".into());
+        }
+        if !(self.data_rate.is_finite() && self.data_rate >= 0.0) {
+            return Err("--data-rate: must be zero or a positive number".into());
+        }
+        if self.ping_interval.is_zero() {
+            return Err("--ping-interval: must be longer than zero".into());
+        }
+        if self.duration.is_zero() {
+            return Err("--duration: must be longer than zero".into());
+        }
+        if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {
+            return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());
+        }
+        Ok(())
+    }
+
+    /// How many clients fall silent.
+    pub fn silent_count(&self) -> u64 {
+        (self.connections as f64 * self.silent_fraction).round() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ip_ranges_round_robin() {
+        let ips = parse_source_ips("127.0.0.1-127.0.0.3").unwrap();
+        let got: Vec<_> = (0..4).map(|i| ips.for_client(i).to_string()).collect();
+        assert_eq!(got, ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.1"]);
+        assert_eq!(parse_source_ips("127.0.0.9").unwrap().for_client(5).to_string(), "127.0.0.9");
+        assert!(parse_source_ips("127.0.0.3-127.0.0.1").is_err());
+        assert!(parse_source_ips("localhost").is_err());
+    }
+}

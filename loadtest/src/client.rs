@@ -1,0 +1,289 @@
+//! One simulated client, from connect to close: logs in, sends on its schedule, falls silent
+//! if its role says so, and judges every close it gets against the expiry guarantee.
+//!
+//! Each client is one task that owns its socket and its own two deadlines (next send, and for
+//! a silent client the latest acceptable expiry); there is no task per timer.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use idlegate::{Auth, CloseReason};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+use crate::stats::Stats;
+use crate::wire::{Incoming, Wire};
+
+/// Expiries later than `timeout` by more than this count as late: room for the sweep itself
+/// and two loopback hops, far below a tick.
+pub const LATE_TOLERANCE: Duration = Duration::from_millis(50);
+
+/// A silent client not expired this long after `timeout + tick` counts as missed.
+pub const MISSED_GRACE: Duration = Duration::from_secs(1);
+
+/// Longest a client waits for the answer to its login.
+const LOGIN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Read buffer per client: replies are a few bytes; the codec grows it if ever needed.
+const READ_BUFFER: usize = 128;
+
+/// Jitter of every send interval: uniform within +-10 %.
+const JITTER: f64 = 0.10;
+
+/// What every client shares.
+#[derive(Debug)]
+pub struct Ctx {
+    pub target: SocketAddr,
+    pub wire: Wire,
+    pub auth: Option<Auth>,
+    pub ping_interval: Duration,
+    pub data_interval: Option<Duration>,
+    pub stats: Arc<Stats>,
+    /// Cancelled when the run ends (or is interrupted): every client closes.
+    pub stop: CancellationToken,
+    /// Zero of the timestamps carried in PINGs.
+    pub epoch: Instant,
+    /// Timeout and tick, as the first WELCOME announced them.
+    pub learned: OnceLock<(Duration, Duration)>,
+}
+
+/// One client's part in the run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub uid: u64,
+    pub connect_at: Instant,
+    /// When a silent client sends its last frame; `None` for an active client.
+    pub silent_at: Option<Instant>,
+    pub source: Option<IpAddr>,
+    pub seed: u64,
+}
+
+/// Runs one client to its end.
+pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
+    let stats = ctx.stats.clone();
+    let silent = plan.silent_at.is_some();
+    let mut client = Client { plan, ctx, logged_in: false };
+    client.session().await;
+    if client.logged_in {
+        stats.online.fetch_sub(1, Ordering::Relaxed);
+    }
+    // Expired, missed, refused or failed: either way this silent client is settled.
+    if silent {
+        stats.silent_pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Connects from `source` when given, so runs can use many local addresses.
+pub async fn connect(target: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let stream = match source {
+        None => TcpStream::connect(target).await?,
+        Some(ip) => {
+            let socket = if target.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            socket.bind(SocketAddr::new(ip, 0))?;
+            socket.connect(target).await?
+        }
+    };
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+struct Client {
+    plan: Plan,
+    ctx: Arc<Ctx>,
+    logged_in: bool,
+}
+
+impl Client {
+    async fn session(&mut self) {
+        let ctx = self.ctx.clone();
+        let stats = &ctx.stats;
+        tokio::select! {
+            _ = sleep_until(self.plan.connect_at) => {}
+            _ = ctx.stop.cancelled() => return,
+        }
+        let started = Instant::now();
+        let stream = match connect(ctx.target, self.plan.source).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                stats.connect_errors.fetch_add(1, Ordering::Relaxed);
+                stats.set_fatal(format!("connecting to {} failed: {e}", ctx.target));
+                return;
+            }
+        };
+        stats.connected.fetch_add(1, Ordering::Relaxed);
+        let (read_half, mut write_half) = stream.into_split();
+        let mut wire = ctx.wire;
+        let mut frames = FramedRead::with_capacity(read_half, wire, READ_BUFFER);
+        let mut out = BytesMut::with_capacity(64);
+
+        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
+        wire.login(self.plan.uid, token.as_deref(), &mut out);
+        let mut last_sent = Instant::now();
+        if write_half.write_all_buf(&mut out).await.is_err() {
+            stats.record_close(CloseReason::Disconnect, false);
+            return;
+        }
+        let answer = tokio::select! {
+            a = timeout(LOGIN_PATIENCE, frames.next()) => a,
+            _ = ctx.stop.cancelled() => return,
+        };
+        let (timeout_d, tick) = match answer {
+            Ok(Some(Ok(Incoming::Welcome { timeout, tick }))) => (timeout, tick),
+            Ok(Some(Ok(Incoming::Bye(reason)))) => {
+                if reason == CloseReason::AuthFailed {
+                    stats.set_fatal(format!(
+                        "the gateway answered LOGIN with BYE(auth_failed): {}",
+                        if ctx.auth.is_some() {
+                            "--auth-secret does not match the gateway's"
+                        } else {
+                            "it wants a token: pass --auth-secret"
+                        }
+                    ));
+                }
+                stats.record_close(reason, false);
+                return;
+            }
+            Ok(Some(Err(e))) => {
+                stats.set_fatal(format!("the server's answer to the login is not the protocol: {e}"));
+                stats.record_close(CloseReason::ProtocolError, false);
+                return;
+            }
+            Ok(Some(Ok(other))) => {
+                stats.set_fatal(format!("the server answered the login with {other:?}"));
+                stats.record_close(CloseReason::ProtocolError, false);
+                return;
+            }
+            Ok(None) => {
+                stats.record_close(CloseReason::Disconnect, false);
+                return;
+            }
+            Err(_) => {
+                stats.set_fatal(format!("no answer to a login within {LOGIN_PATIENCE:?}"));
+                return;
+            }
+        };
+        stats.record_login(started.elapsed());
+        stats.logged_in.fetch_add(1, Ordering::Relaxed);
+        stats.last_login_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        stats.online.fetch_add(1, Ordering::Relaxed);
+        self.logged_in = true;
+        let _ = ctx.learned.set((timeout_d, tick));
+
+        let mut rng = SmallRng::seed_from_u64(self.plan.seed);
+        let now = Instant::now();
+        let mut next_ping = now + jittered(&mut rng, ctx.ping_interval);
+        let mut next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
+        let mut silent_at = self.plan.silent_at;
+        let mut pings_in_flight: VecDeque<Instant> = VecDeque::new();
+        // Set once a silent client has sent its last frame: the latest acceptable expiry.
+        let mut missed_at: Option<Instant> = None;
+        if silent_at.is_some_and(|at| at <= now) {
+            silent_at = None;
+            missed_at = Some(last_sent + timeout_d + tick + MISSED_GRACE);
+        }
+        let sending = |missed_at: Option<Instant>| missed_at.is_none();
+
+        loop {
+            let next_send = next_data.map_or(next_ping, |d| d.min(next_ping));
+            tokio::select! {
+                biased;
+                _ = ctx.stop.cancelled() => return,
+                frame = frames.next() => match frame {
+                    Some(Ok(Incoming::Pong(sent))) => {
+                        stats.pongs_received.fetch_add(1, Ordering::Relaxed);
+                        let sent_at = match sent {
+                            Some(nanos) => Some(ctx.epoch + Duration::from_nanos(nanos)),
+                            None => pings_in_flight.pop_front(),
+                        };
+                        if let Some(at) = sent_at {
+                            stats.record_rtt(at.elapsed());
+                        }
+                    }
+                    Some(Ok(Incoming::Bye(reason))) => {
+                        self.closed(reason, missed_at.is_some(), last_sent, timeout_d, tick);
+                        return;
+                    }
+                    Some(Ok(Incoming::Welcome { .. })) | Some(Err(_)) => {
+                        stats.record_close(CloseReason::ProtocolError, false);
+                        return;
+                    }
+                    // MQTT brokers expire a client by closing the socket without a word.
+                    None if ctx.wire.is_mqtt() => {
+                        self.closed(CloseReason::IdleTimeout, missed_at.is_some(), last_sent, timeout_d, tick);
+                        return;
+                    }
+                    None => {
+                        stats.record_close(CloseReason::Disconnect, false);
+                        return;
+                    }
+                },
+                _ = sleep_until(silent_at.unwrap_or(next_send)), if sending(missed_at) && silent_at.is_some_and(|at| at <= next_send) => {
+                    silent_at = None;
+                    missed_at = Some(last_sent + timeout_d + tick + MISSED_GRACE);
+                }
+                _ = sleep_until(next_send), if sending(missed_at) => {
+                    let now = Instant::now();
+                    if next_data.is_some_and(|d| d <= next_ping) {
+                        wire.data(&mut out);
+                        stats.data_sent.fetch_add(1, Ordering::Relaxed);
+                        next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
+                    } else {
+                        let nanos = now.saturating_duration_since(ctx.epoch).as_nanos() as u64;
+                        wire.ping(nanos, &mut out);
+                        pings_in_flight.push_back(now);
+                        stats.pings_sent.fetch_add(1, Ordering::Relaxed);
+                        next_ping = now + jittered(&mut rng, ctx.ping_interval);
+                    }
+                    // Taken before the write, so our silence is never shorter than the
+                    // gateway's: it reads the frame only after this instant.
+                    last_sent = now;
+                    if write_half.write_all_buf(&mut out).await.is_err() {
+                        stats.record_close(CloseReason::Disconnect, false);
+                        return;
+                    }
+                }
+                _ = sleep_until(missed_at.unwrap_or(next_send)), if missed_at.is_some() => {
+                    stats.missed_offline.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Judges an expiry or any other close the server sent.
+    fn closed(&self, reason: CloseReason, went_silent: bool, last_sent: Instant, timeout: Duration, tick: Duration) {
+        let stats = &self.ctx.stats;
+        let expected = reason == CloseReason::IdleTimeout && went_silent;
+        stats.record_close(reason, expected);
+        if reason == CloseReason::IdleTimeout && !went_silent {
+            stats.false_offline.fetch_add(1, Ordering::Relaxed);
+        }
+        if !expected {
+            return;
+        }
+        let silence = last_sent.elapsed();
+        stats.record_silence(silence);
+        if silence <= timeout.saturating_sub(tick) {
+            stats.early_offline.fetch_add(1, Ordering::Relaxed);
+        } else if silence > timeout + LATE_TOLERANCE {
+            stats.late_offline.fetch_add(1, Ordering::Relaxed);
+        } else {
+            stats.expired_in_window.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `base` with uniform jitter of +-10 %.
+fn jittered(rng: &mut SmallRng, base: Duration) -> Duration {
+    base.mul_f64(rng.gen_range(1.0 - JITTER..=1.0 + JITTER))
+}

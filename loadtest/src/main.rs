@@ -1,0 +1,76 @@
+//! `loadtest`: many real clients against an idlegate gateway (or an MQTT broker), checking
+//! every expiry against the guarantee and measuring the server. See `loadtest --help` and the
+//! README's Load testing section.
+
+mod args;
+mod client;
+mod gateway;
+mod plot;
+mod report;
+mod run;
+mod stats;
+mod wire;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+
+use crate::args::Args;
+use crate::run::SetupError;
+
+/// Exit status of a run interrupted with Ctrl-C, as shells report SIGINT.
+const INTERRUPTED: u8 = 130;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(message) = args.validate() {
+        Args::command().error(clap::error::ErrorKind::ValueValidation, message).exit();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loadtest: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("interrupted: closing clients and printing the summary so far");
+    };
+    let report = match runtime.block_on(run::run(&args, interrupt)) {
+        Ok(report) => report,
+        Err(SetupError::Usage(message)) => {
+            eprintln!("loadtest: {message}");
+            return ExitCode::from(2);
+        }
+        Err(SetupError::Unreachable(message)) => {
+            eprintln!("loadtest: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", report.summary());
+    if let Some(path) = &args.report {
+        let json = serde_json::to_string_pretty(&report).expect("the report serializes");
+        if let Err(e) = std::fs::write(path, json + "\n") {
+            eprintln!("loadtest: --report {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &args.plot {
+        if let Err(e) = plot::write(path, &report) {
+            eprintln!("loadtest: --plot {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if report.interrupted {
+        return ExitCode::from(INTERRUPTED);
+    }
+    if let Some(fatal) = &report.fatal {
+        eprintln!("loadtest: {fatal}");
+        return ExitCode::FAILURE;
+    }
+    if args.check && !report.failures.is_empty() {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

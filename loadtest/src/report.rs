@@ -1,0 +1,166 @@
+//! The run's results: the JSON report, the summary table, and the verdict of `--check`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::args::Protocol;
+use crate::stats::Percentiles;
+
+/// One point of the online-users timeline.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    /// Seconds since the run started.
+    pub t: f64,
+    /// Logged in and not closed, by the harness's count.
+    pub harness_online: i64,
+    /// The gateway's `idlegate_online_users`, when it could be read.
+    pub gateway_online: Option<f64>,
+}
+
+/// Everything a run measured; written by `--report`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub protocol: Protocol,
+    pub connections: u64,
+    pub silent_clients: u64,
+    pub logins_ok: u64,
+    pub connect_errors: u64,
+    pub connect_rate_per_s: f64,
+    pub duration_s: f64,
+    /// Timeout and tick the server announced, and the window they promise.
+    pub timeout_ms: Option<f64>,
+    pub tick_ms: Option<f64>,
+    pub window_ms: Option<(f64, f64)>,
+    pub login_ms: Percentiles,
+    pub rtt_ms: Percentiles,
+    pub silence_ms: Percentiles,
+    /// Silence histogram: (bucket start ms, clients), buckets `silence_bucket_ms` wide.
+    pub silence_histogram: Vec<(u64, u64)>,
+    pub silence_bucket_ms: u64,
+    pub pings_sent: u64,
+    pub pongs_received: u64,
+    pub data_sent: u64,
+    pub false_offline: u64,
+    pub missed_offline: u64,
+    pub early_offline: u64,
+    pub late_offline: u64,
+    pub expired_in_window: u64,
+    pub unexpected_closes: BTreeMap<&'static str, u64>,
+    pub closes: BTreeMap<&'static str, u64>,
+    pub harness_online_at_end: i64,
+    pub gateway_online_at_end: Option<f64>,
+    pub gateway_rss_bytes_at_start: Option<f64>,
+    pub gateway_rss_bytes: Option<f64>,
+    /// (resident memory at steady state - at start) / connections.
+    pub gateway_rss_bytes_per_connection: Option<f64>,
+    /// CPU the gateway used from the run's start to its end.
+    pub gateway_cpu_seconds: Option<f64>,
+    /// A reason the run could not be meaningful (login refused, server unreachable).
+    pub fatal: Option<String>,
+    pub interrupted: bool,
+    pub timeline: Vec<Sample>,
+    /// What `--check` found wrong; empty on a clean run.
+    pub failures: Vec<String>,
+}
+
+/// Silence-histogram bars across the guarantee's window.
+const BARS_PER_WINDOW: f64 = 50.0;
+
+// === impl Report ===
+
+impl Report {
+    /// The silence bucket width that gives about [`BARS_PER_WINDOW`] bars across the window.
+    pub fn bucket_width_ms(window_ms: Option<(f64, f64)>) -> u64 {
+        window_ms.map_or(100, |(lo, hi)| (((hi - lo) / BARS_PER_WINDOW) as u64).max(1))
+    }
+
+    /// Fills `failures` with every way the run was not clean.
+    pub fn judge(&mut self) {
+        let mut f = Vec::new();
+        if let Some(fatal) = &self.fatal {
+            f.push(format!("fatal: {fatal}"));
+        }
+        if self.interrupted {
+            f.push("the run was interrupted".into());
+        }
+        if self.logins_ok < self.connections {
+            f.push(format!("{} of {} clients never logged in", self.connections - self.logins_ok, self.connections));
+        }
+        for (name, n) in [
+            ("false_offline", self.false_offline),
+            ("missed_offline", self.missed_offline),
+            ("early_offline", self.early_offline),
+            ("late_offline", self.late_offline),
+        ] {
+            if n > 0 {
+                f.push(format!("{name} = {n}"));
+            }
+        }
+        for (reason, n) in &self.unexpected_closes {
+            f.push(format!("{n} unexpected close(s) with reason {reason}"));
+        }
+        match self.gateway_online_at_end {
+            Some(g) if g != self.harness_online_at_end as f64 => f.push(format!(
+                "the gateway reports {g} online at the end, the harness counts {}",
+                self.harness_online_at_end
+            )),
+            _ => {}
+        }
+        self.failures = f;
+    }
+
+    /// The human summary printed at the end of a run.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.0}{unit}"));
+        let _ = writeln!(s, "\n== loadtest summary ({:?}, {:.1} s)", self.protocol, self.duration_s);
+        let _ = writeln!(
+            s,
+            "clients      {} ({} silent), logged in {}, connect errors {}, {:.0} logins/s",
+            self.connections, self.silent_clients, self.logins_ok, self.connect_errors, self.connect_rate_per_s
+        );
+        if let (Some(t), Some(k), Some((lo, hi))) = (self.timeout_ms, self.tick_ms, self.window_ms) {
+            let _ = writeln!(s, "guarantee    timeout {t:.0} ms, tick {k:.0} ms: offline after ({lo:.0}, {hi:.0}] ms");
+        }
+        let _ = writeln!(
+            s,
+            "{:<12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "ms", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+        for (name, p) in [("login", &self.login_ms), ("rtt", &self.rtt_ms), ("silence", &self.silence_ms)] {
+            let _ = writeln!(
+                s,
+                "{:<12} {:>8} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+            );
+        }
+        let _ =
+            writeln!(s, "frames       pings {} pongs {} data {}", self.pings_sent, self.pongs_received, self.data_sent);
+        let _ = writeln!(
+            s,
+            "expiry       in window {}, false {}, missed {}, early {}, late {}",
+            self.expired_in_window, self.false_offline, self.missed_offline, self.early_offline, self.late_offline
+        );
+        let _ = writeln!(s, "closes       {:?}; unexpected {:?}", self.closes, self.unexpected_closes);
+        let _ = writeln!(
+            s,
+            "gateway      online at end {} (harness {}), rss {} ({} per connection), cpu {}",
+            opt(self.gateway_online_at_end, ""),
+            self.harness_online_at_end,
+            opt(self.gateway_rss_bytes, " B"),
+            opt(self.gateway_rss_bytes_per_connection, " B"),
+            self.gateway_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s")),
+        );
+        if self.failures.is_empty() {
+            let _ = writeln!(s, "result       clean");
+        } else {
+            let _ = writeln!(s, "result       NOT clean:");
+            for f in &self.failures {
+                let _ = writeln!(s, "  - {f}");
+            }
+        }
+        s
+    }
+}

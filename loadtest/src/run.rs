@@ -1,0 +1,273 @@
+//! One load-test run: checks the machine can hold the load, opens the clients on schedule,
+//! prints a line a second, decides when the run is over, and gathers the report.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use idlegate::Auth;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinSet;
+use tokio::time::{timeout, Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use crate::args::Args;
+use crate::client::{self, Ctx, Plan, LATE_TOLERANCE, MISSED_GRACE};
+use crate::gateway::{Gateway, Snapshot};
+use crate::report::{Report, Sample};
+use crate::stats::Stats;
+use crate::wire::Wire;
+
+/// File descriptors kept for the harness itself beyond one per connection (runtime, stdio,
+/// the admin scrapes).
+const FD_RESERVE: u64 = 64;
+
+/// Longest the harness waits to reach the target before calling it unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Extra time past every client's last possible deadline before the run stops waiting.
+const END_SLACK: Duration = Duration::from_secs(5);
+
+/// Longest the harness waits for its clients to close at the end.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a run could not start.
+#[derive(Debug)]
+pub enum SetupError {
+    /// The request cannot be met as asked (exit status 2).
+    Usage(String),
+    /// The target or the admin endpoint cannot be reached (exit status 1).
+    Unreachable(String),
+}
+
+/// Runs the load described by `args` to its end (or to Ctrl-C, when `interrupt` resolves).
+pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) -> Result<Report, SetupError> {
+    check_file_limit(args.connections)?;
+    let probe = timeout(PROBE_TIMEOUT, client::connect(args.target, args.source_ips.map(|s| s.for_client(0))))
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer")));
+    if let Err(e) = probe {
+        return Err(SetupError::Unreachable(format!(
+            "cannot connect to --target {}: {e}; is the server running?",
+            args.target
+        )));
+    }
+    let gateway = args.admin.as_deref().map(Gateway::new);
+    let at_start = match &gateway {
+        Some(g) => Some(g.scrape().await.map_err(|e| SetupError::Unreachable(format!("--admin: {e}")))?),
+        None => None,
+    };
+
+    let silent = args.silent_count();
+    let stats = Arc::new(Stats::new(silent));
+    let epoch = Instant::now();
+    let ctx = Arc::new(Ctx {
+        target: args.target,
+        wire: Wire::new(args.protocol, args.mqtt_keepalive),
+        auth: args.auth_secret.as_deref().map(Auth::new),
+        ping_interval: args.ping_interval,
+        data_interval: (args.data_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.data_rate)),
+        stats: stats.clone(),
+        stop: CancellationToken::new(),
+        epoch,
+        learned: OnceLock::new(),
+    });
+
+    let mut clients = JoinSet::new();
+    for plan in plans(args, epoch) {
+        clients.spawn(client::run(plan, ctx.clone()));
+    }
+    let connect_span = Duration::from_secs_f64(args.connections as f64 / args.connect_rate);
+
+    let mut report = Report {
+        protocol: args.protocol,
+        connections: args.connections,
+        silent_clients: silent,
+        logins_ok: 0,
+        connect_errors: 0,
+        connect_rate_per_s: 0.0,
+        duration_s: 0.0,
+        timeout_ms: None,
+        tick_ms: None,
+        window_ms: None,
+        login_ms: Default::default(),
+        rtt_ms: Default::default(),
+        silence_ms: Default::default(),
+        silence_histogram: Vec::new(),
+        silence_bucket_ms: 0,
+        pings_sent: 0,
+        pongs_received: 0,
+        data_sent: 0,
+        false_offline: 0,
+        missed_offline: 0,
+        early_offline: 0,
+        late_offline: 0,
+        expired_in_window: 0,
+        unexpected_closes: Default::default(),
+        closes: Default::default(),
+        harness_online_at_end: 0,
+        gateway_online_at_end: None,
+        gateway_rss_bytes_at_start: at_start.and_then(|s| s.rss_bytes),
+        gateway_rss_bytes: None,
+        gateway_rss_bytes_per_connection: None,
+        gateway_cpu_seconds: None,
+        fatal: None,
+        interrupted: false,
+        timeline: Vec::new(),
+        failures: Vec::new(),
+    };
+
+    let mut every_second = tokio::time::interval(Duration::from_secs(1));
+    every_second.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut last_pings = 0;
+    let mut all_logged_in_at: Option<Instant> = None;
+    tokio::pin!(interrupt);
+    loop {
+        tokio::select! {
+            _ = every_second.tick() => {}
+            _ = &mut interrupt => {
+                report.interrupted = true;
+                break;
+            }
+        }
+        let now = Instant::now();
+        let snapshot = match &gateway {
+            Some(g) => g.scrape().await.ok(),
+            None => None,
+        };
+        let pings = Stats::get(&stats.pings_sent);
+        progress(&stats, snapshot, now - epoch, pings - last_pings, args.connections);
+        last_pings = pings;
+        report.timeline.push(Sample {
+            t: (now - epoch).as_secs_f64(),
+            harness_online: stats.online.load(Ordering::Relaxed),
+            gateway_online: snapshot.and_then(|s| s.online_users),
+        });
+
+        let opened = Stats::get(&stats.logged_in) + Stats::get(&stats.connect_errors);
+        if all_logged_in_at.is_none() && (opened >= args.connections || now > epoch + connect_span + END_SLACK) {
+            all_logged_in_at = Some(now);
+        } else if let (Some(at), None) = (all_logged_in_at, report.gateway_rss_bytes) {
+            // One second after the last login: the steady state whose memory we report.
+            if now >= at + Duration::from_secs(1) {
+                report.gateway_rss_bytes = snapshot.and_then(|s| s.rss_bytes);
+            }
+        }
+
+        if stats.fatal().is_some() {
+            break;
+        }
+        let (timeout_d, tick) = ctx.learned.get().copied().unwrap_or_default();
+        let active_done = now >= epoch + connect_span.max(args.duration);
+        let silent_done = stats.silent_pending.load(Ordering::Relaxed) <= 0;
+        let hard_end = epoch + connect_span + args.duration + timeout_d + tick + MISSED_GRACE + END_SLACK;
+        if (active_done && silent_done) || now >= hard_end {
+            break;
+        }
+    }
+
+    // The end, while the active clients are still connected: compare counts.
+    report.harness_online_at_end = stats.online.load(Ordering::Relaxed);
+    if let Some(g) = &gateway {
+        report.gateway_online_at_end = g.scrape().await.ok().and_then(|s| s.online_users);
+    }
+    ctx.stop.cancel();
+    let _ = timeout(CLOSE_TIMEOUT, async { while clients.join_next().await.is_some() {} }).await;
+    clients.abort_all();
+    let at_end: Option<Snapshot> = match &gateway {
+        Some(g) => g.scrape().await.ok(),
+        None => None,
+    };
+
+    let elapsed = epoch.elapsed();
+    report.duration_s = elapsed.as_secs_f64();
+    report.logins_ok = Stats::get(&stats.logged_in);
+    report.connect_errors = Stats::get(&stats.connect_errors);
+    let login_span = Duration::from_nanos(Stats::get(&stats.last_login_nanos));
+    report.connect_rate_per_s = report.logins_ok as f64 / login_span.as_secs_f64().max(1e-3);
+    if let Some(&(t, k)) = ctx.learned.get() {
+        report.timeout_ms = Some(t.as_secs_f64() * 1e3);
+        report.tick_ms = Some(k.as_secs_f64() * 1e3);
+        report.window_ms = Some(((t.saturating_sub(k)).as_secs_f64() * 1e3, (t + LATE_TOLERANCE).as_secs_f64() * 1e3));
+    }
+    report.login_ms = stats.login();
+    report.rtt_ms = stats.rtt();
+    report.silence_ms = stats.silence();
+    report.silence_bucket_ms = Report::bucket_width_ms(report.window_ms);
+    report.silence_histogram = stats.silence_buckets(report.silence_bucket_ms);
+    report.pings_sent = Stats::get(&stats.pings_sent);
+    report.pongs_received = Stats::get(&stats.pongs_received);
+    report.data_sent = Stats::get(&stats.data_sent);
+    report.false_offline = Stats::get(&stats.false_offline);
+    report.missed_offline = Stats::get(&stats.missed_offline);
+    report.early_offline = Stats::get(&stats.early_offline);
+    report.late_offline = Stats::get(&stats.late_offline);
+    report.expired_in_window = Stats::get(&stats.expired_in_window);
+    report.unexpected_closes = stats.unexpected_by_reason();
+    report.closes = stats.closes_by_reason();
+    report.fatal = stats.fatal();
+    if let (Some(start), Some(steady)) = (report.gateway_rss_bytes_at_start, report.gateway_rss_bytes) {
+        report.gateway_rss_bytes_per_connection = Some((steady - start) / report.logins_ok.max(1) as f64);
+    }
+    if let (Some(start), Some(end)) = (at_start.and_then(|s| s.cpu_seconds), at_end.and_then(|s| s.cpu_seconds)) {
+        report.gateway_cpu_seconds = Some(end - start);
+    }
+    report.judge();
+    Ok(report)
+}
+
+/// Raises this process's open-file limit and checks it holds the run.
+fn check_file_limit(connections: u64) -> Result<(), SetupError> {
+    let limit = rlimit::increase_nofile_limit(u64::MAX)
+        .map_err(|e| SetupError::Usage(format!("cannot read the open-file limit: {e}")))?;
+    let need = connections + FD_RESERVE;
+    if need > limit {
+        return Err(SetupError::Usage(format!(
+            "--connections {connections} needs about {need} open files, but this process may open {limit} \
+             (its hard limit, `ulimit -Hn`). Raise the hard limit (as root: `ulimit -Hn {need}`, or \
+             LimitNOFILE= in a systemd unit, or /etc/security/limits.conf), or lower --connections to {}",
+            limit.saturating_sub(FD_RESERVE)
+        )));
+    }
+    Ok(())
+}
+
+/// Every client's plan: connect times at the connect rate, a seeded choice of silent clients,
+/// each going silent at a random moment in the first half of the run.
+fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
+    let mut rng = SmallRng::seed_from_u64(args.seed);
+    let mut silent = vec![false; args.connections as usize];
+    silent[..args.silent_count() as usize].fill(true);
+    silent.shuffle(&mut rng);
+    let half = args.duration / 2;
+    (0..args.connections)
+        .map(|i| Plan {
+            uid: args.uid_base + i,
+            connect_at: epoch + Duration::from_secs_f64(i as f64 / args.connect_rate),
+            silent_at: silent[i as usize].then(|| epoch + half.mul_f64(rng.gen_range(0.0..=1.0))),
+            source: args.source_ips.map(|s| s.for_client(i)),
+            seed: rng.gen(),
+        })
+        .collect()
+}
+
+/// The line printed every second.
+fn progress(stats: &Stats, gateway: Option<Snapshot>, since: Duration, pings: u64, connections: u64) {
+    let gateway_online = gateway.and_then(|s| s.online_users).map_or("-".to_string(), |v| format!("{v:.0}"));
+    let rtt = stats.take_rtt_window();
+    eprintln!(
+        "[{:>6.1}s] connected {}/{} logged_in {} online {} (gateway {}) pings/s {} rtt_p99 {:.2}ms silent_left {} closes {:?}",
+        since.as_secs_f64(),
+        Stats::get(&stats.connected),
+        connections,
+        Stats::get(&stats.logged_in),
+        stats.online.load(Ordering::Relaxed),
+        gateway_online,
+        pings,
+        rtt.p99,
+        stats.silent_pending.load(Ordering::Relaxed).max(0),
+        stats.closes_by_reason(),
+    );
+}

@@ -1,0 +1,218 @@
+//! What the clients observe, shared by all of them: atomic counters for the hot events and
+//! HDR histograms behind one lock for latencies (a few thousand records a second at most).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use idlegate::CloseReason;
+use serde::Serialize;
+
+/// Highest latency the histograms record, in microseconds: ten minutes; anything longer is
+/// clamped, and a run that sees it has bigger problems.
+const MAX_RECORDED_US: u64 = 600_000_000;
+
+/// Close kinds the harness counts: the gateway's reasons plus a refused or failed connect.
+pub const CLOSE_KINDS: usize = CloseReason::ALL.len();
+
+/// Counters and histograms of one run.
+#[derive(Debug)]
+pub struct Stats {
+    pub connected: AtomicU64,
+    pub connect_errors: AtomicU64,
+    pub logged_in: AtomicU64,
+    /// When the latest login completed, in nanoseconds since the run began.
+    pub last_login_nanos: AtomicU64,
+    /// Logged in and not yet closed, by the harness's own count.
+    pub online: AtomicI64,
+    pub pings_sent: AtomicU64,
+    pub pongs_received: AtomicU64,
+    pub data_sent: AtomicU64,
+    /// Active clients that got BYE(idle_timeout).
+    pub false_offline: AtomicU64,
+    /// Silent clients never expired within `timeout + tick + 1 s` of their last frame.
+    pub missed_offline: AtomicU64,
+    /// Silent clients expired after `timeout - tick` or less of silence.
+    pub early_offline: AtomicU64,
+    /// Silent clients expired after more than `timeout` + tolerance of silence.
+    pub late_offline: AtomicU64,
+    /// Silent clients expired inside the window.
+    pub expired_in_window: AtomicU64,
+    /// Silent clients not resolved yet (no BYE, not missed, not failed).
+    pub silent_pending: AtomicI64,
+    /// Closes nobody asked for, by reason index (`CloseReason::index`).
+    pub unexpected: [AtomicU64; CLOSE_KINDS],
+    /// Every close by reason, expected or not.
+    pub closes: [AtomicU64; CLOSE_KINDS],
+    hists: Mutex<Hists>,
+    /// The first error that makes the run meaningless (auth refused, protocol broken).
+    pub fatal: Mutex<Option<String>>,
+}
+
+#[derive(Debug)]
+struct Hists {
+    login_us: Histogram<u64>,
+    rtt_us: Histogram<u64>,
+    rtt_window_us: Histogram<u64>,
+    silence_us: Histogram<u64>,
+}
+
+/// Percentiles of a histogram, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub min: f64,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Percentiles {
+        let ms = |us: u64| us as f64 / 1000.0;
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+            min: ms(h.min()),
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_RECORDED_US, 3).expect("valid histogram bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    (d.as_micros() as u64).clamp(1, MAX_RECORDED_US)
+}
+
+// === impl Stats ===
+
+impl Stats {
+    pub fn new(silent: u64) -> Stats {
+        Stats {
+            connected: AtomicU64::new(0),
+            connect_errors: AtomicU64::new(0),
+            logged_in: AtomicU64::new(0),
+            last_login_nanos: AtomicU64::new(0),
+            online: AtomicI64::new(0),
+            pings_sent: AtomicU64::new(0),
+            pongs_received: AtomicU64::new(0),
+            data_sent: AtomicU64::new(0),
+            false_offline: AtomicU64::new(0),
+            missed_offline: AtomicU64::new(0),
+            early_offline: AtomicU64::new(0),
+            late_offline: AtomicU64::new(0),
+            expired_in_window: AtomicU64::new(0),
+            silent_pending: AtomicI64::new(silent as i64),
+            unexpected: Default::default(),
+            closes: Default::default(),
+            hists: Mutex::new(Hists {
+                login_us: histogram(),
+                rtt_us: histogram(),
+                rtt_window_us: histogram(),
+                silence_us: histogram(),
+            }),
+            fatal: Mutex::new(None),
+        }
+    }
+
+    fn hists(&self) -> std::sync::MutexGuard<'_, Hists> {
+        self.hists.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn record_login(&self, took: Duration) {
+        self.hists().login_us.saturating_record(micros(took));
+    }
+
+    pub fn record_rtt(&self, took: Duration) {
+        let mut h = self.hists();
+        h.rtt_us.saturating_record(micros(took));
+        h.rtt_window_us.saturating_record(micros(took));
+    }
+
+    pub fn record_silence(&self, silence: Duration) {
+        self.hists().silence_us.saturating_record(micros(silence));
+    }
+
+    /// Counts a close; `expected` says whether the client's role called for it.
+    pub fn record_close(&self, reason: CloseReason, expected: bool) {
+        self.closes[reason.index()].fetch_add(1, Ordering::Relaxed);
+        if !expected {
+            self.unexpected[reason.index()].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Remembers the first fatal error; later ones are consequences.
+    pub fn set_fatal(&self, message: String) {
+        let mut fatal = self.fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        fatal.get_or_insert(message);
+    }
+
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    pub fn login(&self) -> Percentiles {
+        Percentiles::of(&self.hists().login_us)
+    }
+
+    pub fn rtt(&self) -> Percentiles {
+        Percentiles::of(&self.hists().rtt_us)
+    }
+
+    pub fn silence(&self) -> Percentiles {
+        Percentiles::of(&self.hists().silence_us)
+    }
+
+    /// Round-trip percentiles since the last call, for the per-second progress line.
+    pub fn take_rtt_window(&self) -> Percentiles {
+        let mut h = self.hists();
+        let p = Percentiles::of(&h.rtt_window_us);
+        h.rtt_window_us.reset();
+        p
+    }
+
+    /// Silence histogram as (lower bound ms, count) buckets of `width_ms`, for the plot.
+    pub fn silence_buckets(&self, width_ms: u64) -> Vec<(u64, u64)> {
+        let h = self.hists();
+        let mut buckets = std::collections::BTreeMap::new();
+        for v in h.silence_us.iter_recorded() {
+            let ms = v.value_iterated_to() / 1000;
+            *buckets.entry(ms / width_ms * width_ms).or_insert(0) += v.count_at_value();
+        }
+        buckets.into_iter().collect()
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    /// Unexpected closes by reason label, only the reasons that happened.
+    pub fn unexpected_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        CloseReason::ALL
+            .iter()
+            .map(|r| (r.label(), Stats::get(&self.unexpected[r.index()])))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// All closes by reason label, only the reasons that happened.
+    pub fn closes_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        CloseReason::ALL
+            .iter()
+            .map(|r| (r.label(), Stats::get(&self.closes[r.index()])))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}

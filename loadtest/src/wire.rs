@@ -1,0 +1,253 @@
+//! What the clients say on the wire: idlegate's protocol (through the gateway's own codec) or
+//! MQTT 3.1.1, behind one small interface so the same load drives either.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use idlegate::{CloseReason, Frame, FrameCodec};
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::args::Protocol;
+
+/// MQTT control packet types (high nibble of the fixed header).
+mod mqtt {
+    pub const CONNECT: u8 = 0x10;
+    pub const CONNACK: u8 = 0x20;
+    pub const PUBLISH_QOS0: u8 = 0x30;
+    pub const PINGREQ: u8 = 0xC0;
+    pub const PINGRESP: u8 = 0xD0;
+    /// Protocol level of MQTT 3.1.1.
+    pub const LEVEL_311: u8 = 4;
+    /// CONNECT flags: clean session, no will, no credentials.
+    pub const CLEAN_SESSION: u8 = 0x02;
+    /// Topic the DATA load is published to; nobody subscribes.
+    pub const DATA_TOPIC: &[u8] = b"idlegate/load";
+    /// Largest remaining length MQTT can express (four varint bytes).
+    pub const MAX_REMAINING: usize = 268_435_455;
+}
+
+/// Something the server said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// The login was accepted; the server expires after `timeout` of silence, in steps of
+    /// `tick` (zero where the protocol has no such notion).
+    Welcome { timeout: Duration, tick: Duration },
+    /// A PING's answer, with the send timestamp it carried if the protocol echoes one.
+    Pong(Option<u64>),
+    /// The server's last word before it closes.
+    Bye(CloseReason),
+}
+
+/// Encodes client frames and decodes server frames for one protocol.
+#[derive(Debug, Clone, Copy)]
+pub struct Wire {
+    protocol: Protocol,
+    codec: FrameCodec,
+    keepalive: Duration,
+}
+
+// === impl Wire ===
+
+impl Wire {
+    /// A wire for `protocol`; `keepalive` is what MQTT CONNECT announces.
+    pub fn new(protocol: Protocol, keepalive: Duration) -> Wire {
+        Wire { protocol, codec: FrameCodec::new(u32::MAX), keepalive }
+    }
+
+    /// True for MQTT, where a server ends a session by closing the socket without a word.
+    pub fn is_mqtt(&self) -> bool {
+        self.protocol == Protocol::Mqtt
+    }
+
+    /// The login: idlegate LOGIN, or MQTT CONNECT with the keepalive.
+    pub fn login(&mut self, uid: u64, token: Option<&str>, out: &mut BytesMut) {
+        match self.protocol {
+            Protocol::Idlegate => {
+                let token = token.map(|t| Bytes::copy_from_slice(t.as_bytes())).unwrap_or_default();
+                self.frame(Frame::Login { uid, token }, out);
+            }
+            Protocol::Mqtt => {
+                let client_id = format!("loadtest-{uid}");
+                let keepalive = u16::try_from(self.keepalive.as_secs()).unwrap_or(u16::MAX);
+                let mut body = BytesMut::with_capacity(12 + client_id.len());
+                put_mqtt_str(&mut body, b"MQTT");
+                body.put_u8(mqtt::LEVEL_311);
+                body.put_u8(mqtt::CLEAN_SESSION);
+                body.put_u16(keepalive);
+                put_mqtt_str(&mut body, client_id.as_bytes());
+                put_mqtt_packet(out, mqtt::CONNECT, &body);
+            }
+        }
+    }
+
+    /// A keepalive carrying `sent_nanos` where the protocol echoes it back.
+    pub fn ping(&mut self, sent_nanos: u64, out: &mut BytesMut) {
+        match self.protocol {
+            Protocol::Idlegate => {
+                self.frame(Frame::Ping(Bytes::copy_from_slice(&sent_nanos.to_be_bytes())), out);
+            }
+            Protocol::Mqtt => put_mqtt_packet(out, mqtt::PINGREQ, &[]),
+        }
+    }
+
+    /// An application message: idlegate DATA, or an MQTT QoS 0 PUBLISH nobody receives.
+    pub fn data(&mut self, out: &mut BytesMut) {
+        const PAYLOAD: &[u8] = b"load";
+        match self.protocol {
+            Protocol::Idlegate => self.frame(Frame::Data(Bytes::from_static(PAYLOAD)), out),
+            Protocol::Mqtt => {
+                let mut body = BytesMut::with_capacity(2 + mqtt::DATA_TOPIC.len() + PAYLOAD.len());
+                put_mqtt_str(&mut body, mqtt::DATA_TOPIC);
+                body.put_slice(PAYLOAD);
+                put_mqtt_packet(out, mqtt::PUBLISH_QOS0, &body);
+            }
+        }
+    }
+
+    fn frame(&mut self, frame: Frame, out: &mut BytesMut) {
+        // Client frames are tiny; the u32 length cannot overflow.
+        let _ = self.codec.encode(frame, out);
+    }
+}
+
+fn put_mqtt_str(out: &mut BytesMut, s: &[u8]) {
+    out.put_u16(s.len() as u16);
+    out.put_slice(s);
+}
+
+fn put_mqtt_packet(out: &mut BytesMut, header: u8, body: &[u8]) {
+    debug_assert!(body.len() <= mqtt::MAX_REMAINING);
+    out.put_u8(header);
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.put_u8(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.put_slice(body);
+}
+
+impl Decoder for Wire {
+    type Item = Incoming;
+    type Error = io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<Incoming>> {
+        match self.protocol {
+            Protocol::Idlegate => {
+                let Some(frame) = self.codec.decode(src).map_err(invalid)? else {
+                    return Ok(None);
+                };
+                Ok(Some(match frame {
+                    Frame::Welcome { timeout_ms, tick_ms } => Incoming::Welcome {
+                        timeout: Duration::from_millis(timeout_ms.into()),
+                        tick: Duration::from_millis(tick_ms.into()),
+                    },
+                    Frame::Pong(p) => Incoming::Pong(p.as_ref().try_into().ok().map(u64::from_be_bytes)),
+                    Frame::Bye { reason, .. } => Incoming::Bye(reason),
+                    other => return Err(invalid(format!("a gateway does not send {other:?}"))),
+                }))
+            }
+            Protocol::Mqtt => loop {
+                let Some((header, body_at, len)) = mqtt_header(src)? else {
+                    return Ok(None);
+                };
+                if src.len() < body_at + len {
+                    return Ok(None);
+                }
+                src.advance(body_at);
+                let body = src.split_to(len);
+                match header & 0xF0 {
+                    mqtt::CONNACK => {
+                        let code = body.get(1).copied().unwrap_or(0xff);
+                        if code != 0 {
+                            return Err(invalid(format!("broker refused CONNECT with return code {code}")));
+                        }
+                        // Brokers expire after 1.5 keepalives (MQTT 3.1.1, 3.1.2.10).
+                        return Ok(Some(Incoming::Welcome { timeout: self.keepalive * 3 / 2, tick: Duration::ZERO }));
+                    }
+                    mqtt::PINGRESP => return Ok(Some(Incoming::Pong(None))),
+                    // Anything else (a PUBLISH echoed to us, say) is not part of this load.
+                    _ => continue,
+                }
+            },
+        }
+    }
+}
+
+/// Parses an MQTT fixed header: (first byte, where the body starts, body length).
+fn mqtt_header(src: &[u8]) -> io::Result<Option<(u8, usize, usize)>> {
+    let Some(&header) = src.first() else {
+        return Ok(None);
+    };
+    let mut len = 0usize;
+    for (i, &byte) in src[1..].iter().take(4).enumerate() {
+        len |= usize::from(byte & 0x7F) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok(Some((header, i + 2, len)));
+        }
+    }
+    if src.len() >= 5 {
+        return Err(invalid("MQTT remaining length longer than four bytes"));
+    }
+    Ok(None)
+}
+
+fn invalid(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mqtt_connect_is_byte_exact() {
+        let mut wire = Wire::new(Protocol::Mqtt, Duration::from_secs(10));
+        let mut out = BytesMut::new();
+        wire.login(7, None, &mut out);
+        let mut want = vec![0x10, 22, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10, 0, 10];
+        want.extend_from_slice(b"loadtest-7");
+        assert_eq!(&out[..], &want[..]);
+        out.clear();
+        wire.ping(0, &mut out);
+        assert_eq!(&out[..], &[0xC0, 0]);
+    }
+
+    #[test]
+    fn mqtt_replies_decode() {
+        let mut wire = Wire::new(Protocol::Mqtt, Duration::from_secs(2));
+        let mut src = BytesMut::from(&[0x20, 2, 0, 0, 0xD0, 0, 0x30][..]);
+        assert_eq!(
+            wire.decode(&mut src).unwrap(),
+            Some(Incoming::Welcome { timeout: Duration::from_secs(3), tick: Duration::ZERO })
+        );
+        assert_eq!(wire.decode(&mut src).unwrap(), Some(Incoming::Pong(None)));
+        assert_eq!(wire.decode(&mut src).unwrap(), None, "half a packet waits");
+        let mut refused = BytesMut::from(&[0x20, 2, 0, 5][..]);
+        assert!(wire.decode(&mut refused).is_err());
+    }
+
+    #[test]
+    fn mqtt_remaining_length_uses_varints() {
+        let mut out = BytesMut::new();
+        put_mqtt_packet(&mut out, mqtt::PUBLISH_QOS0, &[0u8; 321]);
+        assert_eq!(&out[..3], &[0x30, 0xC1, 0x02]);
+        assert_eq!(mqtt_header(&out).unwrap(), Some((0x30, 3, 321)));
+    }
+
+    #[test]
+    fn idlegate_pong_carries_the_timestamp_back() {
+        let mut wire = Wire::new(Protocol::Idlegate, Duration::ZERO);
+        let mut out = BytesMut::new();
+        wire.ping(123_456, &mut out);
+        out[4] = idlegate::kind::PONG;
+        assert_eq!(wire.decode(&mut out).unwrap(), Some(Incoming::Pong(Some(123_456))));
+    }
+}

@@ -1,0 +1,229 @@
+//! The harness as a user runs it: `--check` passes against the real gateway and fails
+//! against two deliberately wrong servers, and bad input gets a clear error.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use idlegate::{Auth, CloseReason, Config, Frame, FrameCodec, Server};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tokio_util::codec::{Encoder, FramedRead};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const TICK: Duration = Duration::from_millis(100);
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Starts the real gateway; returns (client address, admin address).
+fn gateway(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr) {
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addrs = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+        let config = Config { timeout: TIMEOUT, tick: TICK, auth, ..Config::default() };
+        tokio::spawn(Server::new(config).run(listener, Some(admin), std::future::pending::<()>()));
+        addrs
+    })
+}
+
+/// How a deliberately wrong server treats its clients.
+#[derive(Clone, Copy)]
+enum Wrong {
+    /// Expires everyone a fixed time after login, pinging or not.
+    ExpiresEarly,
+    /// Answers pings and never expires anyone.
+    NeverExpires,
+}
+
+/// Starts a wrong server speaking the protocol; returns its address.
+fn wrong_server(rt: &Runtime, wrong: Wrong) -> SocketAddr {
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_wrongly(stream, wrong));
+            }
+        });
+        addr
+    })
+}
+
+async fn serve_wrongly(mut stream: tokio::net::TcpStream, wrong: Wrong) {
+    let (read, mut write) = stream.split();
+    let mut frames = FramedRead::new(read, FrameCodec::default());
+    let mut out = BytesMut::new();
+    let send = |frame: Frame, out: &mut BytesMut| FrameCodec::default().encode(frame, out).unwrap();
+    let Some(Ok(Frame::Login { .. })) = frames.next().await else { return };
+    let welcome = Frame::Welcome { timeout_ms: TIMEOUT.as_millis() as u32, tick_ms: TICK.as_millis() as u32 };
+    send(welcome, &mut out);
+    let _ = write.write_all_buf(&mut out).await;
+    let expire_at = tokio::time::Instant::now() + TIMEOUT / 2;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(expire_at), if matches!(wrong, Wrong::ExpiresEarly) => {
+                send(Frame::Bye { reason: CloseReason::IdleTimeout, text: String::new() }, &mut out);
+                let _ = write.write_all_buf(&mut out).await;
+                return;
+            }
+            frame = frames.next() => match frame {
+                Some(Ok(Frame::Ping(p))) => {
+                    send(Frame::Pong(p), &mut out);
+                    if write.write_all_buf(&mut out).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(_)) => {}
+                _ => return,
+            },
+        }
+    }
+}
+
+fn loadtest(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_loadtest")).args(args).env_remove("IDLEGATE_AUTH_SECRET").output().unwrap()
+}
+
+fn run_args(target: SocketAddr, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--target",
+        &target.to_string(),
+        "--connections",
+        "1000",
+        "--connect-rate",
+        "2000",
+        "--ping-interval",
+        "500ms",
+        "--silent-fraction",
+        "0.25",
+        "--duration",
+        "3s",
+        "--check",
+        "--report",
+        &dir.join("report.json").display().to_string(),
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
+fn explain(out: &Output) -> String {
+    format!("stdout:\n{}\nstderr (tail):\n{}", String::from_utf8_lossy(&out.stdout), {
+        let e = String::from_utf8_lossy(&out.stderr);
+        e.lines().rev().take(8).collect::<Vec<_>>().join("\n")
+    })
+}
+
+#[test]
+fn check_passes_against_the_gateway() {
+    let rt = runtime();
+    let (target, admin) = gateway(&rt, None);
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("plot.svg").display().to_string();
+    let out = loadtest(&run_args(target, dir.path(), &["--admin", &admin.to_string(), "--plot", &plot]));
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    assert_eq!(r["logins_ok"], 1000);
+    assert_eq!(r["expired_in_window"], 250);
+    for zero in ["false_offline", "missed_offline", "early_offline", "late_offline", "connect_errors"] {
+        assert_eq!(r[zero], 0, "{zero}");
+    }
+    assert_eq!(r["unexpected_closes"], serde_json::json!({}));
+    assert_eq!(r["harness_online_at_end"], 750);
+    assert_eq!(r["gateway_online_at_end"], 750.0);
+    assert_eq!(r["silence_ms"]["count"], 250);
+    assert!(r["silence_ms"]["min"].as_f64().unwrap() > 1900.0);
+    assert!(r["pongs_received"].as_u64().unwrap() > 1000);
+    assert!(r["gateway_rss_bytes"].as_f64().unwrap() > 0.0);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("Silence before expiry"), "plot written");
+}
+
+#[test]
+fn check_fails_against_a_server_that_expires_active_clients_early() {
+    let rt = runtime();
+    let target = wrong_server(&rt, Wrong::ExpiresEarly);
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadtest(&run_args(target, dir.path(), &[]));
+    assert_eq!(out.status.code(), Some(1), "{}", explain(&out));
+    let r = report(dir.path());
+    assert!(r["false_offline"].as_u64().unwrap() > 0, "{r}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NOT clean"));
+}
+
+#[test]
+fn check_fails_against_a_server_that_never_expires() {
+    let rt = runtime();
+    let target = wrong_server(&rt, Wrong::NeverExpires);
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadtest(&run_args(target, dir.path(), &[]));
+    assert_eq!(out.status.code(), Some(1), "{}", explain(&out));
+    let r = report(dir.path());
+    assert_eq!(r["missed_offline"], 250, "{r}");
+    assert_eq!(r["false_offline"], 0);
+}
+
+#[test]
+fn unreachable_target_is_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = loadtest(&["--target".into(), format!("127.0.0.1:{port}"), "--connections".into(), "10".into()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot connect to --target"), "{stderr}");
+}
+
+#[test]
+fn more_connections_than_files_is_a_clear_error() {
+    let out = loadtest(&["--connections".into(), "100000000".into()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("open files") && stderr.contains("--connections"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    for (args, flag) in [
+        (vec!["--silent-fraction", "2"], "--silent-fraction"),
+        (vec!["--connections", "0"], "--connections"),
+        (vec!["--ping-interval", "soon"], "--ping-interval"),
+        (vec!["--source-ips", "127.0.0.9-127.0.0.1"], "--source-ips"),
+    ] {
+        let out = loadtest(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_gateway_refusing_logins_is_a_clear_error() {
+    let rt = runtime();
+    let (target, _) = gateway(&rt, Some(Auth::new("the-real-secret")));
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = run_args(target, dir.path(), &["--auth-secret", "a-wrong-secret"]);
+    args[3] = "20".into(); // --connections
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", explain(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("BYE(auth_failed)") && stderr.contains("--auth-secret"), "{stderr}");
+
+    // With the right secret the same gateway lets everyone in.
+    let mut args = run_args(target, dir.path(), &["--auth-secret", "the-real-secret"]);
+    args[3] = "20".into();
+    args[11] = "1s".into(); // --duration
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+}
