@@ -207,3 +207,4 @@ impl Connection<'_> {
         let _ = self.codec.encode(frame, &mut self.out);
     }
 }
+

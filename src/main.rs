@@ -8,7 +8,13 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use idlegate::{default_max_connections, unix_now, Auth, Config, Server};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+
+/// Pending-connection queue of the client listener. The kernel caps it at
+/// net.core.somaxconn (4096 on current Linux); the 1024 of a plain bind overflows when
+/// thousands of clients reconnect at once, and every dropped SYN costs its client a 1 s, then
+/// 3 s retransmit.
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// Idle-connection timeout gateway: clients log in with a uid and keep a TCP connection
 /// alive; a uid silent for the timeout goes offline and its connection is closed.
@@ -158,6 +164,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         Server::new(config).run(listener, Some(admin), shutdown_signal()).await.context("serving")
     })
+}
+
+/// Binds the client listener with [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 fn init_logging(format: LogFormat) {

@@ -72,7 +72,12 @@ fn draw(path: &Path, report: &Report) -> Result<(), Box<dyn std::error::Error>> 
             .label(format!("{label} = {x:.0} ms"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }

@@ -88,8 +88,12 @@ impl Percentiles {
     }
 }
 
+/// Significant figures the histograms keep: 4 resolves a 30 s silence to about 2 ms, fine
+/// enough to see an expiry 50 ms late.
+const SIGNIFICANT_FIGURES: u8 = 4;
+
 fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, MAX_RECORDED_US, 3).expect("valid histogram bounds")
+    Histogram::new_with_bounds(1, MAX_RECORDED_US, SIGNIFICANT_FIGURES).expect("valid histogram bounds")
 }
 
 fn micros(d: Duration) -> u64 {
