@@ -207,4 +207,3 @@ impl Connection<'_> {
         let _ = self.codec.encode(frame, &mut self.out);
     }
 }
-

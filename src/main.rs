@@ -149,8 +149,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async {
-        let listener =
-            TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
+        let listener = listen(args.listen).with_context(|| format!("binding --listen {}", args.listen))?;
         let admin = TcpListener::bind(args.admin_listen)
             .await
             .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;

@@ -67,6 +67,13 @@ impl Pos {
     }
 }
 
+/// Restores a full deadline from the 32 bits [`Pos`] keeps, counting back from `newest`, the
+/// newest deadline the ring can hold.
+fn restore_deadline(newest: u64, pos: Pos) -> u64 {
+    let back = (newest as u32).wrapping_sub(pos.deadline_low());
+    newest - u64::from(back)
+}
+
 /// What [`Ring::touch`] did, so callers can count ring work and notice swept uids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Touch {
@@ -154,17 +161,22 @@ impl Ring {
     /// the tick just before the cursor moved); such a touch counts as a touch on `elapsed`.
     pub fn touch(&mut self, uid: u64, now: u64) -> Touch {
         let deadline = self.deadline_for(now);
-        let Some(&pos) = self.index.get(&uid) else {
+        let newest = self.newest_deadline();
+        let Some(pos) = self.index.get_mut(&uid) else {
             return Touch::NotTracked;
         };
-        let old = self.deadline_of(pos);
+        let old = restore_deadline(newest, *pos);
         if old == deadline {
             return Touch::Unchanged;
         }
         debug_assert!(old < deadline, "uid {uid}: deadline {old} moved back to {deadline}");
-        self.unlink(old, pos.at());
-        let at = self.push(deadline, uid);
-        self.index.insert(uid, Pos::new(deadline, at));
+        let at = pos.at();
+        // File under the new deadline first, updating the index entry in place: one hash
+        // lookup for this uid. The new deadline is live, so its slot is never the old bucket.
+        let slot = &mut self.slots[(deadline % self.slots.len() as u64) as usize];
+        slot.push(uid);
+        *pos = Pos::new(deadline, slot.len() - 1);
+        self.unlink(old, at);
         self.debug_check(uid);
         Touch::Moved
     }
@@ -247,12 +259,13 @@ impl Ring {
         now.clamp(self.elapsed, self.elapsed + 1) + self.window
     }
 
-    /// Restores the full deadline from the 32 bits [`Pos`] keeps, counting back from the
-    /// newest deadline the ring can hold.
+    /// The newest deadline the ring can hold.
+    fn newest_deadline(&self) -> u64 {
+        self.elapsed + self.slot_count()
+    }
+
     fn deadline_of(&self, pos: Pos) -> u64 {
-        let newest = self.elapsed + self.slot_count();
-        let back = (newest as u32).wrapping_sub(pos.deadline_low());
-        newest - u64::from(back)
+        restore_deadline(self.newest_deadline(), pos)
     }
 
     /// Position in `overdue` of the bucket for a passed `deadline`.
@@ -291,7 +304,9 @@ impl Ring {
         let moved = bucket.get(at).copied();
         let emptied = bucket.is_empty();
         if let Some(moved) = moved {
-            self.index.insert(moved, Pos::new(deadline, at));
+            if let Some(pos) = self.index.get_mut(&moved) {
+                *pos = Pos::new(deadline, at);
+            }
         }
         if deadline <= self.elapsed {
             self.overdue_len -= 1;
