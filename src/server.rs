@@ -100,6 +100,7 @@ impl Server {
         let open = connections.len();
         tracing::info!(open, "shutting down: stopped accepting, sending BYE(shutdown)");
         shared.shutdown.cancel();
+        shared.registry.end_all(CloseReason::Shutdown);
         connections.close();
         if timeout(shared.config.drain_timeout, connections.wait()).await.is_err() {
             tracing::warn!(

@@ -248,3 +248,24 @@ async fn admin_endpoint_serves_health_readiness_and_metrics() {
     assert_eq!(server.admin_get("/nope").await.0, 404);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn frames_split_across_reads_and_large_frames_are_reassembled() {
+    let mut server = TestServer::start(Config::default()).await;
+    let mut c = server.client().await;
+    c.login(9).await;
+    // One byte per write, with pauses so each arrives in a read of its own.
+    for b in raw_frame(kind::PING, b"split") {
+        c.send_raw(&[b]).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(c.recv().await, Some(Frame::Pong(Bytes::from_static(b"split"))));
+    // A frame far larger than one read, then a small one in the same write.
+    let big = vec![7u8; 60_000];
+    c.send_raw(&[raw_frame(kind::PING, &big), raw_frame(kind::PING, b"after")].concat()).await;
+    assert_eq!(c.recv().await, Some(Frame::Pong(Bytes::from(big))));
+    assert_eq!(c.recv().await, Some(Frame::Pong(Bytes::from_static(b"after"))));
+    c.send(Frame::Logout).await;
+    c.expect_bye(CloseReason::Logout).await;
+    server.shutdown().await;
+}
