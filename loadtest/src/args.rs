@@ -33,9 +33,17 @@ pub struct Args {
     /// and must then be expired inside the guarantee's window.
     #[arg(long, default_value_t = 0.25)]
     pub silent_fraction: f64,
+    /// Silent clients all fall silent at once, when the first half of the run ends,
+    /// each with one last PING, so a single sweep expires them all: the gateway's worst tick.
+    #[arg(long)]
+    pub silent_together: bool,
     /// How long active clients keep sending; silent clients get their full window on top.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
+    /// How long past `timeout + tick` a silent client waits for its expiry before it counts
+    /// as missed.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub missed_grace: Duration,
     /// The gateway's admin address, to read its online gauge, memory and CPU.
     #[arg(long)]
     pub admin: Option<String>,

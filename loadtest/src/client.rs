@@ -28,9 +28,6 @@ use crate::wire::{Incoming, Wire};
 /// and two loopback hops, far below a tick.
 pub const LATE_TOLERANCE: Duration = Duration::from_millis(50);
 
-/// A silent client not expired this long after `timeout + tick` counts as missed.
-pub const MISSED_GRACE: Duration = Duration::from_secs(1);
-
 /// Longest a client waits for the answer to its login.
 const LOGIN_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -53,6 +50,8 @@ pub struct Ctx {
     pub stop: CancellationToken,
     /// Zero of the timestamps carried in PINGs.
     pub epoch: Instant,
+    /// How long past `timeout + tick` a silent client waits before it counts as missed.
+    pub missed_grace: Duration,
     /// Timeout and tick, as the first WELCOME announced them.
     pub learned: OnceLock<(Duration, Duration)>,
 }
@@ -64,6 +63,8 @@ pub struct Plan {
     pub connect_at: Instant,
     /// When a silent client sends its last frame; `None` for an active client.
     pub silent_at: Option<Instant>,
+    /// Send one last PING at `silent_at`, so clients silent together expire in one sweep.
+    pub final_ping: bool,
     pub source: Option<IpAddr>,
     pub seed: u64,
 }
@@ -189,7 +190,7 @@ impl Client {
         let mut missed_at: Option<Instant> = None;
         if silent_at.is_some_and(|at| at <= now) {
             silent_at = None;
-            missed_at = Some(last_sent + timeout_d + tick + MISSED_GRACE);
+            missed_at = Some(last_sent + timeout_d + tick + ctx.missed_grace);
         }
         let sending = |missed_at: Option<Instant>| missed_at.is_none();
 
@@ -229,7 +230,15 @@ impl Client {
                 },
                 _ = sleep_until(silent_at.unwrap_or(next_send)), if sending(missed_at) && silent_at.is_some_and(|at| at <= next_send) => {
                     silent_at = None;
-                    missed_at = Some(last_sent + timeout_d + tick + MISSED_GRACE);
+                    if self.plan.final_ping {
+                        last_sent = Instant::now();
+                        ping(&ctx, &mut wire, &mut out, &mut pings_in_flight, last_sent);
+                        if write_half.write_all_buf(&mut out).await.is_err() {
+                            stats.record_close(CloseReason::Disconnect, false);
+                            return;
+                        }
+                    }
+                    missed_at = Some(last_sent + timeout_d + tick + ctx.missed_grace);
                 }
                 _ = sleep_until(next_send), if sending(missed_at) => {
                     let now = Instant::now();
@@ -238,10 +247,7 @@ impl Client {
                         stats.data_sent.fetch_add(1, Ordering::Relaxed);
                         next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
                     } else {
-                        let nanos = now.saturating_duration_since(ctx.epoch).as_nanos() as u64;
-                        wire.ping(nanos, &mut out);
-                        pings_in_flight.push_back(now);
-                        stats.pings_sent.fetch_add(1, Ordering::Relaxed);
+                        ping(&ctx, &mut wire, &mut out, &mut pings_in_flight, now);
                         next_ping = now + jittered(&mut rng, ctx.ping_interval);
                     }
                     // Taken before the write, so our silence is never shorter than the
@@ -281,6 +287,14 @@ impl Client {
             stats.expired_in_window.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Encodes a PING stamped `now` into `out` and counts it.
+fn ping(ctx: &Ctx, wire: &mut Wire, out: &mut BytesMut, in_flight: &mut VecDeque<Instant>, now: Instant) {
+    let nanos = now.saturating_duration_since(ctx.epoch).as_nanos() as u64;
+    wire.ping(nanos, out);
+    in_flight.push_back(now);
+    ctx.stats.pings_sent.fetch_add(1, Ordering::Relaxed);
 }
 
 /// `base` with uniform jitter of +-10 %.

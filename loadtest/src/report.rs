@@ -17,6 +17,8 @@ pub struct Sample {
     pub harness_online: i64,
     /// The gateway's `idlegate_online_users`, when it could be read.
     pub gateway_online: Option<f64>,
+    /// Round-trip p99 of the PONGs received in the second before this sample.
+    pub rtt_p99_ms: f64,
 }
 
 /// Everything a run measured; written by `--report`.

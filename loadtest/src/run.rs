@@ -14,7 +14,7 @@ use tokio::time::{timeout, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Args;
-use crate::client::{self, Ctx, Plan, LATE_TOLERANCE, MISSED_GRACE};
+use crate::client::{self, Ctx, Plan, LATE_TOLERANCE};
 use crate::gateway::{Gateway, Snapshot};
 use crate::report::{Report, Sample};
 use crate::stats::Stats;
@@ -72,6 +72,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         stats: stats.clone(),
         stop: CancellationToken::new(),
         epoch,
+        missed_grace: args.missed_grace,
         learned: OnceLock::new(),
     });
 
@@ -138,12 +139,13 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
             None => None,
         };
         let pings = Stats::get(&stats.pings_sent);
-        progress(&stats, snapshot, now - epoch, pings - last_pings, args.connections);
+        let rtt_p99_ms = progress(&stats, snapshot, now - epoch, pings - last_pings, args.connections);
         last_pings = pings;
         report.timeline.push(Sample {
             t: (now - epoch).as_secs_f64(),
             harness_online: stats.online.load(Ordering::Relaxed),
             gateway_online: snapshot.and_then(|s| s.online_users),
+            rtt_p99_ms,
         });
 
         let opened = Stats::get(&stats.logged_in) + Stats::get(&stats.connect_errors);
@@ -162,7 +164,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         let (timeout_d, tick) = ctx.learned.get().copied().unwrap_or_default();
         let active_done = now >= epoch + connect_span.max(args.duration);
         let silent_done = stats.silent_pending.load(Ordering::Relaxed) <= 0;
-        let hard_end = epoch + connect_span + args.duration + timeout_d + tick + MISSED_GRACE + END_SLACK;
+        let hard_end = epoch + connect_span + args.duration + timeout_d + tick + args.missed_grace + END_SLACK;
         if (active_done && silent_done) || now >= hard_end {
             break;
         }
@@ -235,7 +237,8 @@ fn check_file_limit(connections: u64) -> Result<(), SetupError> {
 }
 
 /// Every client's plan: connect times at the connect rate, a seeded choice of silent clients,
-/// each going silent at a random moment in the first half of the run.
+/// each going silent at a random moment in the first half of the run (or all at its end,
+/// with `--silent-together`).
 fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let mut silent = vec![false; args.connections as usize];
@@ -246,15 +249,17 @@ fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
         .map(|i| Plan {
             uid: args.uid_base + i,
             connect_at: epoch + Duration::from_secs_f64(i as f64 / args.connect_rate),
-            silent_at: silent[i as usize].then(|| epoch + half.mul_f64(rng.gen_range(0.0..=1.0))),
+            silent_at: silent[i as usize]
+                .then(|| epoch + if args.silent_together { half } else { half.mul_f64(rng.gen_range(0.0..=1.0)) }),
+            final_ping: args.silent_together,
             source: args.source_ips.map(|s| s.for_client(i)),
             seed: rng.gen(),
         })
         .collect()
 }
 
-/// The line printed every second.
-fn progress(stats: &Stats, gateway: Option<Snapshot>, since: Duration, pings: u64, connections: u64) {
+/// The line printed every second; returns the round-trip p99 of that second.
+fn progress(stats: &Stats, gateway: Option<Snapshot>, since: Duration, pings: u64, connections: u64) -> f64 {
     let gateway_online = gateway.and_then(|s| s.online_users).map_or("-".to_string(), |v| format!("{v:.0}"));
     let rtt = stats.take_rtt_window();
     eprintln!(
@@ -270,4 +275,5 @@ fn progress(stats: &Stats, gateway: Option<Snapshot>, since: Duration, pings: u6
         stats.silent_pending.load(Ordering::Relaxed).max(0),
         stats.closes_by_reason(),
     );
+    rtt.p99
 }

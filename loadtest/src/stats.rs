@@ -31,7 +31,7 @@ pub struct Stats {
     pub data_sent: AtomicU64,
     /// Active clients that got BYE(idle_timeout).
     pub false_offline: AtomicU64,
-    /// Silent clients never expired within `timeout + tick + 1 s` of their last frame.
+    /// Silent clients not expired within `timeout + tick + --missed-grace` of their last frame.
     pub missed_offline: AtomicU64,
     /// Silent clients expired after `timeout - tick` or less of silence.
     pub early_offline: AtomicU64,
@@ -204,19 +204,16 @@ impl Stats {
 
     /// Unexpected closes by reason label, only the reasons that happened.
     pub fn unexpected_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        CloseReason::ALL
-            .iter()
-            .map(|r| (r.label(), Stats::get(&self.unexpected[r.index()])))
-            .filter(|(_, n)| *n > 0)
-            .collect()
+        by_reason(&self.unexpected)
     }
 
     /// All closes by reason label, only the reasons that happened.
     pub fn closes_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        CloseReason::ALL
-            .iter()
-            .map(|r| (r.label(), Stats::get(&self.closes[r.index()])))
-            .filter(|(_, n)| *n > 0)
-            .collect()
+        by_reason(&self.closes)
     }
+}
+
+/// Non-zero per-reason counters, keyed by the reason's label.
+fn by_reason(counters: &[AtomicU64; CLOSE_KINDS]) -> std::collections::BTreeMap<&'static str, u64> {
+    CloseReason::ALL.iter().map(|r| (r.label(), Stats::get(&counters[r.index()]))).filter(|(_, n)| *n > 0).collect()
 }
