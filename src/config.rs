@@ -57,14 +57,14 @@ impl Default for Config {
 impl Config {
     /// Checks every value; the error names the flag at fault.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let whole_ms = |d: Duration| d.as_nanos() % 1_000_000 == 0;
+        let whole_ms = |d: Duration| d.as_nanos().is_multiple_of(1_000_000);
         if self.tick < Duration::from_millis(1) || !whole_ms(self.tick) {
             return Err(ConfigError::new(
                 "--tick",
                 format!("{:?} is not a whole number of milliseconds >= 1ms", self.tick),
             ));
         }
-        if self.timeout < self.tick || self.timeout.as_nanos() % self.tick.as_nanos() != 0 {
+        if self.timeout < self.tick || !self.timeout.as_nanos().is_multiple_of(self.tick.as_nanos()) {
             return Err(ConfigError::new(
                 "--timeout",
                 format!("{:?} is not a whole multiple (at least 1x) of the tick, {:?}", self.timeout, self.tick),
