@@ -67,13 +67,15 @@ pub(crate) async fn serve(mut stream: TcpStream, conn_id: u64, shared: Arc<Share
         pending: BytesMut::new(),
         unsent: BytesMut::new(),
     };
-    // Two phases awaited one after the other, so the connection's future holds the login
-    // deadline's timer only until the login.
-    let (reason, text) = match conn.until_login(&stream).await {
+    // The future every connection keeps for its whole life holds only the logged-in phase.
+    // The login phase (with its deadline timer) and the close (with its write deadline) are
+    // boxed: allocated while they run, freed after, instead of widening every connection's
+    // future by their size for as long as it lives.
+    let (reason, text) = match Box::pin(conn.until_login(&stream)).await {
         Ok(()) => conn.until_end(&stream).await,
         Err(close) => close,
     };
-    conn.close(&mut stream, reason, text).await
+    Box::pin(conn.close(&mut stream, reason, text)).await
 }
 
 /// The per-connection state.
@@ -344,5 +346,20 @@ mod tests {
         // A connection with leftovers uses its own buffer, and gives it up once empty.
         lend(&TEST_SCRATCH, &mut own, |buf| buf.advance(6));
         assert_eq!(own.capacity(), 0);
+    }
+}
+
+#[cfg(test)]
+mod footprint {
+    /// Every open connection keeps this future alive; the memory per connection at 19,000
+    /// clients (docs/BENCHMARKS.md) is mostly it. A regression guard, not a speed test.
+    #[tokio::test]
+    async fn the_connection_future_stays_small() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let server = crate::server::Server::new(crate::config::Config::default());
+        let future = super::serve(stream, 1, server.shared());
+        let size = std::mem::size_of_val(&future);
+        assert!(size <= 600, "the connection future grew to {size} bytes");
     }
 }

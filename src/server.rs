@@ -75,6 +75,11 @@ impl Server {
         Server { shared: Arc::new(Shared { config, registry, metrics, clock, shutdown: CancellationToken::new() }) }
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
     /// The gateway's metrics, for tests and embedding.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
