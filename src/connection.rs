@@ -72,7 +72,7 @@ pub(crate) async fn serve(mut stream: TcpStream, conn_id: u64, shared: Arc<Share
     // boxed: allocated while they run, freed after, instead of widening every connection's
     // future by their size for as long as it lives.
     let (reason, text) = match Box::pin(conn.until_login(&stream)).await {
-        Ok(()) => conn.until_end(&stream).await,
+        Ok(session) => conn.until_end(&stream, session).await,
         Err(close) => close,
     };
     Box::pin(conn.close(&mut stream, reason, text)).await
@@ -95,10 +95,14 @@ struct Connection<'a> {
 // === impl Connection ===
 
 impl Connection<'_> {
-    async fn until_login(&mut self, stream: &TcpStream) -> Result<(), Close> {
+    /// Serves the connection until a LOGIN succeeds; returns its session.
+    async fn until_login(&mut self, stream: &TcpStream) -> Result<Arc<Session>, Close> {
         let deadline = sleep(self.shared.config.login_timeout);
         tokio::pin!(deadline);
-        while self.session.is_none() {
+        loop {
+            if let Some(session) = &self.session {
+                return Ok(session.clone());
+            }
             tokio::select! {
                 biased;
                 _ = self.shared.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
@@ -106,13 +110,10 @@ impl Connection<'_> {
                 ready = stream.ready(self.interest()) => self.on_ready(stream, ready)?,
             }
         }
-        Ok(())
     }
 
-    async fn until_end(&mut self, stream: &TcpStream) -> Close {
-        let Some(session) = self.session.clone() else {
-            return (CloseReason::ProtocolError, "no session".into());
-        };
+    /// Serves a logged-in connection until it or its session ends.
+    async fn until_end(&mut self, stream: &TcpStream, session: Arc<Session>) -> Close {
         // Shutdown ends every session in the registry; one that logged in as it began is
         // ended here, so none is missed either way.
         if self.shared.shutdown.is_cancelled() {
@@ -225,7 +226,7 @@ impl Connection<'_> {
             }
         }
         let now = shared.now_tick();
-        self.session = Some(shared.registry.login(uid, self.conn_id, now));
+        self.session = Some(shared.registry.login(uid, now));
         self.last_tick = now;
         let welcome = Frame::Welcome { timeout_ms: shared.config.timeout_ms(), tick_ms: shared.config.tick_ms() };
         self.reply(&welcome, out);

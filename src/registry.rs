@@ -63,12 +63,14 @@ impl Registry {
         self.rings.len()
     }
 
-    /// Logs `uid` in on connection `conn_id` on tick `now`, placing it in the ring.
+    /// Logs `uid` in on tick `now`, placing it in the ring. The session's identity is its
+    /// `Arc`: an older connection of the same uid holds a different one, so its cleanup can
+    /// never end this session.
     ///
     /// A session the uid already had ends: kicked if it was still in the ring, expired if a
     /// sweep had already taken it out.
-    pub fn login(&self, uid: u64, conn_id: u64, now: u64) -> Arc<Session> {
-        let session = Arc::new(Session::new(uid, conn_id));
+    pub fn login(&self, uid: u64, now: u64) -> Arc<Session> {
+        let session = Arc::new(Session::new(uid));
         match self.sessions.entry(uid) {
             Entry::Occupied(mut entry) => {
                 let mut ring = self.ring_at(uid, now);
@@ -243,8 +245,8 @@ mod tests {
     #[test]
     fn login_touch_expire_keep_the_online_gauge_exact() {
         let reg = registry(3);
-        let a = reg.login(1, 10, 0);
-        let b = reg.login(2, 11, 0);
+        let a = reg.login(1, 0);
+        let b = reg.login(2, 0);
         assert_eq!(reg.metrics.online_users.get(), 2);
         reg.advance(1);
         assert_eq!(reg.touch(&a, 1), Activity::Online);
@@ -260,8 +262,8 @@ mod tests {
     #[test]
     fn touch_on_a_tick_the_ticker_has_not_reached_counts_on_that_tick() {
         let reg = registry(3);
-        let a = reg.login(1, 1, 0);
-        let b = reg.login(2, 2, 0);
+        let a = reg.login(1, 0);
+        let b = reg.login(2, 0);
         // The clock says tick 3 before the ticker ran: uid 1's frame counts on tick 3 and
         // moves its shard, so uid 2 (same shard or not) is due and uid 1 is not.
         assert_eq!(reg.touch(&a, 3), Activity::Online);
@@ -274,8 +276,8 @@ mod tests {
     #[test]
     fn newer_login_kicks_and_old_cleanup_spares_the_new_session() {
         let reg = registry(3);
-        let old = reg.login(5, 1, 0);
-        let new = reg.login(5, 2, 0);
+        let old = reg.login(5, 0);
+        let new = reg.login(5, 0);
         assert_eq!(old.end_reason(), Some(CloseReason::Kicked));
         assert_eq!(reg.touch(&old, 0), Activity::Offline);
         assert_eq!(reg.leave(&old, CloseReason::Disconnect), CloseReason::Kicked);
@@ -289,12 +291,12 @@ mod tests {
     #[test]
     fn login_after_sweep_before_finish_ends_the_old_session_as_expired() {
         let reg = registry(2);
-        let old = reg.login(9, 1, 0);
+        let old = reg.login(9, 0);
         reg.advance(2);
         let mut out = Vec::new();
         reg.expire_chunk(shard_of(9), usize::MAX, &mut out);
         assert_eq!(out, vec![9]);
-        let new = reg.login(9, 2, 2);
+        let new = reg.login(9, 2);
         assert_eq!(old.end_reason(), Some(CloseReason::IdleTimeout));
         assert!(!reg.finish_expired(9), "the new session must survive the old sweep");
         assert_eq!(new.end_reason(), None);

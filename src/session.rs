@@ -17,7 +17,6 @@ const LIVE: u8 = 0;
 #[derive(Debug)]
 pub struct Session {
     uid: u64,
-    conn_id: u64,
     /// `LIVE`, or the [`CloseReason`] code (its discriminant) of the first ending.
     end: AtomicU8,
     ended: Notify,
@@ -26,18 +25,13 @@ pub struct Session {
 // === impl Session ===
 
 impl Session {
-    pub(crate) fn new(uid: u64, conn_id: u64) -> Session {
-        Session { uid, conn_id, end: AtomicU8::new(LIVE), ended: Notify::new() }
+    pub(crate) fn new(uid: u64) -> Session {
+        Session { uid, end: AtomicU8::new(LIVE), ended: Notify::new() }
     }
 
     /// The uid this session logged in as.
     pub fn uid(&self) -> u64 {
         self.uid
-    }
-
-    /// The connection that holds it, for logs.
-    pub fn conn_id(&self) -> u64 {
-        self.conn_id
     }
 
     /// Ends the session with `reason` unless it already ended; returns whether this call

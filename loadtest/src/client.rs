@@ -192,7 +192,6 @@ impl Client {
             silent_at = None;
             missed_at = Some(last_sent + timeout_d + tick + ctx.missed_grace);
         }
-        let sending = |missed_at: Option<Instant>| missed_at.is_none();
 
         loop {
             let next_send = next_data.map_or(next_ping, |d| d.min(next_ping));
@@ -228,7 +227,7 @@ impl Client {
                         return;
                     }
                 },
-                _ = sleep_until(silent_at.unwrap_or(next_send)), if sending(missed_at) && silent_at.is_some_and(|at| at <= next_send) => {
+                _ = sleep_until(silent_at.unwrap_or(next_send)), if missed_at.is_none() && silent_at.is_some_and(|at| at <= next_send) => {
                     silent_at = None;
                     if self.plan.final_ping {
                         last_sent = Instant::now();
@@ -240,7 +239,7 @@ impl Client {
                     }
                     missed_at = Some(last_sent + timeout_d + tick + ctx.missed_grace);
                 }
-                _ = sleep_until(next_send), if sending(missed_at) => {
+                _ = sleep_until(next_send), if missed_at.is_none() => {
                     let now = Instant::now();
                     if next_data.is_some_and(|d| d <= next_ping) {
                         wire.data(&mut out);
