@@ -67,11 +67,6 @@ impl Auth {
     }
 }
 
-/// Seconds since the Unix epoch, for token expiry (wall-clock time, unlike ticks).
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use crate::auth::Auth;
-use crate::codec::DEFAULT_MAX_FRAME_BYTES;
+use crate::client::DEFAULT_MAX_FRAME_BYTES;
 use crate::error::ConfigError;
+use crate::presence::{DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};
 
 /// Smallest `--max-frame-bytes` that still fits a LOGIN: a kind byte and the 8-byte uid.
 const MIN_FRAME_BYTES: u32 = 9;
@@ -13,6 +14,11 @@ const MIN_FRAME_BYTES: u32 = 9;
 /// Most slots a ring may have (`timeout / tick + 1`): each slot costs a vector per ring
 /// shard, and a sub-millisecond resolution on a multi-second timeout buys nothing.
 const MAX_WINDOW_TICKS: u64 = 100_000;
+
+/// Replies and pushes a client may leave unread before it is closed as a slow consumer:
+/// about a thousand PONGs, far more than a healthy client lags. Raised to two largest frames
+/// when `--max-frame-bytes` is bigger, so one large push never counts as lagging.
+const MAX_QUEUED_BYTES: usize = 64 * 1024;
 
 /// File descriptors kept back from `--max-connections`' default: the listeners, the admin
 /// server's connections, logs, and room to accept an over-limit client long enough to tell
@@ -36,6 +42,14 @@ pub struct Config {
     pub auth: Option<Auth>,
     /// Time shutdown waits for connections to take their BYE and close.
     pub drain_timeout: Duration,
+    /// This gateway's name in presence answers and online events.
+    pub node_id: String,
+    /// Bearer token the backend API requires; `None` leaves it open (loopback only).
+    pub api_token: Option<String>,
+    /// Most events the event log holds.
+    pub event_log_capacity: usize,
+    /// Most DATA payload bytes the event log holds.
+    pub event_log_bytes: usize,
 }
 
 impl Default for Config {
@@ -48,6 +62,10 @@ impl Default for Config {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             auth: None,
             drain_timeout: Duration::from_secs(5),
+            node_id: "idlegate".into(),
+            api_token: None,
+            event_log_capacity: DEFAULT_EVENT_LOG_CAPACITY,
+            event_log_bytes: DEFAULT_EVENT_LOG_BYTES,
         }
     }
 }
@@ -94,7 +112,26 @@ impl Config {
                 format!("{} is too small for a LOGIN; at least {MIN_FRAME_BYTES}", self.max_frame_bytes),
             ));
         }
+        if self.event_log_capacity == 0 {
+            return Err(ConfigError::new("--event-log-capacity", "must be at least 1"));
+        }
+        if self.node_id.is_empty() {
+            return Err(ConfigError::new("--node-id", "must not be empty"));
+        }
+        if self.api_token.as_deref() == Some("") {
+            return Err(ConfigError::new("--api-token", "must not be empty; leave it unset for no token"));
+        }
         Ok(())
+    }
+
+    /// Bytes of replies and pushes a client may leave unread; see [`MAX_QUEUED_BYTES`].
+    pub fn max_queued_bytes(&self) -> usize {
+        MAX_QUEUED_BYTES.max(2 * (self.max_frame_bytes as usize + 4))
+    }
+
+    /// The largest payload a PUSH may carry: a frame's limit less its kind byte.
+    pub fn max_push_bytes(&self) -> usize {
+        self.max_frame_bytes as usize - 1
     }
 
     /// Timeout in ticks: the ring's window, its slot count minus one.
@@ -156,6 +193,9 @@ mod tests {
         assert_eq!(flag(with(|c| c.login_timeout = Duration::ZERO)), "--login-timeout");
         assert_eq!(flag(with(|c| c.max_connections = 0)), "--max-connections");
         assert_eq!(flag(with(|c| c.max_frame_bytes = 8)), "--max-frame-bytes");
+        assert_eq!(flag(with(|c| c.event_log_capacity = 0)), "--event-log-capacity");
+        assert_eq!(flag(with(|c| c.node_id.clear())), "--node-id");
+        assert_eq!(flag(with(|c| c.api_token = Some(String::new()))), "--api-token");
     }
 
     #[test]

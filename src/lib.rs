@@ -1,38 +1,32 @@
-//! idlegate: an idle-connection timeout gateway.
+//! idlegate: an idle-connection timeout gateway and realtime message channel.
 //!
 //! Clients hold one long-lived TCP connection each, log in with a numeric uid and send
 //! keepalive and data frames; a uid silent for the timeout goes offline and its connection is
 //! closed. Idle detection is a sliding slot ring ([`Ring`]) driven by one ticker, not a timer
-//! per connection.
+//! per connection. Backends ask who is online, follow online/offline/data events and push to
+//! clients through an HTTP API.
 //!
-//! One frame's path, one file per step: socket -> `codec` -> `connection` -> `registry` (and
-//! the `ring` inside it) -> `ticker` -> BYE back through `connection`.
+//! # Layout
+//!
+//! - `client/`: the client side. A frame's path: socket -> `codec` -> `connection` ->
+//!   `handler` -> the registry, and replies, pushes and BYEs back the same way.
+//! - `presence/`: who is online. `ring` (pure: ticks in, expired uids out), `clock` (the one
+//!   place time becomes ticks), `registry`, `ticker`, `events`, and `directory`, the trait the
+//!   API asks.
+//! - `backend/`: what servers and operators use: `api`, `admin`, `metrics`.
+//! - `gateway.rs` is the state all of them share; `config`, `auth` and `error` serve all.
 
-mod ring;
-
-pub use ring::{Ring, Touch};
-mod admin;
 mod auth;
-mod codec;
+mod backend;
+mod client;
 mod config;
-mod connection;
 mod error;
-mod frame;
-mod metrics;
-#[cfg(target_os = "linux")]
-mod process;
-mod registry;
-mod server;
-mod session;
-mod ticker;
+mod gateway;
+mod presence;
 
-pub use auth::{unix_now, Auth};
-pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
+pub use auth::Auth;
+pub use backend::Metrics;
+pub use client::{kind, CloseReason, Frame, FrameCodec, Listeners, Server, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
 pub use config::{default_max_connections, Config, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
-pub use frame::{kind, CloseReason, Frame};
-pub use metrics::{FrameKind, Metrics};
-pub use registry::{Activity, Registry};
-pub use server::Server;
-pub use session::Session;
-pub use ticker::{Clock, Ticker};
+pub use presence::{unix_now, Ring, Touch, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};

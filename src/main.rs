@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use idlegate::{default_max_connections, unix_now, Auth, Config, Server};
+use idlegate::{default_max_connections, unix_now, Auth, Config, Listeners, Server};
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Pending-connection queue of the client listener. The kernel caps it at
@@ -66,6 +66,21 @@ struct ServeArgs {
     /// Time shutdown waits for connections to take their BYE.
     #[arg(long, env = "IDLEGATE_DRAIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
+    /// Address of the backend API (presence, push, kicks, events).
+    #[arg(long, env = "IDLEGATE_API_LISTEN", default_value = "127.0.0.1:7072")]
+    api_listen: SocketAddr,
+    /// Bearer token the backend API requires; without it the API only listens on loopback.
+    #[arg(long, env = "IDLEGATE_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+    /// This gateway's name in presence answers and online events [default: the host name].
+    #[arg(long, env = "IDLEGATE_NODE_ID")]
+    node_id: Option<String>,
+    /// Most events the in-memory event log keeps for consumers to resume from.
+    #[arg(long, env = "IDLEGATE_EVENT_LOG_CAPACITY", default_value_t = idlegate::DEFAULT_EVENT_LOG_CAPACITY)]
+    event_log_capacity: usize,
+    /// Most DATA payload bytes the event log keeps; the oldest events go first.
+    #[arg(long, env = "IDLEGATE_EVENT_LOG_BYTES", default_value_t = idlegate::DEFAULT_EVENT_LOG_BYTES)]
+    event_log_bytes: usize,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, env = "IDLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -125,6 +140,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes,
         auth: args.auth_secret.as_deref().map(Auth::new),
         drain_timeout: args.drain_timeout,
+        node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
+        api_token: args.api_token.clone(),
+        event_log_capacity: args.event_log_capacity,
+        event_log_bytes: args.event_log_bytes,
     };
     if let Err(e) = config.validate() {
         usage_error(e);
@@ -138,6 +157,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ));
         }
         tracing::warn!("no --auth-secret: any LOGIN token is accepted");
+    }
+    if config.api_token.is_none() {
+        if !args.api_listen.ip().is_loopback() {
+            usage_error(format!(
+                "--api-listen {} is not a loopback address and no --api-token is set: anyone could read events \
+                 and push to clients; set --api-token",
+                args.api_listen
+            ));
+        }
+        tracing::warn!("no --api-token: the backend API on loopback needs no token");
     }
     if config.max_connections as u64 > nofile {
         tracing::warn!(
@@ -153,15 +182,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let admin = TcpListener::bind(args.admin_listen)
             .await
             .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+        let api = TcpListener::bind(args.api_listen)
+            .await
+            .with_context(|| format!("binding --api-listen {}", args.api_listen))?;
         tracing::info!(
             listen = %args.listen,
             admin = %args.admin_listen,
+            api = %args.api_listen,
+            node = %config.node_id,
             timeout = ?config.timeout,
             tick = ?config.tick,
             max_connections = config.max_connections,
             "idlegate serving"
         );
-        Server::new(config).run(listener, Some(admin), shutdown_signal()).await.context("serving")
+        let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
+        Server::new(config).run(listeners, shutdown_signal()).await.context("serving")
     })
 }
 

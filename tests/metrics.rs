@@ -5,7 +5,7 @@
 mod common;
 
 use common::{sample, short_config, Client, TestServer};
-use idlegate::{CloseReason, Frame, FrameKind};
+use idlegate::{kind, CloseReason, Frame};
 
 /// Connections per wave; uids repeat across `UIDS`, so logins kick each other.
 const CONNECTIONS: u64 = 120;
@@ -51,7 +51,7 @@ async fn gauges_return_to_zero_under_concurrent_logins_kicks_and_expiries() {
     let m = &server.metrics;
     assert_eq!(m.online_users.get(), 0);
     assert_eq!(m.logins.get(), CONNECTIONS);
-    assert_eq!(m.frame_count(FrameKind::Login), CONNECTIONS);
+    assert_eq!(m.frame_count(kind::LOGIN), CONNECTIONS);
     let closed: u64 = CloseReason::ALL.iter().map(|&r| m.closed_count(r)).sum();
     assert_eq!(closed, CONNECTIONS, "every connection closed exactly once");
     assert_eq!(m.connections_accepted.get(), CONNECTIONS);

@@ -18,7 +18,7 @@ mod common;
 use std::time::Duration;
 
 use common::Client;
-use idlegate::{CloseReason, Config, Frame, Server};
+use idlegate::{CloseReason, Config, Frame, Listeners, Server};
 use tokio::net::TcpListener;
 
 const ACTIVE: u64 = 8;
@@ -44,7 +44,7 @@ fn clients_that_sent_during_a_stall_keep_their_sessions() {
     let stall_handle = gateway.handle().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let gateway_thread = std::thread::spawn(move || {
-        gateway.block_on(server.run(listener, None, async move {
+        gateway.block_on(server.run(Listeners::clients(listener), async move {
             let _ = stopped.await;
         }))
     });

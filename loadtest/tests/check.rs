@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use idlegate::{Auth, CloseReason, Config, Frame, FrameCodec, Server};
+use idlegate::{Auth, CloseReason, Config, Frame, FrameCodec, Listeners, Server};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
@@ -28,7 +28,10 @@ fn gateway(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr) {
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addrs = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
         let config = Config { timeout: TIMEOUT, tick: TICK, auth, ..Config::default() };
-        tokio::spawn(Server::new(config).run(listener, Some(admin), std::future::pending::<()>()));
+        tokio::spawn(
+            Server::new(config)
+                .run(Listeners { clients: listener, admin: Some(admin), api: None }, std::future::pending::<()>()),
+        );
         addrs
     })
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use idlegate::{CloseReason, Config, Frame, FrameCodec, Metrics, Server};
+use idlegate::{CloseReason, Config, Frame, FrameCodec, Listeners, Metrics, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -21,6 +21,7 @@ pub const PATIENCE: Duration = Duration::from_secs(10);
 pub struct TestServer {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    pub api: SocketAddr,
     pub metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -31,14 +32,17 @@ impl TestServer {
         config.validate().expect("test config is valid");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, admin_addr, api_addr) =
+            (listener.local_addr().unwrap(), admin.local_addr().unwrap(), api.local_addr().unwrap());
         let server = Server::new(config);
         let metrics = server.metrics();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server.run(listener, Some(admin), async move {
+        let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
+        let task = tokio::spawn(server.run(listeners, async move {
             let _ = stopped.await;
         }));
-        TestServer { addr, admin: admin_addr, metrics, stop: Some(stop), task: Some(task) }
+        TestServer { addr, admin: admin_addr, api: api_addr, metrics, stop: Some(stop), task: Some(task) }
     }
 
     /// Triggers shutdown and waits for `run` to return.
@@ -63,8 +67,23 @@ impl TestServer {
 
 /// A minimal HTTP/1.1 GET, enough for the admin endpoint and Prometheus's API.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http(addr, "GET", path, &[], "").await
+}
+
+/// A minimal HTTP/1.1 request with extra header lines and a body: (status, body).
+pub async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    if !body.is_empty() || method == "POST" {
+        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
     let mut raw = String::new();
     tokio::time::timeout(PATIENCE, s.read_to_string(&mut raw)).await.unwrap().unwrap();
     let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);

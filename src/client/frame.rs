@@ -22,6 +22,8 @@ pub mod kind {
     pub const WELCOME: u8 = 0x81;
     /// The PING's payload.
     pub const PONG: u8 = 0x82;
+    /// Application bytes a backend pushed through the API; not a reply to anything.
+    pub const PUSH: u8 = 0x83;
     /// A reason byte and optional UTF-8 text; the gateway closes after it.
     pub const BYE: u8 = 0x8F;
 }
@@ -47,6 +49,8 @@ pub enum Frame {
     Welcome { timeout_ms: u32, tick_ms: u32 },
     /// Answer to a PING.
     Pong(Bytes),
+    /// Application bytes from a backend.
+    Push(Bytes),
     /// The gateway's last frame on a connection.
     Bye { reason: CloseReason, text: String },
 }
@@ -78,6 +82,7 @@ impl Frame {
                 Frame::Welcome { timeout_ms: body.get_u32(), tick_ms: body.get_u32() }
             }
             kind::PONG => Frame::Pong(body),
+            kind::PUSH => Frame::Push(body),
             kind::BYE => {
                 if body.is_empty() {
                     return Err(FrameError::BadBye(None));
@@ -95,7 +100,7 @@ impl Frame {
     pub fn body_len(&self) -> usize {
         1 + match self {
             Frame::Login { token, .. } => UID_LEN + token.len(),
-            Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) => p.len(),
+            Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) | Frame::Push(p) => p.len(),
             Frame::Logout => 0,
             Frame::Welcome { .. } => WELCOME_LEN,
             Frame::Bye { text, .. } => 1 + text.len(),
@@ -127,6 +132,10 @@ impl Frame {
             }
             Frame::Pong(p) => {
                 dst.put_u8(kind::PONG);
+                dst.put_slice(p);
+            }
+            Frame::Push(p) => {
+                dst.put_u8(kind::PUSH);
                 dst.put_slice(p);
             }
             Frame::Bye { reason, text } => {
@@ -239,6 +248,7 @@ mod tests {
         round_trip(Frame::Logout);
         round_trip(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 });
         round_trip(Frame::Pong(Bytes::from_static(b"t")));
+        round_trip(Frame::Push(Bytes::from_static(b"\x00\xffbin")));
         for reason in CloseReason::ALL.into_iter().filter(|r| r.wire_code().is_some()) {
             round_trip(Frame::Bye { reason, text: "why".into() });
         }

@@ -1,4 +1,4 @@
-//! The ticker: the one task that moves the ring, and the one place time becomes ticks.
+//! The ticker: the one task that moves the ring, on the ticks the [`Clock`] names.
 //!
 //! Each tick it advances every ring shard to the tick the clock names, lets connections read
 //! what they were sent if the tick ran late, expires what fell due in chunks, and refreshes
@@ -15,13 +15,13 @@
 //! that kept sending while the gateway was frozen keeps its session.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-use crate::registry::Registry;
+use crate::backend::Metrics;
+use crate::presence::clock::Clock;
+use crate::presence::registry::Registry;
 
 /// uids expired per chunk before the ticker yields to the runtime. One chunk holds a ring
 /// shard's lock and the worker for well under a millisecond, so even a mass expiry of
@@ -35,45 +35,6 @@ const LATE_FRACTION: u32 = 10;
 /// Longest grace a late tick gives connections to read before it sweeps, as a fraction of
 /// the tick (`tick / MAX_GRACE_FRACTION`); the grace is also never longer than the lag.
 const MAX_GRACE_FRACTION: u32 = 2;
-
-/// Converts between tokio instants and ring ticks; nothing else in the crate does.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock {
-    start: Instant,
-    tick: Duration,
-}
-
-// === impl Clock ===
-
-impl Clock {
-    /// Tick 0 starts at `start`; each tick lasts `tick`.
-    pub fn new(start: Instant, tick: Duration) -> Clock {
-        assert!(!tick.is_zero(), "a tick must last some time");
-        Clock { start, tick }
-    }
-
-    /// The tick `at` falls in.
-    pub fn tick_at(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.start).as_nanos();
-        (since / self.tick.as_nanos()) as u64
-    }
-
-    /// When tick `tick` begins.
-    pub fn instant_of(&self, tick: u64) -> Instant {
-        self.start + self.ticks(tick)
-    }
-
-    /// The duration of `n` ticks.
-    pub fn ticks(&self, n: u64) -> Duration {
-        let nanos = self.tick.as_nanos().saturating_mul(u128::from(n));
-        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-    }
-
-    /// Whole seconds in `n` ticks, for the per-second silence series.
-    pub fn whole_seconds(&self, n: u64) -> u64 {
-        self.ticks(n).as_secs()
-    }
-}
 
 /// Drives the ring; see the module documentation.
 #[derive(Debug)]
@@ -129,10 +90,10 @@ impl Ticker {
         let to = self.clock.tick_at(woke).max(self.elapsed + 1);
         self.registry.advance(to);
         self.elapsed = to;
-        if lag > self.clock.tick / LATE_FRACTION {
+        if lag > self.clock.tick() / LATE_FRACTION {
             // Frames that arrived during the stall sit unread in socket buffers; a touch
             // rescues an overdue uid until it is expired below, so read them first.
-            let grace = lag.min(self.clock.tick / MAX_GRACE_FRACTION);
+            let grace = lag.min(self.clock.tick() / MAX_GRACE_FRACTION);
             tracing::warn!(?lag, ?grace, tick = to, "tick ran late; reading clients before sweeping");
             sleep(grace).await;
         }
@@ -154,9 +115,8 @@ impl Ticker {
         for shard in 0..self.registry.shard_count() {
             loop {
                 let taken = self.registry.expire_chunk(shard, SWEEP_CHUNK - since_yield, &mut self.expired);
-                for uid in self.expired.drain(..) {
-                    self.registry.finish_expired(uid);
-                }
+                self.registry.finish_expired(&self.expired);
+                self.expired.clear();
                 self.metrics.ring_expired.inc_by(taken as u64);
                 total += taken;
                 since_yield += taken;
@@ -191,10 +151,13 @@ impl Ticker {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::client::CloseReason;
     use crate::config::Config;
-    use crate::frame::CloseReason;
-    use crate::registry::Activity;
+    use crate::presence::events::EventLog;
+    use crate::presence::registry::Liveness;
 
     const TICK: Duration = Duration::from_secs(1);
     const TIMEOUT: Duration = Duration::from_secs(30);
@@ -216,25 +179,14 @@ mod tests {
 
     fn start() -> Harness {
         let metrics = Arc::new(Metrics::new(&Config { timeout: TIMEOUT, tick: TICK, ..Config::default() }));
-        let registry = Arc::new(Registry::new(WINDOW, metrics.clone()));
+        let events = Arc::new(EventLog::new(1 << 20, 1 << 30, metrics.clone()));
+        let registry = Arc::new(Registry::new(WINDOW, events, metrics.clone()));
         let start = Instant::now();
         let clock = Clock::new(start, TICK);
         let ticker = Ticker::new(registry.clone(), metrics.clone(), clock, WINDOW);
         let stop = CancellationToken::new();
         tokio::spawn(ticker.run(stop.clone()));
         Harness { registry, metrics, clock, start, stop }
-    }
-
-    #[test]
-    fn clock_converts_both_ways() {
-        let start = Instant::now();
-        let clock = Clock::new(start, Duration::from_millis(100));
-        for tick in [0u64, 1, 7, 1_000_000] {
-            let at = clock.instant_of(tick);
-            assert_eq!(clock.tick_at(at), tick);
-            assert_eq!(clock.tick_at(at + Duration::from_millis(99)), tick);
-        }
-        assert_eq!(clock.whole_seconds(299), 29);
     }
 
     #[tokio::test(start_paused = true)]
@@ -273,7 +225,7 @@ mod tests {
             tokio::time::sleep(TIMEOUT - 2 * TICK).await;
             let now = h.now();
             assert_ne!(now, last_touch, "each ping lands on a new tick");
-            assert_eq!(h.registry.touch(&session, now), Activity::Online);
+            assert_eq!(h.registry.touch(&session, now), Liveness::Alive);
             last_touch = now;
         }
         assert_eq!(session.end_reason(), None);
@@ -317,7 +269,7 @@ mod tests {
         }
         assert_eq!(h.metrics.tick_lag.get_sample_count(), 1, "the ticker ran once, late");
         // A frame that arrived during the stall is read now, before the sweep.
-        assert_eq!(h.registry.touch(&active, h.now()), Activity::Online);
+        assert_eq!(h.registry.touch(&active, h.now()), Liveness::Alive);
         assert_eq!(silent.ended().await, CloseReason::IdleTimeout);
         assert_eq!(active.end_reason(), None);
         assert_eq!(h.metrics.ring_expired.get(), 1);

@@ -4,38 +4,50 @@
 //! - `sessions`, a `DashMap` from uid to the session that owns it now;
 //! - `rings`, [`RING_SHARDS`] rings behind their own mutexes, a uid always in the same one.
 //!
-//! Invariant: a uid is in `sessions` and in its ring together, except between the sweep that
-//! takes it out of the ring and [`Registry::finish_expired`], which then removes the session.
-//! Everything that changes both takes the `sessions` entry first, then the ring shard; the
-//! per-frame path takes only the ring shard, and only when the tick changed.
+//! Invariant: a live uid is in `sessions` and in its ring together, except between the sweep
+//! that takes it out of the ring and [`Registry::finish_expired`], which then ends and removes
+//! the session. Everything that changes both takes the `sessions` entry first, then the ring
+//! shard, then (to log an event) the event log's lock; the per-frame path takes only the ring
+//! shard, and only when the tick changed.
 //!
 //! Callers pass the tick their frame was read on, from the [`crate::Clock`]. A shard whose
 //! cursor trails that tick (the ticker has not run yet, or the process stalled) is moved up
 //! to it first, so a frame read just after a tick boundary counts on the new tick, never on
 //! the old one: that is what keeps every silence above `timeout - tick`.
 
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use crate::frame::CloseReason;
-use crate::metrics::Metrics;
-use crate::ring::{Ring, Touch};
-use crate::session::Session;
+use crate::backend::Metrics;
+use crate::client::{CloseReason, Pushed, Session};
+use crate::presence::clock::unix_ms;
+use crate::presence::events::EventLog;
+use crate::presence::ring::{Ring, Touch};
 
 /// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
 /// time, so a mass expiry stalls touches on 1/64 of the uids for one chunk at most.
 const RING_SHARDS: usize = 64;
 
-/// What a frame's activity did to its session.
+/// Whether a frame's activity found its session still online.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activity {
+pub enum Liveness {
     /// The session is online; its deadline now counts from this tick.
-    Online,
+    Alive,
     /// The session is over (expired, kicked or closed); the frame is dropped.
-    Offline,
+    Gone,
+}
+
+/// A live session and the tick its uid was last heard on, as presence reports it.
+#[derive(Debug, Clone)]
+pub struct Sighting {
+    pub session: Arc<Session>,
+    pub last_heard_tick: u64,
 }
 
 /// The gateway's shared state of who is online; see the module documentation.
@@ -43,18 +55,28 @@ pub enum Activity {
 pub struct Registry {
     sessions: DashMap<u64, Arc<Session>, RandomState>,
     rings: Box<[Mutex<Ring>]>,
+    window: u64,
+    events: Arc<EventLog>,
     metrics: Arc<Metrics>,
+    /// Next session id. Starts at a random value, so ids from two gateways, or two runs of
+    /// one, do not collide in a backend that pairs online and offline events.
+    next_session: AtomicU64,
 }
 
 // === impl Registry ===
 
 impl Registry {
-    /// An empty registry whose uids expire `window` ticks after their last activity.
-    pub fn new(window: u64, metrics: Arc<Metrics>) -> Registry {
+    /// An empty registry whose uids expire `window` ticks after their last activity, logging
+    /// session events to `events`.
+    pub fn new(window: u64, events: Arc<EventLog>, metrics: Arc<Metrics>) -> Registry {
+        let salt = std::hash::RandomState::new().hash_one(unix_ms());
         Registry {
             sessions: DashMap::with_hasher(RandomState::default()),
             rings: (0..RING_SHARDS).map(|_| Mutex::new(Ring::new(window))).collect(),
+            window,
+            events,
             metrics,
+            next_session: AtomicU64::new(salt),
         }
     }
 
@@ -63,14 +85,21 @@ impl Registry {
         self.rings.len()
     }
 
+    /// The event log this registry reports to.
+    pub fn events(&self) -> &Arc<EventLog> {
+        &self.events
+    }
+
     /// Logs `uid` in on tick `now`, placing it in the ring. The session's identity is its
     /// `Arc`: an older connection of the same uid holds a different one, so its cleanup can
     /// never end this session.
     ///
     /// A session the uid already had ends: kicked if it was still in the ring, expired if a
-    /// sweep had already taken it out.
+    /// sweep had already taken it out. Its offline event goes to the log before this one's
+    /// online event.
     pub fn login(&self, uid: u64, now: u64) -> Arc<Session> {
-        let session = Arc::new(Session::new(uid));
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let session = Arc::new(Session::new(uid, id, unix_ms()));
         match self.sessions.entry(uid) {
             Entry::Occupied(mut entry) => {
                 let mut ring = self.ring_at(uid, now);
@@ -79,10 +108,12 @@ impl Registry {
                 previous.end(if ring.remove(uid) { CloseReason::Kicked } else { CloseReason::IdleTimeout });
                 ring.insert(uid, now);
                 drop(ring);
+                self.events.login(Some(previous), &session);
                 entry.insert(session.clone());
             }
             Entry::Vacant(entry) => {
                 self.ring_at(uid, now).insert(uid, now);
+                self.events.login(None, &session);
                 entry.insert(session.clone());
                 self.metrics.online_users.inc();
             }
@@ -93,32 +124,79 @@ impl Registry {
 
     /// Records activity of `session` on tick `now`; the caller skips this call when it
     /// already touched on `now`, so a frame in the same tick does no ring work.
-    pub fn touch(&self, session: &Session, now: u64) -> Activity {
+    pub fn touch(&self, session: &Session, now: u64) -> Liveness {
         let mut ring = self.ring_at(session.uid(), now);
         // Checked under the ring lock: a newer login ends this session under the same lock
-        // before it files the uid again, so this never touches another session's entry.
-        if session.end_reason().is_some() {
-            return Activity::Offline;
+        // before it files the uid again, and a sweep's finish ends it before it lets go of
+        // the uid, so this never touches another session's entry.
+        if !session.is_live() {
+            return Liveness::Gone;
         }
         match ring.touch(session.uid(), now) {
-            Touch::NotTracked => Activity::Offline,
-            Touch::Moved | Touch::Unchanged => Activity::Online,
+            Touch::NotTracked => Liveness::Gone,
+            Touch::Moved | Touch::Unchanged => Liveness::Alive,
         }
     }
 
-    /// Ends `session` for `reason` from its own connection (logout, disconnect, an error)
-    /// and returns the reason it actually ended with: an expiry or a kick that came first
-    /// wins.
+    /// Ends `session` for `reason` (logout, disconnect, an error, a kick, a slow consumer),
+    /// logs its offline event and forgets it; returns the reason it actually ended with: an
+    /// expiry or a kick that came first wins.
     pub fn leave(&self, session: &Arc<Session>, reason: CloseReason) -> CloseReason {
-        if let Entry::Occupied(entry) = self.sessions.entry(session.uid()) {
-            if Arc::ptr_eq(entry.get(), session) {
-                self.ring_of(session.uid()).remove(session.uid());
+        match self.sessions.entry(session.uid()) {
+            Entry::Occupied(entry) if Arc::ptr_eq(entry.get(), session) => {
+                let mut ring = self.ring_of(session.uid());
+                ring.remove(session.uid());
+                session.end(reason);
+                drop(ring);
+                self.events.report_ends([&**session]);
                 entry.remove();
                 self.metrics.online_users.dec();
             }
+            _ => {
+                // Already replaced or forgotten, which only happens after it ended; reports
+                // the ending if whoever ended it has not yet.
+                session.end(reason);
+                self.events.report_ends([&**session]);
+            }
         }
-        session.end(reason);
         session.end_reason().unwrap_or(reason)
+    }
+
+    /// Ends the live session of `uid` as kicked; returns false if the uid is offline.
+    pub fn kick(&self, uid: u64) -> bool {
+        let Some(session) = self.live(uid) else {
+            return false;
+        };
+        self.leave(&session, CloseReason::Kicked) == CloseReason::Kicked
+    }
+
+    /// Queues a PUSH of `payload` for `uid`; returns whether it was handed to a live
+    /// session. A session whose client has let more than `max_queued` bytes pile up is
+    /// ended as a slow consumer instead, and counts as offline.
+    pub fn push(&self, uid: u64, payload: &Bytes, max_queued: usize) -> bool {
+        let Some(session) = self.live(uid) else {
+            return false;
+        };
+        match session.push(payload, max_queued) {
+            Pushed::Queued => true,
+            Pushed::Ended => false,
+            Pushed::Full => {
+                self.leave(&session, CloseReason::SlowConsumer);
+                false
+            }
+        }
+    }
+
+    /// The live session of `uid`, if any.
+    pub fn live(&self, uid: u64) -> Option<Arc<Session>> {
+        self.sessions.get(&uid).map(|s| s.clone()).filter(|s| s.is_live())
+    }
+
+    /// The live session of `uid` with the tick it was last heard on.
+    pub fn sighting(&self, uid: u64) -> Option<Sighting> {
+        let session = self.live(uid)?;
+        let deadline = self.ring_of(uid).deadline(uid)?;
+        Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
     }
 
     /// Moves every ring's cursor up to tick `to` (shards already there stay). Uids that fell
@@ -135,26 +213,41 @@ impl Registry {
         lock(&self.rings[shard]).expire(max, out)
     }
 
-    /// Ends the session of a uid a sweep took out of the ring, unless the uid logged in
-    /// again since. Idempotent: the ticker and the uid's own connection may both call it.
-    pub fn finish_expired(&self, uid: u64) -> bool {
-        let Entry::Occupied(entry) = self.sessions.entry(uid) else {
-            return false;
-        };
-        if self.ring_of(uid).contains(uid) {
-            return false;
+    /// Ends the sessions of `uids`, which a sweep took out of the ring, unless a uid logged
+    /// in again since; logs their offline events as one batch, then forgets them. Returns
+    /// how many sessions this call ended.
+    ///
+    /// End, log, forget, in that order: until a session is forgotten, a new login of its
+    /// uid finds it and logs its offline event first, so events stay in order per uid, and
+    /// a frame its connection reads meanwhile finds it ended and is dropped.
+    pub fn finish_expired(&self, uids: &[u64]) -> usize {
+        let mut ended = Vec::with_capacity(uids.len());
+        for &uid in uids {
+            let Entry::Occupied(entry) = self.sessions.entry(uid) else {
+                continue;
+            };
+            if self.ring_of(uid).contains(uid) {
+                continue;
+            }
+            if entry.get().end(CloseReason::IdleTimeout) {
+                ended.push(entry.get().clone());
+            }
         }
-        let session = entry.remove();
-        self.metrics.online_users.dec();
-        session.end(CloseReason::IdleTimeout);
-        true
+        self.events.report_ends(ended.iter().map(|s| &**s));
+        for session in &ended {
+            if self.sessions.remove_if(&session.uid(), |_, s| Arc::ptr_eq(s, session)).is_some() {
+                self.metrics.online_users.dec();
+            }
+        }
+        ended.len()
     }
 
-    /// Ends every session with `reason`, for shutdown; their connections send the BYE.
+    /// Ends every session with `reason`, for shutdown, in one batch of offline events; their
+    /// connections send the BYE.
     pub fn end_all(&self, reason: CloseReason) {
-        for entry in self.sessions.iter() {
-            entry.value().end(reason);
-        }
+        let ended: Vec<Arc<Session>> =
+            self.sessions.iter().filter(|e| e.value().end(reason)).map(|e| e.value().clone()).collect();
+        self.events.report_ends(ended.iter().map(|s| &**s));
     }
 
     /// Sessions online now.
@@ -219,16 +312,20 @@ mod tests {
 
     fn registry(window: u64) -> Registry {
         let config = Config { timeout: Duration::from_secs(window), ..Config::default() };
-        Registry::new(window, Arc::new(Metrics::new(&config)))
+        let metrics = Arc::new(Metrics::new(&config));
+        let events = Arc::new(EventLog::new(1 << 20, 1 << 30, metrics.clone()));
+        Registry::new(window, events, metrics)
     }
 
+    /// Advances to `to` and expires what fell due; returns the uids that went offline.
     fn sweep(reg: &Registry, to: u64) -> Vec<u64> {
         reg.advance(to);
         let mut out = Vec::new();
         for shard in 0..reg.shard_count() {
             reg.expire_chunk(shard, usize::MAX, &mut out);
         }
-        out.retain(|&uid| reg.finish_expired(uid));
+        reg.finish_expired(&out);
+        out.retain(|&uid| reg.live(uid).is_none());
         out.sort_unstable();
         out
     }
@@ -249,10 +346,10 @@ mod tests {
         let b = reg.login(2, 0);
         assert_eq!(reg.metrics.online_users.get(), 2);
         reg.advance(1);
-        assert_eq!(reg.touch(&a, 1), Activity::Online);
+        assert_eq!(reg.touch(&a, 1), Liveness::Alive);
         assert_eq!(sweep(&reg, 3), vec![2]);
         assert_eq!(b.end_reason(), Some(CloseReason::IdleTimeout));
-        assert_eq!(reg.touch(&b, 3), Activity::Offline);
+        assert_eq!(reg.touch(&b, 3), Liveness::Gone);
         assert_eq!(sweep(&reg, 4), vec![1]);
         assert_eq!(reg.metrics.online_users.get(), 0);
         assert_eq!(reg.metrics.logins.get(), 2);
@@ -266,7 +363,7 @@ mod tests {
         let b = reg.login(2, 0);
         // The clock says tick 3 before the ticker ran: uid 1's frame counts on tick 3 and
         // moves its shard, so uid 2 (same shard or not) is due and uid 1 is not.
-        assert_eq!(reg.touch(&a, 3), Activity::Online);
+        assert_eq!(reg.touch(&a, 3), Liveness::Alive);
         assert_eq!(sweep(&reg, 3), vec![2]);
         assert_eq!(b.end_reason(), Some(CloseReason::IdleTimeout));
         assert!(sweep(&reg, 5).is_empty());
@@ -279,11 +376,11 @@ mod tests {
         let old = reg.login(5, 0);
         let new = reg.login(5, 0);
         assert_eq!(old.end_reason(), Some(CloseReason::Kicked));
-        assert_eq!(reg.touch(&old, 0), Activity::Offline);
+        assert_eq!(reg.touch(&old, 0), Liveness::Gone);
         assert_eq!(reg.leave(&old, CloseReason::Disconnect), CloseReason::Kicked);
         assert_eq!(reg.online(), 1);
         assert_eq!(reg.metrics.online_users.get(), 1);
-        assert_eq!(reg.touch(&new, 0), Activity::Online);
+        assert_eq!(reg.touch(&new, 0), Liveness::Alive);
         assert_eq!(sweep(&reg, 3), vec![5]);
         assert_eq!(new.end_reason(), Some(CloseReason::IdleTimeout));
     }
@@ -298,7 +395,7 @@ mod tests {
         assert_eq!(out, vec![9]);
         let new = reg.login(9, 2);
         assert_eq!(old.end_reason(), Some(CloseReason::IdleTimeout));
-        assert!(!reg.finish_expired(9), "the new session must survive the old sweep");
+        assert_eq!(reg.finish_expired(&[9]), 0, "the new session must survive the old sweep");
         assert_eq!(new.end_reason(), None);
         assert_eq!(reg.metrics.online_users.get(), 1);
     }

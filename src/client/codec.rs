@@ -7,8 +7,8 @@
 use bytes::{Buf, BufMut, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
+use crate::client::frame::Frame;
 use crate::error::FrameError;
-use crate::frame::Frame;
 
 /// Bytes of the length prefix.
 pub const HEADER_LEN: usize = 4;
@@ -61,16 +61,25 @@ impl Decoder for FrameCodec {
     }
 }
 
+/// Appends `frame` with its length prefix. For the frames the gateway builds, which carry at
+/// most a payload it accepted, far below the 4 GiB a length prefix can say.
+pub(crate) fn put_frame(frame: &Frame, dst: &mut BytesMut) {
+    let body = frame.body_len();
+    debug_assert!(u32::try_from(body).is_ok(), "a {body}-byte frame overflows the length prefix");
+    dst.reserve(HEADER_LEN + body);
+    dst.put_u32(body as u32);
+    frame.encode(dst);
+}
+
 impl Encoder<&Frame> for FrameCodec {
     type Error = FrameError;
 
     fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
         let body = frame.body_len();
-        let len =
-            u32::try_from(body).map_err(|_| FrameError::BadLength { len: u32::MAX, max: self.max_frame_bytes })?;
-        dst.reserve(HEADER_LEN + body);
-        dst.put_u32(len);
-        frame.encode(dst);
+        if u32::try_from(body).is_err() {
+            return Err(FrameError::BadLength { len: u32::MAX, max: self.max_frame_bytes });
+        }
+        put_frame(frame, dst);
         Ok(())
     }
 }

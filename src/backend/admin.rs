@@ -11,32 +11,32 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::Shared;
+use crate::gateway::Gateway;
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `stop` is cancelled.
-pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(shared);
+        .with_state(gateway);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "admin endpoint failed");
     }
 }
 
 /// 200 while accepting clients, 503 once draining, so a load balancer stops sending new ones.
-async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    if shared.shutdown.is_cancelled() {
+async fn readyz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    if gateway.shutdown.is_cancelled() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
     } else {
         (StatusCode::OK, "ready\n")
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], shared.metrics.render())
+async fn metrics(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], gateway.metrics.render())
 }

@@ -136,6 +136,11 @@ impl Ring {
         self.index.contains_key(&uid)
     }
 
+    /// The tick `uid` falls due on, if tracked: its last touch plus the window.
+    pub fn deadline(&self, uid: u64) -> Option<u64> {
+        self.index.get(&uid).map(|&pos| self.deadline_of(pos))
+    }
+
     /// How many uids fall due `ticks` ticks from now (`1 ..= window + 1`); the silence
     /// picture: those uids have been silent for about `window - ticks` ticks.
     pub fn due_in(&self, ticks: u64) -> usize {
@@ -383,6 +388,7 @@ mod tests {
         assert_eq!(ring.touch(1, 0), Touch::Unchanged);
         ring.advance(1);
         assert_eq!(ring.touch(1, 1), Touch::Moved);
+        assert_eq!(ring.deadline(1), Some(31));
         assert_eq!(ring.touch(1, 1), Touch::Unchanged);
         assert_eq!(ring.touch(2, 1), Touch::NotTracked);
         assert!(!ring.contains(2));

@@ -1,4 +1,4 @@
-//! The server: accepts connections, runs the ticker and the admin endpoint, and drains on
+//! The server: accepts connections, runs the ticker and the HTTP listeners, and drains on
 //! shutdown.
 //!
 //! Its inputs are injected, as in mini-redis: the caller binds the listeners and passes the
@@ -6,25 +6,23 @@
 
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tokio::time::{sleep, timeout, Instant};
-use tokio_util::codec::Encoder;
+use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::codec::FrameCodec;
+use crate::backend::{serve_admin, serve_api, Metrics};
+use crate::client::codec::put_frame;
+use crate::client::frame::{CloseReason, Frame};
+use crate::client::handler;
 use crate::config::Config;
-use crate::frame::{CloseReason, Frame};
-use crate::metrics::Metrics;
-use crate::registry::Registry;
-use crate::ticker::{Clock, Ticker};
-use crate::{admin, connection};
+use crate::gateway::Gateway;
+use crate::presence::Ticker;
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
 /// row, so a full file table costs a few wakeups a second instead of a spinning core.
@@ -36,30 +34,30 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Longest the server waits to hand BYE(server_full) to a client it has no room for.
 const REJECT_WRITE_DEADLINE: Duration = Duration::from_millis(500);
 
-/// What every connection task, the ticker and the admin endpoint share.
+/// The sockets a gateway serves, bound by the caller.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) config: Config,
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) clock: Clock,
-    /// Cancelled when shutdown begins: connections send BYE(shutdown), readyz says 503.
-    pub(crate) shutdown: CancellationToken,
+pub struct Listeners {
+    /// Where clients connect.
+    pub clients: TcpListener,
+    /// `/healthz`, `/readyz`, `/metrics`, if wanted.
+    pub admin: Option<TcpListener>,
+    /// The backend API, if wanted.
+    pub api: Option<TcpListener>,
 }
 
-// === impl Shared ===
+// === impl Listeners ===
 
-impl Shared {
-    /// The tick a frame read now belongs to.
-    pub(crate) fn now_tick(&self) -> u64 {
-        self.clock.tick_at(Instant::now())
+impl Listeners {
+    /// Clients only, no HTTP.
+    pub fn clients(clients: TcpListener) -> Listeners {
+        Listeners { clients, admin: None, api: None }
     }
 }
 
 /// An idlegate gateway, ready to run; see the module documentation.
 #[derive(Debug)]
 pub struct Server {
-    shared: Arc<Shared>,
+    gateway: Arc<Gateway>,
 }
 
 // === impl Server ===
@@ -68,56 +66,55 @@ impl Server {
     /// A gateway with `config`, which must have passed [`Config::validate`]; its clock starts
     /// now.
     pub fn new(config: Config) -> Server {
-        debug_assert!(config.validate().is_ok(), "Server::new with an invalid config: {:?}", config.validate());
-        let metrics = Arc::new(Metrics::new(&config));
-        let registry = Arc::new(Registry::new(config.window(), metrics.clone()));
-        let clock = Clock::new(Instant::now(), config.tick);
-        Server { shared: Arc::new(Shared { config, registry, metrics, clock, shutdown: CancellationToken::new() }) }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn shared(&self) -> Arc<Shared> {
-        self.shared.clone()
+        Server { gateway: Gateway::new(config) }
     }
 
     /// The gateway's metrics, for tests and embedding.
     pub fn metrics(&self) -> Arc<Metrics> {
-        self.shared.metrics.clone()
+        self.gateway.metrics.clone()
     }
 
-    /// Serves clients on `listener` (and, if given, the admin endpoint on `admin`) until
+    /// Serves clients (and, if given, the admin endpoint and the backend API) until
     /// `shutdown` resolves, then sends every connection BYE(shutdown) and waits up to the
     /// drain timeout for them to close.
-    pub async fn run(self, listener: TcpListener, admin: Option<TcpListener>, shutdown: impl Future) -> io::Result<()> {
-        let shared = self.shared;
+    pub async fn run(self, listeners: Listeners, shutdown: impl Future) -> io::Result<()> {
+        let gateway = self.gateway;
         let background = CancellationToken::new();
-        let ticker = Ticker::new(shared.registry.clone(), shared.metrics.clone(), shared.clock, shared.config.window());
+        let ticker =
+            Ticker::new(gateway.registry.clone(), gateway.metrics.clone(), gateway.clock, gateway.config.window());
         let ticker = tokio::spawn(ticker.run(background.clone()));
-        let admin = admin.map(|l| tokio::spawn(admin::serve(l, shared.clone(), background.clone())));
+        let mut http = Vec::new();
+        if let Some(admin) = listeners.admin {
+            http.push(tokio::spawn(serve_admin(admin, gateway.clone(), background.clone())));
+        }
+        if let Some(api) = listeners.api {
+            http.push(tokio::spawn(serve_api(api, gateway.clone(), background.clone())));
+        }
         let connections = TaskTracker::new();
 
+        let listener = listeners.clients;
         tokio::select! {
-            res = accept_loop(&listener, &shared, &connections) => res?,
+            res = accept_loop(&listener, &gateway, &connections) => res?,
             _ = shutdown => {}
         }
 
         drop(listener);
         let open = connections.len();
         tracing::info!(open, "shutting down: stopped accepting, sending BYE(shutdown)");
-        shared.shutdown.cancel();
-        shared.registry.end_all(CloseReason::Shutdown);
+        gateway.shutdown.cancel();
+        gateway.registry.end_all(CloseReason::Shutdown);
         connections.close();
-        if timeout(shared.config.drain_timeout, connections.wait()).await.is_err() {
+        if timeout(gateway.config.drain_timeout, connections.wait()).await.is_err() {
             tracing::warn!(
                 left = connections.len(),
-                drain_timeout = ?shared.config.drain_timeout,
+                drain_timeout = ?gateway.config.drain_timeout,
                 "drain timed out; dropping the connections left"
             );
         }
         background.cancel();
         let _ = ticker.await;
-        if let Some(admin) = admin {
-            let _ = admin.await;
+        for task in http {
+            let _ = task.await;
         }
         tracing::info!("shut down");
         Ok(())
@@ -125,9 +122,8 @@ impl Server {
 }
 
 /// Accepts until the listener fails for good; never spins on a failing accept.
-async fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, connections: &TaskTracker) -> io::Result<()> {
-    let limit = Arc::new(Semaphore::new(shared.config.max_connections));
-    let next_id = AtomicU64::new(1);
+async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections: &TaskTracker) -> io::Result<()> {
+    let limit = Arc::new(Semaphore::new(gateway.config.max_connections));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let stream = match listener.accept().await {
@@ -143,21 +139,20 @@ async fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, connections: 
             }
         };
         let _ = stream.set_nodelay(true);
-        let conn_id = next_id.fetch_add(1, Ordering::Relaxed);
-        let metrics = shared.metrics.clone();
+        let metrics = gateway.metrics.clone();
         metrics.connections_accepted.inc();
         metrics.connections_open.inc();
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
-                let shared = shared.clone();
+                let gateway = gateway.clone();
                 connections.spawn(async move {
-                    connection::serve(stream, conn_id, shared).await;
+                    handler::serve(stream, gateway).await;
                     metrics.connections_open.dec();
                     drop(permit);
                 });
             }
             Err(_) => {
-                let max = shared.config.max_connections;
+                let max = gateway.config.max_connections;
                 connections.spawn(async move {
                     reject_full(stream, max).await;
                     metrics.closed(CloseReason::ServerFull);
@@ -172,11 +167,10 @@ async fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, connections: 
 async fn reject_full(mut stream: TcpStream, max: usize) {
     let mut out = bytes::BytesMut::new();
     let bye = Frame::Bye { reason: CloseReason::ServerFull, text: format!("{max} connections open") };
-    if FrameCodec::default().encode(&bye, &mut out).is_ok() {
-        let _ = timeout(REJECT_WRITE_DEADLINE, async {
-            stream.write_all_buf(&mut out).await?;
-            stream.shutdown().await
-        })
-        .await;
-    }
+    put_frame(&bye, &mut out);
+    let _ = timeout(REJECT_WRITE_DEADLINE, async {
+        stream.write_all_buf(&mut out).await?;
+        stream.shutdown().await
+    })
+    .await;
 }

@@ -10,8 +10,8 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::client::{kind, CloseReason, Frame};
 use crate::config::Config;
-use crate::frame::CloseReason;
 
 /// Buckets of `idlegate_ring_expired_per_sweep`: decades, from a quiet tick to a mass expiry.
 const EXPIRED_PER_SWEEP_BUCKETS: [f64; 8] = [0.0, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
@@ -22,17 +22,12 @@ const SECONDS_BUCKETS: [f64; 19] = [
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Frame kinds counted by `idlegate_frames_received_total`, in [`FrameKind`] order.
-const FRAME_KIND_LABELS: [&str; 4] = ["login", "ping", "data", "logout"];
+/// Client frame kinds counted by `idlegate_frames_received_total`: (kind byte, label).
+const FRAME_KINDS: [(u8, &str); 4] =
+    [(kind::LOGIN, "login"), (kind::PING, "ping"), (kind::DATA, "data"), (kind::LOGOUT, "logout")];
 
-/// A client frame kind, as an index into the per-kind counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameKind {
-    Login = 0,
-    Ping = 1,
-    Data = 2,
-    Logout = 3,
-}
+/// Event types counted by `idlegate_events_total`, as the event stream names them.
+const EVENT_TYPES: [&str; 3] = ["online", "offline", "data"];
 
 /// The gateway's metrics; see the module documentation.
 pub struct Metrics {
@@ -58,6 +53,15 @@ pub struct Metrics {
     pub expired_per_sweep: Histogram,
     /// How late each tick ran against its schedule.
     pub tick_lag: Histogram,
+    /// Pushes handed to a connection, and pushes to a uid that was offline.
+    pub pushes_sent: IntCounter,
+    pub pushes_offline: IntCounter,
+    events: Vec<IntCounter>,
+    /// Events the event log holds now.
+    pub event_log_events: IntGauge,
+    /// Consumers following the event stream now.
+    pub event_consumers: IntGauge,
+    api_requests: IntCounterVec,
 }
 
 // === impl Metrics ===
@@ -109,7 +113,7 @@ impl Metrics {
         )
         .expect("valid counter vec");
         reg(Box::new(frames_vec.clone()));
-        let frames = FRAME_KIND_LABELS.iter().map(|k| frames_vec.with_label_values(&[k])).collect();
+        let frames = FRAME_KINDS.iter().map(|(_, k)| frames_vec.with_label_values(&[k])).collect();
         let ring_expired = counter("idlegate_ring_expired_total", "uids expired by ring sweeps");
         let ring_tracked = gauge("idlegate_ring_tracked_uids", "uids in the ring (equals online users when healthy)");
         let silence_vec = IntGaugeVec::new(
@@ -135,6 +139,30 @@ impl Metrics {
             &SECONDS_BUCKETS,
         );
 
+        let pushes_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_pushes_total",
+                "pushes by result: sent (handed to the uid's connection) or offline (no live session)",
+            ),
+            &["result"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(pushes_vec.clone()));
+        let pushes_sent = pushes_vec.with_label_values(&["sent"]);
+        let pushes_offline = pushes_vec.with_label_values(&["offline"]);
+        let events_vec = IntCounterVec::new(Opts::new("idlegate_events_total", "events logged, by type"), &["type"])
+            .expect("valid counter vec");
+        reg(Box::new(events_vec.clone()));
+        let events = EVENT_TYPES.iter().map(|t| events_vec.with_label_values(&[t])).collect();
+        let event_log_events = gauge("idlegate_event_log_events", "events the in-memory event log holds");
+        let event_consumers = gauge("idlegate_event_consumers", "consumers following /v1/events now");
+        let api_requests = IntCounterVec::new(
+            Opts::new("idlegate_api_requests_total", "backend API requests, by route and status code"),
+            &["route", "code"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(api_requests.clone()));
+
         let build =
             IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])
                 .expect("valid gauge vec");
@@ -152,7 +180,7 @@ impl Metrics {
         setting("idlegate_config_max_connections", "the --max-connections setting", config.max_connections as f64);
 
         #[cfg(target_os = "linux")]
-        reg(Box::new(crate::process::ProcessCollector::new()));
+        reg(Box::new(super::process::ProcessCollector::new()));
 
         Metrics {
             registry,
@@ -168,6 +196,12 @@ impl Metrics {
             sweep_duration,
             expired_per_sweep,
             tick_lag,
+            pushes_sent,
+            pushes_offline,
+            events,
+            event_log_events,
+            event_consumers,
+            api_requests,
         }
     }
 
@@ -181,14 +215,38 @@ impl Metrics {
         self.closed[reason.index()].get()
     }
 
-    /// Counts a valid client frame.
-    pub fn frame(&self, kind: FrameKind) {
-        self.frames[kind as usize].inc();
+    /// Counts a valid frame from a client (gateway-to-client kinds are not counted).
+    pub fn frame(&self, frame: &Frame) {
+        let index = match frame {
+            Frame::Login { .. } => 0,
+            Frame::Ping(_) => 1,
+            Frame::Data(_) => 2,
+            Frame::Logout => 3,
+            _ => return,
+        };
+        self.frames[index].inc();
     }
 
-    /// Frames of `kind` received so far.
-    pub fn frame_count(&self, kind: FrameKind) -> u64 {
-        self.frames[kind as usize].get()
+    /// Frames of kind byte `kind` received so far.
+    pub fn frame_count(&self, kind: u8) -> u64 {
+        FRAME_KINDS.iter().position(|&(k, _)| k == kind).map_or(0, |i| self.frames[i].get())
+    }
+
+    /// Counts a logged event by its type name.
+    pub fn event(&self, name: &str) {
+        if let Some(i) = EVENT_TYPES.iter().position(|&t| t == name) {
+            self.events[i].inc();
+        }
+    }
+
+    /// Events of type `name` logged so far.
+    pub fn event_count(&self, name: &str) -> u64 {
+        EVENT_TYPES.iter().position(|&t| t == name).map_or(0, |i| self.events[i].get())
+    }
+
+    /// Counts a backend API request by its route pattern and status code.
+    pub fn api_request(&self, route: &str, code: u16) {
+        self.api_requests.with_label_values(&[route, &code.to_string()]).inc();
     }
 
     /// Sets the silence picture: `by_age[s]` uids silent for `s` whole seconds.

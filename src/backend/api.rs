@@ -1,0 +1,389 @@
+//! The backend API: presence, push, kicks and the event stream, as JSON over HTTP.
+//!
+//! Every handler returns `Result<_, ApiError>`, and every error is the same JSON shape,
+//! `{"error": "..."}`, naming the field or limit at fault (as axum's error-handling example
+//! does). The answers come from the gateway's [`crate::presence::Directory`], so the same
+//! routes serve one process or a cluster.
+//!
+//! `GET /v1/events` is Server-Sent Events: each consumer follows the event log from its own
+//! position, in batches written as one chunk each, so a consumer that reads slowly holds no
+//! more than the batch it is being sent, and one that stops reading holds nothing at all.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use futures_util::stream::{self, BoxStream, StreamExt};
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::Gateway;
+use crate::presence::{Batch, DirectoryError, Event, What};
+
+/// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most uids one presence query or push may name: a backend batches, and one request never
+/// holds the directory for long.
+const MAX_UIDS: usize = 10_000;
+
+/// An idle event stream sends a comment this often, so proxies and load balancers do not
+/// close it as dead.
+const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// The event types a consumer can ask for with `?types=`.
+const EVENT_TYPES: [&str; 3] = ["online", "offline", "data"];
+
+/// An API error: a status and a message for the `error` field.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+// === impl ApiError ===
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::NOT_FOUND, message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+impl From<DirectoryError> for ApiError {
+    fn from(e: DirectoryError) -> ApiError {
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(e: BytesRejection) -> ApiError {
+        let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("request body over the limit of {MAX_BODY_BYTES} bytes")
+        } else {
+            e.body_text()
+        };
+        ApiError { status: e.status(), message }
+    }
+}
+
+/// Serves the backend API on `listener` until `stop` is cancelled; open event streams end
+/// then too.
+pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
+    let app = router(gateway, stop.clone());
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
+        tracing::error!(error = %e, "backend API failed");
+    }
+}
+
+#[derive(Clone)]
+struct ApiState {
+    gateway: Arc<Gateway>,
+    stop: CancellationToken,
+}
+
+fn router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
+    let state = ApiState { gateway, stop };
+    Router::new()
+        .route("/v1/presence/{uid}", get(presence))
+        .route("/v1/presence/query", post(presence_query))
+        .route("/v1/online", get(online))
+        .route("/v1/push", post(push))
+        .route("/v1/sessions/{uid}", delete(kick))
+        .route("/v1/events", get(events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), count_request))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Refuses requests without the `--api-token` bearer token, comparing in constant time.
+async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.gateway.config.api_token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+            state.gateway.metrics.api_request("unauthorized", 401);
+            let error = ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                message: "missing or wrong bearer token (Authorization: Bearer <--api-token>)".into(),
+            };
+            return ([(header::WWW_AUTHENTICATE, "Bearer")], error).into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Counts every routed request by its route pattern and status.
+async fn count_request(State(state): State<ApiState>, path: MatchedPath, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    state.gateway.metrics.api_request(path.as_str(), response.status().as_u16());
+    response
+}
+
+async fn no_route(State(state): State<ApiState>, request: Request) -> ApiError {
+    state.gateway.metrics.api_request("unmatched", 404);
+    ApiError::not_found(format!("no route {} {}", request.method(), request.uri().path()))
+}
+
+async fn wrong_method(State(state): State<ApiState>, request: Request) -> ApiError {
+    state.gateway.metrics.api_request("unmatched", 405);
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{} is not allowed on {}", request.method(), request.uri().path()),
+    }
+}
+
+/// `GET /v1/presence/{uid}`.
+async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<Json<Value>, ApiError> {
+    let uid = parse_uid("uid", &uid)?;
+    Ok(Json(match state.gateway.directory.locate(uid).await? {
+        Some(at) => json!({
+            "uid": uid,
+            "online": true,
+            "node": at.node,
+            "since_ms": at.since_ms,
+            "silent_ms": at.silent_ms,
+        }),
+        None => json!({ "uid": uid, "online": false }),
+    }))
+}
+
+/// `POST /v1/presence/query` with `{"uids": [...]}`.
+async fn presence_query(
+    State(state): State<ApiState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_body(&body?)?;
+    let uids = uid_list(&body)?;
+    let online = state.gateway.directory.query(&uids).await?;
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for (uid, online) in uids.into_iter().zip(online) {
+        if online {
+            on.push(uid)
+        } else {
+            off.push(uid)
+        }
+    }
+    Ok(Json(json!({ "online": on, "offline": off })))
+}
+
+/// `GET /v1/online`.
+async fn online(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let count = state.gateway.directory.online().await?;
+    Ok(Json(json!({ "online": count.online, "connections": count.connections })))
+}
+
+/// `POST /v1/push` with `{"uids": [...], "payload": "<base64>"}`: one PUSH per listed uid.
+async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let body = json_body(&body?)?;
+    let mut uids = uid_list(&body)?;
+    // One PUSH per uid, however often it is listed.
+    let mut seen = std::collections::HashSet::with_capacity(uids.len());
+    uids.retain(|uid| seen.insert(*uid));
+    let payload = match body.get("payload") {
+        Some(Value::String(text)) => {
+            BASE64.decode(text).map_err(|e| ApiError::bad_request(format!("payload: not standard base64: {e}")))?
+        }
+        Some(_) => return Err(ApiError::bad_request("payload: must be a base64 string")),
+        None => return Err(ApiError::bad_request("payload: missing")),
+    };
+    let limit = state.gateway.config.max_push_bytes();
+    if payload.len() > limit {
+        return Err(ApiError::bad_request(format!(
+            "payload: {} bytes decoded, over the limit of {limit} (--max-frame-bytes - 1)",
+            payload.len()
+        )));
+    }
+    let handed = state.gateway.directory.push(&uids, Bytes::from(payload)).await?;
+    let (mut sent, mut offline) = (Vec::new(), Vec::new());
+    for (uid, handed) in uids.into_iter().zip(handed) {
+        if handed {
+            sent.push(uid)
+        } else {
+            offline.push(uid)
+        }
+    }
+    let metrics = &state.gateway.metrics;
+    metrics.pushes_sent.inc_by(sent.len() as u64);
+    metrics.pushes_offline.inc_by(offline.len() as u64);
+    Ok(Json(json!({ "sent": sent, "offline": offline })))
+}
+
+/// `DELETE /v1/sessions/{uid}`: BYE(kicked) to the uid's connection.
+async fn kick(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<StatusCode, ApiError> {
+    let uid = parse_uid("uid", &uid)?;
+    if state.gateway.directory.kick(uid).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("uid {uid} is offline")))
+    }
+}
+
+/// Which event types a consumer wants, by [`EVENT_TYPES`] index.
+#[derive(Debug, Clone, Copy)]
+struct Types([bool; 3]);
+
+// === impl Types ===
+
+impl Types {
+    fn parse(list: &str) -> Result<Types, ApiError> {
+        let mut wanted = [false; 3];
+        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let i = EVENT_TYPES.iter().position(|&t| t == word).ok_or_else(|| {
+                ApiError::bad_request(format!("types: unknown event type {word:?}; expected online, offline, data"))
+            })?;
+            wanted[i] = true;
+        }
+        Ok(Types(wanted))
+    }
+
+    fn wants(&self, what: &What) -> bool {
+        let i = EVENT_TYPES.iter().position(|&t| t == what.name()).unwrap_or(0);
+        self.0[i]
+    }
+}
+
+/// `GET /v1/events`: Server-Sent Events, resumable with `Last-Event-ID` or `?after=`.
+async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Request) -> Result<Response, ApiError> {
+    let mut after = None;
+    let mut types = Types([true; 3]);
+    for (key, value) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
+        match &*key {
+            "after" => after = Some(parse_event_id("after", &value)?),
+            "types" => types = Types::parse(&value)?,
+            _ => return Err(ApiError::bad_request(format!("{key}: unknown parameter; expected after, types"))),
+        }
+    }
+    if after.is_none() {
+        if let Some(last) = headers.get("last-event-id") {
+            let last = last.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID: not text"))?;
+            after = Some(parse_event_id("Last-Event-ID", last)?);
+        }
+    }
+    let node = state.gateway.config.node_id.clone();
+    let batches = state.gateway.directory.follow(after);
+    let body = sse_body(batches, types, node).take_until(state.stop.cancelled_owned());
+    let headers = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+        (header::HeaderName::from_static("x-accel-buffering"), "no"),
+    ];
+    Ok((headers, Body::from_stream(body)).into_response())
+}
+
+/// Each batch as one chunk of SSE text; a comment when nothing happened for a while.
+fn sse_body(
+    batches: BoxStream<'static, Batch>,
+    types: Types,
+    node: String,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
+    let node = Value::String(node).to_string();
+    stream::unfold((batches, node), move |(mut batches, node)| async move {
+        loop {
+            match tokio::time::timeout(SSE_KEEPALIVE, batches.next()).await {
+                Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), (batches, node))),
+                Ok(None) => return None,
+                Ok(Some(batch)) => {
+                    let chunk = format_batch(&batch, types, &node);
+                    if !chunk.is_empty() {
+                        return Some((Ok(chunk), (batches, node)));
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// SSE text of a batch: a `gap` first if the consumer missed events, then every event of a
+/// wanted type. `node` is the node id already JSON-quoted.
+fn format_batch(batch: &Batch, types: Types, node: &str) -> Bytes {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(batch.events.len() * 128);
+    if batch.missed > 0 || batch.earlier_process {
+        let _ = write!(out, "id: {}\nevent: gap\ndata: {{\"missed\":{}", batch.gap_id, batch.missed);
+        if batch.earlier_process {
+            out.push_str(",\"earlier_process\":true");
+        }
+        out.push_str("}\n\n");
+    }
+    for event in batch.events.iter().filter(|e| types.wants(&e.what)) {
+        format_event(&mut out, event, node);
+    }
+    Bytes::from(out)
+}
+
+fn format_event(out: &mut String, event: &Event, node: &str) {
+    use std::fmt::Write;
+    let Event { seq, at_ms, uid, what } = event;
+    let _ = write!(out, "id: {seq}\nevent: {}\ndata: ", what.name());
+    let _ = match what {
+        What::Online { session } => {
+            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","node":{node},"at_ms":{at_ms}}}"#)
+        }
+        What::Offline { session, reason } => {
+            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","reason":"{reason}","at_ms":{at_ms}}}"#)
+        }
+        What::Data(payload) => {
+            let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
+            BASE64.encode_string(payload, out);
+            write!(out, r#"","at_ms":{at_ms}}}"#)
+        }
+    };
+    out.push_str("\n\n");
+}
+
+fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("body: not valid JSON: {e}")))
+}
+
+/// The `uids` field: an array of at most [`MAX_UIDS`] unsigned 64-bit integers.
+fn uid_list(body: &Value) -> Result<Vec<u64>, ApiError> {
+    let list = match body.get("uids") {
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(ApiError::bad_request("uids: must be an array of unsigned 64-bit integers")),
+        None => return Err(ApiError::bad_request("uids: missing")),
+    };
+    if list.len() > MAX_UIDS {
+        return Err(ApiError::bad_request(format!("uids: {} listed, over the limit of {MAX_UIDS}", list.len())));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| v.as_u64().ok_or_else(|| ApiError::bad_request(format!("uids[{i}]: {v} is not a u64"))))
+        .collect()
+}
+
+fn parse_uid(field: &str, text: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| ApiError::bad_request(format!("{field}: {text:?} is not an unsigned 64-bit integer")))
+}
+
+fn parse_event_id(field: &str, text: &str) -> Result<u64, ApiError> {
+    text.trim().parse().map_err(|_| ApiError::bad_request(format!("{field}: {text:?} is not an event id")))
+}

@@ -1,0 +1,227 @@
+//! One client socket, framed: frames in, frames out, with no buffer of its own while idle.
+//!
+//! The connection waits for readiness, not for data, and reads into a buffer that belongs
+//! to the worker thread, not to the connection, as epoll servers holding a million
+//! connections do. Only a frame split across reads, or replies the client has not taken
+//! yet, are copied into buffers of the connection's own, sized to what they hold. Replies
+//! the client does not read are bounded; past the bound the connection is closed as a slow
+//! consumer, and nothing ever waits on a client without a deadline.
+//!
+//! What the frames mean is the handler's business (`handler.rs`); this file only moves them.
+
+use std::cell::RefCell;
+use std::io;
+use std::thread::LocalKey;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncWriteExt, Interest, Ready};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+use tokio_util::codec::Decoder;
+
+use crate::client::codec::{put_frame, FrameCodec};
+use crate::client::frame::{CloseReason, Frame};
+
+/// Bytes one read asks the kernel for: a burst of pings, or a whole LOGIN with its token.
+const READ_CHUNK: usize = 4 * 1024;
+
+/// Bytes a read adds to a connection's own buffer while it holds part of a frame.
+const SPLIT_FRAME_READ: usize = 64;
+
+/// Longest a BYE may wait on a client's socket before the connection is dropped anyway.
+const BYE_WRITE_DEADLINE: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// The worker's read buffer, lent to one connection for the length of one read.
+    static READ_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    /// The worker's write buffer, lent to one connection while it answers one read.
+    static WRITE_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// How a connection ends: the reason, and a text for the BYE.
+pub(crate) type Close = (CloseReason, String);
+
+fn disconnect() -> Close {
+    (CloseReason::Disconnect, String::new())
+}
+
+/// A framed client socket; see the module documentation.
+pub(crate) struct Connection {
+    stream: TcpStream,
+    codec: FrameCodec,
+    /// The start of a frame split across reads; empty (and unallocated) otherwise.
+    pending: BytesMut,
+    /// Replies the socket did not take yet; empty (and unallocated) otherwise.
+    unsent: BytesMut,
+    /// Bytes of unsent replies beyond which the client counts as a slow consumer.
+    max_queued: usize,
+}
+
+// === impl Connection ===
+
+impl Connection {
+    pub(crate) fn new(stream: TcpStream, max_frame_bytes: u32, max_queued: usize) -> Connection {
+        Connection {
+            stream,
+            codec: FrameCodec::new(max_frame_bytes),
+            pending: BytesMut::new(),
+            unsent: BytesMut::new(),
+            max_queued,
+        }
+    }
+
+    /// Resolves when the socket is readable, or writable while replies wait.
+    pub(crate) async fn ready(&self) -> io::Result<Ready> {
+        let interest =
+            if self.unsent.is_empty() { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
+        self.stream.ready(interest).await
+    }
+
+    /// Reads what arrived, hands every whole frame to `on_frame` (which writes its replies
+    /// to the buffer it is given), and writes what the socket takes.
+    pub(crate) fn on_ready(
+        &mut self,
+        ready: io::Result<Ready>,
+        mut on_frame: impl FnMut(Frame, &mut BytesMut) -> Result<(), Close>,
+    ) -> Result<(), Close> {
+        let ready = ready.map_err(|_| disconnect())?;
+        self.write_with(|conn, out| {
+            if ready.is_readable() || ready.is_read_closed() {
+                conn.read(out, &mut on_frame)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Queues `frames` after the replies already waiting and writes what the socket takes.
+    pub(crate) fn send(&mut self, frames: impl IntoIterator<Item = Frame>) -> Result<(), Close> {
+        self.write_with(|_, out| {
+            for frame in frames {
+                put_frame(&frame, out);
+            }
+            Ok(())
+        })
+    }
+
+    /// Sends `bye` (if any) after the replies still waiting, within a deadline, and closes.
+    /// Best effort: a client that does not read loses its BYE and pending replies, not our
+    /// time.
+    pub(crate) async fn close(mut self, bye: Option<Frame>) {
+        let mut out = std::mem::take(&mut self.unsent);
+        if let Some(bye) = bye {
+            put_frame(&bye, &mut out);
+        }
+        let stream = &mut self.stream;
+        let _ = timeout(BYE_WRITE_DEADLINE, async {
+            stream.write_all_buf(&mut out).await?;
+            stream.shutdown().await
+        })
+        .await;
+    }
+
+    /// Runs `f` with a write buffer (the worker's, or the connection's own while replies
+    /// wait), flushes it, and keeps what the socket did not take, up to the bound.
+    fn write_with(&mut self, f: impl FnOnce(&mut Self, &mut BytesMut) -> Result<(), Close>) -> Result<(), Close> {
+        let mut out = std::mem::take(&mut self.unsent);
+        let result = lend(&WRITE_SCRATCH, &mut out, |out| {
+            f(self, out)?;
+            flush(&self.stream, out)
+        });
+        self.unsent = out;
+        if self.unsent.len() > self.max_queued {
+            return Err((CloseReason::SlowConsumer, format!("more than {} bytes of replies unread", self.max_queued)));
+        }
+        result
+    }
+
+    /// One read from the socket, and every whole frame in it.
+    fn read(
+        &mut self,
+        out: &mut BytesMut,
+        on_frame: &mut impl FnMut(Frame, &mut BytesMut) -> Result<(), Close>,
+    ) -> Result<(), Close> {
+        let mut pending = std::mem::take(&mut self.pending);
+        let result = lend(&READ_SCRATCH, &mut pending, |buf| {
+            // The worker's buffer takes a full chunk; a split frame's own buffer only grows by
+            // a little, since the codec already reserved the rest of the frame it knows of.
+            buf.reserve(if buf.is_empty() { READ_CHUNK } else { SPLIT_FRAME_READ });
+            match self.stream.try_read_buf(buf) {
+                Ok(0) => Err(disconnect()),
+                Ok(_) => loop {
+                    match self.codec.decode(buf) {
+                        Ok(Some(frame)) => on_frame(frame, out)?,
+                        Ok(None) => return Ok(()),
+                        Err(e) => return Err((CloseReason::ProtocolError, e.to_string())),
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                Err(_) => Err(disconnect()),
+            }
+        });
+        self.pending = pending;
+        result
+    }
+}
+
+/// Writes what the socket takes now, without waiting.
+fn flush(stream: &TcpStream, out: &mut BytesMut) -> Result<(), Close> {
+    while !out.is_empty() {
+        match stream.try_write(out) {
+            Ok(0) => return Err(disconnect()),
+            Ok(n) => out.advance(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => return Err(disconnect()),
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` on the connection's own buffer `own` if it holds something, else on the worker's
+/// scratch buffer in `key`. Whatever `f` leaves in the scratch is copied into `own`, sized to
+/// fit, so the scratch goes back to the worker empty and an idle connection keeps no buffer.
+fn lend<R>(key: &'static LocalKey<RefCell<BytesMut>>, own: &mut BytesMut, f: impl FnOnce(&mut BytesMut) -> R) -> R {
+    if !own.is_empty() {
+        let result = f(own);
+        if own.is_empty() {
+            *own = BytesMut::new();
+        }
+        return result;
+    }
+    key.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        scratch.clear();
+        let result = f(&mut scratch);
+        if !scratch.is_empty() {
+            *own = BytesMut::from(&scratch[..]);
+            scratch.clear();
+        }
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        static TEST_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    }
+
+    #[test]
+    fn lend_keeps_only_leftovers_and_sizes_them_to_fit() {
+        let mut own = BytesMut::new();
+        lend(&TEST_SCRATCH, &mut own, |buf| {
+            buf.reserve(READ_CHUNK);
+            buf.extend_from_slice(b"whole frame");
+            buf.advance(5);
+        });
+        assert_eq!(&own[..], b" frame");
+        assert!(own.capacity() < 64, "leftover copied to a right-sized buffer: {}", own.capacity());
+        TEST_SCRATCH.with(|s| assert!(s.borrow().is_empty() && s.borrow().capacity() >= READ_CHUNK - 11));
+
+        // A connection with leftovers uses its own buffer, and gives it up once empty.
+        lend(&TEST_SCRATCH, &mut own, |buf| buf.advance(6));
+        assert_eq!(own.capacity(), 0);
+    }
+}

@@ -1,0 +1,185 @@
+//! One client, from accept to BYE: the protocol's state machine over a [`Connection`].
+//!
+//! Before LOGIN only a LOGIN is accepted, within the login deadline; after it, PING, DATA
+//! and LOGOUT count as activity (one ring touch per tick at most), DATA goes to the event
+//! log, and pushes from backends go out as PUSH frames. The session ends when the client
+//! leaves or misbehaves, or when someone else ends it: an expiry, a kick, shutdown.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::net::TcpStream;
+use tokio::time::sleep;
+
+use crate::backend::Metrics;
+use crate::client::codec::put_frame;
+use crate::client::connection::{Close, Connection};
+use crate::client::frame::{CloseReason, Frame};
+use crate::client::session::Session;
+use crate::gateway::Gateway;
+use crate::presence::{unix_now, Liveness};
+
+/// Serves one accepted connection until it closes; returns why it closed.
+pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>) -> CloseReason {
+    let config = &gateway.config;
+    let mut conn = Connection::new(stream, config.max_frame_bytes, config.max_queued_bytes());
+    let mut handler = Handler { gateway: &gateway, session: None, last_tick: 0 };
+    // The future every connection keeps for its whole life holds only the logged-in phase.
+    // The login phase (with its deadline timer) and the close (with its write deadline) are
+    // boxed: allocated while they run, freed after, instead of widening every connection's
+    // future by their size for as long as it lives.
+    let (reason, text) = match Box::pin(handler.until_login(&mut conn)).await {
+        Ok(session) => handler.until_end(&mut conn, session).await,
+        Err(close) => close,
+    };
+    Box::pin(handler.close(conn, reason, text)).await
+}
+
+/// The protocol state of one connection.
+struct Handler<'a> {
+    gateway: &'a Gateway,
+    session: Option<Arc<Session>>,
+    /// The tick of this session's last ring touch: a frame on the same tick skips the ring.
+    last_tick: u64,
+}
+
+// === impl Handler ===
+
+impl Handler<'_> {
+    /// Serves the connection until a LOGIN succeeds; returns its session.
+    async fn until_login(&mut self, conn: &mut Connection) -> Result<Arc<Session>, Close> {
+        let deadline = sleep(self.gateway.config.login_timeout);
+        tokio::pin!(deadline);
+        loop {
+            if let Some(session) = &self.session {
+                return Ok(session.clone());
+            }
+            tokio::select! {
+                biased;
+                _ = self.gateway.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
+                _ = &mut deadline => return Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
+                ready = conn.ready() => conn.on_ready(ready, |frame, out| self.on_frame(frame, out))?,
+            }
+        }
+    }
+
+    /// Serves a logged-in connection until it or its session ends.
+    async fn until_end(&mut self, conn: &mut Connection, session: Arc<Session>) -> Close {
+        // Shutdown ends every session in the registry; one that logged in as it began is
+        // ended here, so none is missed either way.
+        if self.gateway.shutdown.is_cancelled() {
+            session.end(CloseReason::Shutdown);
+        }
+        loop {
+            let step = tokio::select! {
+                biased;
+                _ = session.woken() => match session.end_reason() {
+                    Some(reason) => return (reason, String::new()),
+                    None => conn.send(session.take_pushes().into_iter().map(Frame::Push)),
+                },
+                ready = conn.ready() => conn.on_ready(ready, |frame, out| self.on_frame(frame, out)),
+            };
+            if let Err(close) = step {
+                return close;
+            }
+        }
+    }
+
+    fn on_frame(&mut self, frame: Frame, out: &mut BytesMut) -> Result<(), Close> {
+        let metrics: &Metrics = &self.gateway.metrics;
+        metrics.frame(&frame);
+        match (&self.session, frame) {
+            (None, Frame::Login { uid, token }) => self.login(uid, &token, out),
+            (Some(_), Frame::Login { .. }) => Err((CloseReason::ProtocolError, "second LOGIN".into())),
+            (Some(_), Frame::Ping(payload)) => {
+                self.activity()?;
+                put_frame(&Frame::Pong(payload), out);
+                Ok(())
+            }
+            (Some(session), Frame::Data(payload)) => {
+                let session = session.clone();
+                self.activity()?;
+                // Copied to a buffer of its own size: the frame's bytes live in the worker's
+                // read buffer, which the log must not keep alive.
+                self.gateway.registry.events().data(&session, Bytes::copy_from_slice(&payload));
+                Ok(())
+            }
+            (Some(_), Frame::Logout) => Err((CloseReason::Logout, String::new())),
+            (None, Frame::Ping(_) | Frame::Data(_) | Frame::Logout) => {
+                Err((CloseReason::ProtocolError, "LOGIN must be the first frame".into()))
+            }
+            (_, Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Bye { .. }) => {
+                Err((CloseReason::ProtocolError, "gateway-to-client frame kind sent by a client".into()))
+            }
+        }
+    }
+
+    fn login(&mut self, uid: u64, token: &[u8], out: &mut BytesMut) -> Result<(), Close> {
+        let gateway = self.gateway;
+        if let Some(auth) = &gateway.config.auth {
+            if let Err(e) = auth.verify(uid, token, unix_now()) {
+                tracing::debug!(uid, error = %e, "login refused");
+                return Err((CloseReason::AuthFailed, "token refused".into()));
+            }
+        }
+        let now = gateway.clock.now();
+        self.session = Some(gateway.registry.login(uid, now));
+        self.last_tick = now;
+        let config = &gateway.config;
+        put_frame(&Frame::Welcome { timeout_ms: config.timeout_ms(), tick_ms: config.tick_ms() }, out);
+        tracing::debug!(uid, "logged in");
+        Ok(())
+    }
+
+    /// Counts a frame as activity of the session: ring work only when the tick changed.
+    fn activity(&mut self) -> Result<(), Close> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let now = self.gateway.clock.now();
+        if now == self.last_tick {
+            return Ok(());
+        }
+        match self.gateway.registry.touch(session, now) {
+            Liveness::Alive => {
+                self.last_tick = now;
+                Ok(())
+            }
+            // Swept (or kicked) before this frame was read: the frame is dropped, and the
+            // close ends the session as expired unless something else ended it first.
+            Liveness::Gone => Err((session.end_reason().unwrap_or(CloseReason::IdleTimeout), String::new())),
+        }
+    }
+
+    /// Ends the session (the first reason given wins), sends the BYE within a deadline, and
+    /// closes; returns the reason the connection closed with.
+    async fn close(self, conn: Connection, reason: CloseReason, text: String) -> CloseReason {
+        let reason = match &self.session {
+            Some(session) => self.gateway.registry.leave(session, reason),
+            None => reason,
+        };
+        let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
+        conn.close(bye).await;
+        self.gateway.metrics.closed(reason);
+        match &self.session {
+            Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
+            None => tracing::debug!(%reason, "connection closed before login"),
+        }
+        reason
+    }
+}
+
+#[cfg(test)]
+mod footprint {
+    /// Every open connection keeps this future alive; the memory per connection at 19,000
+    /// clients (docs/BENCHMARKS.md) is mostly it. A regression guard, not a speed test.
+    #[tokio::test]
+    async fn the_connection_future_stays_small() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let gateway = crate::gateway::Gateway::new(crate::config::Config::default());
+        let future = super::serve(stream, gateway);
+        let size = std::mem::size_of_val(&future);
+        assert!(size <= 600, "the connection future grew to {size} bytes");
+    }
+}

@@ -1,0 +1,50 @@
+//! What every task of one gateway shares: its settings, who is online, its metrics, its
+//! clock, the shutdown signal, and the directory the backend API asks.
+//!
+//! Built once by [`crate::Server::new`]; connection handlers, the ticker and both HTTP
+//! listeners hold an `Arc` of it. It depends on the three sides, and none of them on each
+//! other through it.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Metrics;
+use crate::config::Config;
+use crate::presence::{Clock, Directory, EventLog, Local, Registry};
+
+/// One gateway's shared state; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Gateway {
+    pub(crate) config: Config,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: Clock,
+    /// Cancelled when shutdown begins: connections send BYE(shutdown), readyz says 503.
+    pub(crate) shutdown: CancellationToken,
+    /// Presence, push, kicks and events for the backend API.
+    pub(crate) directory: Arc<dyn Directory>,
+}
+
+// === impl Gateway ===
+
+impl Gateway {
+    /// A gateway with `config`, which must have passed [`Config::validate`]; its clock starts
+    /// now.
+    pub(crate) fn new(config: Config) -> Arc<Gateway> {
+        debug_assert!(config.validate().is_ok(), "Gateway::new with an invalid config: {:?}", config.validate());
+        let metrics = Arc::new(Metrics::new(&config));
+        let events = Arc::new(EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone()));
+        let registry = Arc::new(Registry::new(config.window(), events, metrics.clone()));
+        let clock = Clock::new(Instant::now(), config.tick);
+        let directory = Arc::new(Local::new(
+            registry.clone(),
+            clock,
+            config.node_id.clone(),
+            config.max_queued_bytes(),
+            metrics.connections_open.clone(),
+        ));
+        Arc::new(Gateway { config, registry, metrics, clock, shutdown: CancellationToken::new(), directory })
+    }
+}

@@ -1,0 +1,95 @@
+//! Time, in the two forms the gateway uses, and nothing else converts between them.
+//!
+//! - [`Clock`]: monotonic tokio time as ring ticks, for expiry. A wall-clock jump moves
+//!   neither the ring nor anyone's deadline.
+//! - [`unix_ms`] and [`unix_now`]: the wall clock, for event timestamps, `since_ms` and token
+//!   expiry only.
+//!
+//! As tokio keeps `runtime/time/source.rs` apart from its wheel, the ring never sees an
+//! `Instant`: callers ask the clock which tick it is.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+/// Converts between tokio instants and ring ticks; see the module documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Instant,
+    tick: Duration,
+}
+
+// === impl Clock ===
+
+impl Clock {
+    /// Tick 0 starts at `start`; each tick lasts `tick`.
+    pub fn new(start: Instant, tick: Duration) -> Clock {
+        assert!(!tick.is_zero(), "a tick must last some time");
+        Clock { start, tick }
+    }
+
+    /// The tick a frame read now belongs to.
+    pub fn now(&self) -> u64 {
+        self.tick_at(Instant::now())
+    }
+
+    /// The tick `at` falls in.
+    pub fn tick_at(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.start).as_nanos();
+        (since / self.tick.as_nanos()) as u64
+    }
+
+    /// When tick `tick` begins.
+    pub fn instant_of(&self, tick: u64) -> Instant {
+        self.start + self.ticks(tick)
+    }
+
+    /// How long one tick lasts.
+    pub fn tick(&self) -> Duration {
+        self.tick
+    }
+
+    /// The duration of `n` ticks.
+    pub fn ticks(&self, n: u64) -> Duration {
+        let nanos = self.tick.as_nanos().saturating_mul(u128::from(n));
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Whole seconds in `n` ticks, for the per-second silence series.
+    pub fn whole_seconds(&self, n: u64) -> u64 {
+        self.ticks(n).as_secs()
+    }
+
+    /// Time since tick `tick` began: the longest a uid last heard on that tick can have been
+    /// silent, at most one tick more than it was.
+    pub fn since(&self, tick: u64) -> Duration {
+        Instant::now().saturating_duration_since(self.instant_of(tick))
+    }
+}
+
+/// Milliseconds since the Unix epoch, for event timestamps (wall-clock time, unlike ticks).
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Seconds since the Unix epoch, for token expiry (wall-clock time, unlike ticks).
+pub fn unix_now() -> u64 {
+    unix_ms() / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_converts_both_ways() {
+        let start = Instant::now();
+        let clock = Clock::new(start, Duration::from_millis(100));
+        for tick in [0u64, 1, 7, 1_000_000] {
+            let at = clock.instant_of(tick);
+            assert_eq!(clock.tick_at(at), tick);
+            assert_eq!(clock.tick_at(at + Duration::from_millis(99)), tick);
+        }
+        assert_eq!(clock.whole_seconds(299), 29);
+    }
+}

@@ -1,0 +1,119 @@
+//! Who is online and how to reach them, as the backend API asks it.
+//!
+//! One trait, so the API never knows where the answers come from: [`Local`] answers from
+//! this process's registry and event log; a cluster answers from shared state. Every call
+//! may fail with [`DirectoryError`] for a backend that lives elsewhere; the local one never
+//! does.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{FutureExt, StreamExt};
+use prometheus::IntGauge;
+
+use crate::presence::clock::Clock;
+use crate::presence::events::{Batch, EventLog};
+use crate::presence::registry::Registry;
+
+/// Why a directory could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectoryError {
+    /// The shared state is out of reach; the request can be retried. Only a directory
+    /// that lives outside this process (the cluster's) can fail this way.
+    #[allow(dead_code)]
+    #[error("presence store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Where an online uid is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// The node holding its connection.
+    pub node: String,
+    /// Unix milliseconds of its LOGIN.
+    pub since_ms: u64,
+    /// Milliseconds since its last frame, coarse to one tick (never less than the truth).
+    pub silent_ms: u64,
+}
+
+/// Logged-in uids and open connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnlineCount {
+    pub online: u64,
+    pub connections: u64,
+}
+
+/// The presence answers the API needs; see the module documentation.
+pub trait Directory: Send + Sync + std::fmt::Debug {
+    /// Where `uid` is, or `None` while it is offline.
+    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>>;
+    /// For each uid, whether it is online.
+    fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
+    /// How many are online.
+    fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>>;
+    /// Hands one PUSH of `payload` to each online uid; for each, whether it was handed over.
+    fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
+    /// Ends `uid`'s session as kicked; false if it was offline.
+    fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>>;
+    /// The event stream after `after` (or from now), in batches.
+    fn follow(&self, after: Option<u64>) -> BoxStream<'static, Batch>;
+}
+
+/// The directory of a gateway that runs alone.
+#[derive(Debug)]
+pub struct Local {
+    registry: Arc<Registry>,
+    events: Arc<EventLog>,
+    clock: Clock,
+    node: String,
+    /// Bytes of pushes a client may leave unread before it counts as a slow consumer.
+    max_queued: usize,
+    connections: IntGauge,
+}
+
+// === impl Local ===
+
+impl Local {
+    pub fn new(registry: Arc<Registry>, clock: Clock, node: String, max_queued: usize, connections: IntGauge) -> Local {
+        let events = registry.events().clone();
+        Local { registry, events, clock, node, max_queued, connections }
+    }
+}
+
+impl Directory for Local {
+    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>> {
+        let located = self.registry.sighting(uid).map(|s| Located {
+            node: self.node.clone(),
+            since_ms: s.session.since_ms(),
+            silent_ms: self.clock.since(s.last_heard_tick).as_millis() as u64,
+        });
+        async move { Ok(located) }.boxed()
+    }
+
+    fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
+        let online = uids.iter().map(|&uid| self.registry.live(uid).is_some()).collect();
+        async move { Ok(online) }.boxed()
+    }
+
+    fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>> {
+        let count =
+            OnlineCount { online: self.registry.online() as u64, connections: self.connections.get().max(0) as u64 };
+        async move { Ok(count) }.boxed()
+    }
+
+    fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
+        let sent = uids.iter().map(|&uid| self.registry.push(uid, &payload, self.max_queued)).collect();
+        async move { Ok(sent) }.boxed()
+    }
+
+    fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>> {
+        let kicked = self.registry.kick(uid);
+        async move { Ok(kicked) }.boxed()
+    }
+
+    fn follow(&self, after: Option<u64>) -> BoxStream<'static, Batch> {
+        self.events.follow(after).boxed()
+    }
+}

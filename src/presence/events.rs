@@ -1,0 +1,376 @@
+//! The event log: every online, offline and data event of this gateway, in order, in memory
+//! and bounded.
+//!
+//! Appends and reads take one short lock, never held across IO or while formatting. Each
+//! consumer keeps its own position (a sequence number), so a consumer that stops reading
+//! costs nothing: the log drops its oldest events once it holds `capacity` events or
+//! `max_bytes` of payload, and that consumer later learns how many it missed.
+//!
+//! The lock is also what makes session events exactly-once and ordered per uid:
+//! - an offline event is appended by whoever reports the ending first ([`EventLog::report_ends`]),
+//!   guarded by the session's `reported` flag, which is only touched under this lock;
+//! - a login reports the previous session of its uid before it appends its own online
+//!   event, so a kick reads `offline` (kicked) then `online`;
+//! - a data event is appended only while its session is live, checked under this lock, so
+//!   no data event follows its session's offline event.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use futures_util::stream::{self, Stream};
+use tokio::sync::Notify;
+
+use crate::backend::Metrics;
+use crate::client::{CloseReason, Session};
+use crate::presence::clock::unix_ms;
+
+/// Default `--event-log-capacity`: a minute of a busy gateway's events, about 64 MB of
+/// entries before payloads.
+pub const DEFAULT_EVENT_LOG_CAPACITY: usize = 1_000_000;
+
+/// Default `--event-log-bytes`: DATA payloads can be large, so the count alone does not bound
+/// memory; the oldest events go once their payloads pass this.
+pub const DEFAULT_EVENT_LOG_BYTES: usize = 256 * 1024 * 1024;
+
+/// Events one read hands a consumer: large enough to amortize the lock, small enough that
+/// the lock is held for microseconds.
+pub const READ_BATCH: usize = 1024;
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Position in this gateway's log; ids are this number in decimal.
+    pub seq: u64,
+    /// Unix milliseconds when it was logged.
+    pub at_ms: u64,
+    pub uid: u64,
+    pub what: What,
+}
+
+/// What happened to the uid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum What {
+    /// A LOGIN succeeded.
+    Online { session: u64 },
+    /// A logged-in session ended.
+    Offline { session: u64, reason: CloseReason },
+    /// The client sent a DATA frame with this payload.
+    Data(Bytes),
+}
+
+// === impl What ===
+
+impl What {
+    /// The SSE event name and `?types=` word.
+    pub fn name(&self) -> &'static str {
+        match self {
+            What::Online { .. } => "online",
+            What::Offline { .. } => "offline",
+            What::Data(_) => "data",
+        }
+    }
+}
+
+/// What a consumer reads next.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Events the consumer asked for that the log no longer holds (0 when none).
+    pub missed: u64,
+    /// The position asked for predates this process: events of an earlier run are gone.
+    pub earlier_process: bool,
+    /// The id of the last missed event, for the gap's own id.
+    pub gap_id: u64,
+    pub events: Vec<Event>,
+}
+
+/// The log; see the module documentation.
+#[derive(Debug)]
+pub struct EventLog {
+    inner: Mutex<Inner>,
+    appended: Notify,
+    consumers: AtomicUsize,
+    capacity: usize,
+    max_bytes: usize,
+    /// The first sequence number of this process. Sequence numbers start at the process's
+    /// start time in microseconds, so a consumer's id from an earlier run of the gateway is
+    /// recognizably older than anything this run logged.
+    first_seq: u64,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    events: VecDeque<Event>,
+    /// Sequence number the next event gets.
+    next_seq: u64,
+    /// Payload bytes held.
+    bytes: usize,
+}
+
+// === impl EventLog ===
+
+impl EventLog {
+    /// An empty log holding at most `capacity` events and `max_bytes` of payload.
+    pub fn new(capacity: usize, max_bytes: usize, metrics: Arc<Metrics>) -> EventLog {
+        let first_seq = unix_ms().saturating_mul(1000);
+        EventLog {
+            inner: Mutex::new(Inner { events: VecDeque::new(), next_seq: first_seq, bytes: 0 }),
+            appended: Notify::new(),
+            consumers: AtomicUsize::new(0),
+            capacity: capacity.max(1),
+            max_bytes,
+            first_seq,
+            metrics,
+        }
+    }
+
+    /// Appends the online event of `session`, after the offline event of `previous` (the
+    /// session it replaces) if nobody logged that yet.
+    pub(crate) fn login(&self, previous: Option<&Session>, session: &Session) {
+        let at_ms = unix_ms();
+        let mut inner = self.lock();
+        if let Some(previous) = previous {
+            self.push_offline(&mut inner, previous, at_ms);
+        }
+        self.push(
+            &mut inner,
+            Event { seq: 0, at_ms, uid: session.uid(), what: What::Online { session: session.id() } },
+        );
+        self.appended_done(inner);
+    }
+
+    /// Appends the offline event of every ended session not logged yet, in one batch.
+    pub(crate) fn report_ends<'a>(&self, sessions: impl IntoIterator<Item = &'a Session>) {
+        let at_ms = unix_ms();
+        let mut inner = self.lock();
+        let before = inner.next_seq;
+        for session in sessions {
+            self.push_offline(&mut inner, session, at_ms);
+        }
+        if inner.next_seq != before {
+            self.appended_done(inner);
+        }
+    }
+
+    /// Appends a data event for a DATA frame of `session`; dropped if the session has ended.
+    /// Returns whether it was logged.
+    pub(crate) fn data(&self, session: &Session, payload: Bytes) -> bool {
+        let at_ms = unix_ms();
+        let mut inner = self.lock();
+        if !session.is_live() {
+            return false;
+        }
+        self.push(&mut inner, Event { seq: 0, at_ms, uid: session.uid(), what: What::Data(payload) });
+        self.appended_done(inner);
+        true
+    }
+
+    /// The next events after `after` (every event the log holds after it, or from now when
+    /// `None`), at most [`READ_BATCH`].
+    pub fn read(&self, after: u64) -> Batch {
+        let inner = self.lock();
+        let oldest = inner.next_seq - inner.events.len() as u64;
+        let mut batch = Batch::default();
+        let from = if after.saturating_add(1) < oldest {
+            batch.missed = oldest - after.max(self.first_seq.saturating_sub(1)) - 1;
+            batch.earlier_process = after < self.first_seq.saturating_sub(1);
+            batch.gap_id = oldest - 1;
+            oldest
+        } else {
+            after.saturating_add(1).min(inner.next_seq)
+        };
+        let skip = (from - oldest) as usize;
+        batch.events.extend(inner.events.range(skip..).take(READ_BATCH).cloned());
+        batch
+    }
+
+    /// The id of the newest event, so a consumer starting "from now" begins after it.
+    pub fn last_seq(&self) -> u64 {
+        self.lock().next_seq - 1
+    }
+
+    /// Resolves once an event after `seq` is in the log.
+    pub async fn wait_after(&self, seq: u64) {
+        loop {
+            let notified = self.appended.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an append between the check and the await
+            // still wakes us.
+            notified.as_mut().enable();
+            if self.last_seq() > seq {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Every event after `after` the log still holds (or, with `None`, every event from
+    /// now on), then the live tail, in batches; a batch reports what this consumer missed
+    /// first. The consumer is counted in `idlegate_event_consumers` while the stream lives.
+    pub fn follow(self: &Arc<Self>, after: Option<u64>) -> impl Stream<Item = Batch> + Send + 'static {
+        let guard = self.consumer();
+        let cursor = after.unwrap_or_else(|| self.last_seq());
+        stream::unfold((guard, cursor), |(guard, cursor)| async move {
+            loop {
+                let batch = guard.log.read(cursor);
+                if let Some(last) = batch.events.last().map(|e| e.seq) {
+                    return Some((batch, (guard, last)));
+                }
+                if batch.missed > 0 || batch.earlier_process {
+                    let next = batch.gap_id;
+                    return Some((batch, (guard, next)));
+                }
+                guard.log.wait_after(cursor).await;
+            }
+        })
+    }
+
+    fn consumer(self: &Arc<Self>) -> ConsumerGuard {
+        let n = self.consumers.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.event_consumers.set(n as i64);
+        ConsumerGuard { log: self.clone() }
+    }
+
+    /// Events held now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().events.len()
+    }
+
+    fn push_offline(&self, inner: &mut Inner, session: &Session, at_ms: u64) {
+        let Some(reason) = session.end_reason() else {
+            debug_assert!(false, "offline event for live session {} of uid {}", session.id(), session.uid());
+            return;
+        };
+        if session.mark_reported() {
+            let what = What::Offline { session: session.id(), reason };
+            self.push(inner, Event { seq: 0, at_ms, uid: session.uid(), what });
+        }
+    }
+
+    fn push(&self, inner: &mut Inner, mut event: Event) {
+        event.seq = inner.next_seq;
+        inner.next_seq += 1;
+        if let What::Data(payload) = &event.what {
+            inner.bytes += payload.len();
+        }
+        self.metrics.event(event.what.name());
+        inner.events.push_back(event);
+        while inner.events.len() > self.capacity || inner.bytes > self.max_bytes {
+            match inner.events.pop_front() {
+                Some(Event { what: What::Data(payload), .. }) => inner.bytes -= payload.len(),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
+
+    /// Releases the lock and wakes consumers waiting for news.
+    fn appended_done(&self, inner: MutexGuard<'_, Inner>) {
+        self.metrics.event_log_events.set(inner.events.len() as i64);
+        drop(inner);
+        if self.consumers.load(Ordering::Relaxed) > 0 {
+            self.appended.notify_waiters();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Keeps `idlegate_event_consumers` right while a consumer follows the log.
+#[derive(Debug)]
+struct ConsumerGuard {
+    log: Arc<EventLog>,
+}
+
+impl Drop for ConsumerGuard {
+    fn drop(&mut self) {
+        let n = self.log.consumers.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.log.metrics.event_consumers.set(n as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn log(capacity: usize, max_bytes: usize) -> EventLog {
+        EventLog::new(capacity, max_bytes, Arc::new(Metrics::new(&Config::default())))
+    }
+
+    fn names(batch: &Batch) -> Vec<&'static str> {
+        batch.events.iter().map(|e| e.what.name()).collect()
+    }
+
+    #[test]
+    fn a_session_logs_online_data_offline_once_each_in_order() {
+        let log = log(100, 1 << 20);
+        let start = log.last_seq();
+        let s = Session::new(7, 1, 0);
+        log.login(None, &s);
+        assert!(log.data(&s, Bytes::from_static(b"hi")));
+        s.end(CloseReason::Logout);
+        assert!(!log.data(&s, Bytes::from_static(b"late")), "no data after the end");
+        log.report_ends([&s]);
+        log.report_ends([&s]);
+        let batch = log.read(start);
+        assert_eq!(names(&batch), ["online", "data", "offline"]);
+        assert_eq!(batch.missed, 0);
+        assert_eq!(batch.events[2].what, What::Offline { session: 1, reason: CloseReason::Logout });
+        assert!(log.read(batch.events[2].seq).events.is_empty());
+    }
+
+    #[test]
+    fn a_login_reports_the_session_it_replaces_first() {
+        let log = log(100, 1 << 20);
+        let start = log.last_seq();
+        let old = Session::new(7, 1, 0);
+        let new = Session::new(7, 2, 0);
+        log.login(None, &old);
+        old.end(CloseReason::Kicked);
+        log.login(Some(&old), &new);
+        // The one who ended it reports too late: nothing more.
+        log.report_ends([&old]);
+        let batch = log.read(start);
+        assert_eq!(names(&batch), ["online", "offline", "online"]);
+    }
+
+    #[test]
+    fn dropped_events_show_as_a_gap_of_the_right_size() {
+        let log = log(3, 1 << 20);
+        let start = log.last_seq();
+        let s = Session::new(1, 1, 0);
+        log.login(None, &s);
+        for _ in 0..5 {
+            log.data(&s, Bytes::from_static(b"x"));
+        }
+        let batch = log.read(start);
+        assert_eq!(batch.missed, 3);
+        assert!(!batch.earlier_process);
+        assert_eq!(batch.gap_id, start + 3);
+        assert_eq!(batch.events.len(), 3);
+        assert_eq!(batch.events[0].seq, start + 4);
+        // Resuming from inside the held range: no gap.
+        assert_eq!(log.read(start + 4).missed, 0);
+        // An id from before this process: a gap flagged as such.
+        let earlier = log.read(1);
+        assert!(earlier.earlier_process);
+        assert_eq!(earlier.missed, 3);
+    }
+
+    #[test]
+    fn payload_bytes_bound_the_log_too() {
+        let log = log(1000, 10);
+        let s = Session::new(1, 1, 0);
+        log.login(None, &s);
+        for _ in 0..5 {
+            log.data(&s, Bytes::from_static(b"abcd"));
+        }
+        assert_eq!(log.len(), 2, "two 4-byte payloads fit in 10 bytes");
+    }
+}

@@ -1,0 +1,20 @@
+//! The presence core: who is online, when they go offline, and what happened to them.
+//!
+//! `ring` is the pure slot ring (ticks in, expired uids out); `clock` is the one place time
+//! becomes ticks; `registry` maps uids to sessions and keeps them consistent with the ring;
+//! `ticker` moves the ring; `events` logs every online, offline and data event; `directory`
+//! answers presence questions for the backend API, whether from this process or a cluster.
+
+mod clock;
+mod directory;
+mod events;
+mod registry;
+mod ring;
+mod ticker;
+
+pub use clock::{unix_now, Clock};
+pub use directory::{Directory, DirectoryError, Local};
+pub use events::{Batch, Event, EventLog, What, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};
+pub use registry::{Liveness, Registry};
+pub use ring::{Ring, Touch};
+pub use ticker::Ticker;
