@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print a LOGIN token for a uid, signed with the gateway's secret.
     Token(TokenArgs),
 }
@@ -113,7 +113,7 @@ fn main() -> ExitCode {
             println!("{}", Auth::new(args.secret).mint(args.uid, expiry));
             ExitCode::SUCCESS
         }
-        Command::Serve(args) => match serve(args) {
+        Command::Serve(args) => match serve(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("idlegate: {e:#}");
