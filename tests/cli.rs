@@ -14,7 +14,9 @@ fn idlegate(args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("IDLEGATE_AUTH_SECRET")
         .env("IDLEGATE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("IDLEGATE_API_LISTEN", "127.0.0.1:0")
         .env("IDLEGATE_LISTEN", "127.0.0.1:0")
+        .env_remove("IDLEGATE_API_TOKEN")
         .output()
         .unwrap()
 }
@@ -32,6 +34,11 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["serve", "--listen", "not-an-address"], "--listen"),
         (&["serve", "--log-format", "xml"], "--log-format"),
         (&["serve", "--listen", "0.0.0.0:0"], "--auth-secret"),
+        (&["serve", "--api-listen", "0.0.0.0:0"], "--api-token"),
+        (&["serve", "--api-listen", "nowhere"], "--api-listen"),
+        (&["serve", "--event-log-capacity", "0"], "--event-log-capacity"),
+        (&["serve", "--event-log-capacity", "many"], "--event-log-capacity"),
+        (&["serve", "--node-id", ""], "--node-id"),
         (&["token", "--uid", "1"], "--secret"),
     ];
     for (args, flag) in cases {
@@ -59,6 +66,7 @@ async fn sigterm_sends_bye_shutdown_and_exits_0() {
     let listen = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
         .args(["serve", "--listen", &listen, "--admin-listen", "127.0.0.1:0", "--drain-timeout", "3s"])
+        .args(["--api-listen", "127.0.0.1:0"])
         .env_remove("IDLEGATE_AUTH_SECRET")
         .stderr(Stdio::null())
         .spawn()

@@ -215,3 +215,105 @@ pub fn short_config() -> Config {
         ..Config::default()
     }
 }
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SseEvent {
+    pub id: String,
+    pub event: String,
+    pub data: serde_json::Value,
+}
+
+/// A raw SSE consumer of `/v1/events`: HTTP/1.1 with chunked transfer decoding.
+pub struct Sse {
+    stream: TcpStream,
+    raw: Vec<u8>,
+    text: String,
+}
+
+impl Sse {
+    /// Opens `path` with extra header lines; returns the status and the stream.
+    pub async fn open(addr: SocketAddr, path: &str, headers: &[&str]) -> (u16, Sse) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n");
+        for h in headers {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut sse = Sse { stream, raw: Vec::new(), text: String::new() };
+        let end = loop {
+            if let Some(end) = sse.raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end;
+            }
+            assert!(sse.fill().await, "closed before the response head");
+        };
+        let head = String::from_utf8_lossy(&sse.raw[..end]).to_string();
+        sse.raw.drain(..end + 4);
+        let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        if status == 200 {
+            assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+        }
+        (status, sse)
+    }
+
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        match tokio::time::timeout(PATIENCE, self.stream.read(&mut chunk)).await.expect("event stream stalled") {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.raw.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
+    /// Moves whole chunks from `raw` to `text`.
+    fn dechunk(&mut self) {
+        loop {
+            let Some(line_end) = self.raw.windows(2).position(|w| w == b"\r\n") else { return };
+            let size_text = String::from_utf8_lossy(&self.raw[..line_end]).to_string();
+            let size = usize::from_str_radix(size_text.trim(), 16).expect("chunk size");
+            if self.raw.len() < line_end + 2 + size + 2 {
+                return;
+            }
+            let data = self.raw[line_end + 2..line_end + 2 + size].to_vec();
+            self.raw.drain(..line_end + 2 + size + 2);
+            self.text.push_str(std::str::from_utf8(&data).expect("SSE is UTF-8"));
+        }
+    }
+
+    /// The next event (comments skipped), or `None` once the stream ends.
+    pub async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            self.dechunk();
+            while let Some(end) = self.text.find("\n\n") {
+                let block: String = self.text.drain(..end + 2).collect();
+                let mut event = SseEvent { id: String::new(), event: String::new(), data: serde_json::Value::Null };
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        event.id = v.to_string();
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        event.event = v.to_string();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        event.data = serde_json::from_str(v).expect("event data is JSON");
+                    }
+                }
+                if !event.event.is_empty() {
+                    return Some(event);
+                }
+            }
+            if !self.fill().await {
+                return None;
+            }
+        }
+    }
+
+    /// The next event, which must be of type `event` and for `uid`.
+    pub async fn expect(&mut self, event: &str, uid: u64) -> SseEvent {
+        let got = self.next().await.expect("an event");
+        assert_eq!((got.event.as_str(), got.data["uid"].as_u64()), (event, Some(uid)), "{got:?}");
+        got
+    }
+}
