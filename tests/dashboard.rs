@@ -32,6 +32,8 @@ fn is_ident(b: u8) -> bool {
 #[tokio::test]
 async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
     let mut server = TestServer::start(short_config()).await;
+    // API request counters are labelled by route and code, so they appear with a request.
+    assert_eq!(common::http_get(server.api, "/v1/online").await.0, 200);
     let (_, body) = server.admin_get("/metrics").await;
     let exported: BTreeSet<&str> =
         body.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
@@ -64,6 +66,11 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",
         "process_open_fds",
+        "idlegate_pushes_total",
+        "idlegate_events_total",
+        "idlegate_event_log_events",
+        "idlegate_event_consumers",
+        "idlegate_api_requests_total",
     ] {
         assert!(exported.contains(required), "{required} is not exported");
     }
@@ -87,6 +94,9 @@ fn dashboard_has_the_panels_operators_need() {
         "sum by (kind) (rate(idlegate_frames_received_total",
         "process_resident_memory_bytes",
         "rate(process_cpu_seconds_total",
+        "sum by (result) (rate(idlegate_pushes_total",
+        "sum by (type) (rate(idlegate_events_total",
+        "rate(idlegate_api_requests_total",
     ] {
         assert!(all.contains(needle), "no panel queries {needle}");
     }

@@ -116,13 +116,34 @@ async fn prometheus_sees_users_come_and_go_and_every_dashboard_query_works() {
         let stop = stop_pinging.clone();
         clients.push(tokio::spawn(async move {
             while !stop.is_cancelled() {
+                c.send(Frame::Data(bytes::Bytes::from_static(b"d"))).await;
                 c.send(Frame::Ping(bytes::Bytes::from_static(b"p"))).await;
-                assert!(matches!(c.recv().await, Some(Frame::Pong(_))));
+                // Pushes from the backend below may come before the PONG.
+                loop {
+                    match c.recv().await {
+                        Some(Frame::Pong(_)) => break,
+                        Some(Frame::Push(_)) => {}
+                        other => panic!("expected PONG or PUSH, got {other:?}"),
+                    }
+                }
                 sleep(Duration::from_millis(500)).await;
             }
             c
         }));
     }
+    // A backend pushes to everyone while they ping, and follows the events.
+    let api = server.api;
+    let pushing = stop_pinging.clone();
+    let pusher = tokio::spawn(async move {
+        let uids: Vec<u64> = (0..CLIENTS).collect();
+        let body = serde_json::json!({ "uids": uids, "payload": "aGk=" }).to_string();
+        while !pushing.is_cancelled() {
+            assert_eq!(common::http(api, "POST", "/v1/push", &[], &body).await.0, 200);
+            sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let (status, _events) = common::Sse::open(server.api, "/v1/events", &[]).await;
+    assert_eq!(status, 200);
     wait_for_value(prom, "sum(idlegate_online_users)", CLIENTS as f64).await;
 
     // Every dashboard query parses and, under this load, returns at least one series.
@@ -172,9 +193,20 @@ async fn prometheus_sees_users_come_and_go_and_every_dashboard_query_works() {
 
     // Everybody falls silent; the gateway expires them and Prometheus sees 0 online.
     stop_pinging.cancel();
+    pusher.await.unwrap();
     for task in clients {
         let mut c = task.await.unwrap();
-        c.expect_bye(CloseReason::IdleTimeout).await;
+        // Pushes still queued arrive first; they do not keep anyone alive.
+        loop {
+            match c.recv().await {
+                Some(Frame::Push(_)) => {}
+                Some(Frame::Bye { reason, .. }) => {
+                    assert_eq!(reason, CloseReason::IdleTimeout);
+                    break;
+                }
+                other => panic!("expected BYE(idle_timeout), got {other:?}"),
+            }
+        }
     }
     wait_for_value(prom, "sum(idlegate_online_users)", 0.0).await;
     wait_for_value(prom, "sum(idlegate_ring_tracked_uids)", 0.0).await;
