@@ -269,3 +269,27 @@ async fn frames_split_across_reads_and_large_frames_are_reassembled() {
     c.expect_bye(CloseReason::Logout).await;
     server.shutdown().await;
 }
+
+#[test]
+fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PROTOCOL.md")).unwrap();
+    let examples = [
+        ("| LOGIN uid 42, no token |", Frame::Login { uid: 42, token: Bytes::new() }),
+        ("| PING with payload `hi` |", Frame::Ping(Bytes::from_static(b"hi"))),
+        ("| DATA with payload `app` |", Frame::Data(Bytes::from_static(b"app"))),
+        ("| LOGOUT |", Frame::Logout),
+        ("| WELCOME 30000 ms / 1000 ms |", Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 }),
+        ("| PONG with payload `hi` |", Frame::Pong(Bytes::from_static(b"hi"))),
+        ("| PUSH with payload `hi` |", Frame::Push(Bytes::from_static(b"hi"))),
+        ("| BYE idle_timeout, no text |", Frame::Bye { reason: CloseReason::IdleTimeout, text: String::new() }),
+        ("| BYE protocol_error, text `bad` |", Frame::Bye { reason: CloseReason::ProtocolError, text: "bad".into() }),
+    ];
+    for (row, frame) in examples {
+        let line = doc.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no example row {row}"));
+        let hex: String = line[row.len()..].chars().filter(|c| c.is_ascii_hexdigit()).collect();
+        let mut wire = bytes::BytesMut::new();
+        tokio_util::codec::Encoder::encode(&mut idlegate::FrameCodec::default(), frame, &mut wire).unwrap();
+        let want: String = wire.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, want, "{row}");
+    }
+}
