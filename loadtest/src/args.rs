@@ -47,6 +47,21 @@ pub struct Args {
     /// The gateway's admin address, to read its online gauge, memory and CPU.
     #[arg(long)]
     pub admin: Option<String>,
+    /// The gateway's backend API, for --push-rate and --follow-events.
+    #[arg(long)]
+    pub api: Option<String>,
+    /// The gateway's --api-token.
+    #[arg(long, env = "IDLEGATE_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Pushes per second through the API, each to a random client of the run that is online;
+    /// every client checks what arrives, and the report gives API-call-to-receipt latency.
+    #[arg(long, default_value_t = 0.0)]
+    pub push_rate: f64,
+    /// Follow the API's event stream and check every event against what the clients did:
+    /// one online per login, one offline per session with the reason the client saw, one
+    /// data event per DATA frame with the same bytes, in order.
+    #[arg(long)]
+    pub follow_events: bool,
     /// The gateway's --auth-secret, to mint LOGIN tokens.
     #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
     pub auth_secret: Option<String>,
@@ -132,6 +147,15 @@ impl Args {
         }
         if self.duration.is_zero() {
             return Err("--duration: must be longer than zero".into());
+        }
+        if !(self.push_rate.is_finite() && self.push_rate >= 0.0) {
+            return Err("--push-rate: must be zero or a positive number".into());
+        }
+        if (self.push_rate > 0.0 || self.follow_events) && self.api.is_none() {
+            return Err("--api: --push-rate and --follow-events need the gateway's API address".into());
+        }
+        if (self.push_rate > 0.0 || self.follow_events) && self.protocol == Protocol::Mqtt {
+            return Err("--protocol: --push-rate and --follow-events need the idlegate protocol".into());
         }
         if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {
             return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{parse_push, Pushes};
 use crate::stats::Stats;
 use crate::wire::{Incoming, Wire};
 
@@ -54,6 +55,38 @@ pub struct Ctx {
     pub missed_grace: Duration,
     /// Timeout and tick, as the first WELCOME announced them.
     pub learned: OnceLock<(Duration, Duration)>,
+    /// The uid of client 0; client i is `uid_base + i`.
+    pub uid_base: u64,
+    /// Each client's record, by index, for pushes and the event check.
+    pub cells: Box<[Cell]>,
+    pub pushes: Pushes,
+}
+
+/// One client's record, shared with the pusher and the event check.
+#[derive(Debug, Default)]
+pub struct Cell {
+    /// Logged in and not closed: a push target.
+    pub online: AtomicBool,
+    pub logged_in: AtomicBool,
+    pub data_sent: AtomicU64,
+    /// The reason its connection ended as the client saw it (`CloseReason` code), 0 before.
+    pub(crate) close: AtomicU8,
+}
+
+// === impl Cell ===
+
+impl Cell {
+    /// Remembers the first close reason.
+    pub fn set_close(&self, reason: CloseReason) {
+        let _ = self.close.compare_exchange(0, reason as u8, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        match self.close.load(Ordering::Relaxed) {
+            0 => None,
+            code => CloseReason::ALL.get(usize::from(code) - 1).copied(),
+        }
+    }
 }
 
 /// One client's part in the run.
@@ -75,8 +108,12 @@ pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
     let silent = plan.silent_at.is_some();
     let mut client = Client { plan, ctx, logged_in: false };
     client.session().await;
+    let cell = client.cell();
+    cell.online.store(false, Ordering::Relaxed);
     if client.logged_in {
         stats.online.fetch_sub(1, Ordering::Relaxed);
+        // Ended without a word from the server: the client closed its own socket.
+        cell.set_close(CloseReason::Disconnect);
     }
     // Expired, missed, refused or failed: either way this silent client is settled.
     if silent {
@@ -105,6 +142,16 @@ struct Client {
 }
 
 impl Client {
+    fn cell(&self) -> &Cell {
+        &self.ctx.cells[(self.plan.uid - self.ctx.uid_base) as usize]
+    }
+
+    /// Counts a close, and remembers it as this client's.
+    fn record_close(&self, reason: CloseReason, expected: bool) {
+        self.ctx.stats.record_close(reason, expected);
+        self.cell().set_close(reason);
+    }
+
     async fn session(&mut self) {
         let ctx = self.ctx.clone();
         let stats = &ctx.stats;
@@ -131,7 +178,7 @@ impl Client {
         wire.login(self.plan.uid, token.as_deref(), &mut out);
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
-            stats.record_close(CloseReason::Disconnect, false);
+            self.record_close(CloseReason::Disconnect, false);
             return;
         }
         let answer = tokio::select! {
@@ -151,21 +198,21 @@ impl Client {
                         }
                     ));
                 }
-                stats.record_close(reason, false);
+                self.record_close(reason, false);
                 return;
             }
             Ok(Some(Err(e))) => {
                 stats.set_fatal(format!("the server's answer to the login is not the protocol: {e}"));
-                stats.record_close(CloseReason::ProtocolError, false);
+                self.record_close(CloseReason::ProtocolError, false);
                 return;
             }
             Ok(Some(Ok(other))) => {
                 stats.set_fatal(format!("the server answered the login with {other:?}"));
-                stats.record_close(CloseReason::ProtocolError, false);
+                self.record_close(CloseReason::ProtocolError, false);
                 return;
             }
             Ok(None) => {
-                stats.record_close(CloseReason::Disconnect, false);
+                self.record_close(CloseReason::Disconnect, false);
                 return;
             }
             Err(_) => {
@@ -178,6 +225,8 @@ impl Client {
         stats.last_login_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         stats.online.fetch_add(1, Ordering::Relaxed);
         self.logged_in = true;
+        self.cell().logged_in.store(true, Ordering::Relaxed);
+        self.cell().online.store(true, Ordering::Relaxed);
         let _ = ctx.learned.set((timeout_d, tick));
 
         let mut rng = SmallRng::seed_from_u64(self.plan.seed);
@@ -209,12 +258,18 @@ impl Client {
                             stats.record_rtt(at.elapsed());
                         }
                     }
+                    Some(Ok(Incoming::Push(payload))) => match parse_push(&payload) {
+                        Some((id, nanos)) if ctx.pushes.received(id, self.plan.uid) => {
+                            stats.record_push(ctx.epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)));
+                        }
+                        _ => {}
+                    },
                     Some(Ok(Incoming::Bye(reason))) => {
                         self.closed(reason, missed_at.is_some(), last_sent, timeout_d, tick);
                         return;
                     }
                     Some(Ok(Incoming::Welcome { .. })) | Some(Err(_)) => {
-                        stats.record_close(CloseReason::ProtocolError, false);
+                        self.record_close(CloseReason::ProtocolError, false);
                         return;
                     }
                     // MQTT brokers expire a client by closing the socket without a word.
@@ -223,7 +278,7 @@ impl Client {
                         return;
                     }
                     None => {
-                        stats.record_close(CloseReason::Disconnect, false);
+                        self.record_close(CloseReason::Disconnect, false);
                         return;
                     }
                 },
@@ -233,7 +288,7 @@ impl Client {
                         last_sent = Instant::now();
                         ping(&ctx, &mut wire, &mut out, &mut pings_in_flight, last_sent);
                         if write_half.write_all_buf(&mut out).await.is_err() {
-                            stats.record_close(CloseReason::Disconnect, false);
+                            self.record_close(CloseReason::Disconnect, false);
                             return;
                         }
                     }
@@ -242,7 +297,8 @@ impl Client {
                 _ = sleep_until(next_send), if missed_at.is_none() => {
                     let now = Instant::now();
                     if next_data.is_some_and(|d| d <= next_ping) {
-                        wire.data(&mut out);
+                        let seq = self.cell().data_sent.fetch_add(1, Ordering::Relaxed);
+                        wire.data(self.plan.uid, seq, &mut out);
                         stats.data_sent.fetch_add(1, Ordering::Relaxed);
                         next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
                     } else {
@@ -253,7 +309,7 @@ impl Client {
                     // gateway's: it reads the frame only after this instant.
                     last_sent = now;
                     if write_half.write_all_buf(&mut out).await.is_err() {
-                        stats.record_close(CloseReason::Disconnect, false);
+                        self.record_close(CloseReason::Disconnect, false);
                         return;
                     }
                 }
@@ -269,7 +325,7 @@ impl Client {
     fn closed(&self, reason: CloseReason, went_silent: bool, last_sent: Instant, timeout: Duration, tick: Duration) {
         let stats = &self.ctx.stats;
         let expected = reason == CloseReason::IdleTimeout && went_silent;
-        stats.record_close(reason, expected);
+        self.record_close(reason, expected);
         if reason == CloseReason::IdleTimeout && !went_silent {
             stats.false_offline.fetch_add(1, Ordering::Relaxed);
         }
@@ -299,4 +355,24 @@ fn ping(ctx: &Ctx, wire: &mut Wire, out: &mut BytesMut, in_flight: &mut VecDeque
 /// `base` with uniform jitter of +-10 %.
 fn jittered(rng: &mut SmallRng, base: Duration) -> Duration {
     base.mul_f64(rng.gen_range(1.0 - JITTER..=1.0 + JITTER))
+}
+
+/// A context for `clients` clients from `uid_base`, for unit tests of what reads it.
+#[cfg(test)]
+pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
+    Ctx {
+        target: "127.0.0.1:1".parse().unwrap(),
+        wire: Wire::new(crate::args::Protocol::Idlegate, Duration::from_secs(30)),
+        auth: None,
+        ping_interval: Duration::from_secs(1),
+        data_interval: None,
+        stats: Arc::new(Stats::new(0)),
+        stop: CancellationToken::new(),
+        epoch: Instant::now(),
+        missed_grace: Duration::from_secs(1),
+        learned: OnceLock::new(),
+        uid_base,
+        cells: (0..clients).map(|_| Cell::default()).collect(),
+        pushes: Pushes::default(),
+    }
 }

@@ -3,6 +3,7 @@
 //! README's Load testing section.
 
 mod args;
+mod backend;
 mod client;
 mod gateway;
 mod plot;

@@ -59,6 +59,25 @@ pub struct Report {
     pub gateway_rss_bytes_per_connection: Option<f64>,
     /// CPU the gateway used from the run's start to its end.
     pub gateway_cpu_seconds: Option<f64>,
+    /// API call to client receipt of each push.
+    pub push_ms: Percentiles,
+    /// Pushes the API answered `sent`, `offline`, or failed; pushes clients received.
+    pub pushes_sent: u64,
+    pub pushes_offline: u64,
+    pub push_errors: u64,
+    pub pushes_received: u64,
+    /// Answered `sent` but never received by the client (which stayed connected until it
+    /// got its BYE or the run ended: the gateway writes queued pushes before any BYE).
+    pub pushes_lost: u64,
+    /// Pushes received that were not sent to that client, or answered `offline`.
+    pub pushes_unexpected: u64,
+    /// Events the consumer read (with `--follow-events`), events the stream said it missed,
+    /// and clients whose events did not match what they did.
+    pub events_seen: Option<u64>,
+    pub events_missed: u64,
+    pub event_mismatches: u64,
+    /// A few of the mismatches, described.
+    pub event_mismatch_examples: Vec<String>,
     /// A reason the run could not be meaningful (login refused, server unreachable).
     pub fatal: Option<String>,
     pub interrupted: bool,
@@ -100,6 +119,20 @@ impl Report {
                 f.push(format!("{name} = {n}"));
             }
         }
+        for (name, n) in [
+            ("pushes_lost", self.pushes_lost),
+            ("pushes_unexpected", self.pushes_unexpected),
+            ("push_errors", self.push_errors),
+            ("events_missed", self.events_missed),
+            ("event_mismatches", self.event_mismatches),
+        ] {
+            if n > 0 {
+                f.push(format!("{name} = {n}"));
+            }
+        }
+        for example in &self.event_mismatch_examples {
+            f.push(format!("event mismatch: {example}"));
+        }
         for (reason, n) in &self.unexpected_closes {
             f.push(format!("{n} unexpected close(s) with reason {reason}"));
         }
@@ -131,7 +164,12 @@ impl Report {
             "{:<12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "ms", "count", "p50", "p90", "p99", "p99.9", "max"
         );
-        for (name, p) in [("login", &self.login_ms), ("rtt", &self.rtt_ms), ("silence", &self.silence_ms)] {
+        for (name, p) in
+            [("login", &self.login_ms), ("rtt", &self.rtt_ms), ("silence", &self.silence_ms), ("push", &self.push_ms)]
+        {
+            if p.count == 0 && name == "push" {
+                continue;
+            }
             let _ = writeln!(
                 s,
                 "{:<12} {:>8} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
@@ -145,6 +183,25 @@ impl Report {
             "expiry       in window {}, false {}, missed {}, early {}, late {}",
             self.expired_in_window, self.false_offline, self.missed_offline, self.early_offline, self.late_offline
         );
+        if self.pushes_sent + self.pushes_offline + self.push_errors > 0 {
+            let _ = writeln!(
+                s,
+                "pushes       sent {} received {} lost {} offline {} unexpected {} errors {}",
+                self.pushes_sent,
+                self.pushes_received,
+                self.pushes_lost,
+                self.pushes_offline,
+                self.pushes_unexpected,
+                self.push_errors
+            );
+        }
+        if let Some(seen) = self.events_seen {
+            let _ = writeln!(
+                s,
+                "events       seen {seen}, missed {}, mismatches {}",
+                self.events_missed, self.event_mismatches
+            );
+        }
         let _ = writeln!(s, "closes       {:?}; unexpected {:?}", self.closes, self.unexpected_closes);
         let _ = writeln!(
             s,

@@ -14,7 +14,8 @@ use tokio::time::{timeout, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Args;
-use crate::client::{self, Ctx, Plan, LATE_TOLERANCE};
+use crate::backend::{self, Api, Ledger, Pushes};
+use crate::client::{self, Cell, Ctx, Plan, LATE_TOLERANCE};
 use crate::gateway::{Gateway, Snapshot};
 use crate::report::{Report, Sample};
 use crate::stats::Stats;
@@ -29,6 +30,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Extra time past every client's last possible deadline before the run stops waiting.
 const END_SLACK: Duration = Duration::from_secs(5);
+
+/// Time pushes answered at the end of the run get to reach their clients.
+const PUSH_ARRIVAL_GRACE: Duration = Duration::from_millis(500);
+
+/// Longest the event consumer waits at the end for the offline events of the last sessions.
+const EVENTS_SETTLE: Duration = Duration::from_secs(10);
 
 /// Longest the harness waits for its clients to close at the end.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,11 +55,20 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     let probe = timeout(PROBE_TIMEOUT, client::connect(args.target, args.source_ips.map(|s| s.for_client(0))))
         .await
         .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer")));
-    if let Err(e) = probe {
-        return Err(SetupError::Unreachable(format!(
-            "cannot connect to --target {}: {e}; is the server running?",
-            args.target
-        )));
+    match probe {
+        // Closed at once: a probe kept open would sit at the gateway without a LOGIN until
+        // its login deadline, and be counted as a login_timeout.
+        Ok(stream) => drop(stream),
+        Err(e) => {
+            return Err(SetupError::Unreachable(format!(
+                "cannot connect to --target {}: {e}; is the server running?",
+                args.target
+            )))
+        }
+    }
+    let api = args.api.as_deref().map(|a| Api::new(a, args.api_token.clone()));
+    if let Some(api) = &api {
+        api.probe().await.map_err(|e| SetupError::Unreachable(format!("--api: {e}")))?;
     }
     let gateway = args.admin.as_deref().map(Gateway::new);
     let at_start = match &gateway {
@@ -74,7 +90,38 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         epoch,
         missed_grace: args.missed_grace,
         learned: OnceLock::new(),
+        uid_base: args.uid_base,
+        cells: (0..args.connections).map(|_| Cell::default()).collect(),
+        pushes: Pushes::default(),
     });
+
+    // The event consumer starts before the first client, so it sees every login.
+    let ledger = Arc::new(Ledger::default());
+    let follower_stop = CancellationToken::new();
+    let follower = match (&api, args.follow_events) {
+        (Some(api), true) => {
+            let (ready, opened) = tokio::sync::oneshot::channel();
+            let uids = args.uid_base..args.uid_base + args.connections;
+            let task = tokio::spawn(backend::follow(api.clone(), ledger.clone(), uids, ready, follower_stop.clone()));
+            match opened.await {
+                Ok(Ok(())) => Some(task),
+                Ok(Err(e)) => return Err(SetupError::Unreachable(format!("--follow-events: {e}"))),
+                Err(_) => return Err(SetupError::Unreachable("--follow-events: the consumer ended".into())),
+            }
+        }
+        _ => None,
+    };
+    let push_stop = CancellationToken::new();
+    let pusher = match &api {
+        Some(api) if args.push_rate > 0.0 => Some(tokio::spawn(backend::push_loop(
+            api.clone(),
+            args.push_rate,
+            ctx.clone(),
+            args.seed,
+            push_stop.clone(),
+        ))),
+        _ => None,
+    };
 
     let mut clients = JoinSet::new();
     for plan in plans(args, epoch) {
@@ -114,6 +161,17 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         gateway_rss_bytes: None,
         gateway_rss_bytes_per_connection: None,
         gateway_cpu_seconds: None,
+        push_ms: Default::default(),
+        pushes_sent: 0,
+        pushes_offline: 0,
+        push_errors: 0,
+        pushes_received: 0,
+        pushes_lost: 0,
+        pushes_unexpected: 0,
+        events_seen: None,
+        events_missed: 0,
+        event_mismatches: 0,
+        event_mismatch_examples: Vec::new(),
         fatal: None,
         interrupted: false,
         timeline: Vec::new(),
@@ -163,6 +221,9 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         }
         let (timeout_d, tick) = ctx.learned.get().copied().unwrap_or_default();
         let active_done = now >= epoch + connect_span.max(args.duration);
+        if active_done {
+            push_stop.cancel();
+        }
         let silent_done = stats.silent_pending.load(Ordering::Relaxed) <= 0;
         let hard_end = epoch + connect_span + args.duration + timeout_d + tick + args.missed_grace + END_SLACK;
         if (active_done && silent_done) || now >= hard_end {
@@ -170,6 +231,12 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         }
     }
 
+    // Pushes in flight are answered, then given a moment to arrive, before clients close.
+    push_stop.cancel();
+    if let Some(pusher) = pusher {
+        let _ = pusher.await;
+        tokio::time::sleep(PUSH_ARRIVAL_GRACE).await;
+    }
     // The end, while the active clients are still connected: compare counts.
     report.harness_online_at_end = stats.online.load(Ordering::Relaxed);
     if let Some(g) = &gateway {
@@ -178,6 +245,29 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     ctx.stop.cancel();
     let _ = timeout(CLOSE_TIMEOUT, async { while clients.join_next().await.is_some() {} }).await;
     clients.abort_all();
+    if let Some(follower) = follower {
+        // Every session's offline event, the last ones for the clients just closed.
+        let logins = Stats::get(&stats.logged_in);
+        let deadline = Instant::now() + EVENTS_SETTLE;
+        while ledger.offlines.load(Ordering::Relaxed) < logins && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        follower_stop.cancel();
+        let _ = follower.await;
+        let (mismatches, examples) = ledger.judge(&ctx);
+        report.events_seen = Some(ledger.events.load(Ordering::Relaxed));
+        report.events_missed = ledger.missed.load(Ordering::Relaxed) + ledger.malformed.load(Ordering::Relaxed);
+        report.event_mismatches = mismatches;
+        report.event_mismatch_examples = examples;
+    }
+    let pushes = &ctx.pushes;
+    report.push_ms = stats.push();
+    report.pushes_sent = Stats::get(&pushes.sent);
+    report.pushes_offline = Stats::get(&pushes.offline);
+    report.push_errors = Stats::get(&pushes.errors);
+    report.pushes_received = Stats::get(&pushes.received);
+    report.pushes_lost = pushes.lost();
+    report.pushes_unexpected = Stats::get(&pushes.unexpected);
     let at_end: Option<Snapshot> = match &gateway {
         Some(g) => g.scrape().await.ok(),
         None => None,

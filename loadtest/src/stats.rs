@@ -56,6 +56,7 @@ struct Hists {
     rtt_us: Histogram<u64>,
     rtt_window_us: Histogram<u64>,
     silence_us: Histogram<u64>,
+    push_us: Histogram<u64>,
 }
 
 /// Percentiles of a histogram, in milliseconds.
@@ -126,6 +127,7 @@ impl Stats {
                 rtt_us: histogram(),
                 rtt_window_us: histogram(),
                 silence_us: histogram(),
+                push_us: histogram(),
             }),
             fatal: Mutex::new(None),
         }
@@ -143,6 +145,15 @@ impl Stats {
         let mut h = self.hists();
         h.rtt_us.saturating_record(micros(took));
         h.rtt_window_us.saturating_record(micros(took));
+    }
+
+    /// API call to client receipt of one push.
+    pub fn record_push(&self, took: Duration) {
+        self.hists().push_us.saturating_record(micros(took));
+    }
+
+    pub fn push(&self) -> Percentiles {
+        Percentiles::of(&self.hists().push_us)
     }
 
     pub fn record_silence(&self, silence: Duration) {

@@ -35,8 +35,19 @@ pub enum Incoming {
     Welcome { timeout: Duration, tick: Duration },
     /// A PING's answer, with the send timestamp it carried if the protocol echoes one.
     Pong(Option<u64>),
+    /// Bytes a backend pushed.
+    Push(Bytes),
     /// The server's last word before it closes.
     Bye(CloseReason),
+}
+
+/// The payload of client `uid`'s DATA frame number `seq`: both, big-endian, so the event
+/// check can tell every frame apart and see them in order.
+pub fn data_payload(uid: u64, seq: u64) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    p[..8].copy_from_slice(&uid.to_be_bytes());
+    p[8..].copy_from_slice(&seq.to_be_bytes());
+    p
 }
 
 /// Encodes client frames and decodes server frames for one protocol.
@@ -91,15 +102,16 @@ impl Wire {
         }
     }
 
-    /// An application message: idlegate DATA, or an MQTT QoS 0 PUBLISH nobody receives.
-    pub fn data(&mut self, out: &mut BytesMut) {
-        const PAYLOAD: &[u8] = b"load";
+    /// Application message `seq` of client `uid`: idlegate DATA, or an MQTT QoS 0 PUBLISH
+    /// nobody receives.
+    pub fn data(&mut self, uid: u64, seq: u64, out: &mut BytesMut) {
+        let payload = data_payload(uid, seq);
         match self.protocol {
-            Protocol::Idlegate => self.frame(Frame::Data(Bytes::from_static(PAYLOAD)), out),
+            Protocol::Idlegate => self.frame(Frame::Data(Bytes::copy_from_slice(&payload)), out),
             Protocol::Mqtt => {
-                let mut body = BytesMut::with_capacity(2 + mqtt::DATA_TOPIC.len() + PAYLOAD.len());
+                let mut body = BytesMut::with_capacity(2 + mqtt::DATA_TOPIC.len() + payload.len());
                 put_mqtt_str(&mut body, mqtt::DATA_TOPIC);
-                body.put_slice(PAYLOAD);
+                body.put_slice(&payload);
                 put_mqtt_packet(out, mqtt::PUBLISH_QOS0, &body);
             }
         }
@@ -150,6 +162,7 @@ impl Decoder for Wire {
                         tick: Duration::from_millis(tick_ms.into()),
                     },
                     Frame::Pong(p) => Incoming::Pong(p.as_ref().try_into().ok().map(u64::from_be_bytes)),
+                    Frame::Push(p) => Incoming::Push(p),
                     Frame::Bye { reason, .. } => Incoming::Bye(reason),
                     other => return Err(invalid(format!("a gateway does not send {other:?}"))),
                 }))

@@ -23,15 +23,20 @@ fn runtime() -> Runtime {
 
 /// Starts the real gateway; returns (client address, admin address).
 fn gateway(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr) {
+    let (clients, admin, _) = gateway_with_api(rt, auth);
+    (clients, admin)
+}
+
+/// Starts the real gateway; returns (client address, admin address, API address).
+fn gateway_with_api(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr, SocketAddr) {
     rt.block_on(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addrs = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addrs = (listener.local_addr().unwrap(), admin.local_addr().unwrap(), api.local_addr().unwrap());
         let config = Config { timeout: TIMEOUT, tick: TICK, auth, ..Config::default() };
-        tokio::spawn(
-            Server::new(config)
-                .run(Listeners { clients: listener, admin: Some(admin), api: None }, std::future::pending::<()>()),
-        );
+        let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
+        tokio::spawn(Server::new(config).run(listeners, std::future::pending::<()>()));
         addrs
     })
 }
@@ -156,6 +161,32 @@ fn check_passes_against_the_gateway() {
 }
 
 #[test]
+fn pushes_and_every_event_check_out_against_the_gateway() {
+    let rt = runtime();
+    let (target, admin, api) = gateway_with_api(&rt, None);
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--admin", &admin.to_string(), "--api", &api.to_string(), "--push-rate", "300", "--data-rate", "2"];
+    let mut args = run_args(target, dir.path(), &extra);
+    args.push("--follow-events".into());
+    args[3] = "300".into(); // --connections
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    assert_eq!(r["logins_ok"], 300);
+    let sent = r["pushes_sent"].as_u64().unwrap();
+    assert!(sent > 300, "{r}");
+    assert_eq!(r["pushes_received"].as_u64().unwrap(), sent);
+    assert_eq!(r["push_ms"]["count"].as_u64().unwrap(), sent);
+    for zero in ["pushes_lost", "pushes_unexpected", "push_errors", "events_missed", "event_mismatches"] {
+        assert_eq!(r[zero], 0, "{zero}: {r}");
+    }
+    // 300 online, 300 offline (75 expired, 225 closed at the end), and every DATA frame.
+    let data = r["data_sent"].as_u64().unwrap();
+    assert!(data > 300, "{r}");
+    assert_eq!(r["events_seen"].as_u64().unwrap(), 600 + data);
+}
+
+#[test]
 fn check_fails_against_a_server_that_expires_active_clients_early() {
     let rt = runtime();
     let target = wrong_server(&rt, Wrong::ExpiresEarly);
@@ -203,6 +234,9 @@ fn bad_flags_exit_2_naming_the_flag() {
         (vec!["--connections", "0"], "--connections"),
         (vec!["--ping-interval", "soon"], "--ping-interval"),
         (vec!["--source-ips", "127.0.0.9-127.0.0.1"], "--source-ips"),
+        (vec!["--push-rate", "10"], "--api"),
+        (vec!["--follow-events"], "--api"),
+        (vec!["--push-rate=-1"], "--push-rate"),
     ] {
         let out = loadtest(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         let stderr = String::from_utf8_lossy(&out.stderr);

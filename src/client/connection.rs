@@ -104,13 +104,13 @@ impl Connection {
         })
     }
 
-    /// Sends `bye` (if any) after the replies still waiting, within a deadline, and closes.
-    /// Best effort: a client that does not read loses its BYE and pending replies, not our
-    /// time.
-    pub(crate) async fn close(mut self, bye: Option<Frame>) {
+    /// Sends `last` (pushes still queued, then the BYE) after the replies still waiting,
+    /// within a deadline, and closes. Best effort: a client that does not read loses them,
+    /// not our time.
+    pub(crate) async fn close(mut self, last: impl IntoIterator<Item = Frame>) {
         let mut out = std::mem::take(&mut self.unsent);
-        if let Some(bye) = bye {
-            put_frame(&bye, &mut out);
+        for frame in last {
+            put_frame(&frame, &mut out);
         }
         let stream = &mut self.stream;
         let _ = timeout(BYE_WRITE_DEADLINE, async {

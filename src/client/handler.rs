@@ -158,8 +158,10 @@ impl Handler<'_> {
             Some(session) => self.gateway.registry.leave(session, reason),
             None => reason,
         };
+        // Pushes a backend was told were sent go out before the BYE.
+        let pushes = self.session.as_ref().map(|s| s.take_pushes()).unwrap_or_default();
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
-        conn.close(bye).await;
+        conn.close(pushes.into_iter().map(Frame::Push).chain(bye)).await;
         self.gateway.metrics.closed(reason);
         match &self.session {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),

@@ -1,0 +1,412 @@
+//! The backend's side of a run: pushes through the gateway's API at a steady rate, and one
+//! consumer of the event stream whose every event is checked against what the clients did.
+//!
+//! Each push carries its own id and send time, so the client that receives it knows the
+//! latency and which push it was; a push the API answered `sent` that no client ever
+//! received is lost. The event consumer keeps, per uid, the online, offline and data events
+//! it saw; at the end they are compared with each client's own record (logged in or not,
+//! DATA frames sent, the reason of its close).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use futures_util::StreamExt;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Ctx;
+
+/// Push requests in flight at once: enough for thousands a second over loopback.
+const PUSHES_IN_FLIGHT: usize = 64;
+
+/// How often the pusher wakes to send what is due.
+const PUSH_STEP: Duration = Duration::from_millis(5);
+
+/// Tries to find an online client for one push before skipping it.
+const PICK_TRIES: usize = 16;
+
+/// Longest one API request may take before it counts as an error.
+const API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Mismatches described in the report; the rest are only counted.
+const DESCRIBED: usize = 5;
+
+/// The gateway's backend API.
+#[derive(Debug, Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+// === impl Api ===
+
+impl Api {
+    /// `base` is `host:port` or a full `http://host:port` URL.
+    pub fn new(base: &str, token: Option<String>) -> Api {
+        let base = if base.starts_with("http://") { base.to_string() } else { format!("http://{base}") };
+        let http = reqwest::Client::builder().build().expect("a plain HTTP client builds");
+        Api { http, base: base.trim_end_matches('/').to_string(), token }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Checks the API answers (and accepts the token), before the run starts.
+    pub async fn probe(&self) -> Result<(), String> {
+        let answer = self.request(reqwest::Method::GET, "/v1/online").timeout(API_TIMEOUT).send().await;
+        match answer {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                Err(format!("{}: 401, the API wants a token: pass --api-token", self.base))
+            }
+            Ok(r) => Err(format!("{}/v1/online answered {}", self.base, r.status())),
+            Err(e) => Err(format!("{}: {e}", self.base)),
+        }
+    }
+}
+
+/// What became of the pushes.
+#[derive(Debug, Default)]
+pub struct Pushes {
+    /// Push id -> the uid it went to, from the request until a client reports it.
+    outstanding: Mutex<HashMap<u64, u64>>,
+    next_id: AtomicU64,
+    pub sent: AtomicU64,
+    pub offline: AtomicU64,
+    pub received: AtomicU64,
+    pub errors: AtomicU64,
+    /// Pushes received that were never sent, or by the wrong uid.
+    pub unexpected: AtomicU64,
+}
+
+// === impl Pushes ===
+
+impl Pushes {
+    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u64>> {
+        self.outstanding.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A client received push `id`; returns whether it was one we sent to `uid`.
+    pub fn received(&self, id: u64, uid: u64) -> bool {
+        let expected = self.outstanding().remove(&id) == Some(uid);
+        if expected {
+            self.received.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.unexpected.fetch_add(1, Ordering::Relaxed);
+        }
+        expected
+    }
+
+    /// Pushes answered `sent` that no client has received.
+    pub fn lost(&self) -> u64 {
+        self.outstanding().len() as u64
+    }
+}
+
+/// The payload of push `id` sent `nanos` after the run's epoch: both, big-endian.
+pub fn push_payload(id: u64, nanos: u64) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    p[..8].copy_from_slice(&id.to_be_bytes());
+    p[8..].copy_from_slice(&nanos.to_be_bytes());
+    p
+}
+
+/// The id and send time a push payload carries, if it is one of ours.
+pub fn parse_push(payload: &[u8]) -> Option<(u64, u64)> {
+    let id = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
+    let nanos = u64::from_be_bytes(payload.get(8..16)?.try_into().ok()?);
+    (payload.len() == 16).then_some((id, nanos))
+}
+
+/// Pushes `rate` times a second to random clients the harness sees online, until `stop`;
+/// then waits for the requests in flight.
+pub async fn push_loop(api: Api, rate: f64, ctx: Arc<Ctx>, seed: u64, stop: CancellationToken) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let start = Instant::now();
+    let mut done = 0u64;
+    let mut in_flight = JoinSet::new();
+    let mut step = tokio::time::interval(PUSH_STEP);
+    step.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = step.tick() => {}
+            _ = stop.cancelled() => break,
+        }
+        let due = (start.elapsed().as_secs_f64() * rate) as u64;
+        while done < due {
+            while in_flight.len() >= PUSHES_IN_FLIGHT {
+                in_flight.join_next().await;
+            }
+            done += 1;
+            let Some(index) = (0..PICK_TRIES)
+                .map(|_| rng.gen_range(0..ctx.cells.len()))
+                .find(|&i| ctx.cells[i].online.load(Ordering::Relaxed))
+            else {
+                continue;
+            };
+            let uid = ctx.uid_base + index as u64;
+            in_flight.spawn(push_one(api.clone(), ctx.clone(), uid));
+        }
+    }
+    while in_flight.join_next().await.is_some() {}
+}
+
+async fn push_one(api: Api, ctx: Arc<Ctx>, uid: u64) {
+    let pushes = &ctx.pushes;
+    let id = pushes.next_id.fetch_add(1, Ordering::Relaxed);
+    let nanos = ctx.epoch.elapsed().as_nanos() as u64;
+    // Registered before the request: the client may receive it before the answer arrives.
+    pushes.outstanding().insert(id, uid);
+    let body = serde_json::json!({ "uids": [uid], "payload": BASE64.encode(push_payload(id, nanos)) });
+    let answer = async {
+        let response = api.request(reqwest::Method::POST, "/v1/push").json(&body).timeout(API_TIMEOUT).send().await?;
+        response.error_for_status()?.json::<Value>().await
+    }
+    .await;
+    match answer {
+        Ok(v) if v["sent"].as_array().is_some_and(|s| s.len() == 1) => {
+            pushes.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(v) if v["offline"].as_array().is_some_and(|s| s.len() == 1) => {
+            pushes.offline.fetch_add(1, Ordering::Relaxed);
+            if pushes.outstanding().remove(&id).is_none() {
+                // Received although the gateway said the uid was offline.
+                pushes.unexpected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        _ => {
+            pushes.errors.fetch_add(1, Ordering::Relaxed);
+            pushes.outstanding().remove(&id);
+        }
+    }
+}
+
+/// What the event consumer saw of one uid.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    onlines: Vec<String>,
+    offlines: Vec<(String, String)>,
+    data: u64,
+    /// DATA events out of order or with bytes the client did not send.
+    bad_data: u64,
+}
+
+/// The event consumer's record.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    seen: Mutex<HashMap<u64, Seen>>,
+    pub events: AtomicU64,
+    pub offlines: AtomicU64,
+    /// Events the stream said this consumer missed.
+    pub missed: AtomicU64,
+    pub malformed: AtomicU64,
+}
+
+// === impl Ledger ===
+
+impl Ledger {
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Seen>> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn record(&self, event: &str, data: &Value, uids: std::ops::Range<u64>) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        if event == "gap" {
+            self.missed.fetch_add(data["missed"].as_u64().unwrap_or(1).max(1), Ordering::Relaxed);
+            return;
+        }
+        let Some(uid) = data["uid"].as_u64() else {
+            self.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if !uids.contains(&uid) {
+            return;
+        }
+        let text = |k: &str| data[k].as_str().unwrap_or("").to_string();
+        let mut seen = self.seen();
+        let seen = seen.entry(uid).or_default();
+        match event {
+            "online" => seen.onlines.push(text("session")),
+            "offline" => {
+                seen.offlines.push((text("session"), text("reason")));
+                self.offlines.fetch_add(1, Ordering::Relaxed);
+            }
+            "data" => {
+                let want = crate::wire::data_payload(uid, seen.data);
+                if BASE64.decode(text("payload")).ok().as_deref() != Some(&want[..]) {
+                    seen.bad_data += 1;
+                }
+                seen.data += 1;
+            }
+            _ => {
+                self.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Compares what the stream said with each client's record; returns the number of
+    /// mismatches and a few of them described.
+    pub fn judge(&self, ctx: &Ctx) -> (u64, Vec<String>) {
+        let seen = self.seen();
+        let empty = Seen::default();
+        let mut count = 0;
+        let mut described = Vec::new();
+        let mut report = |problem: String| {
+            count += 1;
+            if described.len() < DESCRIBED {
+                described.push(problem);
+            }
+        };
+        for (i, cell) in ctx.cells.iter().enumerate() {
+            let uid = ctx.uid_base + i as u64;
+            let s = seen.get(&uid).unwrap_or(&empty);
+            let logged_in = cell.logged_in.load(Ordering::Relaxed);
+            let want_onlines = usize::from(logged_in);
+            if s.onlines.len() != want_onlines || s.offlines.len() != want_onlines {
+                report(format!(
+                    "uid {uid}: {} online and {} offline events, expected {want_onlines} of each",
+                    s.onlines.len(),
+                    s.offlines.len()
+                ));
+                continue;
+            }
+            if let (Some(session), Some((ended, reason))) = (s.onlines.first(), s.offlines.first()) {
+                let closed = cell.close_reason().map_or("?", |r| r.label());
+                if session != ended || reason != closed {
+                    report(format!(
+                        "uid {uid}: offline ({reason}) of session {ended}, but the client saw {closed} on session {session}"
+                    ));
+                    continue;
+                }
+            }
+            let sent = cell.data_sent.load(Ordering::Relaxed);
+            if s.data != sent || s.bad_data > 0 {
+                report(format!(
+                    "uid {uid}: sent {sent} DATA frames, saw {} data events ({} wrong)",
+                    s.data, s.bad_data
+                ));
+            }
+        }
+        (count, described)
+    }
+}
+
+/// Follows `/v1/events` from now, recording every event for uids in `uids`, until `stop`.
+/// Resolves `ready` once the stream is open, so no login of the run precedes it.
+pub async fn follow(
+    api: Api,
+    ledger: Arc<Ledger>,
+    uids: std::ops::Range<u64>,
+    ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    stop: CancellationToken,
+) {
+    let response = match api.request(reqwest::Method::GET, "/v1/events").send().await {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            let _ = ready.send(Err(format!("/v1/events answered {}", r.status())));
+            return;
+        }
+        Err(e) => {
+            let _ = ready.send(Err(format!("/v1/events: {e}")));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    loop {
+        let chunk = tokio::select! {
+            c = body.next() => c,
+            _ = stop.cancelled() => return,
+        };
+        let Some(Ok(chunk)) = chunk else { return };
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let (mut event, mut data) = ("", Value::Null);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    event = v;
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(v).unwrap_or(Value::Null);
+                }
+            }
+            if !event.is_empty() {
+                ledger.record(event, &data, uids.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idlegate::CloseReason;
+
+    use super::*;
+
+    #[test]
+    fn push_payloads_round_trip_and_foreign_ones_are_refused() {
+        assert_eq!(parse_push(&push_payload(7, 123)), Some((7, 123)));
+        assert_eq!(parse_push(b"short"), None);
+        assert_eq!(parse_push(&[0u8; 17]), None);
+    }
+
+    #[test]
+    fn the_ledger_catches_missing_duplicate_and_wrong_events() {
+        let uids = 10..13;
+        let ledger = Ledger::default();
+        let online = |session: &str| serde_json::json!({"uid": 10, "session": session});
+        // uid 10: online, data 0, offline kicked, but the client saw logout.
+        ledger.record("online", &online("a"), uids.clone());
+        let data = |uid: u64, seq: u64| serde_json::json!({"uid": uid, "payload": BASE64.encode(crate::wire::data_payload(uid, seq))});
+        ledger.record("data", &data(10, 0), uids.clone());
+        ledger.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids.clone());
+        // uid 11: two onlines. uid 12: data out of order, and no offline.
+        ledger.record("online", &serde_json::json!({"uid": 11, "session": "b"}), uids.clone());
+        ledger.record("online", &serde_json::json!({"uid": 11, "session": "c"}), uids.clone());
+        ledger.record("online", &serde_json::json!({"uid": 12, "session": "d"}), uids.clone());
+        ledger.record("data", &data(12, 1), uids.clone());
+        // Outside the run's uids: ignored.
+        ledger.record("online", &serde_json::json!({"uid": 99, "session": "e"}), uids.clone());
+        ledger.record("gap", &serde_json::json!({"missed": 3}), uids.clone());
+        assert_eq!(ledger.missed.load(Ordering::Relaxed), 3);
+
+        let ctx = crate::client::test_ctx(10, 3);
+        for (i, reason) in [(0, CloseReason::Logout), (1, CloseReason::Disconnect), (2, CloseReason::Disconnect)] {
+            ctx.cells[i].logged_in.store(true, Ordering::Relaxed);
+            ctx.cells[i].set_close(reason);
+        }
+        ctx.cells[0].data_sent.store(1, Ordering::Relaxed);
+        ctx.cells[2].data_sent.store(1, Ordering::Relaxed);
+        let (mismatches, examples) = ledger.judge(&ctx);
+        assert_eq!(mismatches, 3, "{examples:?}");
+        assert!(examples[0].contains("kicked") && examples[0].contains("logout"), "{examples:?}");
+
+        // The same events for clients that did just that: no mismatch.
+        ctx.cells[0].close.store(0, Ordering::Relaxed);
+        ctx.cells[0].set_close(CloseReason::Kicked);
+        let clean = Ledger::default();
+        clean.record("online", &online("a"), uids.clone());
+        clean.record("data", &data(10, 0), uids.clone());
+        clean.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids.clone());
+        for i in [1, 2] {
+            ctx.cells[i].logged_in.store(false, Ordering::Relaxed);
+            ctx.cells[i].data_sent.store(0, Ordering::Relaxed);
+        }
+        assert_eq!(clean.judge(&ctx).0, 0);
+    }
+}
