@@ -26,7 +26,12 @@ mod presence;
 
 pub use auth::Auth;
 pub use backend::Metrics;
-pub use client::{kind, CloseReason, Frame, FrameCodec, Listeners, Server, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
+pub use client::{
+    kind, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN,
+};
 pub use config::{default_max_connections, Config, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
-pub use presence::{unix_now, Ring, Touch, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};
+pub use presence::{
+    unix_now, Batch, Clock, Directory, Event, EventLog, Local, Registry, Ring, Touch, What, DEFAULT_EVENT_LOG_BYTES,
+    DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
+};

@@ -156,7 +156,7 @@ impl EventLog {
 
     /// Appends a data event for a DATA frame of `session`; dropped if the session has ended.
     /// Returns whether it was logged.
-    pub(crate) fn data(&self, session: &Session, payload: Bytes) -> bool {
+    pub fn data(&self, session: &Session, payload: Bytes) -> bool {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         if !session.is_live() {
