@@ -29,7 +29,7 @@ const WINDOW: u64 = 30;
 /// Operations per timed batch of the per-uid workloads.
 const BATCH: u64 = 10_000;
 
-/// Chunk the gateway's ticker expires at a time (see `src/ticker.rs`).
+/// Chunk the gateway's ticker expires at a time (see `src/presence/ticker.rs`).
 const SWEEP_CHUNK: usize = 4096;
 
 // === counting allocator ===

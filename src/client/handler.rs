@@ -75,7 +75,7 @@ impl Handler<'_> {
                 biased;
                 _ = session.woken() => match session.end_reason() {
                     Some(reason) => return (reason, String::new()),
-                    None => conn.send(session.take_pushes().into_iter().map(Frame::Push)),
+                    None => conn.send(self.gateway.registry.take_pushes(&session).into_iter().map(Frame::Push)),
                 },
                 ready = conn.ready() => conn.on_ready(ready, |frame, out| self.on_frame(frame, out)),
             };
@@ -159,7 +159,7 @@ impl Handler<'_> {
             None => reason,
         };
         // Pushes a backend was told were sent go out before the BYE.
-        let pushes = self.session.as_ref().map(|s| s.take_pushes()).unwrap_or_default();
+        let pushes = self.session.as_ref().map(|s| self.gateway.registry.take_pushes(s)).unwrap_or_default();
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
         conn.close(pushes.into_iter().map(Frame::Push).chain(bye)).await;
         self.gateway.metrics.closed(reason);

@@ -3,16 +3,18 @@
 //!
 //! `codec` frames bytes (no IO), `frame` names what they mean, `connection` moves frames over
 //! one socket, `handler` runs the protocol for it, `session` is what a logged-in client shares
-//! with the rest of the gateway, and `server` accepts connections and runs everything.
+//! with the rest of the gateway, `outbox` holds pushes until its connection takes them, and `server` accepts connections and runs everything.
 
 mod codec;
 mod connection;
 mod frame;
 mod handler;
+mod outbox;
 mod server;
 mod session;
 
 pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
 pub use frame::{kind, CloseReason, Frame};
 pub use server::{Listeners, Server};
-pub use session::{Pushed, Session};
+pub use outbox::{Outboxes, Pushed};
+pub use session::Session;

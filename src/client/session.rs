@@ -2,20 +2,22 @@
 //! and the backend API.
 //!
 //! A session ends once, with the first reason given: an expiry from the ticker, a kick from
-//! a newer login or the API, or the connection's own close. Backends push to it through a
-//! small outbox that holds frames only while they wait for the connection task; the task
-//! learns of both a push and an ending it did not cause through one wake-up.
+//! a newer login or the API, or the connection's own close. Its connection task learns of
+//! an ending it did not cause, and of pushes queued for it (`outbox.rs`), through one
+//! wake-up. Every open connection holds one, so it stays small: four words and a `Notify`.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU8, Ordering};
 
-use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::client::frame::CloseReason;
 
 /// Value of `end` while the session is live.
 const LIVE: u8 = 0;
+
+/// Bit of `end` set once the session's offline event is in the event log; the low bits hold
+/// the close reason.
+const REPORTED: u8 = 0x80;
 
 /// A uid's session on one connection; see the module documentation.
 #[derive(Debug)]
@@ -25,25 +27,11 @@ pub struct Session {
     id: u64,
     /// Unix milliseconds of the LOGIN.
     since_ms: u64,
-    /// `LIVE`, or the [`CloseReason`] code (its discriminant) of the first ending.
+    /// `LIVE`, or the [`CloseReason`] code (its discriminant) of the first ending, with
+    /// [`REPORTED`] set once its offline event is logged.
     end: AtomicU8,
-    /// Set, under the event log's lock, once this session's offline event is in the log.
-    reported: AtomicBool,
     /// Wakes the connection task for an ending or a push.
     wake: Notify,
-    /// PUSH payloads the connection task has not taken yet; unallocated while empty.
-    outbox: Mutex<Vec<Bytes>>,
-}
-
-/// What [`Session::push`] did with a payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pushed {
-    /// Queued for the connection, which writes it next.
-    Queued,
-    /// The session has ended; nothing was queued.
-    Ended,
-    /// The outbox is over its bound: the client does not read. Nothing was queued.
-    Full,
 }
 
 // === impl Session ===
@@ -55,9 +43,7 @@ impl Session {
             id,
             since_ms,
             end: AtomicU8::new(LIVE),
-            reported: AtomicBool::new(false),
             wake: Notify::new(),
-            outbox: Mutex::new(Vec::new()),
         }
     }
 
@@ -78,7 +64,7 @@ impl Session {
 
     /// True until the session ends.
     pub fn is_live(&self) -> bool {
-        self.end.load(Ordering::Acquire) == LIVE
+        self.end.load(Ordering::Acquire) & !REPORTED == LIVE
     }
 
     /// Ends the session with `reason` unless it already ended; returns whether this call
@@ -93,7 +79,7 @@ impl Session {
 
     /// Why the session ended, or `None` while it is live.
     pub fn end_reason(&self) -> Option<CloseReason> {
-        match self.end.load(Ordering::Acquire) {
+        match self.end.load(Ordering::Acquire) & !REPORTED {
             LIVE => None,
             code => CloseReason::ALL.get(usize::from(code) - 1).copied(),
         }
@@ -118,34 +104,38 @@ impl Session {
         self.wake.notified().await;
     }
 
-    /// Queues `payload` for the connection unless it would take the queued bytes past
-    /// `max_queued` (frame headers counted).
-    pub(crate) fn push(&self, payload: &Bytes, max_queued: usize) -> Pushed {
-        if !self.is_live() {
-            return Pushed::Ended;
-        }
-        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-        let queued: usize = outbox.iter().map(|p| PUSH_OVERHEAD + p.len()).sum();
-        if queued + PUSH_OVERHEAD + payload.len() > max_queued {
-            return Pushed::Full;
-        }
-        outbox.push(payload.clone());
-        drop(outbox);
+    /// Wakes the connection task: a push is waiting for it.
+    pub(crate) fn wake(&self) {
         self.wake.notify_one();
-        Pushed::Queued
-    }
-
-    /// Takes every queued push, oldest first; leaves the outbox unallocated.
-    pub(crate) fn take_pushes(&self) -> Vec<Bytes> {
-        std::mem::take(&mut *self.outbox.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Marks the offline event as logged; returns false if it already was. Called only under
     /// the event log's lock, which is what makes the offline event exactly-once.
     pub(crate) fn mark_reported(&self) -> bool {
-        !self.reported.swap(true, Ordering::Relaxed)
+        debug_assert!(!self.is_live(), "session {} of uid {} reported before it ended", self.id, self.uid);
+        self.end.fetch_or(REPORTED, Ordering::AcqRel) & REPORTED == 0
     }
 }
 
-/// Bytes a PUSH frame adds around its payload: the length prefix and the kind byte.
-const PUSH_OVERHEAD: usize = 5;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_ending_wins_and_is_reported_once() {
+        let s = Session::new(1, 2, 3);
+        assert!(s.is_live());
+        assert!(s.end(CloseReason::Kicked));
+        assert!(!s.end(CloseReason::Logout));
+        assert!(s.mark_reported());
+        assert!(!s.mark_reported());
+        assert_eq!(s.end_reason(), Some(CloseReason::Kicked));
+        assert!(!s.is_live());
+    }
+
+    #[test]
+    fn a_session_stays_small() {
+        // Every open connection holds one (in an Arc): guard what it costs.
+        assert!(std::mem::size_of::<Session>() <= 64, "Session grew to {}", std::mem::size_of::<Session>());
+    }
+}

@@ -25,7 +25,7 @@ use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
 use crate::backend::Metrics;
-use crate::client::{CloseReason, Pushed, Session};
+use crate::client::{CloseReason, Outboxes, Pushed, Session};
 use crate::presence::clock::unix_ms;
 use crate::presence::events::EventLog;
 use crate::presence::ring::{Ring, Touch};
@@ -57,6 +57,8 @@ pub struct Registry {
     rings: Box<[Mutex<Ring>]>,
     window: u64,
     events: Arc<EventLog>,
+    /// Pushes waiting for their connections.
+    outboxes: Outboxes,
     metrics: Arc<Metrics>,
     /// Next session id. Starts at a random value, so ids from two gateways, or two runs of
     /// one, do not collide in a backend that pairs online and offline events.
@@ -75,6 +77,7 @@ impl Registry {
             rings: (0..RING_SHARDS).map(|_| Mutex::new(Ring::new(window))).collect(),
             window,
             events,
+            outboxes: Outboxes::default(),
             metrics,
             next_session: AtomicU64::new(salt),
         }
@@ -177,7 +180,7 @@ impl Registry {
         let Some(session) = self.live(uid) else {
             return false;
         };
-        match session.push(payload, max_queued) {
+        match self.outboxes.push(&session, payload, max_queued) {
             Pushed::Queued => true,
             Pushed::Ended => false,
             Pushed::Full => {
@@ -185,6 +188,11 @@ impl Registry {
                 false
             }
         }
+    }
+
+    /// Takes the pushes queued for `session`, for its connection to write.
+    pub fn take_pushes(&self, session: &Session) -> Vec<Bytes> {
+        self.outboxes.take(session)
     }
 
     /// The live session of `uid`, if any.

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Two gateway binaries under the same ping load, interleaved (A B A B ...), so a change's cost
+# per PING and per connection is read side by side in one sitting.
+#
+#   loadtest/before-after.sh OLD_BINARY NEW_BINARY [ROUNDS] [CONNECTIONS]
+#
+# Build the old binary from any commit, e.g.
+#   git worktree add /tmp/old <commit> && (cd /tmp/old && cargo build --release -p idlegate)
+# Each run: CONNECTIONS clients (default 19000) ping every second for 30 s; prints the
+# gateway's CPU per PONG and resident memory per connection, one line per run.
+set -euo pipefail
+old=$1 new=$2 rounds=${3:-3} connections=${4:-19000}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cargo build --release -q -p loadtest --manifest-path "$root/Cargo.toml"
+loadtest=$root/target/release/loadtest
+tmp=$(mktemp -d)
+trap 'pkill -f "idlegate serve --listen 127.0.0.1:7170" || true; rm -rf "$tmp"' EXIT
+for round in $(seq "$rounds"); do
+  for which in old new; do
+    bin=$old; [ "$which" = new ] && bin=$new
+    "$bin" serve --listen 127.0.0.1:7170 --admin-listen 127.0.0.1:7171 --api-listen 127.0.0.1:7172 \
+      >/dev/null 2>&1 &
+    gw=$!
+    sleep 1
+    "$loadtest" --target 127.0.0.1:7170 --connections "$connections" --connect-rate 5000 --ping-interval 1s \
+      --silent-fraction 0 --duration 30s --source-ips 127.0.0.1-127.0.0.4 --admin http://127.0.0.1:7171 \
+      --report "$tmp/$which-$round.json" >/dev/null 2>&1 || true
+    kill "$gw"; wait "$gw" 2>/dev/null || true
+    python3 - "$tmp/$which-$round.json" "$round" "$which" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("round %s %-3s pongs %d cpu %.2f s cpu_us_per_pong %.2f rss_per_conn %.0f rtt_p99 %.2f ms" % (
+    sys.argv[2], sys.argv[3], r["pongs_received"], r["gateway_cpu_seconds"],
+    r["gateway_cpu_seconds"] * 1e6 / max(r["pongs_received"], 1),
+    r["gateway_rss_bytes_per_connection"] or 0, r["rtt_ms"]["p99"]))
+PY
+  done
+done

@@ -1,0 +1,109 @@
+//! Pushes waiting for their connection, one queue per session, held only while a push is
+//! pending: an idle session costs no queue, and a burst of pushes costs what it queues.
+//!
+//! The pusher queues and wakes the session; the connection task takes the whole queue and
+//! writes it. A session that ended gets nothing queued, and a push that raced with the end
+//! is taken back by its pusher, so no queue outlives its session.
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use foldhash::fast::RandomState;
+
+use crate::client::session::Session;
+
+/// Bytes a PUSH frame adds around its payload: the length prefix and the kind byte.
+const PUSH_OVERHEAD: usize = 5;
+
+/// What [`Outboxes::push`] did with a payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued for the connection, which writes it next.
+    Queued,
+    /// The session has ended; nothing was queued.
+    Ended,
+    /// The queue is over its bound: the client does not read. Nothing was queued.
+    Full,
+}
+
+/// Every session's pending pushes; see the module documentation.
+#[derive(Debug, Default)]
+pub struct Outboxes {
+    /// Session id -> payloads not yet taken by its connection, oldest first.
+    pending: DashMap<u64, Vec<Bytes>, RandomState>,
+}
+
+// === impl Outboxes ===
+
+impl Outboxes {
+    /// Queues `payload` for `session` unless it has ended or the queue would pass
+    /// `max_queued` bytes (frame headers counted), and wakes its connection.
+    pub fn push(&self, session: &Session, payload: &Bytes, max_queued: usize) -> Pushed {
+        if !session.is_live() {
+            return Pushed::Ended;
+        }
+        {
+            let mut queue = self.pending.entry(session.id()).or_default();
+            let queued: usize = queue.iter().map(|p| PUSH_OVERHEAD + p.len()).sum();
+            if queued + PUSH_OVERHEAD + payload.len() > max_queued {
+                return Pushed::Full;
+            }
+            queue.push(payload.clone());
+        }
+        if !session.is_live() {
+            // Ended while we queued: its connection may already have taken its last pushes.
+            self.pending.remove(&session.id());
+            return Pushed::Ended;
+        }
+        session.wake();
+        Pushed::Queued
+    }
+
+    /// Takes every push queued for `session`, oldest first.
+    pub fn take(&self, session: &Session) -> Vec<Bytes> {
+        self.pending.remove(&session.id()).map(|(_, queue)| queue).unwrap_or_default()
+    }
+
+    /// Sessions with pushes pending.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when no push is pending.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::CloseReason;
+
+    #[test]
+    fn queues_exist_only_while_pushes_are_pending() {
+        let outboxes = Outboxes::default();
+        let s = Session::new(1, 7, 0);
+        assert_eq!(outboxes.push(&s, &Bytes::from_static(b"a"), 100), Pushed::Queued);
+        assert_eq!(outboxes.push(&s, &Bytes::from_static(b"b"), 100), Pushed::Queued);
+        assert_eq!(outboxes.len(), 1);
+        assert_eq!(outboxes.take(&s), [Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
+        assert!(outboxes.is_empty());
+        assert!(outboxes.take(&s).is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_an_ended_session_gets_nothing() {
+        let outboxes = Outboxes::default();
+        let s = Session::new(1, 7, 0);
+        let ten = Bytes::from_static(b"0123456789");
+        assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Queued);
+        assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Queued);
+        assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Full);
+        assert_eq!(outboxes.take(&s).len(), 2);
+        s.end(CloseReason::Logout);
+        assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Ended);
+        assert!(outboxes.is_empty());
+    }
+}
