@@ -18,7 +18,8 @@ trap 'pkill -f "idlegate serve --listen 127.0.0.1:7170" || true; rm -rf "$tmp"' 
 for round in $(seq "$rounds"); do
   for which in old new; do
     bin=$old; [ "$which" = new ] && bin=$new
-    "$bin" serve --listen 127.0.0.1:7170 --admin-listen 127.0.0.1:7171 --api-listen 127.0.0.1:7172 \
+    # The API address goes by environment, which a binary from before the API ignores.
+    IDLEGATE_API_LISTEN=127.0.0.1:7172 "$bin" serve --listen 127.0.0.1:7170 --admin-listen 127.0.0.1:7171 \
       >/dev/null 2>&1 &
     gw=$!
     sleep 1
