@@ -124,7 +124,7 @@ impl Connection {
     /// wait), flushes it, and keeps what the socket did not take, up to the bound.
     fn write_with(&mut self, f: impl FnOnce(&mut Self, &mut BytesMut) -> Result<(), Close>) -> Result<(), Close> {
         let mut out = std::mem::take(&mut self.unsent);
-        let result = lend(&WRITE_SCRATCH, &mut out, |out| {
+        let result = with_buffer(&WRITE_SCRATCH, &mut out, |out| {
             f(self, out)?;
             flush(&self.stream, out)
         });
@@ -142,7 +142,7 @@ impl Connection {
         on_frame: &mut impl FnMut(Frame, &mut BytesMut) -> Result<(), Close>,
     ) -> Result<(), Close> {
         let mut pending = std::mem::take(&mut self.pending);
-        let result = lend(&READ_SCRATCH, &mut pending, |buf| {
+        let result = with_buffer(&READ_SCRATCH, &mut pending, |buf| {
             // The worker's buffer takes a full chunk; a split frame's own buffer only grows by
             // a little, since the codec already reserved the rest of the frame it knows of.
             buf.reserve(if buf.is_empty() { READ_CHUNK } else { SPLIT_FRAME_READ });
@@ -180,7 +180,7 @@ fn flush(stream: &TcpStream, out: &mut BytesMut) -> Result<(), Close> {
 /// Runs `f` on the connection's own buffer `own` if it holds something, else on the worker's
 /// scratch buffer in `key`. Whatever `f` leaves in the scratch is copied into `own`, sized to
 /// fit, so the scratch goes back to the worker empty and an idle connection keeps no buffer.
-fn lend<R>(key: &'static LocalKey<RefCell<BytesMut>>, own: &mut BytesMut, f: impl FnOnce(&mut BytesMut) -> R) -> R {
+fn with_buffer<R>(key: &'static LocalKey<RefCell<BytesMut>>, own: &mut BytesMut, f: impl FnOnce(&mut BytesMut) -> R) -> R {
     if !own.is_empty() {
         let result = f(own);
         if own.is_empty() {
@@ -209,9 +209,9 @@ mod tests {
     }
 
     #[test]
-    fn lend_keeps_only_leftovers_and_sizes_them_to_fit() {
+    fn with_buffer_keeps_only_leftovers_and_sizes_them_to_fit() {
         let mut own = BytesMut::new();
-        lend(&TEST_SCRATCH, &mut own, |buf| {
+        with_buffer(&TEST_SCRATCH, &mut own, |buf| {
             buf.reserve(READ_CHUNK);
             buf.extend_from_slice(b"whole frame");
             buf.advance(5);
@@ -221,7 +221,7 @@ mod tests {
         TEST_SCRATCH.with(|s| assert!(s.borrow().is_empty() && s.borrow().capacity() >= READ_CHUNK - 11));
 
         // A connection with leftovers uses its own buffer, and gives it up once empty.
-        lend(&TEST_SCRATCH, &mut own, |buf| buf.advance(6));
+        with_buffer(&TEST_SCRATCH, &mut own, |buf| buf.advance(6));
         assert_eq!(own.capacity(), 0);
     }
 }

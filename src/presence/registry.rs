@@ -105,7 +105,7 @@ impl Registry {
         let session = Arc::new(Session::new(uid, id, unix_ms()));
         match self.sessions.entry(uid) {
             Entry::Occupied(mut entry) => {
-                let mut ring = self.ring_at(uid, now);
+                let mut ring = self.lock_shard_at(uid, now);
                 let previous = entry.get();
                 // Ended under the ring lock, so the old connection's next touch sees it.
                 previous.end(if ring.remove(uid) { CloseReason::Kicked } else { CloseReason::IdleTimeout });
@@ -115,7 +115,7 @@ impl Registry {
                 entry.insert(session.clone());
             }
             Entry::Vacant(entry) => {
-                self.ring_at(uid, now).insert(uid, now);
+                self.lock_shard_at(uid, now).insert(uid, now);
                 self.events.login(None, &session);
                 entry.insert(session.clone());
                 self.metrics.online_users.inc();
@@ -128,7 +128,7 @@ impl Registry {
     /// Records activity of `session` on tick `now`; the caller skips this call when it
     /// already touched on `now`, so a frame in the same tick does no ring work.
     pub fn touch(&self, session: &Session, now: u64) -> Liveness {
-        let mut ring = self.ring_at(session.uid(), now);
+        let mut ring = self.lock_shard_at(session.uid(), now);
         // Checked under the ring lock: a newer login ends this session under the same lock
         // before it files the uid again, and a sweep's finish ends it before it lets go of
         // the uid, so this never touches another session's entry.
@@ -147,7 +147,7 @@ impl Registry {
     pub fn leave(&self, session: &Arc<Session>, reason: CloseReason) -> CloseReason {
         match self.sessions.entry(session.uid()) {
             Entry::Occupied(entry) if Arc::ptr_eq(entry.get(), session) => {
-                let mut ring = self.ring_of(session.uid());
+                let mut ring = self.lock_shard(session.uid());
                 ring.remove(session.uid());
                 session.end(reason);
                 drop(ring);
@@ -203,7 +203,7 @@ impl Registry {
     /// The live session of `uid` with the tick it was last heard on.
     pub fn sighting(&self, uid: u64) -> Option<Sighting> {
         let session = self.live(uid)?;
-        let deadline = self.ring_of(uid).deadline(uid)?;
+        let deadline = self.lock_shard(uid).deadline(uid)?;
         Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
     }
 
@@ -234,7 +234,7 @@ impl Registry {
             let Entry::Occupied(entry) = self.sessions.entry(uid) else {
                 continue;
             };
-            if self.ring_of(uid).contains(uid) {
+            if self.lock_shard(uid).contains(uid) {
                 continue;
             }
             if entry.get().end(CloseReason::IdleTimeout) {
@@ -278,13 +278,13 @@ impl Registry {
         tracked
     }
 
-    fn ring_of(&self, uid: u64) -> MutexGuard<'_, Ring> {
+    fn lock_shard(&self, uid: u64) -> MutexGuard<'_, Ring> {
         lock(&self.rings[shard_of(uid)])
     }
 
     /// The uid's ring shard, its cursor moved up to `now` if it trailed.
-    fn ring_at(&self, uid: u64, now: u64) -> MutexGuard<'_, Ring> {
-        let mut ring = self.ring_of(uid);
+    fn lock_shard_at(&self, uid: u64, now: u64) -> MutexGuard<'_, Ring> {
+        let mut ring = self.lock_shard(uid);
         catch_up(&mut ring, now);
         ring
     }
