@@ -65,7 +65,10 @@ fn main() {
             let started = Instant::now();
             let data = consume(api_addr, EVENTS).await;
             let took = started.elapsed().as_secs_f64();
-            println!("run {run}: one consumer read {data} data events in {took:.3} s: {:.0} events/s", data as f64 / took);
+            println!(
+                "run {run}: one consumer read {data} data events in {took:.3} s: {:.0} events/s",
+                data as f64 / took
+            );
         }
         drop(held);
     });

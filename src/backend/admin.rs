@@ -1,5 +1,5 @@
-//! The admin HTTP endpoint: liveness, readiness and Prometheus metrics, on its own port so
-//! it never competes with client traffic.
+//! The admin HTTP endpoint: liveness, readiness, Prometheus metrics and the status page, on
+//! its own port so it never competes with client traffic.
 
 use std::sync::Arc;
 
@@ -11,18 +11,23 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{api, status};
 use crate::gateway::Gateway;
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `stop` is cancelled.
+/// Serves `/healthz`, `/readyz`, `/metrics`, and the status page (`/`, `/status.json`, and
+/// `/v1/events` with the API's token check) on `listener` until `stop` is cancelled.
 pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
     let app = Router::new()
+        .route("/", get(status::page))
+        .route("/status.json", get(status::summary))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(gateway);
+        .with_state(gateway.clone())
+        .merge(api::events_router(gateway, stop.clone()));
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "admin endpoint failed");
     }

@@ -120,6 +120,17 @@ fn router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
         .with_state(state)
 }
 
+/// `/v1/events` alone, with the API's token check and request counting: the status page on
+/// the admin listener follows events through it.
+pub(crate) fn events_router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
+    let state = ApiState { gateway, stop };
+    Router::new()
+        .route("/v1/events", get(events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), count_request))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
 /// Refuses requests without the `--api-token` bearer token, comparing in constant time.
 async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.gateway.config.api_token {

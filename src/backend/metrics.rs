@@ -256,6 +256,11 @@ impl Metrics {
         }
     }
 
+    /// The silence picture as last refreshed: uids by whole seconds of silence.
+    pub fn silence(&self) -> Vec<i64> {
+        self.silence.iter().map(IntGauge::get).collect()
+    }
+
     /// Number of silence series (whole seconds of the timeout).
     pub fn silence_series(&self) -> usize {
         self.silence.len()

@@ -2,7 +2,7 @@
 //! neither competes with client traffic.
 //!
 //! `api` is the backend API (presence, push, kicks, the event stream); `admin` serves
-//! liveness, readiness and `/metrics`; `metrics` defines what is measured; `process` adds the
+//! liveness, readiness, `/metrics` and the status page (`status`); `metrics` defines what is measured; `process` adds the
 //! process's own CPU, memory and descriptors.
 
 mod admin;
@@ -10,6 +10,7 @@ mod api;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;
+mod status;
 
 pub(crate) use admin::serve as serve_admin;
 pub(crate) use api::serve as serve_api;

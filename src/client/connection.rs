@@ -180,7 +180,11 @@ fn flush(stream: &TcpStream, out: &mut BytesMut) -> Result<(), Close> {
 /// Runs `f` on the connection's own buffer `own` if it holds something, else on the worker's
 /// scratch buffer in `key`. Whatever `f` leaves in the scratch is copied into `own`, sized to
 /// fit, so the scratch goes back to the worker empty and an idle connection keeps no buffer.
-fn with_buffer<R>(key: &'static LocalKey<RefCell<BytesMut>>, own: &mut BytesMut, f: impl FnOnce(&mut BytesMut) -> R) -> R {
+fn with_buffer<R>(
+    key: &'static LocalKey<RefCell<BytesMut>>,
+    own: &mut BytesMut,
+    f: impl FnOnce(&mut BytesMut) -> R,
+) -> R {
     if !own.is_empty() {
         let result = f(own);
         if own.is_empty() {

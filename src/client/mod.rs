@@ -15,6 +15,6 @@ mod session;
 
 pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
 pub use frame::{kind, CloseReason, Frame};
-pub use server::{Listeners, Server};
 pub use outbox::{Outboxes, Pushed};
+pub use server::{Listeners, Server};
 pub use session::Session;

@@ -38,13 +38,7 @@ pub struct Session {
 
 impl Session {
     pub(crate) fn new(uid: u64, id: u64, since_ms: u64) -> Session {
-        Session {
-            uid,
-            id,
-            since_ms,
-            end: AtomicU8::new(LIVE),
-            wake: Notify::new(),
-        }
+        Session { uid, id, since_ms, end: AtomicU8::new(LIVE), wake: Notify::new() }
     }
 
     /// The uid this session logged in as.

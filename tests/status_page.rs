@@ -1,0 +1,243 @@
+//! The status page in a real browser: Debian's `chromium`, headless, driven over the DevTools
+//! protocol against a gateway with clients connected and falling silent. The test reads the
+//! page's DOM after its script has run and checks that the online count shown is the
+//! gateway's, that the silence picture has one bar per second of the timeout, and that an
+//! expiry appears in the event tail.
+//!
+//! On a machine without chromium the test skips with a message; under CI (`CI` set) it fails
+//! instead, so CI can never pass without running it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Client, TestServer};
+use futures_util::{SinkExt, StreamExt};
+use idlegate::{CloseReason, Config, Frame};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::time::{sleep, Instant};
+use tokio_tungstenite::tungstenite::Message;
+
+/// Longest the page may take to show what the gateway knows: the silent clients' expiry
+/// (5 s) plus start-up, generous for a loaded machine.
+const WAIT: Duration = Duration::from_secs(40);
+
+const ACTIVE: u64 = 6;
+const SILENT: u64 = 4;
+
+fn find_browser() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    None
+}
+
+/// Starts headless chromium with the DevTools protocol on a free port; returns it and the
+/// browser's HTTP address for the protocol.
+async fn launch(browser: &Path, profile: &Path) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--remote-debugging-address=127.0.0.1",
+            "--remote-debugging-port=0",
+            "--window-size=1280,900",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("about:blank")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("chromium starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let ws = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(url) = line.split("DevTools listening on ").nth(1) {
+                return url.trim().to_string();
+            }
+        }
+        panic!("chromium exited without opening the DevTools protocol");
+    })
+    .await
+    .expect("chromium opens the DevTools protocol in time");
+    // Keep draining its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let http = ws.trim_start_matches("ws://").split('/').next().unwrap().to_string();
+    (child, http)
+}
+
+/// A PUT to the browser's DevTools HTTP endpoint, which keeps connections open: the body is
+/// read by its Content-Length.
+async fn devtools_put(browser_http: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(browser_http).await.unwrap();
+    s.write_all(format!("PUT {path} HTTP/1.1\r\nHost: {browser_http}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "DevTools closed: {}", String::from_utf8_lossy(&raw));
+            raw.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&raw).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                    return body[..len].to_string();
+                }
+            }
+        }
+    })
+    .await
+    .expect("DevTools answers in time")
+}
+
+/// One page's DevTools session.
+struct Page {
+    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    next_id: u64,
+}
+
+impl Page {
+    async fn open(browser_http: &str, url: &str) -> Page {
+        let body = devtools_put(browser_http, &format!("/json/new?{url}")).await;
+        let target: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        let ws_url = target["webSocketDebuggerUrl"].as_str().expect("a page target").to_string();
+        let (ws, _) = tokio_tungstenite::connect_async(ws_url).await.expect("DevTools websocket");
+        Page { ws, next_id: 1 }
+    }
+
+    /// Evaluates `expression` in the page; returns its value.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let request = json!({"id": id, "method": "Runtime.evaluate", "params": {"expression": expression, "returnByValue": true}});
+        self.ws.send(Message::Text(request.to_string())).await.unwrap();
+        while let Some(message) = self.ws.next().await {
+            let Ok(Message::Text(text)) = message else { continue };
+            let reply: Value = serde_json::from_str(&text).unwrap();
+            if reply["id"] == json!(id) {
+                return reply["result"]["result"]["value"].clone();
+            }
+        }
+        panic!("the DevTools connection closed");
+    }
+}
+
+/// What the page shows, read off its DOM.
+const READ_PAGE: &str = r#"JSON.stringify({
+  online: document.getElementById('online').textContent,
+  connections: document.getElementById('connections').textContent,
+  bars: document.querySelectorAll('#silence rect.bar').length,
+  timeoutMark: !!document.getElementById('timeout-mark'),
+  events: [...document.querySelectorAll('#events li')].map(li => [li.dataset.type, li.dataset.uid, li.dataset.reason || '']),
+  node: document.getElementById('node').textContent,
+})"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_gateway_live_in_a_real_browser() {
+    let Some(browser) = find_browser() else {
+        assert!(std::env::var_os("CI").is_none(), "CI must run this test: .ci/run installs chromium");
+        eprintln!("SKIPPED: no chromium on PATH; install it with `apt-get install chromium`");
+        return;
+    };
+    let config = Config {
+        timeout: Duration::from_secs(5),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_secs(10),
+        node_id: "page-node".into(),
+        ..Config::default()
+    };
+    let mut server = TestServer::start(config).await;
+    let profile = tempfile::tempdir().unwrap();
+    let (mut chromium, browser_http) = launch(&browser, profile.path()).await;
+    let mut page = Page::open(&browser_http, &format!("http://{}/", server.admin)).await;
+
+    // Clients log in after the page is open, so their expiry reaches its event stream.
+    sleep(Duration::from_millis(500)).await;
+    let mut silent = Vec::new();
+    for uid in 0..SILENT {
+        let mut c = Client::connect(server.addr).await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+        silent.push(c);
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut active = Vec::new();
+    for uid in 100..100 + ACTIVE {
+        let mut c = Client::connect(server.addr).await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+        let stop = stop.clone();
+        active.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                c.ping(b"p").await;
+                sleep(Duration::from_millis(500)).await;
+            }
+            c
+        }));
+    }
+    for c in &mut silent {
+        c.expect_bye(CloseReason::IdleTimeout).await;
+    }
+
+    // The page catches up within a poll and the event stream's delivery.
+    let deadline = Instant::now() + WAIT;
+    let shown = loop {
+        let shown: Value = serde_json::from_str(page.eval(READ_PAGE).await.as_str().unwrap_or("{}")).unwrap();
+        let gateway_online = server.metrics.online_users.get().to_string();
+        let expiries = shown["events"]
+            .as_array()
+            .map_or(0, |e| e.iter().filter(|e| e[0] == "offline" && e[2] == "idle_timeout").count());
+        if shown["online"] == json!(gateway_online) && expiries == SILENT as usize && shown["bars"] == json!(5) {
+            break shown;
+        }
+        assert!(Instant::now() < deadline, "the page never caught up: {shown} (gateway online {gateway_online})");
+        sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(shown["online"], json!(ACTIVE.to_string()));
+    assert_eq!(shown["node"], json!("page-node"));
+    assert_eq!(shown["timeoutMark"], json!(true));
+    let onlines = shown["events"].as_array().unwrap().iter().filter(|e| e[0] == "online").count();
+    assert_eq!(onlines, (SILENT + ACTIVE) as usize, "{shown}");
+
+    // The picture follows the gateway: one more client, one more online on the page.
+    let mut late = Client::connect(server.addr).await;
+    late.login(999).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let shown: Value = serde_json::from_str(page.eval(READ_PAGE).await.as_str().unwrap_or("{}")).unwrap();
+        if shown["online"] == json!((ACTIVE + 1).to_string()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the page did not update: {shown}");
+        sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    for task in active {
+        task.await.unwrap();
+    }
+    let _ = chromium.kill().await;
+    server.shutdown().await;
+}
