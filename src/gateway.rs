@@ -5,6 +5,7 @@
 //! listeners hold an `Arc` of it. It depends on the three sides, and none of them on each
 //! other through it.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -25,6 +26,8 @@ pub(crate) struct Gateway {
     pub(crate) shutdown: CancellationToken,
     /// Presence, push, kicks and events for the backend API.
     pub(crate) directory: Arc<dyn Directory>,
+    /// Set if the ticker died: nobody goes offline any more, and `/healthz` says so.
+    pub(crate) expiry_stopped: AtomicBool,
 }
 
 // === impl Gateway ===
@@ -45,6 +48,14 @@ impl Gateway {
             config.max_queued_bytes(),
             metrics.connections_open.clone(),
         ));
-        Arc::new(Gateway { config, registry, metrics, clock, shutdown: CancellationToken::new(), directory })
+        Arc::new(Gateway {
+            config,
+            registry,
+            metrics,
+            clock,
+            shutdown: CancellationToken::new(),
+            directory,
+            expiry_stopped: AtomicBool::new(false),
+        })
     }
 }

@@ -28,6 +28,7 @@ pub use auth::Auth;
 pub use backend::Metrics;
 pub use client::{
     kind, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN,
+    MAX_LOGIN_FRAME_BYTES,
 };
 pub use config::{default_max_connections, Config, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};

@@ -105,6 +105,7 @@ async fn every_protocol_error_gets_its_bye_and_others_keep_being_served() {
         ("length over the limit", vec![0, 0, 4, 1]),
         ("huge length", vec![0xff, 0xff, 0xff, 0xff]),
         ("gateway frame from a client", raw_frame(kind::PONG, b"")),
+        ("first frame over the login limit", raw_frame(kind::LOGIN, &[0; idlegate::MAX_LOGIN_FRAME_BYTES as usize])),
     ];
     for (name, bytes) in cases {
         let mut c = server.client().await;
@@ -121,7 +122,7 @@ async fn every_protocol_error_gets_its_bye_and_others_keep_being_served() {
         assert_eq!(c.recv().await, None, "{name}: closed after BYE");
         bystander.ping(b"fine").await;
     }
-    assert_eq!(server.metrics.closed_count(CloseReason::ProtocolError), 9);
+    assert_eq!(server.metrics.closed_count(CloseReason::ProtocolError), 10);
     assert_eq!(server.metrics.online_users.get(), 1);
     server.shutdown().await;
 }
@@ -226,7 +227,8 @@ async fn a_client_that_never_reads_is_closed_as_slow_consumer() {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(20);
-    while server.metrics.closed_count(CloseReason::SlowConsumer) == 0 {
+    // The bystander keeps pinging until the slow client is closed and has noticed.
+    while server.metrics.closed_count(CloseReason::SlowConsumer) == 0 || !writer.is_finished() {
         assert!(Instant::now() < deadline, "slow consumer was never closed");
         bystander.ping(b"alive").await;
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -108,3 +108,41 @@ fn clients_that_sent_during_a_stall_keep_their_sessions() {
     stop.send(()).unwrap();
     gateway_thread.join().unwrap().unwrap();
 }
+
+/// The login deadline judges what the client sent: a LOGIN that arrived while the gateway
+/// was stalled past the deadline is read before the deadline closes the connection.
+#[test]
+fn a_login_sent_during_a_stall_is_read_before_the_login_deadline_fires() {
+    const LOGIN_TIMEOUT: Duration = Duration::from_millis(300);
+    let config = Config { login_timeout: LOGIN_TIMEOUT, ..Config::default() };
+    let gateway = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let listener = gateway.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = gateway.block_on(async { Server::new(config) });
+    let metrics = server.metrics();
+    let stall_handle = gateway.handle().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let gateway_thread = std::thread::spawn(move || {
+        gateway.block_on(server.run(Listeners::clients(listener), async move {
+            let _ = stopped.await;
+        }))
+    });
+
+    let clients = tokio::runtime::Runtime::new().unwrap();
+    clients.block_on(async move {
+        let mut c = Client::connect(addr).await;
+        // Accepted and waiting for its LOGIN, with the deadline running.
+        while metrics.connections_open.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The gateway freezes for three login deadlines; the LOGIN arrives in the middle.
+        stall_handle.spawn(async { std::thread::sleep(3 * LOGIN_TIMEOUT) });
+        tokio::time::sleep(LOGIN_TIMEOUT).await;
+        c.send(Frame::Login { uid: 7, token: bytes::Bytes::new() }).await;
+        assert!(matches!(c.recv().await, Some(Frame::Welcome { .. })), "the LOGIN was judged late");
+        c.ping(b"in").await;
+        assert_eq!(metrics.closed_count(CloseReason::LoginTimeout), 0);
+    });
+    stop.send(()).unwrap();
+    gateway_thread.join().unwrap().unwrap();
+}

@@ -23,7 +23,7 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
     let app = Router::new()
         .route("/", get(status::page))
         .route("/status.json", get(status::summary))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(gateway.clone())
@@ -33,9 +33,21 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
     }
 }
 
+/// 200 while the gateway works; 503 once its ticker has died (nobody would go offline), so
+/// a liveness probe restarts it.
+async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    if gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped: the ticker died\n")
+    } else {
+        (StatusCode::OK, "ok\n")
+    }
+}
+
 /// 200 while accepting clients, 503 once draining, so a load balancer stops sending new ones.
 async fn readyz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
-    if gateway.shutdown.is_cancelled() {
+    if gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped\n")
+    } else if gateway.shutdown.is_cancelled() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
     } else {
         (StatusCode::OK, "ready\n")

@@ -114,7 +114,11 @@ impl Metrics {
         .expect("valid counter vec");
         reg(Box::new(frames_vec.clone()));
         let frames = FRAME_KINDS.iter().map(|(_, k)| frames_vec.with_label_values(&[k])).collect();
-        let ring_expired = counter("idlegate_ring_expired_total", "uids expired by ring sweeps");
+        let ring_expired = counter(
+            "idlegate_ring_expired_total",
+            "uids taken out of the ring by sweeps; closes for idle_timeout are at most this, the difference being \
+             clients that left (logout, disconnect) between the sweep and their close",
+        );
         let ring_tracked = gauge("idlegate_ring_tracked_uids", "uids in the ring (equals online users when healthy)");
         let silence_vec = IntGaugeVec::new(
             Opts::new(

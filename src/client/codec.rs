@@ -17,10 +17,20 @@ pub const HEADER_LEN: usize = 4;
 /// application message a client should send over a control connection.
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 65_536;
 
+/// Longest first frame the gateway reads: a LOGIN (kind byte and uid) with a token of up to
+/// 512 bytes, six times the 85 of today's tokens. Until a connection has logged in it costs
+/// at most this much, however large `--max-frame-bytes` is.
+pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + 512;
+
+/// Least a split frame's buffer grows by; after that it doubles with what has arrived.
+const MIN_SPLIT_GROWTH: usize = 64;
+
 /// Frames bytes to [`Frame`]s and back; see the module documentation.
 #[derive(Debug, Clone, Copy)]
 pub struct FrameCodec {
     max_frame_bytes: u32,
+    /// Limit of the first frame, while it has not been decoded yet.
+    first_frame_max: Option<u32>,
 }
 
 // === impl FrameCodec ===
@@ -28,7 +38,17 @@ pub struct FrameCodec {
 impl FrameCodec {
     /// A codec that refuses frames longer than `max_frame_bytes` (kind byte included).
     pub fn new(max_frame_bytes: u32) -> FrameCodec {
-        FrameCodec { max_frame_bytes }
+        FrameCodec { max_frame_bytes, first_frame_max: None }
+    }
+
+    /// Also refuses a first frame longer than `max`: a gateway expects a LOGIN first, and a
+    /// connection that has not logged in should cost little.
+    pub fn first_frame_at_most(self, max: u32) -> FrameCodec {
+        FrameCodec { first_frame_max: Some(max.min(self.max_frame_bytes)), ..self }
+    }
+
+    fn limit(&self) -> u32 {
+        self.first_frame_max.unwrap_or(self.max_frame_bytes)
     }
 }
 
@@ -47,15 +67,20 @@ impl Decoder for FrameCodec {
             return Ok(None);
         };
         let len = u32::from_be_bytes(*header);
-        if len == 0 || len > self.max_frame_bytes {
-            return Err(FrameError::BadLength { len, max: self.max_frame_bytes });
+        let max = self.limit();
+        if len == 0 || len > max {
+            return Err(FrameError::BadLength { len, max });
         }
         let total = HEADER_LEN + len as usize;
         if src.len() < total {
-            // Safe to reserve now: `len` passed the limit above.
-            src.reserve(total - src.len());
+            // Grows with what has arrived, not with what the header promises: a header that
+            // claims 64 KiB followed by one byte costs a few bytes, not 64 KiB. Doubling keeps
+            // a large frame to a handful of reads.
+            let missing = total - src.len();
+            src.reserve(missing.min(src.len().max(MIN_SPLIT_GROWTH)));
             return Ok(None);
         }
+        self.first_frame_max = None;
         src.advance(HEADER_LEN);
         Frame::parse(src.split_to(len as usize).freeze()).map(Some)
     }
@@ -97,6 +122,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+    use crate::client::kind;
 
     #[test]
     fn decodes_byte_by_byte_and_in_one_piece() {
@@ -137,6 +163,40 @@ mod tests {
         let mut over = BytesMut::new();
         over.put_u32(17);
         assert!(matches!(codec.decode(&mut over), Err(FrameError::BadLength { len: 17, max: 16 })));
+    }
+
+    #[test]
+    fn a_promised_frame_is_not_reserved_before_it_arrives() {
+        let mut codec = FrameCodec::new(65_536);
+        let mut src = BytesMut::new();
+        src.put_u32(65_536);
+        src.put_u8(kind::PING);
+        assert!(matches!(codec.decode(&mut src), Ok(None)));
+        assert!(src.capacity() < 1024, "reserved {} bytes for 5 that arrived", src.capacity());
+        // As the frame arrives the buffer doubles, so it never holds more than twice what came.
+        while src.len() < 4 + 65_536 {
+            let more = (4 + 65_536 - src.len()).min(src.capacity() - src.len());
+            src.put_bytes(0, more);
+            assert!(src.capacity() <= 2 * src.len() + 2 * MIN_SPLIT_GROWTH, "{} for {}", src.capacity(), src.len());
+            if let Some(frame) = codec.decode(&mut src).unwrap() {
+                assert!(matches!(frame, Frame::Ping(p) if p.len() == 65_535));
+                return;
+            }
+        }
+        panic!("the frame never decoded");
+    }
+
+    #[test]
+    fn the_first_frame_has_its_own_limit_and_later_ones_the_full_one() {
+        let mut codec = FrameCodec::new(65_536).first_frame_at_most(MAX_LOGIN_FRAME_BYTES);
+        let mut big_first = BytesMut::new();
+        big_first.put_u32(MAX_LOGIN_FRAME_BYTES + 1);
+        assert!(matches!(codec.decode(&mut big_first), Err(FrameError::BadLength { max: MAX_LOGIN_FRAME_BYTES, .. })));
+        let mut wire = BytesMut::new();
+        codec.encode(Frame::Login { uid: 1, token: Bytes::from(vec![b'x'; 512]) }, &mut wire).unwrap();
+        codec.encode(Frame::Data(Bytes::from(vec![0u8; 60_000])), &mut wire).unwrap();
+        assert!(matches!(codec.decode(&mut wire), Ok(Some(Frame::Login { .. }))));
+        assert!(matches!(codec.decode(&mut wire), Ok(Some(Frame::Data(p))) if p.len() == 60_000));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_util::codec::Decoder;
 
-use crate::client::codec::{put_frame, FrameCodec};
+use crate::client::codec::{put_frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};
 use crate::client::frame::{CloseReason, Frame};
 
 /// Bytes one read asks the kernel for: a burst of pings, or a whole LOGIN with its token.
@@ -64,7 +64,7 @@ impl Connection {
     pub(crate) fn new(stream: TcpStream, max_frame_bytes: u32, max_queued: usize) -> Connection {
         Connection {
             stream,
-            codec: FrameCodec::new(max_frame_bytes),
+            codec: FrameCodec::new(max_frame_bytes).first_frame_at_most(MAX_LOGIN_FRAME_BYTES),
             pending: BytesMut::new(),
             unsent: BytesMut::new(),
             max_queued,

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use tokio::io::Ready;
 use tokio::net::TcpStream;
 use tokio::time::sleep;
 
@@ -57,7 +58,15 @@ impl Handler<'_> {
             tokio::select! {
                 biased;
                 _ = self.gateway.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
-                _ = &mut deadline => return Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
+                _ = &mut deadline => {
+                    // Judge what the client sent, not how fast we got to it: a LOGIN that
+                    // arrived while the gateway lagged is read now, before giving up.
+                    conn.on_ready(Ok(Ready::READABLE), |frame, out| self.on_frame(frame, out))?;
+                    return match &self.session {
+                        Some(session) => Ok(session.clone()),
+                        None => Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
+                    };
+                }
                 ready = conn.ready() => conn.on_ready(ready, |frame, out| self.on_frame(frame, out))?,
             }
         }
@@ -158,11 +167,13 @@ impl Handler<'_> {
             Some(session) => self.gateway.registry.leave(session, reason),
             None => reason,
         };
+        // Counted before the client can see the close, so whoever watches both never sees
+        // an end of stream the counters do not know of yet.
+        self.gateway.metrics.closed(reason);
         // Pushes a backend was told were sent go out before the BYE.
         let pushes = self.session.as_ref().map(|s| self.gateway.registry.take_pushes(s)).unwrap_or_default();
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
         conn.close(pushes.into_iter().map(Frame::Push).chain(bye)).await;
-        self.gateway.metrics.closed(reason);
         match &self.session {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),

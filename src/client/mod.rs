@@ -13,7 +13,7 @@ mod outbox;
 mod server;
 mod session;
 
-pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
+pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES};
 pub use frame::{kind, CloseReason, Frame};
 pub use outbox::{Outboxes, Pushed};
 pub use server::{Listeners, Server};

@@ -9,7 +9,6 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::{sleep, timeout};
@@ -30,9 +29,6 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 
 /// Longest pause between accept attempts while accepts keep failing.
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
-
-/// Longest the server waits to hand BYE(server_full) to a client it has no room for.
-const REJECT_WRITE_DEADLINE: Duration = Duration::from_millis(500);
 
 /// The sockets a gateway serves, bound by the caller.
 #[derive(Debug)]
@@ -93,9 +89,12 @@ impl Server {
         let connections = TaskTracker::new();
 
         let listener = listeners.clients;
+        let mut ticker = ticker;
+        let mut failure = None;
         tokio::select! {
             res = accept_loop(&listener, &gateway, &connections) => res?,
             _ = shutdown => {}
+            ended = &mut ticker => failure = Some(ticker_stopped(&gateway, ended)),
         }
 
         drop(listener);
@@ -112,18 +111,46 @@ impl Server {
             );
         }
         background.cancel();
-        let _ = ticker.await;
+        if failure.is_none() {
+            let _ = ticker.await;
+        }
         for task in http {
             let _ = task.await;
         }
-        tracing::info!("shut down");
-        Ok(())
+        match failure {
+            Some(e) => Err(e),
+            None => {
+                tracing::info!("shut down");
+                Ok(())
+            }
+        }
     }
+}
+
+/// The ticker ended while the gateway was serving, which it never does unless it panicked:
+/// nobody would go offline any more. Marks the gateway unhealthy (`/healthz` answers 503)
+/// and returns the error `run` ends with, after draining, so a supervisor restarts the
+/// process instead of keeping one that looks alive and expires no one.
+fn ticker_stopped(gateway: &Gateway, ended: Result<(), tokio::task::JoinError>) -> io::Error {
+    gateway.expiry_stopped.store(true, std::sync::atomic::Ordering::Release);
+    let why = match ended {
+        Err(e) if e.is_panic() => "it panicked",
+        Err(_) => "it was cancelled",
+        Ok(()) => "it returned",
+    };
+    tracing::error!(why, "the ticker stopped: expiry no longer runs; draining and exiting");
+    io::Error::other(format!("the ticker stopped ({why}): expiry no longer runs"))
 }
 
 /// Accepts until the listener fails for good; never spins on a failing accept.
 async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections: &TaskTracker) -> io::Result<()> {
     let limit = Arc::new(Semaphore::new(gateway.config.max_connections));
+    let max = gateway.config.max_connections;
+    let mut server_full = bytes::BytesMut::new();
+    put_frame(
+        &Frame::Bye { reason: CloseReason::ServerFull, text: format!("{max} connections open") },
+        &mut server_full,
+    );
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let stream = match listener.accept().await {
@@ -141,9 +168,9 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections
         let _ = stream.set_nodelay(true);
         let metrics = gateway.metrics.clone();
         metrics.connections_accepted.inc();
-        metrics.connections_open.inc();
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
+                metrics.connections_open.inc();
                 let gateway = gateway.clone();
                 connections.spawn(async move {
                     handler::serve(stream, gateway).await;
@@ -152,25 +179,51 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections
                 });
             }
             Err(_) => {
-                let max = gateway.config.max_connections;
-                connections.spawn(async move {
-                    reject_full(stream, max).await;
-                    metrics.closed(CloseReason::ServerFull);
-                    metrics.connections_open.dec();
-                });
+                metrics.closed(CloseReason::ServerFull);
+                refuse(stream, &server_full);
             }
         }
     }
 }
 
-/// Tells a client there is no room, within a short deadline, and closes.
-async fn reject_full(mut stream: TcpStream, max: usize) {
-    let mut out = bytes::BytesMut::new();
-    let bye = Frame::Bye { reason: CloseReason::ServerFull, text: format!("{max} connections open") };
-    put_frame(&bye, &mut out);
-    let _ = timeout(REJECT_WRITE_DEADLINE, async {
-        stream.write_all_buf(&mut out).await?;
-        stream.shutdown().await
-    })
-    .await;
+/// Tells a client there is no room and closes at once, holding no descriptor and spawning
+/// nothing: a fresh socket's send buffer always takes a BYE of a few dozen bytes, so a
+/// connect storm beyond the limit costs a write and a close per client.
+fn refuse(stream: TcpStream, bye: &[u8]) {
+    let _ = stream.try_write(bye);
+    // What the client already sent is read and dropped: closing a socket with unread data
+    // resets the connection, and a reset can destroy the BYE before the client reads it.
+    let mut sink = [0u8; 512];
+    while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+    if let Ok(stream) = stream.into_std() {
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dead_ticker_makes_the_gateway_unhealthy_and_ends_run_with_an_error() {
+        let gateway = Gateway::new(Config::default());
+        let panicked = tokio::spawn(async { panic!("a bug in the sweep") }).await;
+        let error = ticker_stopped(&gateway, panicked);
+        assert!(error.to_string().contains("panicked"), "{error}");
+        assert!(gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn run_ends_with_an_error_when_the_ticker_dies() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = Server::new(Config::default());
+        // The ticker panics on its first tick: an expiry bug, injected.
+        server.gateway.registry.poison_for_test();
+        let run = tokio::time::timeout(
+            Duration::from_secs(10),
+            server.run(Listeners::clients(listener), std::future::pending::<()>()),
+        );
+        let error = run.await.expect("run ends by itself").unwrap_err();
+        assert!(error.to_string().contains("ticker stopped"), "{error}");
+    }
 }

@@ -63,6 +63,9 @@ pub struct Registry {
     /// Next session id. Starts at a random value, so ids from two gateways, or two runs of
     /// one, do not collide in a backend that pairs online and offline events.
     next_session: AtomicU64,
+    /// Makes the next sweep panic: a bug injected, for tests of what survives one.
+    #[cfg(test)]
+    fail_sweeps: std::sync::atomic::AtomicBool,
 }
 
 // === impl Registry ===
@@ -80,6 +83,8 @@ impl Registry {
             outboxes: Outboxes::default(),
             metrics,
             next_session: AtomicU64::new(salt),
+            #[cfg(test)]
+            fail_sweeps: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -135,6 +140,7 @@ impl Registry {
         if !session.is_live() {
             return Liveness::Gone;
         }
+        self.debug_check_owner(session);
         match ring.touch(session.uid(), now) {
             Touch::NotTracked => Liveness::Gone,
             Touch::Moved | Touch::Unchanged => Liveness::Alive,
@@ -218,7 +224,15 @@ impl Registry {
     /// Takes up to `max` overdue uids of ring shard `shard` into `out`; returns how many.
     /// Holds that shard's lock only for this chunk.
     pub fn expire_chunk(&self, shard: usize, max: usize, out: &mut Vec<u64>) -> usize {
+        #[cfg(test)]
+        assert!(!self.fail_sweeps.load(Ordering::Relaxed), "injected sweep failure");
         lock(&self.rings[shard]).expire(max, out)
+    }
+
+    /// Makes every later sweep panic, as a bug in it would.
+    #[cfg(test)]
+    pub(crate) fn poison_for_test(&self) {
+        self.fail_sweeps.store(true, Ordering::Relaxed);
     }
 
     /// Ends the sessions of `uids`, which a sweep took out of the ring, unless a uid logged
@@ -277,6 +291,24 @@ impl Registry {
         }
         tracked
     }
+
+    /// A live session is the one the map holds for its uid: whoever replaces or forgets it
+    /// ends it first. Checked without waiting (the map's lock comes before the ring's).
+    #[cfg(debug_assertions)]
+    fn debug_check_owner(&self, session: &Session) {
+        if let dashmap::try_result::TryResult::Present(owner) = self.sessions.try_get(&session.uid()) {
+            debug_assert!(
+                owner.id() == session.id() || !session.is_live(),
+                "uid {}: live session {} touched while the map holds session {}",
+                session.uid(),
+                session.id(),
+                owner.id()
+            );
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    fn debug_check_owner(&self, _session: &Session) {}
 
     fn lock_shard(&self, uid: u64) -> MutexGuard<'_, Ring> {
         lock(&self.rings[shard_of(uid)])
@@ -391,6 +423,64 @@ mod tests {
         assert_eq!(reg.touch(&new, 0), Liveness::Alive);
         assert_eq!(sweep(&reg, 3), vec![5]);
         assert_eq!(new.end_reason(), Some(CloseReason::IdleTimeout));
+    }
+
+    /// Sweeps, re-logins and frames of the same few uids race on three threads; touch checks
+    /// (in debug builds) that a live session it touches is the one the map holds, which fails
+    /// if a sweep forgets a session before it ends it.
+    #[test]
+    fn sweeps_relogins_and_frames_of_the_same_uids_race_safely() {
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        const UIDS: u64 = 8;
+        const ROUNDS: u64 = 60_000;
+        let reg = Arc::new(registry(1));
+        let tick = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let sessions: Arc<Mutex<Vec<Arc<Session>>>> = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // The ticker: a tick per round, expiring everything one tick old.
+                let mut out = Vec::new();
+                for t in 1..=ROUNDS {
+                    tick.store(t, Ordering::SeqCst);
+                    reg.advance(t);
+                    for shard in 0..reg.shard_count() {
+                        reg.expire_chunk(shard, usize::MAX, &mut out);
+                        reg.finish_expired(&out);
+                        out.clear();
+                    }
+                }
+                done.store(true, Ordering::SeqCst);
+            });
+            scope.spawn(|| {
+                // Logins, again and again, of the same uids.
+                let mut uid = 0;
+                while !done.load(Ordering::SeqCst) {
+                    let s = reg.login(uid % UIDS, tick.load(Ordering::SeqCst));
+                    sessions.lock().unwrap().push(s);
+                    uid += 1;
+                }
+            });
+            scope.spawn(|| {
+                // Frames on every session ever logged in, the old ones included.
+                while !done.load(Ordering::SeqCst) {
+                    let all: Vec<Arc<Session>> = sessions.lock().unwrap().iter().rev().take(64).cloned().collect();
+                    for s in all {
+                        reg.touch(&s, tick.load(Ordering::SeqCst));
+                    }
+                }
+            });
+        });
+        // Settled: every uid has at most one live session, the one the map holds.
+        let all = sessions.lock().unwrap();
+        for uid in 0..UIDS {
+            let live: Vec<_> = all.iter().filter(|s| s.uid() == uid && s.is_live()).collect();
+            assert!(live.len() <= 1, "uid {uid} has {} live sessions", live.len());
+            if let Some(s) = live.first() {
+                assert_eq!(reg.live(uid).map(|m| m.id()), Some(s.id()));
+            }
+        }
+        assert_eq!(reg.metrics.online_users.get(), reg.online() as i64);
     }
 
     #[test]

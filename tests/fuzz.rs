@@ -1,0 +1,186 @@
+//! Random input against everything a client controls: byte streams, split at random points,
+//! through the codec and through a real gateway's connection, and arbitrary LOGIN tokens
+//! through `auth`. Nothing panics, no frame costs more buffer than it brought, and the
+//! outcome never depends on how the bytes were split.
+
+mod common;
+
+use bytes::{BufMut, BytesMut};
+use common::{raw_frame, TestServer};
+use idlegate::{kind, Auth, Config, Frame, FrameCodec, FrameError, HEADER_LEN};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::codec::Decoder;
+
+/// Frame limit the fuzzed codec runs with: small, so random lengths often cross it.
+const MAX: u32 = 300;
+
+/// One piece of a random stream: mostly well-formed frames, sometimes garbage.
+fn piece() -> impl Strategy<Value = Vec<u8>> {
+    let kind = prop_oneof![
+        Just(kind::LOGIN),
+        Just(kind::PING),
+        Just(kind::DATA),
+        Just(kind::LOGOUT),
+        Just(kind::PONG),
+        any::<u8>()
+    ];
+    prop_oneof![
+        6 => (kind, proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(k, p)| raw_frame(k, &p)),
+        1 => proptest::collection::vec(any::<u8>(), 0..12),
+        1 => (any::<u32>()).prop_map(|len| len.to_be_bytes().to_vec()),
+    ]
+}
+
+fn stream() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(piece(), 0..12).prop_map(|pieces| pieces.concat())
+}
+
+/// Split points: sorted offsets, deduplicated.
+fn splits(len: usize, cuts: &[usize]) -> Vec<usize> {
+    let mut at: Vec<usize> = cuts.iter().map(|c| c % (len + 1)).collect();
+    at.push(len);
+    at.sort_unstable();
+    at.dedup();
+    at
+}
+
+/// What decoding yields: the frames, then the error that stopped it (as text), if any.
+fn decode_in_pieces(bytes: &[u8], cuts: &[usize]) -> (Vec<Frame>, Option<String>) {
+    let mut codec = FrameCodec::new(MAX);
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    let mut from = 0;
+    for to in splits(bytes.len(), cuts) {
+        buf.extend_from_slice(&bytes[from..to]);
+        from = to;
+        loop {
+            let capacity_before = buf.capacity();
+            match codec.decode(&mut buf) {
+                Ok(Some(frame)) => frames.push(frame),
+                Ok(None) => {
+                    // The codec reserves with what arrived, never with what a header claims.
+                    // Doubling from a 64-byte step, as BytesMut rounds it.
+                    let bound = (2 * buf.len() + 128).min(HEADER_LEN + MAX as usize + buf.len());
+                    assert!(
+                        buf.capacity() <= bound.max(capacity_before),
+                        "reserved {} for {} buffered bytes",
+                        buf.capacity(),
+                        buf.len()
+                    );
+                    break;
+                }
+                Err(e) => return (frames, Some(e.to_string())),
+            }
+        }
+    }
+    (frames, None)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_codec_gives_the_same_frames_or_error_however_the_stream_is_split(
+        bytes in stream(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..20),
+    ) {
+        let whole = decode_in_pieces(&bytes, &[]);
+        let split = decode_in_pieces(&bytes, &cuts);
+        let bytewise = decode_in_pieces(&bytes, &(0..bytes.len()).collect::<Vec<_>>());
+        prop_assert_eq!(&whole, &split);
+        prop_assert_eq!(&whole, &bytewise);
+        for frame in &whole.0 {
+            prop_assert!(frame.body_len() <= MAX as usize);
+        }
+    }
+
+    #[test]
+    fn any_token_is_refused_without_panicking_unless_it_was_minted(
+        uid in any::<u64>(),
+        token in proptest::collection::vec(any::<u8>(), 0..120),
+        now in any::<u64>(),
+    ) {
+        let auth = Auth::new("s3cret");
+        prop_assert!(auth.verify(uid, &token, now).is_err());
+    }
+
+    #[test]
+    fn a_minted_token_verifies_and_any_change_to_it_does_not(
+        uid in any::<u64>(),
+        expiry in 1u64..u64::MAX,
+        at in any::<usize>(),
+        flip in 1u8..=255,
+    ) {
+        let auth = Auth::new("s3cret");
+        let token = auth.mint(uid, expiry);
+        prop_assert_eq!(auth.verify(uid, token.as_bytes(), expiry - 1), Ok(()));
+        let mut bad = token.into_bytes();
+        let i = at % bad.len();
+        bad[i] ^= flip;
+        prop_assert!(auth.verify(uid, &bad, expiry - 1).is_err());
+        prop_assert!(auth.verify(uid.wrapping_add(1), &auth.mint(uid, expiry).into_bytes(), expiry - 1).is_err());
+    }
+}
+
+/// Everything the gateway sends on one connection fed `bytes` in `pieces`, until it closes
+/// (or, if it never does, until our side closes).
+async fn gateway_answer(server: &TestServer, bytes: &[u8], cuts: &[usize]) -> Vec<u8> {
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut from = 0;
+    for to in splits(bytes.len(), cuts) {
+        if s.write_all(&bytes[from..to]).await.is_err() {
+            break;
+        }
+        from = to;
+        tokio::task::yield_now().await;
+    }
+    let _ = s.shutdown().await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(common::PATIENCE, s.read_to_end(&mut answer)).await.expect("the gateway closes");
+    answer
+}
+
+/// A LOGIN for `uid` followed by the random stream, so most cases reach the logged-in state.
+fn after_login(uid: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut v = raw_frame(kind::LOGIN, &uid.to_be_bytes());
+    v.put_slice(bytes);
+    v
+}
+
+#[test]
+fn the_gateway_answers_the_same_however_a_stream_is_split_and_keeps_serving() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut server = TestServer::start(Config { max_frame_bytes: MAX, ..Config::default() }).await;
+        let mut bystander = server.client().await;
+        bystander.login(u64::MAX).await;
+        let mut runner =
+            proptest::test_runner::TestRunner::new(ProptestConfig { cases: 150, ..ProptestConfig::default() });
+        let strategy = (stream(), proptest::collection::vec(any::<usize>(), 1..12), any::<bool>());
+        let mut case = 0u64;
+        let mut failures = Vec::new();
+        for _ in 0..150 {
+            let (bytes, cuts, login_first) = strategy.new_tree(&mut runner).unwrap().current();
+            case += 1;
+            // Each case uses its own uid, so no case kicks another.
+            let bytes = if login_first { after_login(case, &bytes) } else { bytes };
+            let whole = gateway_answer(&server, &bytes, &[]).await;
+            let split = gateway_answer(&server, &bytes, &cuts).await;
+            if whole != split {
+                failures.push(format!("case {case}: {bytes:02x?} split at {cuts:?}: {whole:02x?} != {split:02x?}"));
+            }
+            // Everything the gateway sent decodes as frames.
+            let mut answer = BytesMut::from(&whole[..]);
+            let mut codec = FrameCodec::new(u32::MAX);
+            while let Some(frame) = codec.decode(&mut answer).map_err(|e: FrameError| e.to_string()).unwrap() {
+                assert!(!matches!(frame, Frame::Login { .. }), "the gateway sent a LOGIN");
+            }
+            bystander.ping(b"still served").await;
+        }
+        assert!(failures.is_empty(), "{} of {case} cases differ:\n{}", failures.len(), failures.join("\n"));
+        server.shutdown().await;
+    });
+}
