@@ -20,6 +20,10 @@ const MAX_WINDOW_TICKS: u64 = 100_000;
 /// when `--max-frame-bytes` is bigger, so one large push never counts as lagging.
 const MAX_QUEUED_BYTES: usize = 64 * 1024;
 
+/// Default `--max-pending-logins`: a second of logins at the rate one core sustains with
+/// room to spare; a reconnect storm beyond it is told to come back instead of timing out.
+pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
+
 /// File descriptors kept back from `--max-connections`' default: the listeners, the admin
 /// server's connections, logs, and room to accept an over-limit client long enough to tell
 /// it BYE(server_full).
@@ -36,6 +40,10 @@ pub struct Config {
     pub login_timeout: Duration,
     /// Open connections beyond which new ones get BYE(server_full).
     pub max_connections: usize,
+    /// Connections waiting to log in beyond which new ones are shed with BYE(server_full)
+    /// and a retry hint: when the gateway cannot keep up, it refuses early and explicitly
+    /// instead of failing clients late.
+    pub max_pending_logins: usize,
     /// Largest frame length accepted (kind byte plus payload).
     pub max_frame_bytes: u32,
     /// Token checking; `None` accepts any token.
@@ -59,6 +67,7 @@ impl Default for Config {
             tick: Duration::from_secs(1),
             login_timeout: Duration::from_secs(10),
             max_connections: 10_000,
+            max_pending_logins: DEFAULT_MAX_PENDING_LOGINS,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             auth: None,
             drain_timeout: Duration::from_secs(5),
@@ -105,6 +114,9 @@ impl Config {
         }
         if self.max_connections == 0 {
             return Err(ConfigError::new("--max-connections", "must be at least 1"));
+        }
+        if self.max_pending_logins == 0 {
+            return Err(ConfigError::new("--max-pending-logins", "must be at least 1"));
         }
         if self.max_frame_bytes < MIN_FRAME_BYTES {
             return Err(ConfigError::new(
@@ -192,6 +204,7 @@ mod tests {
         );
         assert_eq!(flag(with(|c| c.login_timeout = Duration::ZERO)), "--login-timeout");
         assert_eq!(flag(with(|c| c.max_connections = 0)), "--max-connections");
+        assert_eq!(flag(with(|c| c.max_pending_logins = 0)), "--max-pending-logins");
         assert_eq!(flag(with(|c| c.max_frame_bytes = 8)), "--max-frame-bytes");
         assert_eq!(flag(with(|c| c.event_log_capacity = 0)), "--event-log-capacity");
         assert_eq!(flag(with(|c| c.node_id.clear())), "--node-id");

@@ -27,10 +27,10 @@ mod presence;
 pub use auth::Auth;
 pub use backend::Metrics;
 pub use client::{
-    kind, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN,
-    MAX_LOGIN_FRAME_BYTES,
+    kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES,
+    HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
 };
-pub use config::{default_max_connections, Config, FD_HEADROOM};
+pub use config::{default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
 pub use presence::{
     unix_now, Batch, Clock, Directory, Event, EventLog, Local, Registry, Ring, Touch, What, DEFAULT_EVENT_LOG_BYTES,

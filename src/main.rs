@@ -54,6 +54,10 @@ struct ServeArgs {
     /// limit, raised to its hard limit, minus headroom].
     #[arg(long, env = "IDLEGATE_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
+    /// Connections waiting to log in beyond which new ones are refused with BYE(server_full)
+    /// and a retry hint, so an overloaded gateway sheds load early instead of timing out.
+    #[arg(long, env = "IDLEGATE_MAX_PENDING_LOGINS", default_value_t = idlegate::DEFAULT_MAX_PENDING_LOGINS)]
+    max_pending_logins: usize,
     /// Largest frame length accepted, kind byte included.
     #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: u32,
@@ -137,6 +141,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tick: args.tick,
         login_timeout: args.login_timeout,
         max_connections: args.max_connections.unwrap_or_else(|| default_max_connections(nofile)),
+        max_pending_logins: args.max_pending_logins,
         max_frame_bytes: args.max_frame_bytes,
         auth: args.auth_secret.as_deref().map(Auth::new),
         drain_timeout: args.drain_timeout,

@@ -31,6 +31,7 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["serve", "--login-timeout", "0s"], "--login-timeout"),
         (&["serve", "--max-frame-bytes", "4"], "--max-frame-bytes"),
         (&["serve", "--max-connections", "0"], "--max-connections"),
+        (&["serve", "--max-pending-logins", "0"], "--max-pending-logins"),
         (&["serve", "--listen", "not-an-address"], "--listen"),
         (&["serve", "--log-format", "xml"], "--log-format"),
         (&["serve", "--listen", "0.0.0.0:0"], "--auth-secret"),

@@ -71,6 +71,8 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
         "idlegate_event_log_events",
         "idlegate_event_consumers",
         "idlegate_api_requests_total",
+        "idlegate_connections_shed_total",
+        "idlegate_pending_logins",
     ] {
         assert!(exported.contains(required), "{required} is not exported");
     }
@@ -97,6 +99,7 @@ fn dashboard_has_the_panels_operators_need() {
         "sum by (result) (rate(idlegate_pushes_total",
         "sum by (type) (rate(idlegate_events_total",
         "rate(idlegate_api_requests_total",
+        "sum by (why) (rate(idlegate_connections_shed_total",
     ] {
         assert!(all.contains(needle), "no panel queries {needle}");
     }

@@ -174,7 +174,9 @@ async fn over_max_connections_gets_server_full_and_the_rest_are_served() {
     b.login(2).await;
     let mut c = server.client().await;
     let text = c.expect_bye(CloseReason::ServerFull).await;
-    assert!(text.contains('2'), "{text}");
+    assert!(text.ends_with("; 2 connections open"), "{text}");
+    let hint = idlegate::retry_hint(&text).expect("a retry hint");
+    assert!((1_000..3_000).contains(&hint), "{text}");
     a.ping(b"a").await;
     b.ping(b"b").await;
     // A slot frees up when a client leaves.
@@ -199,9 +201,14 @@ async fn shutdown_sends_bye_to_everyone_and_ends_every_session() {
     assert_eq!(server.admin_get("/readyz").await.0, 200);
     assert_eq!(server.metrics.online_users.get(), 20);
     server.shutdown().await;
+    let mut hints = std::collections::BTreeSet::new();
     for c in &mut clients {
-        c.expect_bye(CloseReason::Shutdown).await;
+        let text = c.expect_bye(CloseReason::Shutdown).await;
+        let hint = idlegate::retry_hint(&text).unwrap_or_else(|| panic!("no retry hint in {text:?}"));
+        assert!((1_000..11_000).contains(&hint), "{text}");
+        hints.insert(hint);
     }
+    assert!(hints.len() > 10, "20 clients told to come back at {} moments only", hints.len());
     not_logged_in.expect_bye(CloseReason::Shutdown).await;
     assert_eq!(server.metrics.online_users.get(), 0);
     assert_eq!(server.metrics.connections_open.get(), 0);
@@ -294,4 +301,27 @@ fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
         let want: String = wire.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, want, "{row}");
     }
+}
+
+#[tokio::test]
+async fn too_many_waiting_to_log_in_are_shed_with_a_retry_hint() {
+    let mut server = TestServer::start(Config { max_pending_logins: 2, ..Config::default() }).await;
+    let mut online = server.client().await;
+    online.login(1).await;
+    let mut waiting_a = server.client().await;
+    let _waiting_b = server.client().await;
+    // Two wait to log in: the third is turned away at once, told when to come back.
+    let mut shed = server.client().await;
+    let text = shed.expect_bye(CloseReason::ServerFull).await;
+    assert!(text.contains("waiting to log in"), "{text}");
+    assert!(idlegate::retry_hint(&text).is_some(), "{text}");
+    // A LOGIN makes room; the logged-in client was never affected.
+    online.ping(b"fine").await;
+    assert!(matches!(waiting_a.login(2).await, Frame::Welcome { .. }));
+    let mut next = server.client().await;
+    assert!(matches!(next.login(3).await, Frame::Welcome { .. }));
+    let (_, body) = server.admin_get("/metrics").await;
+    assert_eq!(sample(&body, "idlegate_connections_shed_total{why=\"pending_logins\"}"), Some(1.0));
+    assert_eq!(sample(&body, "idlegate_pending_logins"), Some(1.0));
+    server.shutdown().await;
 }

@@ -53,6 +53,12 @@ pub struct Metrics {
     pub expired_per_sweep: Histogram,
     /// How late each tick ran against its schedule.
     pub tick_lag: Histogram,
+    /// Connections accepted and not logged in yet.
+    pub pending_logins: IntGauge,
+    /// Connections refused at accept because the limit of open connections was reached.
+    pub shed_max_connections: IntCounter,
+    /// Connections refused at accept because too many were waiting to log in.
+    pub shed_pending_logins: IntCounter,
     /// Pushes handed to a connection, and pushes to a uid that was offline.
     pub pushes_sent: IntCounter,
     pub pushes_offline: IntCounter,
@@ -143,6 +149,19 @@ impl Metrics {
             &SECONDS_BUCKETS,
         );
 
+        let pending_logins = gauge("idlegate_pending_logins", "connections accepted and not logged in yet");
+        let shed_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_connections_shed_total",
+                "connections refused at accept with BYE(server_full) and a retry hint, by why: max_connections \
+                 (--max-connections open) or pending_logins (--max-pending-logins waiting to log in: overload)",
+            ),
+            &["why"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(shed_vec.clone()));
+        let shed_max_connections = shed_vec.with_label_values(&["max_connections"]);
+        let shed_pending_logins = shed_vec.with_label_values(&["pending_logins"]);
         let pushes_vec = IntCounterVec::new(
             Opts::new(
                 "idlegate_pushes_total",
@@ -182,6 +201,11 @@ impl Metrics {
         setting("idlegate_config_tick_seconds", "the --tick setting", config.tick.as_secs_f64());
         setting("idlegate_config_timeout_seconds", "the --timeout setting", config.timeout.as_secs_f64());
         setting("idlegate_config_max_connections", "the --max-connections setting", config.max_connections as f64);
+        setting(
+            "idlegate_config_max_pending_logins",
+            "the --max-pending-logins setting",
+            config.max_pending_logins as f64,
+        );
 
         #[cfg(target_os = "linux")]
         reg(Box::new(super::process::ProcessCollector::new()));
@@ -200,6 +224,9 @@ impl Metrics {
             sweep_duration,
             expired_per_sweep,
             tick_lag,
+            pending_logins,
+            shed_max_connections,
+            shed_pending_logins,
             pushes_sent,
             pushes_offline,
             events,

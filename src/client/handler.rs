@@ -16,6 +16,7 @@ use crate::backend::Metrics;
 use crate::client::codec::put_frame;
 use crate::client::connection::{Close, Connection};
 use crate::client::frame::{CloseReason, Frame};
+use crate::client::retry::{jittered_ms, retry_text, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD};
 use crate::client::session::Session;
 use crate::gateway::Gateway;
 use crate::presence::{unix_now, Liveness};
@@ -29,7 +30,9 @@ pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>) -> CloseReas
     // The login phase (with its deadline timer) and the close (with its write deadline) are
     // boxed: allocated while they run, freed after, instead of widening every connection's
     // future by their size for as long as it lives.
-    let (reason, text) = match Box::pin(handler.until_login(&mut conn)).await {
+    let logged_in = Box::pin(handler.until_login(&mut conn)).await;
+    gateway.metrics.pending_logins.dec();
+    let (reason, text) = match logged_in {
         Ok(session) => handler.until_end(&mut conn, session).await,
         Err(close) => close,
     };
@@ -172,6 +175,12 @@ impl Handler<'_> {
         self.gateway.metrics.closed(reason);
         // Pushes a backend was told were sent go out before the BYE.
         let pushes = self.session.as_ref().map(|s| self.gateway.registry.take_pushes(s)).unwrap_or_default();
+        // Told when to come back, each at a different moment, so a fleet does not return at
+        // once to a restarted gateway.
+        let text = match reason {
+            CloseReason::Shutdown => retry_text(jittered_ms(SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD), &text),
+            _ => text,
+        };
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
         conn.close(pushes.into_iter().map(Frame::Push).chain(bye)).await;
         match &self.session {

@@ -19,6 +19,7 @@ use crate::backend::{serve_admin, serve_api, Metrics};
 use crate::client::codec::put_frame;
 use crate::client::frame::{CloseReason, Frame};
 use crate::client::handler;
+use crate::client::retry::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::presence::Ticker;
@@ -144,13 +145,8 @@ fn ticker_stopped(gateway: &Gateway, ended: Result<(), tokio::task::JoinError>) 
 
 /// Accepts until the listener fails for good; never spins on a failing accept.
 async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections: &TaskTracker) -> io::Result<()> {
-    let limit = Arc::new(Semaphore::new(gateway.config.max_connections));
-    let max = gateway.config.max_connections;
-    let mut server_full = bytes::BytesMut::new();
-    put_frame(
-        &Frame::Bye { reason: CloseReason::ServerFull, text: format!("{max} connections open") },
-        &mut server_full,
-    );
+    let config = &gateway.config;
+    let limit = Arc::new(Semaphore::new(config.max_connections));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let stream = match listener.accept().await {
@@ -166,31 +162,46 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections
             }
         };
         let _ = stream.set_nodelay(true);
-        let metrics = gateway.metrics.clone();
-        metrics.connections_accepted.inc();
+        gateway.metrics.connections_accepted.inc();
+        let metrics = &gateway.metrics;
+        if metrics.pending_logins.get() >= config.max_pending_logins as i64 {
+            // Overloaded: more clients wait to log in than the gateway gets through. Refused
+            // now, with a time to come back, rather than left to time out.
+            metrics.shed_pending_logins.inc();
+            metrics.closed(CloseReason::ServerFull);
+            let waiting = format!("{} connections waiting to log in", config.max_pending_logins);
+            refuse(stream, &waiting);
+            continue;
+        }
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
                 metrics.connections_open.inc();
+                metrics.pending_logins.inc();
                 let gateway = gateway.clone();
                 connections.spawn(async move {
-                    handler::serve(stream, gateway).await;
-                    metrics.connections_open.dec();
+                    handler::serve(stream, gateway.clone()).await;
+                    gateway.metrics.connections_open.dec();
                     drop(permit);
                 });
             }
             Err(_) => {
+                metrics.shed_max_connections.inc();
                 metrics.closed(CloseReason::ServerFull);
-                refuse(stream, &server_full);
+                refuse(stream, &format!("{} connections open", config.max_connections));
             }
         }
     }
 }
 
-/// Tells a client there is no room and closes at once, holding no descriptor and spawning
-/// nothing: a fresh socket's send buffer always takes a BYE of a few dozen bytes, so a
-/// connect storm beyond the limit costs a write and a close per client.
-fn refuse(stream: TcpStream, bye: &[u8]) {
-    let _ = stream.try_write(bye);
+/// Tells a client there is no room (BYE(server_full) with a jittered retry hint and `why`)
+/// and closes at once, holding no descriptor and spawning nothing: a fresh socket's send
+/// buffer always takes a BYE of a few dozen bytes, so a connect storm beyond the limit costs
+/// a write and a close per client.
+fn refuse(stream: TcpStream, why: &str) {
+    let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
+    let mut bye = bytes::BytesMut::new();
+    put_frame(&Frame::Bye { reason: CloseReason::ServerFull, text: retry_text(hint, why) }, &mut bye);
+    let _ = stream.try_write(&bye);
     // What the client already sent is read and dropped: closing a socket with unread data
     // resets the connection, and a reset can destroy the BYE before the client reads it.
     let mut sink = [0u8; 512];
