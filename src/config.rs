@@ -24,9 +24,10 @@ const MAX_QUEUED_BYTES: usize = 64 * 1024;
 /// room to spare; a reconnect storm beyond it is told to come back instead of timing out.
 pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
 
-/// File descriptors kept back from `--max-connections`' default: the listeners, the admin
-/// server's connections, logs, and room to accept an over-limit client long enough to tell
-/// it BYE(server_full).
+/// File descriptors kept back from clients (`--max-connections` is clamped to the open-file
+/// limit minus this): the three listeners and their reserves, the admin endpoint's and the
+/// API's connections (16 and 64 at most), the runtime's own, and room to accept an
+/// over-limit client long enough to tell it BYE(server_full).
 pub const FD_HEADROOM: u64 = 100;
 
 /// Settings of one gateway; see `idlegate serve --help` for each.

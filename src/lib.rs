@@ -14,12 +14,14 @@
 //!   place time becomes ticks), `registry`, `ticker`, `events`, and `directory`, the trait the
 //!   API asks.
 //! - `backend/`: what servers and operators use: `api`, `admin`, `metrics`.
-//! - `gateway.rs` is the state all of them share; `config`, `auth` and `error` serve all.
+//! - `gateway.rs` is the state all of them share; `config`, `auth`, `error` and
+//!   `descriptors` (running out of file descriptors without going silent) serve all.
 
 mod auth;
 mod backend;
 mod client;
 mod config;
+mod descriptors;
 mod error;
 mod gateway;
 mod presence;

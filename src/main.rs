@@ -136,7 +136,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     // More connections need more descriptors: take everything the hard limit allows.
     let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising the open-file limit")?;
-    let config = Config {
+    let mut config = Config {
         timeout: args.timeout,
         tick: args.tick,
         login_timeout: args.login_timeout,
@@ -173,12 +173,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         tracing::warn!("no --api-token: the backend API on loopback needs no token");
     }
-    if config.max_connections as u64 > nofile {
+    let room = default_max_connections(nofile);
+    if config.max_connections > room {
+        // More clients than descriptors would starve the admin and API listeners (a health
+        // probe that cannot connect gets a working gateway killed) and leave the clients
+        // beyond it waiting in the backlog with no answer. Clients beyond the room get
+        // BYE(server_full) instead.
         tracing::warn!(
             max_connections = config.max_connections,
             nofile,
-            "--max-connections exceeds the open-file limit"
+            serving = room,
+            "--max-connections exceeds what the open-file limit leaves for clients; serving at most {room}"
         );
+        config.max_connections = room;
     }
 
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;

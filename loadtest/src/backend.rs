@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Ctx;
 
-/// Push requests in flight at once: enough for thousands a second over loopback.
-const PUSHES_IN_FLIGHT: usize = 64;
+/// Push requests in flight at once: enough for thousands a second over loopback, and well
+/// inside the 64 connections the gateway's API serves at once.
+const PUSHES_IN_FLIGHT: usize = 32;
 
 /// How often the pusher wakes to send what is due.
 const PUSH_STEP: Duration = Duration::from_millis(5);

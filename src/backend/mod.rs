@@ -7,6 +7,7 @@
 
 mod admin;
 mod api;
+mod listener;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;

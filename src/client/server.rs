@@ -21,6 +21,7 @@ use crate::client::frame::{CloseReason, Frame};
 use crate::client::handler;
 use crate::client::retry::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::config::Config;
+use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::gateway::Gateway;
 use crate::presence::Ticker;
 
@@ -148,16 +149,29 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, connections
     let config = &gateway.config;
     let limit = Arc::new(Semaphore::new(config.max_connections));
     let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut reserve = Reserve::open();
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _peer)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
                 stream
             }
+            Err(e) if is_out_of_descriptors(&e) && reserve.release() => {
+                // The reserve descriptor, given up, takes one waiting client: it is told
+                // BYE(server_full) instead of hanging in the backlog with no answer.
+                if let Ok((stream, _)) = listener.accept().await {
+                    gateway.metrics.shed_max_connections.inc();
+                    gateway.metrics.closed(CloseReason::ServerFull);
+                    refuse(stream, "out of file descriptors");
+                }
+                reserve = Reserve::open();
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, ?backoff, "accept failed; backing off");
                 sleep(backoff).await;
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                reserve.reopen();
                 continue;
             }
         };
