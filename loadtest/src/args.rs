@@ -62,6 +62,12 @@ pub struct Args {
     /// data event per DATA frame with the same bytes, in order.
     #[arg(long)]
     pub follow_events: bool,
+    /// Clients sent away (BYE(shutdown), BYE(server_full)) or cut off come back: they wait
+    /// the retry hint the gateway gave (or 1-3 s), reconnect and log in again. For reconnect
+    /// storms and restarts: the report gives re-login latency and the time until everyone
+    /// is back.
+    #[arg(long)]
+    pub reconnect: bool,
     /// The gateway's --auth-secret, to mint LOGIN tokens.
     #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
     pub auth_secret: Option<String>,
@@ -156,6 +162,9 @@ impl Args {
         }
         if (self.push_rate > 0.0 || self.follow_events) && self.protocol == Protocol::Mqtt {
             return Err("--protocol: --push-rate and --follow-events need the idlegate protocol".into());
+        }
+        if self.reconnect && self.follow_events {
+            return Err("--follow-events: checks one session per client, so it cannot go with --reconnect".into());
         }
         if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {
             return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());

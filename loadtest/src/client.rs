@@ -60,6 +60,20 @@ pub struct Ctx {
     /// Each client's record, by index, for pushes and the event check.
     pub cells: Box<[Cell]>,
     pub pushes: Pushes,
+    /// Reconnect after BYE(shutdown), BYE(server_full), a refused connect or a dropped
+    /// connection, waiting the server's retry hint (or [`DEFAULT_RETRY`]), and log in again.
+    pub reconnect: bool,
+}
+
+/// Wait before reconnecting when the server gave no retry hint: 1 s plus up to 2 s of jitter.
+pub const DEFAULT_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(2));
+
+/// How a session ended, for the reconnect loop.
+enum Next {
+    /// Planned or final: the client is done.
+    Done,
+    /// Sent away or cut off: reconnect after this long (with `--reconnect`).
+    Retry(Duration),
 }
 
 /// One client's record, shared with the pusher and the event check.
@@ -106,18 +120,41 @@ pub struct Plan {
 pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
     let stats = ctx.stats.clone();
     let silent = plan.silent_at.is_some();
-    let mut client = Client { plan, ctx, logged_in: false };
-    client.session().await;
-    let cell = client.cell();
-    cell.online.store(false, Ordering::Relaxed);
-    if client.logged_in {
-        stats.online.fetch_sub(1, Ordering::Relaxed);
-        // Ended without a word from the server: the client closed its own socket.
-        cell.set_close(CloseReason::Disconnect);
+    let mut rng = SmallRng::seed_from_u64(plan.seed ^ 0x5eed);
+    let mut client = Client { plan, ctx: ctx.clone(), logged_in: false, closed_at: None };
+    loop {
+        let next = client.session(&mut rng).await;
+        client.cell().online.store(false, Ordering::Relaxed);
+        if client.logged_in {
+            client.logged_in = false;
+            stats.online.fetch_sub(1, Ordering::Relaxed);
+            // Ended without a word from the server: the client closed its own socket.
+            client.cell().set_close(CloseReason::Disconnect);
+        }
+        match next {
+            Next::Retry(after) if ctx.reconnect => {
+                client.closed_at.get_or_insert_with(Instant::now);
+                stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                tokio::select! {
+                    _ = tokio::time::sleep(after) => {}
+                    _ = ctx.stop.cancelled() => break,
+                }
+                client.plan.connect_at = Instant::now();
+            }
+            _ => break,
+        }
     }
     // Expired, missed, refused or failed: either way this silent client is settled.
     if silent {
         stats.silent_pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The wait a BYE asks for: its retry hint, or the default with jitter.
+fn retry_after(text_hint: Option<u64>, rng: &mut SmallRng) -> Duration {
+    match text_hint {
+        Some(ms) => Duration::from_millis(ms),
+        None => DEFAULT_RETRY.0 + DEFAULT_RETRY.1.mul_f64(rng.gen_range(0.0..1.0)),
     }
 }
 
@@ -139,11 +176,20 @@ struct Client {
     plan: Plan,
     ctx: Arc<Ctx>,
     logged_in: bool,
+    /// When the last session was cut off, while the client works its way back in.
+    closed_at: Option<Instant>,
 }
 
 impl Client {
     fn cell(&self) -> &Cell {
         &self.ctx.cells[(self.plan.uid - self.ctx.uid_base) as usize]
+    }
+
+    /// Remembers when a logged-in session was cut off, for the re-login latency and the
+    /// time until everyone is back.
+    fn cut_off(&mut self, ctx: &Ctx) {
+        self.closed_at = Some(Instant::now());
+        ctx.stats.first_cutoff_nanos.fetch_min(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Counts a close, and remembers it as this client's.
@@ -152,20 +198,25 @@ impl Client {
         self.cell().set_close(reason);
     }
 
-    async fn session(&mut self) {
+    async fn session(&mut self, retry_rng: &mut SmallRng) -> Next {
         let ctx = self.ctx.clone();
         let stats = &ctx.stats;
         tokio::select! {
             _ = sleep_until(self.plan.connect_at) => {}
-            _ = ctx.stop.cancelled() => return,
+            _ = ctx.stop.cancelled() => return Next::Done,
         }
         let started = Instant::now();
         let stream = match connect(ctx.target, self.plan.source).await {
             Ok(stream) => stream,
+            Err(_) if ctx.reconnect && self.closed_at.is_some() => {
+                // The gateway is restarting: its port refuses until it listens again.
+                stats.connect_retries.fetch_add(1, Ordering::Relaxed);
+                return Next::Retry(retry_after(None, retry_rng));
+            }
             Err(e) => {
                 stats.connect_errors.fetch_add(1, Ordering::Relaxed);
                 stats.set_fatal(format!("connecting to {} failed: {e}", ctx.target));
-                return;
+                return Next::Done;
             }
         };
         stats.connected.fetch_add(1, Ordering::Relaxed);
@@ -179,15 +230,19 @@ impl Client {
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
             self.record_close(CloseReason::Disconnect, false);
-            return;
+            return Next::Done;
         }
         let answer = tokio::select! {
             a = timeout(LOGIN_PATIENCE, frames.next()) => a,
-            _ = ctx.stop.cancelled() => return,
+            _ = ctx.stop.cancelled() => return Next::Done,
         };
         let (timeout_d, tick) = match answer {
             Ok(Some(Ok(Incoming::Welcome { timeout, tick }))) => (timeout, tick),
-            Ok(Some(Ok(Incoming::Bye(reason)))) => {
+            Ok(Some(Ok(Incoming::Bye(reason, hint)))) if ctx.reconnect && sent_away(reason) => {
+                self.record_close(reason, true);
+                return Next::Retry(retry_after(hint, retry_rng));
+            }
+            Ok(Some(Ok(Incoming::Bye(reason, _)))) => {
                 if reason == CloseReason::AuthFailed {
                     stats.set_fatal(format!(
                         "the gateway answered LOGIN with BYE(auth_failed): {}",
@@ -199,28 +254,32 @@ impl Client {
                     ));
                 }
                 self.record_close(reason, false);
-                return;
+                return Next::Done;
             }
             Ok(Some(Err(e))) => {
                 stats.set_fatal(format!("the server's answer to the login is not the protocol: {e}"));
                 self.record_close(CloseReason::ProtocolError, false);
-                return;
+                return Next::Done;
             }
             Ok(Some(Ok(other))) => {
                 stats.set_fatal(format!("the server answered the login with {other:?}"));
                 self.record_close(CloseReason::ProtocolError, false);
-                return;
+                return Next::Done;
             }
             Ok(None) => {
-                self.record_close(CloseReason::Disconnect, false);
-                return;
+                self.record_close(CloseReason::Disconnect, ctx.reconnect);
+                return Next::Retry(retry_after(None, retry_rng));
             }
             Err(_) => {
                 stats.set_fatal(format!("no answer to a login within {LOGIN_PATIENCE:?}"));
-                return;
+                return Next::Done;
             }
         };
         stats.record_login(started.elapsed());
+        if let Some(cut_off) = self.closed_at.take() {
+            stats.record_relogin(cut_off.elapsed());
+            stats.last_relogin_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         stats.logged_in.fetch_add(1, Ordering::Relaxed);
         stats.last_login_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         stats.online.fetch_add(1, Ordering::Relaxed);
@@ -246,7 +305,7 @@ impl Client {
             let next_send = next_data.map_or(next_ping, |d| d.min(next_ping));
             tokio::select! {
                 biased;
-                _ = ctx.stop.cancelled() => return,
+                _ = ctx.stop.cancelled() => return Next::Done,
                 frame = frames.next() => match frame {
                     Some(Ok(Incoming::Pong(sent))) => {
                         stats.pongs_received.fetch_add(1, Ordering::Relaxed);
@@ -264,22 +323,37 @@ impl Client {
                         }
                         _ => {}
                     },
-                    Some(Ok(Incoming::Bye(reason))) => {
+                    Some(Ok(Incoming::Bye(reason, hint))) if ctx.reconnect && sent_away(reason) => {
+                        self.cut_off(&ctx);
+                        if reason == CloseReason::Shutdown {
+                            stats.record_shutdown_bye(ctx.epoch.elapsed());
+                        }
+                        self.record_close(reason, true);
+                        return Next::Retry(retry_after(hint, retry_rng));
+                    }
+                    Some(Ok(Incoming::Bye(reason, _))) => {
                         self.closed(reason, missed_at.is_some(), last_sent, timeout_d, tick);
-                        return;
+                        return Next::Done;
+                    }
+                    // A reset is the connection dropping (the server died), not bad bytes.
+                    Some(Err(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
+                        self.record_close(CloseReason::Disconnect, ctx.reconnect);
+                        self.cut_off(&ctx);
+                        return Next::Retry(retry_after(None, retry_rng));
                     }
                     Some(Ok(Incoming::Welcome { .. })) | Some(Err(_)) => {
                         self.record_close(CloseReason::ProtocolError, false);
-                        return;
+                        return Next::Done;
                     }
                     // MQTT brokers expire a client by closing the socket without a word.
                     None if ctx.wire.is_mqtt() => {
                         self.closed(CloseReason::IdleTimeout, missed_at.is_some(), last_sent, timeout_d, tick);
-                        return;
+                        return Next::Done;
                     }
                     None => {
-                        self.record_close(CloseReason::Disconnect, false);
-                        return;
+                        self.record_close(CloseReason::Disconnect, ctx.reconnect);
+                        self.cut_off(&ctx);
+                        return Next::Retry(retry_after(None, retry_rng));
                     }
                 },
                 _ = sleep_until(silent_at.unwrap_or(next_send)), if missed_at.is_none() && silent_at.is_some_and(|at| at <= next_send) => {
@@ -289,7 +363,7 @@ impl Client {
                         ping(&ctx, &mut wire, &mut out, &mut pings_in_flight, last_sent);
                         if write_half.write_all_buf(&mut out).await.is_err() {
                             self.record_close(CloseReason::Disconnect, false);
-                            return;
+                            return Next::Done;
                         }
                     }
                     missed_at = Some(last_sent + timeout_d + tick + ctx.missed_grace);
@@ -310,12 +384,12 @@ impl Client {
                     last_sent = now;
                     if write_half.write_all_buf(&mut out).await.is_err() {
                         self.record_close(CloseReason::Disconnect, false);
-                        return;
+                        return Next::Done;
                     }
                 }
                 _ = sleep_until(missed_at.unwrap_or(next_send)), if missed_at.is_some() => {
                     stats.missed_offline.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Next::Done;
                 }
             }
         }
@@ -342,6 +416,11 @@ impl Client {
             stats.expired_in_window.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Reasons a server sends a client away with, to come back later.
+fn sent_away(reason: CloseReason) -> bool {
+    matches!(reason, CloseReason::Shutdown | CloseReason::ServerFull)
 }
 
 /// Encodes a PING stamped `now` into `out` and counts it.
@@ -374,5 +453,6 @@ pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
         uid_base,
         cells: (0..clients).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
+        reconnect: false,
     }
 }

@@ -78,6 +78,15 @@ pub struct Report {
     pub event_mismatches: u64,
     /// A few of the mismatches, described.
     pub event_mismatch_examples: Vec<String>,
+    /// With `--reconnect`: reconnects, refused connects while reconnecting, re-login latency
+    /// (cut off to logged in again, the retry wait included), BYE(shutdown)s received and the
+    /// time from the first to the last of them, and from the first to the last re-login.
+    pub reconnects: u64,
+    pub connect_retries: u64,
+    pub relogin_ms: Percentiles,
+    pub shutdown_byes: u64,
+    pub shutdown_spread_ms: Option<f64>,
+    pub all_back_after_ms: Option<f64>,
     /// A reason the run could not be meaningful (login refused, server unreachable).
     pub fatal: Option<String>,
     pub interrupted: bool,
@@ -130,6 +139,13 @@ impl Report {
                 f.push(format!("{name} = {n}"));
             }
         }
+        let should_be_back = self.connections - self.silent_clients;
+        if self.reconnects > 0 && !self.interrupted && (self.harness_online_at_end as u64) < should_be_back {
+            f.push(format!(
+                "{} of {should_be_back} clients that should be online were not back at the end",
+                should_be_back - self.harness_online_at_end.max(0) as u64
+            ));
+        }
         for example in &self.event_mismatch_examples {
             f.push(format!("event mismatch: {example}"));
         }
@@ -164,10 +180,14 @@ impl Report {
             "{:<12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "ms", "count", "p50", "p90", "p99", "p99.9", "max"
         );
-        for (name, p) in
-            [("login", &self.login_ms), ("rtt", &self.rtt_ms), ("silence", &self.silence_ms), ("push", &self.push_ms)]
-        {
-            if p.count == 0 && name == "push" {
+        for (name, p) in [
+            ("login", &self.login_ms),
+            ("rtt", &self.rtt_ms),
+            ("silence", &self.silence_ms),
+            ("push", &self.push_ms),
+            ("relogin", &self.relogin_ms),
+        ] {
+            if p.count == 0 && (name == "push" || name == "relogin") {
                 continue;
             }
             let _ = writeln!(
@@ -193,6 +213,18 @@ impl Report {
                 self.pushes_offline,
                 self.pushes_unexpected,
                 self.push_errors
+            );
+        }
+        if self.reconnects > 0 || self.shutdown_byes > 0 {
+            let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
+            let _ = writeln!(
+                s,
+                "reconnect    {} reconnects, {} refused connects; BYE(shutdown) {} over {}; all back {} after the first cut",
+                self.reconnects,
+                self.connect_retries,
+                self.shutdown_byes,
+                ms(self.shutdown_spread_ms),
+                ms(self.all_back_after_ms)
             );
         }
         if let Some(seen) = self.events_seen {

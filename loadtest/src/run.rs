@@ -93,6 +93,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         uid_base: args.uid_base,
         cells: (0..args.connections).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
+        reconnect: args.reconnect,
     });
 
     // The event consumer starts before the first client, so it sees every login.
@@ -172,6 +173,12 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         events_missed: 0,
         event_mismatches: 0,
         event_mismatch_examples: Vec::new(),
+        reconnects: 0,
+        connect_retries: 0,
+        relogin_ms: Default::default(),
+        shutdown_byes: 0,
+        shutdown_spread_ms: None,
+        all_back_after_ms: None,
         fatal: None,
         interrupted: false,
         timeline: Vec::new(),
@@ -260,6 +267,16 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         report.event_mismatches = mismatches;
         report.event_mismatch_examples = examples;
     }
+    report.reconnects = Stats::get(&stats.reconnects);
+    report.connect_retries = Stats::get(&stats.connect_retries);
+    report.relogin_ms = stats.relogin();
+    report.shutdown_byes = Stats::get(&stats.shutdown_byes);
+    let (first_bye, last_bye) = (Stats::get(&stats.first_shutdown_nanos), Stats::get(&stats.last_shutdown_nanos));
+    if report.shutdown_byes > 0 {
+        report.shutdown_spread_ms = Some((last_bye - first_bye) as f64 / 1e6);
+    }
+    let (cut, back) = (Stats::get(&stats.first_cutoff_nanos), Stats::get(&stats.last_relogin_nanos));
+    report.all_back_after_ms = (cut != u64::MAX && back > cut).then(|| (back - cut) as f64 / 1e6);
     let pushes = &ctx.pushes;
     report.push_ms = stats.push();
     report.pushes_sent = Stats::get(&pushes.sent);

@@ -39,6 +39,19 @@ pub struct Stats {
     pub late_offline: AtomicU64,
     /// Silent clients expired inside the window.
     pub expired_in_window: AtomicU64,
+    /// Reconnects after being sent away or cut off (`--reconnect`).
+    pub reconnects: AtomicU64,
+    /// Connects refused while reconnecting (the gateway restarting).
+    pub connect_retries: AtomicU64,
+    /// When the latest re-login completed, and when the first session was cut off, in
+    /// nanoseconds since the run began.
+    pub last_relogin_nanos: AtomicU64,
+    pub first_cutoff_nanos: AtomicU64,
+    /// BYE(shutdown)s received, and the first and last of them, in nanoseconds since the
+    /// run began (`u64::MAX` and 0 before any).
+    pub shutdown_byes: AtomicU64,
+    pub first_shutdown_nanos: AtomicU64,
+    pub last_shutdown_nanos: AtomicU64,
     /// Silent clients not resolved yet (no BYE, not missed, not failed).
     pub silent_pending: AtomicI64,
     /// Closes nobody asked for, by reason index (`CloseReason::index`).
@@ -57,6 +70,7 @@ struct Hists {
     rtt_window_us: Histogram<u64>,
     silence_us: Histogram<u64>,
     push_us: Histogram<u64>,
+    relogin_us: Histogram<u64>,
 }
 
 /// Percentiles of a histogram, in milliseconds.
@@ -119,6 +133,13 @@ impl Stats {
             early_offline: AtomicU64::new(0),
             late_offline: AtomicU64::new(0),
             expired_in_window: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            connect_retries: AtomicU64::new(0),
+            last_relogin_nanos: AtomicU64::new(0),
+            first_cutoff_nanos: AtomicU64::new(u64::MAX),
+            shutdown_byes: AtomicU64::new(0),
+            first_shutdown_nanos: AtomicU64::new(u64::MAX),
+            last_shutdown_nanos: AtomicU64::new(0),
             silent_pending: AtomicI64::new(silent as i64),
             unexpected: Default::default(),
             closes: Default::default(),
@@ -128,6 +149,7 @@ impl Stats {
                 rtt_window_us: histogram(),
                 silence_us: histogram(),
                 push_us: histogram(),
+                relogin_us: histogram(),
             }),
             fatal: Mutex::new(None),
         }
@@ -145,6 +167,23 @@ impl Stats {
         let mut h = self.hists();
         h.rtt_us.saturating_record(micros(took));
         h.rtt_window_us.saturating_record(micros(took));
+    }
+
+    /// Cut off (BYE or dropped) to logged in again, with the retry wait in between.
+    pub fn record_relogin(&self, took: Duration) {
+        self.hists().relogin_us.saturating_record(micros(took));
+    }
+
+    pub fn relogin(&self) -> Percentiles {
+        Percentiles::of(&self.hists().relogin_us)
+    }
+
+    /// A BYE(shutdown) received `at` into the run.
+    pub fn record_shutdown_bye(&self, at: Duration) {
+        let nanos = at.as_nanos() as u64;
+        self.shutdown_byes.fetch_add(1, Ordering::Relaxed);
+        self.first_shutdown_nanos.fetch_min(nanos, Ordering::Relaxed);
+        self.last_shutdown_nanos.fetch_max(nanos, Ordering::Relaxed);
     }
 
     /// API call to client receipt of one push.

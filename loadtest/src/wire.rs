@@ -37,8 +37,8 @@ pub enum Incoming {
     Pong(Option<u64>),
     /// Bytes a backend pushed.
     Push(Bytes),
-    /// The server's last word before it closes.
-    Bye(CloseReason),
+    /// The server's last word before it closes, with its retry hint in milliseconds.
+    Bye(CloseReason, Option<u64>),
 }
 
 /// The payload of client `uid`'s DATA frame number `seq`: both, big-endian, so the event
@@ -163,7 +163,7 @@ impl Decoder for Wire {
                     },
                     Frame::Pong(p) => Incoming::Pong(p.as_ref().try_into().ok().map(u64::from_be_bytes)),
                     Frame::Push(p) => Incoming::Push(p),
-                    Frame::Bye { reason, .. } => Incoming::Bye(reason),
+                    Frame::Bye { reason, text } => Incoming::Bye(reason, idlegate::retry_hint(&text)),
                     other => return Err(invalid(format!("a gateway does not send {other:?}"))),
                 }))
             }

@@ -264,3 +264,45 @@ fn a_gateway_refusing_logins_is_a_clear_error() {
     let out = loadtest(&args);
     assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
 }
+
+/// Starts a gateway on `addr` that shuts down (BYE(shutdown) to everyone) when `stop` fires.
+fn gateway_until(rt: &Runtime, addr: SocketAddr, stop: tokio::sync::oneshot::Receiver<()>) {
+    rt.block_on(async {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let config = Config { timeout: TIMEOUT, tick: TICK, ..Config::default() };
+        tokio::spawn(Server::new(config).run(Listeners::clients(listener), async move {
+            let _ = stop.await;
+        }));
+    });
+}
+
+#[test]
+fn with_reconnect_everyone_comes_back_after_a_restart() {
+    let rt = runtime();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    gateway_until(&rt, addr, stopped);
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = run_args(addr, dir.path(), &["--reconnect"]);
+    args[3] = "300".into(); // --connections
+    args[9] = "0".into(); // --silent-fraction
+    args[11] = "15s".into(); // --duration
+    let harness = std::thread::spawn(move || loadtest(&args));
+    // Everyone logged in; then the gateway shuts down and a new one takes its port.
+    std::thread::sleep(Duration::from_secs(2));
+    stop.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (_stop_second, stopped) = tokio::sync::oneshot::channel();
+    gateway_until(&rt, addr, stopped);
+    let out = harness.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    assert_eq!(r["shutdown_byes"], 300, "{r}");
+    assert_eq!(r["relogin_ms"]["count"], 300, "{r}");
+    // Retry hints spread them over about ten seconds, none sooner than one.
+    assert!(r["relogin_ms"]["min"].as_f64().unwrap() >= 1000.0, "{r}");
+    assert!(r["all_back_after_ms"].as_f64().unwrap() > 3_000.0, "{r}");
+    assert_eq!(r["harness_online_at_end"], 300);
+    assert_eq!(r["false_offline"], 0);
+    assert_eq!(r["unexpected_closes"], serde_json::json!({}));
+}
