@@ -68,6 +68,15 @@ pub struct Args {
     /// is back.
     #[arg(long)]
     pub reconnect: bool,
+    /// Soak with churn: every session lives about --churn-life, then logs out, falls silent
+    /// (and must expire in window), is kicked by a second login of its uid, or drops its
+    /// connection, a quarter each; the client comes back 0.5-2 s later, until the run ends.
+    /// Implies --reconnect.
+    #[arg(long)]
+    pub churn: bool,
+    /// Mean life of a session under --churn (each drawn uniformly in half to 1.5 times it).
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub churn_life: Duration,
     /// The gateway's --auth-secret, to mint LOGIN tokens.
     #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
     pub auth_secret: Option<String>,
@@ -163,7 +172,13 @@ impl Args {
         if (self.push_rate > 0.0 || self.follow_events) && self.protocol == Protocol::Mqtt {
             return Err("--protocol: --push-rate and --follow-events need the idlegate protocol".into());
         }
-        if self.reconnect && self.follow_events {
+        if self.churn && self.silent_fraction > 0.0 {
+            return Err("--silent-fraction: under --churn sessions fall silent by their own fate; set it to 0".into());
+        }
+        if self.churn && self.churn_life.is_zero() {
+            return Err("--churn-life: must be longer than zero".into());
+        }
+        if (self.reconnect || self.churn) && self.follow_events {
             return Err("--follow-events: checks one session per client, so it cannot go with --reconnect".into());
         }
         if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {

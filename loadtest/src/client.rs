@@ -63,6 +63,29 @@ pub struct Ctx {
     /// Reconnect after BYE(shutdown), BYE(server_full), a refused connect or a dropped
     /// connection, waiting the server's retry hint (or [`DEFAULT_RETRY`]), and log in again.
     pub reconnect: bool,
+    /// With `--churn`: the mean life of a session, after which it meets its fate.
+    pub churn_life: Option<Duration>,
+}
+
+/// What ends a session under `--churn`, drawn at each login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Sends LOGOUT; expects BYE(logout).
+    Logout,
+    /// Falls silent; expects BYE(idle_timeout) inside the guarantee's window.
+    Silent,
+    /// A second connection logs in with the same uid; expects BYE(kicked) on this one and
+    /// carries on over the new one.
+    Kicked,
+    /// Closes its socket without a word.
+    Drop,
+}
+
+/// Pause before a churned client comes back: 0.5 s plus up to 1.5 s.
+const CHURN_PAUSE: (Duration, Duration) = (Duration::from_millis(500), Duration::from_millis(1500));
+
+fn churn_pause(rng: &mut SmallRng) -> Duration {
+    CHURN_PAUSE.0 + CHURN_PAUSE.1.mul_f64(rng.gen_range(0.0..1.0))
 }
 
 /// Wait before reconnecting when the server gave no retry hint: 1 s plus up to 2 s of jitter.
@@ -293,7 +316,14 @@ impl Client {
         let mut next_ping = now + jittered(&mut rng, ctx.ping_interval);
         let mut next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
         let mut silent_at = self.plan.silent_at;
+        // Under --churn each session draws how and when it ends.
+        let mut fate = ctx.churn_life.map(|life| draw_fate(retry_rng, life));
+        if let Some((Fate::Silent, at)) = fate {
+            silent_at = Some(at);
+        }
         let mut pings_in_flight: VecDeque<Instant> = VecDeque::new();
+        // Set once LOGOUT is sent: nothing more goes out, BYE(logout) is awaited.
+        let mut logging_out = false;
         // Set once a silent client has sent its last frame: the latest acceptable expiry.
         let mut missed_at: Option<Instant> = None;
         if silent_at.is_some_and(|at| at <= now) {
@@ -331,8 +361,17 @@ impl Client {
                         self.record_close(reason, true);
                         return Next::Retry(retry_after(hint, retry_rng));
                     }
+                    Some(Ok(Incoming::Bye(CloseReason::Logout, _))) if matches!(fate, Some((Fate::Logout, _))) => {
+                        self.record_close(CloseReason::Logout, true);
+                        self.cut_off(&ctx);
+                        return Next::Retry(churn_pause(retry_rng));
+                    }
                     Some(Ok(Incoming::Bye(reason, _))) => {
                         self.closed(reason, missed_at.is_some(), last_sent, timeout_d, tick);
+                        if ctx.churn_life.is_some() {
+                            self.cut_off(&ctx);
+                            return Next::Retry(churn_pause(retry_rng));
+                        }
                         return Next::Done;
                     }
                     // A reset is the connection dropping (the server died), not bad bytes.
@@ -368,7 +407,7 @@ impl Client {
                     }
                     missed_at = Some(last_sent + timeout_d + tick + ctx.missed_grace);
                 }
-                _ = sleep_until(next_send), if missed_at.is_none() => {
+                _ = sleep_until(next_send), if missed_at.is_none() && !logging_out => {
                     let now = Instant::now();
                     if next_data.is_some_and(|d| d <= next_ping) {
                         let seq = self.cell().data_sent.fetch_add(1, Ordering::Relaxed);
@@ -391,6 +430,87 @@ impl Client {
                     stats.missed_offline.fetch_add(1, Ordering::Relaxed);
                     return Next::Done;
                 }
+                _ = sleep_until(fate.map_or(next_send, |(_, at)| at)), if !logging_out && matches!(fate, Some((Fate::Logout | Fate::Drop | Fate::Kicked, at)) if at <= next_send) => {
+                    let Some((what, _)) = fate else { unreachable!("guarded") };
+                    match what {
+                        Fate::Logout => {
+                            // BYE(logout) comes back on the read side; no more sends meanwhile.
+                            wire.logout(&mut out);
+                            logging_out = true;
+                            if write_half.write_all_buf(&mut out).await.is_err() {
+                                self.record_close(CloseReason::Disconnect, false);
+                                return Next::Done;
+                            }
+                        }
+                        Fate::Drop => {
+                            stats.record_close(CloseReason::Disconnect, true);
+                            self.cut_off(&ctx);
+                            return Next::Retry(churn_pause(retry_rng));
+                        }
+                        Fate::Kicked => {
+                            // A second connection of this uid logs in: this one must be kicked,
+                            // and the client carries on over the new one.
+                            let Some((new_frames, new_write)) = self.second_login(&ctx, &mut wire).await else {
+                                return Next::Done;
+                            };
+                            let kicked = timeout(LOGIN_PATIENCE, async {
+                                loop {
+                                    match frames.next().await {
+                                        Some(Ok(Incoming::Bye(reason, _))) => return Some(reason),
+                                        Some(Ok(_)) => continue,
+                                        _ => return None,
+                                    }
+                                }
+                            })
+                            .await;
+                            match kicked {
+                                Ok(Some(CloseReason::Kicked)) => self.ctx.stats.record_close(CloseReason::Kicked, true),
+                                Ok(Some(other)) => self.ctx.stats.record_close(other, false),
+                                _ => self.ctx.stats.record_close(CloseReason::Disconnect, false),
+                            }
+                            stats.kicks.fetch_add(1, Ordering::Relaxed);
+                            frames = new_frames;
+                            write_half = new_write;
+                            pings_in_flight.clear();
+                            let now = Instant::now();
+                            last_sent = now;
+                            fate = ctx.churn_life.map(|life| draw_fate(retry_rng, life));
+                            silent_at = match fate {
+                                Some((Fate::Silent, at)) => Some(at),
+                                _ => None,
+                            };
+                        }
+                        Fate::Silent => unreachable!("silence runs through silent_at"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens a second connection and logs in with this client's uid; returns its halves once
+    /// WELCOME arrived.
+    async fn second_login(&mut self, ctx: &Ctx, wire: &mut Wire) -> Option<(Frames, tokio::net::tcp::OwnedWriteHalf)> {
+        let stream = match connect(ctx.target, self.plan.source).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                ctx.stats.set_fatal(format!("the second login's connect failed: {e}"));
+                return None;
+            }
+        };
+        let (read_half, mut write_half) = stream.into_split();
+        let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
+        let mut out = BytesMut::with_capacity(64);
+        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
+        wire.login(self.plan.uid, token.as_deref(), &mut out);
+        write_half.write_all_buf(&mut out).await.ok()?;
+        match timeout(LOGIN_PATIENCE, frames.next()).await {
+            Ok(Some(Ok(Incoming::Welcome { .. }))) => {
+                ctx.stats.logged_in.fetch_add(1, Ordering::Relaxed);
+                Some((frames, write_half))
+            }
+            other => {
+                ctx.stats.set_fatal(format!("the second login of uid {} got {other:?}", self.plan.uid));
+                None
             }
         }
     }
@@ -416,6 +536,20 @@ impl Client {
             stats.expired_in_window.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The frames of one connection, as the client reads them.
+type Frames = FramedRead<tokio::net::tcp::OwnedReadHalf, Wire>;
+
+/// A session's fate and when it comes: a life uniform in half to one and a half times `life`.
+fn draw_fate(rng: &mut SmallRng, life: Duration) -> (Fate, Instant) {
+    let fate = match rng.gen_range(0..4) {
+        0 => Fate::Logout,
+        1 => Fate::Silent,
+        2 => Fate::Kicked,
+        _ => Fate::Drop,
+    };
+    (fate, Instant::now() + life.mul_f64(rng.gen_range(0.5..1.5)))
 }
 
 /// Reasons a server sends a client away with, to come back later.
@@ -454,5 +588,6 @@ pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
         cells: (0..clients).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: false,
+        churn_life: None,
     }
 }

@@ -13,6 +13,7 @@ pub struct Snapshot {
     pub connections_open: Option<f64>,
     pub rss_bytes: Option<f64>,
     pub cpu_seconds: Option<f64>,
+    pub open_fds: Option<f64>,
 }
 
 /// Scrapes one gateway's admin endpoint.
@@ -40,6 +41,7 @@ impl Gateway {
             connections_open: sample(&body, "idlegate_connections_open"),
             rss_bytes: sample(&body, "process_resident_memory_bytes"),
             cpu_seconds: sample(&body, "process_cpu_seconds_total"),
+            open_fds: sample(&body, "process_open_fds"),
         })
     }
 }

@@ -19,6 +19,9 @@ pub struct Sample {
     pub gateway_online: Option<f64>,
     /// Round-trip p99 of the PONGs received in the second before this sample.
     pub rtt_p99_ms: f64,
+    /// The gateway's resident memory and open descriptors, when they could be read.
+    pub gateway_rss_bytes: Option<f64>,
+    pub gateway_open_fds: Option<f64>,
 }
 
 /// Everything a run measured; written by `--report`.
@@ -82,11 +85,24 @@ pub struct Report {
     /// (cut off to logged in again, the retry wait included), BYE(shutdown)s received and the
     /// time from the first to the last of them, and from the first to the last re-login.
     pub reconnects: u64,
+    /// `--churn`: clients come and go on purpose, so not everyone is online at the end.
+    pub churn: bool,
     pub connect_retries: u64,
     pub relogin_ms: Percentiles,
     pub shutdown_byes: u64,
     pub shutdown_spread_ms: Option<f64>,
     pub all_back_after_ms: Option<f64>,
+    /// Seconds in which the gateway's online gauge equalled the harness's count, of the
+    /// seconds both were read, and the largest difference seen.
+    pub online_equal_seconds: u64,
+    pub online_compared_seconds: u64,
+    pub online_max_difference: f64,
+    /// Slope of the gateway's resident memory after warm-up (the first third of the run),
+    /// by least squares, in bytes per minute.
+    pub rss_slope_bytes_per_min: Option<f64>,
+    /// The gateway's open descriptors before the run and after its clients closed.
+    pub gateway_fds_at_start: Option<f64>,
+    pub gateway_fds_at_end: Option<f64>,
     /// A reason the run could not be meaningful (login refused, server unreachable).
     pub fatal: Option<String>,
     pub interrupted: bool,
@@ -94,6 +110,10 @@ pub struct Report {
     /// What `--check` found wrong; empty on a clean run.
     pub failures: Vec<String>,
 }
+
+/// Descriptors the gateway may hold after a run beyond what it held before: the harness's
+/// own pooled HTTP connections to the admin endpoint and the API.
+const FD_TOLERANCE: f64 = 8.0;
 
 /// Silence-histogram bars across the guarantee's window.
 const BARS_PER_WINDOW: f64 = 50.0;
@@ -104,6 +124,30 @@ impl Report {
     /// The silence bucket width that gives about [`BARS_PER_WINDOW`] bars across the window.
     pub fn bucket_width_ms(window_ms: Option<(f64, f64)>) -> u64 {
         window_ms.map_or(100, |(lo, hi)| (((hi - lo) / BARS_PER_WINDOW) as u64).max(1))
+    }
+
+    /// Derives the online comparison and the memory slope from the timeline.
+    pub fn summarize_timeline(&mut self) {
+        let compared: Vec<f64> = self
+            .timeline
+            .iter()
+            .filter_map(|s| s.gateway_online.map(|g| (g - s.harness_online as f64).abs()))
+            .collect();
+        self.online_compared_seconds = compared.len() as u64;
+        self.online_equal_seconds = compared.iter().filter(|&&d| d == 0.0).count() as u64;
+        self.online_max_difference = compared.iter().copied().fold(0.0, f64::max);
+        let warm = self.duration_s / 3.0;
+        let points: Vec<(f64, f64)> =
+            self.timeline.iter().filter(|s| s.t >= warm).filter_map(|s| Some((s.t, s.gateway_rss_bytes?))).collect();
+        if points.len() >= 10 {
+            let n = points.len() as f64;
+            let (mt, mr) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+            let cov: f64 = points.iter().map(|p| (p.0 - mt) * (p.1 - mr)).sum();
+            let var: f64 = points.iter().map(|p| (p.0 - mt).powi(2)).sum();
+            if var > 0.0 {
+                self.rss_slope_bytes_per_min = Some(cov / var * 60.0);
+            }
+        }
     }
 
     /// Fills `failures` with every way the run was not clean.
@@ -139,8 +183,17 @@ impl Report {
                 f.push(format!("{name} = {n}"));
             }
         }
+        if let (Some(start), Some(end)) = (self.gateway_fds_at_start, self.gateway_fds_at_end) {
+            if end > start + FD_TOLERANCE {
+                f.push(format!("the gateway holds {end} descriptors after the run, {start} before it"));
+            }
+        }
         let should_be_back = self.connections - self.silent_clients;
-        if self.reconnects > 0 && !self.interrupted && (self.harness_online_at_end as u64) < should_be_back {
+        if self.reconnects > 0
+            && !self.churn
+            && !self.interrupted
+            && (self.harness_online_at_end as u64) < should_be_back
+        {
             f.push(format!(
                 "{} of {should_be_back} clients that should be online were not back at the end",
                 should_be_back - self.harness_online_at_end.max(0) as u64
@@ -225,6 +278,21 @@ impl Report {
                 self.shutdown_byes,
                 ms(self.shutdown_spread_ms),
                 ms(self.all_back_after_ms)
+            );
+        }
+        if self.online_compared_seconds > 0 {
+            let _ = writeln!(
+                s,
+                "online       gateway gauge equal to the harness's count in {} of {} seconds, largest difference {:.0}",
+                self.online_equal_seconds, self.online_compared_seconds, self.online_max_difference
+            );
+        }
+        if let Some(slope) = self.rss_slope_bytes_per_min {
+            let _ = writeln!(
+                s,
+                "soak         rss slope after warm-up {slope:.0} B/min; open fds {} at start, {} at the end",
+                opt(self.gateway_fds_at_start, ""),
+                opt(self.gateway_fds_at_end, "")
             );
         }
         if let Some(seen) = self.events_seen {

@@ -37,6 +37,10 @@ const PUSH_ARRIVAL_GRACE: Duration = Duration::from_millis(500);
 /// Longest the event consumer waits at the end for the offline events of the last sessions.
 const EVENTS_SETTLE: Duration = Duration::from_secs(10);
 
+/// Time the gateway gets to close the connections the harness closed, before its open
+/// descriptors are read at the end.
+const FDS_SETTLE: Duration = Duration::from_secs(2);
+
 /// Longest the harness waits for its clients to close at the end.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -93,7 +97,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         uid_base: args.uid_base,
         cells: (0..args.connections).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
-        reconnect: args.reconnect,
+        reconnect: args.reconnect || args.churn,
+        churn_life: args.churn.then_some(args.churn_life),
     });
 
     // The event consumer starts before the first client, so it sees every login.
@@ -173,7 +178,14 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         events_missed: 0,
         event_mismatches: 0,
         event_mismatch_examples: Vec::new(),
+        online_equal_seconds: 0,
+        online_compared_seconds: 0,
+        online_max_difference: 0.0,
+        rss_slope_bytes_per_min: None,
+        gateway_fds_at_start: at_start.and_then(|s| s.open_fds),
+        gateway_fds_at_end: None,
         reconnects: 0,
+        churn: args.churn,
         connect_retries: 0,
         relogin_ms: Default::default(),
         shutdown_byes: 0,
@@ -211,6 +223,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
             harness_online: stats.online.load(Ordering::Relaxed),
             gateway_online: snapshot.and_then(|s| s.online_users),
             rtt_p99_ms,
+            gateway_rss_bytes: snapshot.and_then(|s| s.rss_bytes),
+            gateway_open_fds: snapshot.and_then(|s| s.open_fds),
         });
 
         let opened = Stats::get(&stats.logged_in) + Stats::get(&stats.connect_errors);
@@ -285,10 +299,15 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     report.pushes_received = Stats::get(&pushes.received);
     report.pushes_lost = pushes.lost();
     report.pushes_unexpected = Stats::get(&pushes.unexpected);
+    // A moment for the gateway to finish closing what the clients just closed.
+    if gateway.is_some() {
+        tokio::time::sleep(FDS_SETTLE).await;
+    }
     let at_end: Option<Snapshot> = match &gateway {
         Some(g) => g.scrape().await.ok(),
         None => None,
     };
+    report.gateway_fds_at_end = at_end.and_then(|s| s.open_fds);
 
     let elapsed = epoch.elapsed();
     report.duration_s = elapsed.as_secs_f64();
@@ -323,6 +342,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     if let (Some(start), Some(end)) = (at_start.and_then(|s| s.cpu_seconds), at_end.and_then(|s| s.cpu_seconds)) {
         report.gateway_cpu_seconds = Some(end - start);
     }
+    report.summarize_timeline();
     report.judge();
     Ok(report)
 }

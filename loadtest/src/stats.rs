@@ -39,6 +39,8 @@ pub struct Stats {
     pub late_offline: AtomicU64,
     /// Silent clients expired inside the window.
     pub expired_in_window: AtomicU64,
+    /// Sessions ended by a second login of their uid (`--churn`).
+    pub kicks: AtomicU64,
     /// Reconnects after being sent away or cut off (`--reconnect`).
     pub reconnects: AtomicU64,
     /// Connects refused while reconnecting (the gateway restarting).
@@ -133,6 +135,7 @@ impl Stats {
             early_offline: AtomicU64::new(0),
             late_offline: AtomicU64::new(0),
             expired_in_window: AtomicU64::new(0),
+            kicks: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             connect_retries: AtomicU64::new(0),
             last_relogin_nanos: AtomicU64::new(0),

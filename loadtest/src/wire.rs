@@ -17,6 +17,7 @@ mod mqtt {
     pub const PUBLISH_QOS0: u8 = 0x30;
     pub const PINGREQ: u8 = 0xC0;
     pub const PINGRESP: u8 = 0xD0;
+    pub const DISCONNECT: u8 = 0xE0;
     /// Protocol level of MQTT 3.1.1.
     pub const LEVEL_311: u8 = 4;
     /// CONNECT flags: clean session, no will, no credentials.
@@ -114,6 +115,14 @@ impl Wire {
                 body.put_slice(&payload);
                 put_mqtt_packet(out, mqtt::PUBLISH_QOS0, &body);
             }
+        }
+    }
+
+    /// The end of a session: idlegate LOGOUT, or MQTT DISCONNECT.
+    pub fn logout(&mut self, out: &mut BytesMut) {
+        match self.protocol {
+            Protocol::Idlegate => self.frame(Frame::Logout, out),
+            Protocol::Mqtt => put_mqtt_packet(out, mqtt::DISCONNECT, &[]),
         }
     }
 

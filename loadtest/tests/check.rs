@@ -306,3 +306,26 @@ fn with_reconnect_everyone_comes_back_after_a_restart() {
     assert_eq!(r["false_offline"], 0);
     assert_eq!(r["unexpected_closes"], serde_json::json!({}));
 }
+
+#[test]
+fn churn_logs_out_expires_kicks_and_drops_and_everything_checks_out() {
+    let rt = runtime();
+    let (target, admin) = gateway(&rt, None);
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = run_args(target, dir.path(), &["--churn", "--churn-life", "1s", "--admin", &admin.to_string()]);
+    args[3] = "300".into(); // --connections
+    args[9] = "0".into(); // --silent-fraction
+    args[11] = "8s".into(); // --duration
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    for reason in ["logout", "idle_timeout", "kicked", "disconnect"] {
+        assert!(r["closes"][reason].as_u64().unwrap_or(0) > 50, "{reason}: {r}");
+    }
+    assert!(r["expired_in_window"].as_u64().unwrap() > 50, "{r}");
+    for zero in ["false_offline", "missed_offline", "early_offline", "late_offline"] {
+        assert_eq!(r[zero], 0, "{zero}");
+    }
+    assert_eq!(r["unexpected_closes"], serde_json::json!({}));
+    assert_eq!(r["gateway_online_at_end"].as_f64().unwrap(), r["harness_online_at_end"].as_f64().unwrap());
+}
