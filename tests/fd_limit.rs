@@ -6,27 +6,20 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{http_get, Client};
+use common::{find_on_path, free_addr, http_get, skip_without, wait_listening, Client};
 use idlegate::{CloseReason, Frame};
 use tokio::time::{sleep, Instant};
 
 const PINGERS: u64 = 20;
 const CROWD: u64 = 600;
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_out_of_descriptors_answers_everyone_and_recovers() {
-    let Ok(prlimit) = which("prlimit") else {
-        assert!(std::env::var_os("CI").is_none(), "CI must run this test: prlimit comes with util-linux");
-        eprintln!("SKIPPED: no prlimit (util-linux)");
-        return;
+    let Some(prlimit) = find_on_path(&["prlimit"]) else {
+        return skip_without("prlimit", "apt-get install util-linux");
     };
     let (addr, admin, api) = (free_addr(), free_addr(), free_addr());
     let mut gateway = tokio::process::Command::new(prlimit)
@@ -40,11 +33,7 @@ async fn a_gateway_out_of_descriptors_answers_everyone_and_recovers() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + common::PATIENCE;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "the gateway never listened");
-        sleep(Duration::from_millis(25)).await;
-    }
+    wait_listening(addr).await;
 
     let mut pingers = Vec::new();
     for uid in 0..PINGERS {
@@ -103,9 +92,4 @@ async fn a_gateway_out_of_descriptors_answers_everyone_and_recovers() {
         sleep(Duration::from_millis(100)).await;
     }
     let _ = gateway.kill().await;
-}
-
-fn which(name: &str) -> Result<std::path::PathBuf, ()> {
-    let path = std::env::var_os("PATH").ok_or(())?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()).ok_or(())
 }

@@ -9,11 +9,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{dashboard_queries, http_get, Client, TestServer};
+use common::{dashboard_queries, find_on_path, free_addr, http_get, skip_without, Client, TestServer};
 use idlegate::{CloseReason, Config, Frame};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -21,14 +20,6 @@ use tokio_util::sync::CancellationToken;
 const CLIENTS: u64 = 40;
 /// How long each wait on Prometheus may take: scrapes are 1 s apart, rates need two of them.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn find(binary: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(binary)).find(|p| p.is_file())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// Runs an instant query; `Err` carries Prometheus's error (a query that does not parse).
 async fn query(prom: SocketAddr, expr: &str) -> Result<Vec<serde_json::Value>, String> {
@@ -63,10 +54,8 @@ async fn wait_for_value(prom: SocketAddr, expr: &str, want: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_sees_users_come_and_go_and_every_dashboard_query_works() {
-    let Some(prometheus) = find("prometheus") else {
-        assert!(std::env::var_os("CI").is_none(), "CI must run this test: .ci/run installs prometheus");
-        eprintln!("SKIPPED: no prometheus on PATH; install it with `apt-get install prometheus`");
-        return;
+    let Some(prometheus) = find_on_path(&["prometheus"]) else {
+        return skip_without("prometheus", "apt-get install prometheus");
     };
 
     let config = Config {
@@ -89,7 +78,7 @@ async fn prometheus_sees_users_come_and_go_and_every_dashboard_query_works() {
         ),
     )
     .unwrap();
-    let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let prom = free_addr();
     let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
     let mut child = tokio::process::Command::new(&prometheus)
         .arg(format!("--config.file={}", prom_config.display()))
@@ -165,7 +154,7 @@ async fn prometheus_sees_users_come_and_go_and_every_dashboard_query_works() {
     }
 
     // The alert rules are valid for promtool and evaluate without error in Prometheus.
-    if let Some(promtool) = find("promtool") {
+    if let Some(promtool) = find_on_path(&["promtool"]) {
         let out = std::process::Command::new(promtool).args(["check", "rules", alerts]).output().unwrap();
         assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stdout));
     } else {

@@ -28,6 +28,34 @@ const STALL_AFTER: Duration = Duration::from_millis(300);
 const STALL: Duration = Duration::from_millis(1500);
 const RUN_FOR: Duration = Duration::from_millis(3300);
 
+/// A gateway on a single-threaded runtime of its own, which the test can freeze.
+struct Stallable {
+    addr: std::net::SocketAddr,
+    metrics: std::sync::Arc<idlegate::Metrics>,
+    /// Spawning a blocking sleep on it freezes the whole gateway.
+    stall_handle: tokio::runtime::Handle,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+impl Stallable {
+    fn start(config: Config) -> Stallable {
+        let gateway = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let listener = gateway.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = gateway.block_on(async { Server::new(config) });
+        let metrics = server.metrics();
+        let stall_handle = gateway.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            gateway.block_on(server.run(Listeners::clients(listener), async move {
+                let _ = stopped.await;
+            }))
+        });
+        Stallable { addr, metrics, stall_handle, stop, thread }
+    }
+}
+
 #[test]
 fn clients_that_sent_during_a_stall_keep_their_sessions() {
     let config = Config {
@@ -36,18 +64,7 @@ fn clients_that_sent_during_a_stall_keep_their_sessions() {
         login_timeout: Duration::from_secs(5),
         ..Config::default()
     };
-    let gateway = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let listener = gateway.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = gateway.block_on(async { Server::new(config) });
-    let metrics = server.metrics();
-    let stall_handle = gateway.handle().clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let gateway_thread = std::thread::spawn(move || {
-        gateway.block_on(server.run(Listeners::clients(listener), async move {
-            let _ = stopped.await;
-        }))
-    });
+    let Stallable { addr, metrics, stall_handle, stop, thread: gateway_thread } = Stallable::start(config);
 
     let clients = tokio::runtime::Runtime::new().unwrap();
     clients.block_on(async move {
@@ -115,18 +132,7 @@ fn clients_that_sent_during_a_stall_keep_their_sessions() {
 fn a_login_sent_during_a_stall_is_read_before_the_login_deadline_fires() {
     const LOGIN_TIMEOUT: Duration = Duration::from_millis(300);
     let config = Config { login_timeout: LOGIN_TIMEOUT, ..Config::default() };
-    let gateway = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let listener = gateway.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = gateway.block_on(async { Server::new(config) });
-    let metrics = server.metrics();
-    let stall_handle = gateway.handle().clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let gateway_thread = std::thread::spawn(move || {
-        gateway.block_on(server.run(Listeners::clients(listener), async move {
-            let _ = stopped.await;
-        }))
-    });
+    let Stallable { addr, metrics, stall_handle, stop, thread: gateway_thread } = Stallable::start(config);
 
     let clients = tokio::runtime::Runtime::new().unwrap();
     clients.block_on(async move {

@@ -9,11 +9,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Client, TestServer};
+use common::{find_on_path, skip_without, Client, TestServer};
 use futures_util::{SinkExt, StreamExt};
 use idlegate::{CloseReason, Config, Frame};
 use serde_json::{json, Value};
@@ -27,19 +27,6 @@ const WAIT: Duration = Duration::from_secs(40);
 
 const ACTIVE: u64 = 6;
 const SILENT: u64 = 4;
-
-fn find_browser() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    for name in ["chromium", "chromium-browser", "google-chrome"] {
-        for dir in std::env::split_paths(&path) {
-            let candidate = dir.join(name);
-            if candidate.is_file() {
-                return Some(candidate);
-            }
-        }
-    }
-    None
-}
 
 /// Starts headless chromium with the DevTools protocol on a free port; returns it and the
 /// browser's HTTP address for the protocol.
@@ -159,10 +146,8 @@ const READ_PAGE: &str = r#"JSON.stringify({
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_the_gateway_live_in_a_real_browser() {
-    let Some(browser) = find_browser() else {
-        assert!(std::env::var_os("CI").is_none(), "CI must run this test: .ci/run installs chromium");
-        eprintln!("SKIPPED: no chromium on PATH; install it with `apt-get install chromium`");
-        return;
+    let Some(browser) = find_on_path(&["chromium", "chromium-browser", "google-chrome"]) else {
+        return skip_without("chromium", "apt-get install chromium");
     };
     let config = Config {
         timeout: Duration::from_secs(5),

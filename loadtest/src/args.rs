@@ -74,6 +74,10 @@ pub struct Args {
     /// Implies --reconnect.
     #[arg(long)]
     pub churn: bool,
+    /// Also fail --check if the gateway holds more descriptors after the run than before it
+    /// (read from --admin; meaningful when the gateway is a process of its own).
+    #[arg(long)]
+    pub check_fds: bool,
     /// Mean life of a session under --churn (each drawn uniformly in half to 1.5 times it).
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     pub churn_life: Duration,
@@ -174,6 +178,9 @@ impl Args {
         }
         if self.churn && self.silent_fraction > 0.0 {
             return Err("--silent-fraction: under --churn sessions fall silent by their own fate; set it to 0".into());
+        }
+        if self.check_fds && self.admin.is_none() {
+            return Err("--admin: --check-fds reads the gateway's descriptors from its /metrics".into());
         }
         if self.churn && self.churn_life.is_zero() {
             return Err("--churn-life: must be longer than zero".into());

@@ -184,6 +184,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         rss_slope_bytes_per_min: None,
         gateway_fds_at_start: at_start.and_then(|s| s.open_fds),
         gateway_fds_at_end: None,
+        check_fds: args.check_fds,
         reconnects: 0,
         churn: args.churn,
         connect_retries: 0,

@@ -65,6 +65,33 @@ impl TestServer {
     }
 }
 
+/// The first of `names` found on `PATH`.
+pub fn find_on_path(names: &[&str]) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    names.iter().find_map(|name| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// Skips a test that needs `what` when it is missing, saying how to install it; under CI
+/// (`CI` set, as `.ci/run` does) fails instead, so CI never passes without running it.
+pub fn skip_without(what: &str, install: &str) {
+    assert!(std::env::var_os("CI").is_none(), "CI must run this test: .ci/run installs {what}");
+    eprintln!("SKIPPED: no {what}; install it with `{install}`");
+}
+
+/// A loopback address nobody listens on right now, for a process to bind.
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Waits until something accepts connections on `addr`.
+pub async fn wait_listening(addr: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while TcpStream::connect(addr).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "nothing listens on {addr}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// A minimal HTTP/1.1 GET, enough for the admin endpoint and Prometheus's API.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     http(addr, "GET", path, &[], "").await
