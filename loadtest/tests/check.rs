@@ -329,3 +329,30 @@ fn churn_logs_out_expires_kicks_and_drops_and_everything_checks_out() {
     assert_eq!(r["unexpected_closes"], serde_json::json!({}));
     assert_eq!(r["gateway_online_at_end"].as_f64().unwrap(), r["harness_online_at_end"].as_f64().unwrap());
 }
+
+#[test]
+fn an_overloaded_gateway_sheds_with_retry_hints_and_everyone_gets_in() {
+    let rt = runtime();
+    let addr = rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Room for only a few logins in flight: a connect burst overloads it on purpose.
+        let config = Config { timeout: TIMEOUT, tick: TICK, max_pending_logins: 5, ..Config::default() };
+        tokio::spawn(Server::new(config).run(Listeners::clients(listener), std::future::pending::<()>()));
+        addr
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = run_args(addr, dir.path(), &["--reconnect"]);
+    args[3] = "300".into(); // --connections
+    args[5] = "20000".into(); // --connect-rate: all at once
+    args[9] = "0".into(); // --silent-fraction
+    args[11] = "6s".into(); // --duration
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    let shed = r["closes"]["server_full"].as_u64().unwrap_or(0);
+    assert!(shed > 0, "nobody was shed: {r}");
+    assert!(r["reconnects"].as_u64().unwrap() >= shed, "every shed client came back: {r}");
+    assert_eq!(r["harness_online_at_end"], 300);
+    assert!(r["closes"].get("login_timeout").is_none(), "{r}");
+}
