@@ -197,14 +197,7 @@ async fn presence_query(
     let body = json_body(&body?)?;
     let uids = uid_list(&body)?;
     let online = state.gateway.directory.query(&uids).await?;
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    for (uid, online) in uids.into_iter().zip(online) {
-        if online {
-            on.push(uid)
-        } else {
-            off.push(uid)
-        }
-    }
+    let (on, off) = split_by(uids, online);
     Ok(Json(json!({ "online": on, "offline": off })))
 }
 
@@ -236,14 +229,7 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
         )));
     }
     let handed = state.gateway.directory.push(&uids, Bytes::from(payload)).await?;
-    let (mut sent, mut offline) = (Vec::new(), Vec::new());
-    for (uid, handed) in uids.into_iter().zip(handed) {
-        if handed {
-            sent.push(uid)
-        } else {
-            offline.push(uid)
-        }
-    }
+    let (sent, offline) = split_by(uids, handed);
     let metrics = &state.gateway.metrics;
     metrics.pushes_sent.inc_by(sent.len() as u64);
     metrics.pushes_offline.inc_by(offline.len() as u64);
@@ -371,6 +357,12 @@ fn format_event(out: &mut String, event: &Event, node: &str) {
         }
     };
     out.push_str("\n\n");
+}
+
+/// Splits `uids` by `flags`, in order: those flagged, then the others.
+fn split_by(uids: Vec<u64>, flags: Vec<bool>) -> (Vec<u64>, Vec<u64>) {
+    let (yes, no): (Vec<_>, Vec<_>) = uids.into_iter().zip(flags).partition(|&(_, flag)| flag);
+    (yes.into_iter().map(|(uid, _)| uid).collect(), no.into_iter().map(|(uid, _)| uid).collect())
 }
 
 fn json_body(body: &[u8]) -> Result<Value, ApiError> {

@@ -108,12 +108,13 @@ impl Handler<'_> {
                 put_frame(&Frame::Pong(payload), out);
                 Ok(())
             }
-            (Some(session), Frame::Data(payload)) => {
-                let session = session.clone();
+            (Some(_), Frame::Data(payload)) => {
                 self.activity()?;
-                // Copied to a buffer of its own size: the frame's bytes live in the worker's
-                // read buffer, which the log must not keep alive.
-                self.gateway.registry.events().data(&session, Bytes::copy_from_slice(&payload));
+                if let Some(session) = &self.session {
+                    // Copied to a buffer of its own size: the frame's bytes live in the
+                    // worker's read buffer, which the log must not keep alive.
+                    self.gateway.registry.events().data(session, Bytes::copy_from_slice(&payload));
+                }
                 Ok(())
             }
             (Some(_), Frame::Logout) => Err((CloseReason::Logout, String::new())),
