@@ -38,7 +38,7 @@ struct ServeArgs {
     /// Address clients connect to.
     #[arg(long, env = "IDLEGATE_LISTEN", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
-    /// Address of the admin HTTP endpoint (/healthz, /readyz, /metrics).
+    /// Address of the admin HTTP endpoint (the status page at /, /healthz, /readyz, /metrics).
     #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071")]
     admin_listen: SocketAddr,
     /// Silence after which a uid goes offline; a whole multiple of --tick.
