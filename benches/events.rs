@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::FutureExt;
-use idlegate::{Clock, Config, Directory, EventLog, Local, Metrics, Registry, READ_BATCH};
+use idlegate::{Clock, Config, Directory, EventId, EventLog, Local, Metrics, Registry, READ_BATCH};
 
 /// Uids online for the presence query, as the issue asks.
 const ONLINE: u64 = 1_000_000;
@@ -40,17 +40,18 @@ fn event_log(c: &mut Criterion) {
     group.bench_function("append_data", |b| b.iter(|| reg.events().data(&session, payload.clone())));
 
     // A full log; each read takes the batch after a random position.
-    while reg.events().last_seq() < LOG_EVENTS {
+    while reg.events().last_id().seq < LOG_EVENTS {
         reg.events().data(&session, payload.clone());
     }
-    let last = reg.events().last_seq();
-    let first = last - LOG_EVENTS + 2 * READ_BATCH as u64;
+    let last = reg.events().last_id();
+    let first = EventId { seq: last.seq - LOG_EVENTS + 2 * READ_BATCH as u64, ..last };
     let mut at = first;
     group.throughput(Throughput::Elements(READ_BATCH as u64));
     group.bench_function("read_batch", |b| {
         b.iter(|| {
             let batch = reg.events().read(at);
-            at = if at + 2 * batch.events.len() as u64 >= last { first } else { at + batch.events.len() as u64 };
+            let next = at.seq + batch.events.len() as u64;
+            at = if next + READ_BATCH as u64 >= last.seq { first } else { EventId { seq: next, ..at } };
             black_box(batch.events.len())
         })
     });

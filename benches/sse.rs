@@ -1,6 +1,6 @@
 //! One Server-Sent Events consumer reading the event log over loopback, end to end: a gateway
 //! in this process, its log filled with 1,000,000 DATA events by real clients, then one
-//! consumer that asks for all of them (`?after=0`) and parses every event out of the
+//! consumer that asks for all of them (`?after=0-0`, an id before this run) and parses every event out of the
 //! chunked HTTP body. Prints events per second; the bar is 200,000.
 //!
 //! `cargo bench --bench sse`. The consumer and the gateway share this machine's two cores,
@@ -80,10 +80,10 @@ fn frame(out: &mut BytesMut, kind: u8, payload: &[u8]) {
     out.put_slice(payload);
 }
 
-/// Reads `/v1/events?after=0` until `want` data events have been parsed; returns the count.
+/// Reads `/v1/events?after=0-0` until `want` data events have been parsed; returns the count.
 async fn consume(api: std::net::SocketAddr, want: u64) -> u64 {
     let mut s = TcpStream::connect(api).await.unwrap();
-    s.write_all(b"GET /v1/events?after=0 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /v1/events?after=0-0 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut raw = Vec::with_capacity(1 << 20);
     let mut body = Vec::with_capacity(1 << 20);
     let mut chunk = vec![0u8; 1 << 16];

@@ -35,6 +35,6 @@ pub use client::{
 pub use config::{default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
 pub use presence::{
-    unix_now, Batch, Clock, Directory, Event, EventLog, Local, Registry, Ring, Touch, What, DEFAULT_EVENT_LOG_BYTES,
-    DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
+    unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Local, Registry, Ring, Touch, What,
+    DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
 };

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::listener::{Bounded, API_CONNECTIONS};
 use crate::gateway::Gateway;
-use crate::presence::{Batch, DirectoryError, Event, What};
+use crate::presence::{Batch, DirectoryError, Event, EventId, What};
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -341,8 +341,8 @@ fn format_batch(batch: &Batch, types: Types, node: &str) -> Bytes {
 
 fn format_event(out: &mut String, event: &Event, node: &str) {
     use std::fmt::Write;
-    let Event { seq, at_ms, uid, what } = event;
-    let _ = write!(out, "id: {seq}\nevent: {}\ndata: ", what.name());
+    let Event { id, at_ms, uid, what } = event;
+    let _ = write!(out, "id: {id}\nevent: {}\ndata: ", what.name());
     let _ = match what {
         What::Online { session } => {
             write!(out, r#"{{"uid":{uid},"session":"{session:016x}","node":{node},"at_ms":{at_ms}}}"#)
@@ -389,6 +389,6 @@ fn parse_uid(field: &str, text: &str) -> Result<u64, ApiError> {
     text.parse().map_err(|_| ApiError::bad_request(format!("{field}: {text:?} is not an unsigned 64-bit integer")))
 }
 
-fn parse_event_id(field: &str, text: &str) -> Result<u64, ApiError> {
-    text.trim().parse().map_err(|_| ApiError::bad_request(format!("{field}: {text:?} is not an event id")))
+fn parse_event_id(field: &str, text: &str) -> Result<EventId, ApiError> {
+    text.parse().map_err(|()| ApiError::bad_request(format!("{field}: {text:?} is not an event id")))
 }

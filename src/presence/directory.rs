@@ -14,7 +14,7 @@ use futures_util::{FutureExt, StreamExt};
 use prometheus::IntGauge;
 
 use crate::presence::clock::Clock;
-use crate::presence::events::{Batch, EventLog};
+use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
 
 /// Why a directory could not answer.
@@ -57,8 +57,9 @@ pub trait Directory: Send + Sync + std::fmt::Debug {
     fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
     /// Ends `uid`'s session as kicked; false if it was offline.
     fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>>;
-    /// The event stream after `after` (or from now), in batches.
-    fn follow(&self, after: Option<u64>) -> BoxStream<'static, Batch>;
+    /// The event stream after `after` (or from now), in batches. Ids have the shape of a
+    /// Redis Stream's, so every directory takes and gives the same ones.
+    fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch>;
 }
 
 /// The directory of a gateway that runs alone.
@@ -113,7 +114,7 @@ impl Directory for Local {
         async move { Ok(kicked) }.boxed()
     }
 
-    fn follow(&self, after: Option<u64>) -> BoxStream<'static, Batch> {
+    fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {
         self.events.follow(after).boxed()
     }
 }

@@ -38,11 +38,37 @@ pub const DEFAULT_EVENT_LOG_BYTES: usize = 256 * 1024 * 1024;
 /// the lock is held for microseconds.
 pub const READ_BATCH: usize = 1024;
 
+/// Where an event stands in its log, as `<ms>-<seq>`: the shape of a Redis Stream entry id,
+/// so one API serves this process's log and a cluster's stream alike. Here `ms` is when this
+/// process started, so an id from an earlier run of the gateway sorts before all of this
+/// run's, and `seq` counts this run's events from 1. Clients treat ids as opaque.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+impl std::str::FromStr for EventId {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<EventId, ()> {
+        let (ms, seq) = text.trim().split_once('-').ok_or(())?;
+        let number = |s: &str| if s.bytes().all(|b| b.is_ascii_digit()) { s.parse().map_err(|_| ()) } else { Err(()) };
+        Ok(EventId { ms: number(ms)?, seq: number(seq)? })
+    }
+}
+
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// Position in this gateway's log; ids are this number in decimal.
-    pub seq: u64,
+    /// Its place in the log; see [`EventId`].
+    pub id: EventId,
     /// Unix milliseconds when it was logged.
     pub at_ms: u64,
     pub uid: u64,
@@ -74,14 +100,14 @@ impl What {
 }
 
 /// What a consumer reads next.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Batch {
     /// Events the consumer asked for that the log no longer holds (0 when none).
     pub missed: u64,
     /// The position asked for predates this process: events of an earlier run are gone.
     pub earlier_process: bool,
-    /// The id of the last missed event, for the gap's own id.
-    pub gap_id: u64,
+    /// The position just before the first event returned, for the gap's own id.
+    pub gap_id: EventId,
     pub events: Vec<Event>,
 }
 
@@ -93,10 +119,8 @@ pub struct EventLog {
     consumers: AtomicUsize,
     capacity: usize,
     max_bytes: usize,
-    /// The first sequence number of this process. Sequence numbers start at the process's
-    /// start time in microseconds, so a consumer's id from an earlier run of the gateway is
-    /// recognizably older than anything this run logged.
-    first_seq: u64,
+    /// When this process's log began: the `ms` of every id it hands out.
+    boot_ms: u64,
     metrics: Arc<Metrics>,
 }
 
@@ -114,14 +138,13 @@ struct Inner {
 impl EventLog {
     /// An empty log holding at most `capacity` events and `max_bytes` of payload.
     pub fn new(capacity: usize, max_bytes: usize, metrics: Arc<Metrics>) -> EventLog {
-        let first_seq = unix_ms().saturating_mul(1000);
         EventLog {
-            inner: Mutex::new(Inner { events: VecDeque::new(), next_seq: first_seq, bytes: 0 }),
+            inner: Mutex::new(Inner { events: VecDeque::new(), next_seq: 1, bytes: 0 }),
             appended: Notify::new(),
             consumers: AtomicUsize::new(0),
             capacity: capacity.max(1),
             max_bytes,
-            first_seq,
+            boot_ms: unix_ms(),
             metrics,
         }
     }
@@ -136,7 +159,12 @@ impl EventLog {
         }
         self.push(
             &mut inner,
-            Event { seq: 0, at_ms, uid: session.uid(), what: What::Online { session: session.id() } },
+            Event {
+                id: EventId { ms: 0, seq: 0 },
+                at_ms,
+                uid: session.uid(),
+                what: What::Online { session: session.id() },
+            },
         );
         self.appended_done(inner);
     }
@@ -162,44 +190,53 @@ impl EventLog {
         if !session.is_live() {
             return false;
         }
-        self.push(&mut inner, Event { seq: 0, at_ms, uid: session.uid(), what: What::Data(payload) });
+        self.push(
+            &mut inner,
+            Event { id: EventId { ms: 0, seq: 0 }, at_ms, uid: session.uid(), what: What::Data(payload) },
+        );
         self.appended_done(inner);
         true
     }
 
-    /// The next events after `after` (every event the log holds after it, or from now when
-    /// `None`), at most [`READ_BATCH`].
-    pub fn read(&self, after: u64) -> Batch {
+    /// The next events after `after`, at most [`READ_BATCH`]: every event the log still holds
+    /// after it. An id from an earlier run reads from this run's start; one from a later run
+    /// (a clock stepped back) reads from now.
+    pub fn read(&self, after: EventId) -> Batch {
         let inner = self.lock();
         let oldest = inner.next_seq - inner.events.len() as u64;
-        let mut batch = Batch::default();
-        let from = if after.saturating_add(1) < oldest {
-            batch.missed = oldest - after.max(self.first_seq.saturating_sub(1)) - 1;
-            batch.earlier_process = after < self.first_seq.saturating_sub(1);
-            batch.gap_id = oldest - 1;
-            oldest
-        } else {
-            after.saturating_add(1).min(inner.next_seq)
+        let (after_seq, earlier_process) = match after.ms.cmp(&self.boot_ms) {
+            std::cmp::Ordering::Less => (0, true),
+            std::cmp::Ordering::Equal => (after.seq.min(inner.next_seq - 1), false),
+            std::cmp::Ordering::Greater => (inner.next_seq - 1, false),
         };
+        let from = (after_seq + 1).max(oldest);
         let skip = (from - oldest) as usize;
-        batch.events.extend(inner.events.range(skip..).take(READ_BATCH).cloned());
-        batch
+        Batch {
+            missed: from - after_seq - 1,
+            earlier_process,
+            gap_id: self.id(from - 1),
+            events: inner.events.range(skip..).take(READ_BATCH).cloned().collect(),
+        }
     }
 
     /// The id of the newest event, so a consumer starting "from now" begins after it.
-    pub fn last_seq(&self) -> u64 {
-        self.lock().next_seq - 1
+    pub fn last_id(&self) -> EventId {
+        self.id(self.lock().next_seq - 1)
     }
 
-    /// Resolves once an event after `seq` is in the log.
-    pub async fn wait_after(&self, seq: u64) {
+    fn id(&self, seq: u64) -> EventId {
+        EventId { ms: self.boot_ms, seq }
+    }
+
+    /// Resolves once an event after `id` is in the log.
+    pub async fn wait_after(&self, id: EventId) {
         loop {
             let notified = self.appended.notified();
             tokio::pin!(notified);
             // Registered before the check, so an append between the check and the await
             // still wakes us.
             notified.as_mut().enable();
-            if self.last_seq() > seq {
+            if self.last_id() > id {
                 return;
             }
             notified.await;
@@ -209,13 +246,13 @@ impl EventLog {
     /// Every event after `after` the log still holds (or, with `None`, every event from
     /// now on), then the live tail, in batches; a batch reports what this consumer missed
     /// first. The consumer is counted in `idlegate_event_consumers` while the stream lives.
-    pub fn follow(self: &Arc<Self>, after: Option<u64>) -> impl Stream<Item = Batch> + Send + 'static {
+    pub fn follow(self: &Arc<Self>, after: Option<EventId>) -> impl Stream<Item = Batch> + Send + 'static {
         let guard = self.consumer();
-        let cursor = after.unwrap_or_else(|| self.last_seq());
+        let cursor = after.unwrap_or_else(|| self.last_id());
         stream::unfold((guard, cursor), |(guard, cursor)| async move {
             loop {
                 let batch = guard.log.read(cursor);
-                if let Some(last) = batch.events.last().map(|e| e.seq) {
+                if let Some(last) = batch.events.last().map(|e| e.id) {
                     return Some((batch, (guard, last)));
                 }
                 if batch.missed > 0 || batch.earlier_process {
@@ -246,12 +283,12 @@ impl EventLog {
         };
         if session.mark_reported() {
             let what = What::Offline { session: session.id(), reason };
-            self.push(inner, Event { seq: 0, at_ms, uid: session.uid(), what });
+            self.push(inner, Event { id: EventId { ms: 0, seq: 0 }, at_ms, uid: session.uid(), what });
         }
     }
 
     fn push(&self, inner: &mut Inner, mut event: Event) {
-        event.seq = inner.next_seq;
+        event.id = self.id(inner.next_seq);
         inner.next_seq += 1;
         if let What::Data(payload) = &event.what {
             inner.bytes += payload.len();
@@ -310,7 +347,7 @@ mod tests {
     #[test]
     fn a_session_logs_online_data_offline_once_each_in_order() {
         let log = log(100, 1 << 20);
-        let start = log.last_seq();
+        let start = log.last_id();
         let s = Session::new(7, 1, 0);
         log.login(None, &s);
         assert!(log.data(&s, Bytes::from_static(b"hi")));
@@ -322,13 +359,13 @@ mod tests {
         assert_eq!(names(&batch), ["online", "data", "offline"]);
         assert_eq!(batch.missed, 0);
         assert_eq!(batch.events[2].what, What::Offline { session: 1, reason: CloseReason::Logout });
-        assert!(log.read(batch.events[2].seq).events.is_empty());
+        assert!(log.read(batch.events[2].id).events.is_empty());
     }
 
     #[test]
     fn a_login_reports_the_session_it_replaces_first() {
         let log = log(100, 1 << 20);
-        let start = log.last_seq();
+        let start = log.last_id();
         let old = Session::new(7, 1, 0);
         let new = Session::new(7, 2, 0);
         log.login(None, &old);
@@ -343,24 +380,33 @@ mod tests {
     #[test]
     fn dropped_events_show_as_a_gap_of_the_right_size() {
         let log = log(3, 1 << 20);
-        let start = log.last_seq();
+        let start = log.last_id();
         let s = Session::new(1, 1, 0);
         log.login(None, &s);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"x"));
         }
         let batch = log.read(start);
+        let at = |n: u64| EventId { seq: start.seq + n, ..start };
         assert_eq!(batch.missed, 3);
         assert!(!batch.earlier_process);
-        assert_eq!(batch.gap_id, start + 3);
+        assert_eq!(batch.gap_id, at(3));
         assert_eq!(batch.events.len(), 3);
-        assert_eq!(batch.events[0].seq, start + 4);
+        assert_eq!(batch.events[0].id, at(4));
         // Resuming from inside the held range: no gap.
-        assert_eq!(log.read(start + 4).missed, 0);
+        assert_eq!(log.read(at(4)).missed, 0);
         // An id from before this process: a gap flagged as such.
-        let earlier = log.read(1);
+        let earlier = log.read(EventId { ms: start.ms - 1, seq: 99 });
         assert!(earlier.earlier_process);
         assert_eq!(earlier.missed, 3);
+        // An id from a later process (the clock stepped back): from now.
+        let later = log.read(EventId { ms: start.ms + 1, seq: 0 });
+        assert_eq!((later.missed, later.events.len()), (0, 0));
+        // Ids print and parse as <ms>-<seq>.
+        assert_eq!(at(4).to_string().parse::<EventId>(), Ok(at(4)));
+        assert!(
+            "12".parse::<EventId>().is_err() && "1-x".parse::<EventId>().is_err() && "-1-2".parse::<EventId>().is_err()
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@ mod ticker;
 
 pub use clock::{unix_now, Clock};
 pub use directory::{Directory, DirectoryError, Local};
-pub use events::{Batch, Event, EventLog, What, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH};
+pub use events::{
+    Batch, Event, EventId, EventLog, What, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
+};
 pub use registry::{Liveness, Registry};
 pub use ring::{Ring, Touch};
 pub use ticker::Ticker;
