@@ -290,7 +290,7 @@ impl Report {
                 self.online_equal_seconds, self.online_compared_seconds, self.online_max_difference
             );
         }
-        if let Some(slope) = self.rss_slope_bytes_per_min {
+        if let (true, Some(slope)) = (self.churn || self.check_fds, self.rss_slope_bytes_per_min) {
             let _ = writeln!(
                 s,
                 "soak         rss slope over the second half {slope:.0} B/min; open fds {} at start, {} at the end",
