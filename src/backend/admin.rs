@@ -11,7 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::listener::{Bounded, ADMIN_CONNECTIONS};
+use crate::backend::listener::{Bounded, ADMIN_CONNECTIONS, HTTP_IDLE};
 use crate::backend::{api, status};
 use crate::gateway::Gateway;
 
@@ -29,7 +29,7 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
         .route("/metrics", get(metrics))
         .with_state(gateway.clone())
         .merge(api::events_router(gateway, stop.clone()));
-    let listener = Bounded::new(listener, ADMIN_CONNECTIONS);
+    let listener = Bounded::new(listener, ADMIN_CONNECTIONS, HTTP_IDLE);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "admin endpoint failed");
     }

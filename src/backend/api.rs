@@ -29,7 +29,7 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::listener::{Bounded, API_CONNECTIONS};
+use crate::backend::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::gateway::Gateway;
 use crate::presence::{Batch, DirectoryError, Event, EventId, What};
 
@@ -93,7 +93,7 @@ impl From<BytesRejection> for ApiError {
 /// then too.
 pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
     let app = router(gateway, stop.clone());
-    let listener = Bounded::new(listener, API_CONNECTIONS);
+    let listener = Bounded::new(listener, API_CONNECTIONS, HTTP_IDLE);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "backend API failed");
     }
