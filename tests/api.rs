@@ -401,3 +401,44 @@ async fn a_consumer_that_never_reads_costs_the_gateway_nothing() {
     assert_eq!(m.event_consumers.get(), 0, "a closed consumer is forgotten");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_that_does_not_read_its_pushes_is_closed_as_slow_consumer() {
+    let mut server = TestServer::start(config()).await;
+    let mut slow = server.client().await;
+    slow.login(9).await;
+    let mut bystander = server.client().await;
+    bystander.login(10).await;
+    // Pushes the client never reads: the kernel's buffers fill, then the gateway's bounded
+    // queue, and the uid is answered offline from then on.
+    let body = json!({"uids": [9], "payload": BASE64.encode(vec![7u8; 60_000])});
+    let mut sent = 0;
+    loop {
+        let (status, answer) = post(&server, "/v1/push", &body).await;
+        assert_eq!(status, 200, "{answer}");
+        if answer["offline"] == json!([9]) {
+            break;
+        }
+        sent += 1;
+        assert!(sent < 2_000, "never counted as a slow consumer");
+    }
+    bystander.ping(b"unaffected").await;
+    // Reading now, the client finds what was queued, then its BYE.
+    let mut received = 0;
+    loop {
+        match slow.recv().await {
+            Some(Frame::Push(p)) => {
+                assert_eq!(p.len(), 60_000);
+                received += 1;
+            }
+            Some(Frame::Bye { reason, .. }) => {
+                assert_eq!(reason, CloseReason::SlowConsumer);
+                break;
+            }
+            other => panic!("expected PUSH or BYE, got {other:?}"),
+        }
+    }
+    assert!(received > 0 && received <= sent, "received {received} of {sent}");
+    assert_eq!(get(&server, "/v1/presence/9").await.1["online"], json!(false));
+    server.shutdown().await;
+}

@@ -238,12 +238,21 @@ impl Registry {
     /// Ends the sessions of `uids`, which a sweep took out of the ring, unless a uid logged
     /// in again since; logs their offline events as one batch, then forgets them. Returns
     /// how many sessions this call ended.
+    pub fn finish_expired(&self, uids: &[u64]) -> usize {
+        let mut ended = Vec::with_capacity(uids.len());
+        self.end_expired(uids, &mut ended);
+        self.report_and_forget(&ended);
+        ended.len()
+    }
+
+    /// The first half of [`Registry::finish_expired`], for a sweep that ends its chunks one
+    /// by one and logs them all at once: ends the sessions of `uids` (unless a uid logged in
+    /// again since) and adds them to `ended`.
     ///
     /// End, log, forget, in that order: until a session is forgotten, a new login of its
     /// uid finds it and logs its offline event first, so events stay in order per uid, and
     /// a frame its connection reads meanwhile finds it ended and is dropped.
-    pub fn finish_expired(&self, uids: &[u64]) -> usize {
-        let mut ended = Vec::with_capacity(uids.len());
+    pub fn end_expired(&self, uids: &[u64], ended: &mut Vec<Arc<Session>>) {
         for &uid in uids {
             let Entry::Occupied(entry) = self.sessions.entry(uid) else {
                 continue;
@@ -255,13 +264,16 @@ impl Registry {
                 ended.push(entry.get().clone());
             }
         }
+    }
+
+    /// The second half: logs the offline events of `ended` as one batch, then forgets them.
+    pub fn report_and_forget(&self, ended: &[Arc<Session>]) {
         self.events.report_ends(ended.iter().map(|s| &**s));
-        for session in &ended {
+        for session in ended {
             if self.sessions.remove_if(&session.uid(), |_, s| Arc::ptr_eq(s, session)).is_some() {
                 self.metrics.online_users.dec();
             }
         }
-        ended.len()
     }
 
     /// Ends every session with `reason`, for shutdown, in one batch of offline events; their

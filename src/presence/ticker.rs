@@ -109,13 +109,15 @@ impl Ticker {
     }
 
     /// Expires every overdue uid, a chunk at a time, yielding between chunks.
+    /// The sessions it ends are logged offline in one batch at the end of the sweep.
     async fn sweep(&mut self) -> usize {
         let mut total = 0;
         let mut since_yield = 0;
+        let mut ended = Vec::new();
         for shard in 0..self.registry.shard_count() {
             loop {
                 let taken = self.registry.expire_chunk(shard, SWEEP_CHUNK - since_yield, &mut self.expired);
-                self.registry.finish_expired(&self.expired);
+                self.registry.end_expired(&self.expired, &mut ended);
                 self.expired.clear();
                 self.metrics.ring_expired.inc_by(taken as u64);
                 total += taken;
@@ -127,6 +129,7 @@ impl Ticker {
                 tokio::task::yield_now().await;
             }
         }
+        self.registry.report_and_forget(&ended);
         total
     }
 
