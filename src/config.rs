@@ -139,7 +139,7 @@ impl Config {
 
     /// Bytes of replies and pushes a client may leave unread; see [`MAX_QUEUED_BYTES`].
     pub fn max_queued_bytes(&self) -> usize {
-        MAX_QUEUED_BYTES.max(2 * (self.max_frame_bytes as usize + 4))
+        max_queued_bytes(self.max_frame_bytes)
     }
 
     /// The largest payload a PUSH may carry: a frame's limit less its kind byte.
@@ -166,6 +166,12 @@ impl Config {
     pub fn tick_ms(&self) -> u32 {
         u32::try_from(self.tick.as_millis()).unwrap_or(u32::MAX)
     }
+}
+
+/// Bytes of replies and pushes a client may leave unread with frames of up to
+/// `max_frame_bytes`; see [`MAX_QUEUED_BYTES`].
+pub(crate) fn max_queued_bytes(max_frame_bytes: u32) -> usize {
+    MAX_QUEUED_BYTES.max(2 * (max_frame_bytes as usize + 4))
 }
 
 /// `--max-connections`' default for an open-file limit of `nofile`.

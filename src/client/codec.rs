@@ -47,6 +47,11 @@ impl FrameCodec {
         FrameCodec { first_frame_max: Some(max.min(self.max_frame_bytes)), ..self }
     }
 
+    /// The longest frame it accepts (after the first).
+    pub fn max_frame_bytes(&self) -> u32 {
+        self.max_frame_bytes
+    }
+
     fn limit(&self) -> u32 {
         self.first_frame_max.unwrap_or(self.max_frame_bytes)
     }

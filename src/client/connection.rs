@@ -22,6 +22,7 @@ use tokio_util::codec::Decoder;
 
 use crate::client::codec::{put_frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};
 use crate::client::frame::{CloseReason, Frame};
+use crate::config::max_queued_bytes;
 
 /// Bytes one read asks the kernel for: a burst of pings, or a whole LOGIN with its token.
 const READ_CHUNK: usize = 4 * 1024;
@@ -54,20 +55,17 @@ pub(crate) struct Connection {
     pending: BytesMut,
     /// Replies the socket did not take yet; empty (and unallocated) otherwise.
     unsent: BytesMut,
-    /// Bytes of unsent replies beyond which the client counts as a slow consumer.
-    max_queued: usize,
 }
 
 // === impl Connection ===
 
 impl Connection {
-    pub(crate) fn new(stream: TcpStream, max_frame_bytes: u32, max_queued: usize) -> Connection {
+    pub(crate) fn new(stream: TcpStream, max_frame_bytes: u32) -> Connection {
         Connection {
             stream,
             codec: FrameCodec::new(max_frame_bytes).first_frame_at_most(MAX_LOGIN_FRAME_BYTES),
             pending: BytesMut::new(),
             unsent: BytesMut::new(),
-            max_queued,
         }
     }
 
@@ -129,8 +127,10 @@ impl Connection {
             flush(&self.stream, out)
         });
         self.unsent = out;
-        if self.unsent.len() > self.max_queued {
-            return Err((CloseReason::SlowConsumer, format!("more than {} bytes of replies unread", self.max_queued)));
+        // Derived from the frame limit, not stored: every open connection would carry it.
+        let max_queued = max_queued_bytes(self.codec.max_frame_bytes());
+        if self.unsent.len() > max_queued {
+            return Err((CloseReason::SlowConsumer, format!("more than {max_queued} bytes of replies unread")));
         }
         result
     }

@@ -24,7 +24,7 @@ use crate::presence::{unix_now, Liveness};
 /// Serves one accepted connection until it closes; returns why it closed.
 pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>) -> CloseReason {
     let config = &gateway.config;
-    let mut conn = Connection::new(stream, config.max_frame_bytes, config.max_queued_bytes());
+    let mut conn = Connection::new(stream, config.max_frame_bytes);
     let mut handler = Handler { gateway: &gateway, session: None, last_tick: 0 };
     // The future every connection keeps for its whole life holds only the logged-in phase.
     // The login phase (with its deadline timer) and the close (with its write deadline) are
@@ -203,6 +203,6 @@ mod footprint {
         let gateway = crate::gateway::Gateway::new(crate::config::Config::default());
         let future = super::serve(stream, gateway);
         let size = std::mem::size_of_val(&future);
-        assert!(size <= 600, "the connection future grew to {size} bytes");
+        assert!(size <= 544, "the connection future grew to {size} bytes");
     }
 }
