@@ -24,11 +24,12 @@ const MAX_QUEUED_BYTES: usize = 64 * 1024;
 /// room to spare; a reconnect storm beyond it is told to come back instead of timing out.
 pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
 
-/// File descriptors kept back from clients (`--max-connections` is clamped to the open-file
-/// limit minus this): the three listeners and their reserves, the admin endpoint's and the
-/// API's connections (16 and 64 at most), the runtime's own, and room to accept an
-/// over-limit client long enough to tell it BYE(server_full).
-pub const FD_HEADROOM: u64 = 100;
+/// Most file descriptors kept back from clients (`--max-connections` is clamped to the
+/// open-file limit minus this, or minus a quarter of the limit when that is less): the three
+/// listeners and their reserves, the admin endpoint's and the API's connections (256 each at
+/// most: a hundred open status pages hold two apiece), the runtime's own, and room to accept
+/// an over-limit client long enough to tell it BYE(server_full).
+pub const FD_HEADROOM: u64 = 600;
 
 /// Settings of one gateway; see `idlegate serve --help` for each.
 #[derive(Debug, Clone)]
@@ -176,7 +177,7 @@ pub(crate) fn max_queued_bytes(max_frame_bytes: u32) -> usize {
 
 /// `--max-connections`' default for an open-file limit of `nofile`.
 pub fn default_max_connections(nofile: u64) -> usize {
-    nofile.saturating_sub(FD_HEADROOM).max(1) as usize
+    nofile.saturating_sub(FD_HEADROOM.min(nofile / 4)).max(1) as usize
 }
 
 #[cfg(test)]
@@ -220,7 +221,8 @@ mod tests {
 
     #[test]
     fn max_connections_default_leaves_headroom() {
-        assert_eq!(default_max_connections(20_000), 19_900);
-        assert_eq!(default_max_connections(10), 1);
+        assert_eq!(default_max_connections(20_000), 19_400);
+        assert_eq!(default_max_connections(300), 225);
+        assert_eq!(default_max_connections(1), 1);
     }
 }

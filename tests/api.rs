@@ -442,3 +442,32 @@ async fn a_client_that_does_not_read_its_pushes_is_closed_as_slow_consumer() {
     assert_eq!(get(&server, "/v1/presence/9").await.1["online"], json!(false));
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_open_status_pages_are_all_served() {
+    const PAGES: usize = 100;
+    let mut server = TestServer::start(config()).await;
+    let mut c = server.client().await;
+    c.login(1).await;
+    // Each page holds an event stream open on the admin listener and polls its summary.
+    let mut streams = Vec::new();
+    for _ in 0..PAGES {
+        let (status, stream) = Sse::open(server.admin, "/v1/events?types=online,offline", &[]).await;
+        assert_eq!(status, 200);
+        streams.push(stream);
+    }
+    for _ in 0..PAGES {
+        let (status, body) = common::http_get(server.admin, "/status.json").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(server.admin_get("/healthz").await.0, 200);
+    // Every page sees the next login, and clients are served as before.
+    let mut next = server.client().await;
+    next.login(2).await;
+    for s in &mut streams {
+        s.expect("online", 2).await;
+    }
+    c.ping(b"served").await;
+    assert_eq!(server.metrics.event_consumers.get(), PAGES as i64);
+    server.shutdown().await;
+}

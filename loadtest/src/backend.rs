@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Ctx;
 
 /// Push requests in flight at once: enough for thousands a second over loopback, and well
-/// inside the 64 connections the gateway's API serves at once.
+/// inside the 256 connections the gateway's API serves at once.
 const PUSHES_IN_FLIGHT: usize = 32;
 
 /// How often the pusher wakes to send what is due.

@@ -17,12 +17,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 
-/// Connections the admin endpoint serves at once: probes and scrapes, a few at a time.
-pub(crate) const ADMIN_CONNECTIONS: usize = 16;
+/// Connections the admin endpoint serves at once: probes, scrapes, and status pages, each of
+/// which holds two (its event stream and its polls), so a hundred pages fit.
+pub(crate) const ADMIN_CONNECTIONS: usize = 256;
 
-/// Connections the backend API serves at once: a backend's pool and its event consumers.
-/// With the admin's, well inside [`crate::FD_HEADROOM`].
-pub(crate) const API_CONNECTIONS: usize = 64;
+/// Connections the backend API serves at once: a backend's pools and its event consumers.
+/// With the admin's, inside [`crate::FD_HEADROOM`].
+pub(crate) const API_CONNECTIONS: usize = 256;
 
 /// An HTTP connection with no byte read or written for this long is closed, giving its place
 /// back: far longer than any request takes, and four times the event stream's keep-alive.
