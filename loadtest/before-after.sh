@@ -8,6 +8,9 @@
 #   git worktree add /tmp/old <commit> && (cd /tmp/old && cargo build --release -p idlegate)
 # Each run: CONNECTIONS clients (default 19000) ping every second for 30 s; prints the
 # gateway's CPU per PONG and resident memory per connection, one line per run.
+#
+# NEW_PAGES=N holds N status pages open (loadtest/pages.py) during the "new" runs only:
+# with the same binary on both sides, that is what open pages cost.
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-3} connections=${4:-19000}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,9 +26,16 @@ for round in $(seq "$rounds"); do
       >/dev/null 2>&1 &
     gw=$!
     sleep 1
+    viewer=
+    if [ "$which" = new ] && [ "${NEW_PAGES:-0}" -gt 0 ]; then
+      python3 "$root/loadtest/pages.py" 127.0.0.1:7171 "$NEW_PAGES" &
+      viewer=$!
+      sleep 2
+    fi
     "$loadtest" --target 127.0.0.1:7170 --connections "$connections" --connect-rate 5000 --ping-interval 1s \
       --silent-fraction 0 --duration 30s --source-ips 127.0.0.1-127.0.0.4 --admin http://127.0.0.1:7171 \
       --report "$tmp/$which-$round.json" >/dev/null 2>&1 || true
+    if [ -n "$viewer" ]; then kill "$viewer"; fi
     kill "$gw"; wait "$gw" 2>/dev/null || true
     python3 - "$tmp/$which-$round.json" "$round" "$which" <<'PY'
 import json, sys
