@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::auth::Auth;
 use crate::client::DEFAULT_MAX_FRAME_BYTES;
+use crate::cluster::{RedisTarget, FORBIDDEN_IN_NODE_ID};
 use crate::error::ConfigError;
 use crate::presence::{DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};
 
@@ -30,6 +31,17 @@ pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
 /// most: a hundred open status pages hold two apiece), the runtime's own, and room to accept
 /// an over-limit client long enough to tell it BYE(server_full).
 pub const FD_HEADROOM: u64 = 600;
+
+/// Default `--node-lease`: a dead node's uids look offline within this, and it is long
+/// enough that a node stalled for a few seconds (or Redis paused as long) is not taken
+/// for dead.
+pub const DEFAULT_NODE_LEASE: Duration = Duration::from_secs(10);
+
+/// Session changes held for Redis while it is away before the queue compacts; per
+/// connection allowed, with a floor for small gateways: a login and an end each, the most
+/// a compacted queue needs.
+const REDIS_QUEUE_PER_CONNECTION: usize = 2;
+const REDIS_QUEUE_MIN: usize = 65_536;
 
 /// Settings of one gateway; see `idlegate serve --help` for each.
 #[derive(Debug, Clone)]
@@ -60,6 +72,10 @@ pub struct Config {
     pub event_log_capacity: usize,
     /// Most DATA payload bytes the event log holds.
     pub event_log_bytes: usize,
+    /// The cluster's Redis; `None` runs alone.
+    pub redis: Option<RedisTarget>,
+    /// How long a node's lease lasts: the longest a dead node's uids look online.
+    pub node_lease: Duration,
 }
 
 impl Default for Config {
@@ -77,6 +93,8 @@ impl Default for Config {
             api_token: None,
             event_log_capacity: DEFAULT_EVENT_LOG_CAPACITY,
             event_log_bytes: DEFAULT_EVENT_LOG_BYTES,
+            redis: None,
+            node_lease: DEFAULT_NODE_LEASE,
         }
     }
 }
@@ -132,10 +150,36 @@ impl Config {
         if self.node_id.is_empty() {
             return Err(ConfigError::new("--node-id", "must not be empty"));
         }
+        if self.redis.is_some() {
+            if let Some(c) = self.node_id.chars().find(|c| FORBIDDEN_IN_NODE_ID.contains(c) || c.is_whitespace()) {
+                return Err(ConfigError::new(
+                    "--node-id",
+                    format!(
+                        "{:?} contains {c:?}; in a cluster a node id may not contain '|', '#' or spaces",
+                        self.node_id
+                    ),
+                ));
+            }
+            if self.node_lease < 2 * self.tick {
+                return Err(ConfigError::new(
+                    "--node-lease",
+                    format!(
+                        "{:?} is shorter than two ticks ({:?}): a node would lose its lease between refreshes",
+                        self.node_lease,
+                        2 * self.tick
+                    ),
+                ));
+            }
+        }
         if self.api_token.as_deref() == Some("") {
             return Err(ConfigError::new("--api-token", "must not be empty; leave it unset for no token"));
         }
         Ok(())
+    }
+
+    /// Session changes held for Redis while it is away before the queue compacts.
+    pub fn redis_queue_capacity(&self) -> usize {
+        (self.max_connections * REDIS_QUEUE_PER_CONNECTION).max(REDIS_QUEUE_MIN)
     }
 
     /// Bytes of replies and pushes a client may leave unread; see [`MAX_QUEUED_BYTES`].
@@ -217,6 +261,21 @@ mod tests {
         assert_eq!(flag(with(|c| c.event_log_capacity = 0)), "--event-log-capacity");
         assert_eq!(flag(with(|c| c.node_id.clear())), "--node-id");
         assert_eq!(flag(with(|c| c.api_token = Some(String::new()))), "--api-token");
+        let redis = || Some(RedisTarget::parse("redis://127.0.0.1:6379", false).unwrap());
+        assert_eq!(
+            flag(with(|c| {
+                c.redis = redis();
+                c.node_id = "a|b".into();
+            })),
+            "--node-id"
+        );
+        assert_eq!(
+            flag(with(|c| {
+                c.redis = redis();
+                c.node_lease = Duration::from_secs(1);
+            })),
+            "--node-lease"
+        );
     }
 
     #[test]

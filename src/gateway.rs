@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Metrics;
+use crate::cluster::{Cluster, ClusterDirectory, Settings};
 use crate::config::Config;
 use crate::presence::{Clock, Directory, EventLog, Local, Registry};
 
@@ -28,6 +29,8 @@ pub(crate) struct Gateway {
     pub(crate) directory: Arc<dyn Directory>,
     /// Set if the ticker died: nobody goes offline any more, and `/healthz` says so.
     pub(crate) expiry_stopped: AtomicBool,
+    /// This node's place in a cluster, with `--redis`.
+    pub(crate) cluster: Option<Arc<Cluster>>,
 }
 
 // === impl Gateway ===
@@ -38,16 +41,34 @@ impl Gateway {
     pub(crate) fn new(config: Config) -> Arc<Gateway> {
         debug_assert!(config.validate().is_ok(), "Gateway::new with an invalid config: {:?}", config.validate());
         let metrics = Arc::new(Metrics::new(&config));
-        let events = Arc::new(EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone()));
-        let registry = Arc::new(Registry::new(config.window(), events, metrics.clone()));
+        let cluster = config.redis.clone().map(|target| {
+            let settings = Settings {
+                node: config.node_id.clone(),
+                lease: config.node_lease,
+                tick: config.tick,
+                stream_cap: config.event_log_capacity,
+            };
+            Arc::new(Cluster::new(target, settings, metrics.clone(), config.redis_queue_capacity()))
+        });
+        let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
+        if let Some(cluster) = &cluster {
+            events = events.with_sink(cluster.sink());
+        }
+        let registry = Arc::new(Registry::new(config.window(), Arc::new(events), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
-        let directory = Arc::new(Local::new(
-            registry.clone(),
-            clock,
-            config.node_id.clone(),
-            config.max_queued_bytes(),
-            metrics.connections_open.clone(),
-        ));
+        let directory: Arc<dyn Directory> = match &cluster {
+            Some(cluster) => {
+                cluster.attach(registry.clone(), clock);
+                Arc::new(ClusterDirectory::new(cluster.clone(), config.max_queued_bytes()))
+            }
+            None => Arc::new(Local::new(
+                registry.clone(),
+                clock,
+                config.node_id.clone(),
+                config.max_queued_bytes(),
+                metrics.connections_open.clone(),
+            )),
+        };
         Arc::new(Gateway {
             config,
             registry,
@@ -56,6 +77,7 @@ impl Gateway {
             shutdown: CancellationToken::new(),
             directory,
             expiry_stopped: AtomicBool::new(false),
+            cluster,
         })
     }
 }

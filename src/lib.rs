@@ -14,12 +14,15 @@
 //!   place time becomes ticks), `registry`, `ticker`, `events`, and `directory`, the trait the
 //!   API asks.
 //! - `backend/`: what servers and operators use: `api`, `admin`, `metrics`.
+//! - `cluster/`: several gateways sharing presence, events, pushes and kicks through Redis
+//!   (with `--redis`); the `Directory` the API asks when not alone.
 //! - `gateway.rs` is the state all of them share; `config`, `auth`, `error` and
 //!   `descriptors` (running out of file descriptors without going silent) serve all.
 
 mod auth;
 mod backend;
 mod client;
+mod cluster;
 mod config;
 mod descriptors;
 mod error;
@@ -32,7 +35,8 @@ pub use client::{
     kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES,
     HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
 };
-pub use config::{default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, FD_HEADROOM};
+pub use cluster::RedisTarget;
+pub use config::{default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_NODE_LEASE, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
 pub use presence::{
     unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Local, Registry, Ring, Touch, What,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use idlegate::{default_max_connections, unix_now, Auth, Config, Listeners, Server};
+use idlegate::{default_max_connections, unix_now, Auth, Config, Listeners, RedisTarget, Server};
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Pending-connection queue of the client listener. The kernel caps it at
@@ -85,6 +85,18 @@ struct ServeArgs {
     /// Most DATA payload bytes the event log keeps; the oldest events go first.
     #[arg(long, env = "IDLEGATE_EVENT_LOG_BYTES", default_value_t = idlegate::DEFAULT_EVENT_LOG_BYTES)]
     event_log_bytes: usize,
+    /// Join a cluster through Redis: redis://[:password@]host:port[/db], rediss:// for TLS,
+    /// or several comma-separated redis:// seeds of a Redis Cluster. Without it the gateway
+    /// runs alone.
+    #[arg(long, env = "IDLEGATE_REDIS", hide_env_values = true)]
+    redis: Option<String>,
+    /// Treat a single --redis URL as a seed of a Redis Cluster.
+    #[arg(long, env = "IDLEGATE_REDIS_CLUSTER", requires = "redis")]
+    redis_cluster: bool,
+    /// How long this node's lease in Redis lasts: if the node dies without a goodbye, its
+    /// uids look offline after at most this, and go offline as node_lost within it plus a tick.
+    #[arg(long, env = "IDLEGATE_NODE_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
+    node_lease: Duration,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, env = "IDLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -134,6 +146,8 @@ fn usage_error(message: impl std::fmt::Display) -> ! {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    // rediss:// needs a TLS provider; one is chosen here, once, for the whole process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // More connections need more descriptors: take everything the hard limit allows.
     let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising the open-file limit")?;
     let mut config = Config {
@@ -149,6 +163,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         api_token: args.api_token.clone(),
         event_log_capacity: args.event_log_capacity,
         event_log_bytes: args.event_log_bytes,
+        redis: match args.redis.as_deref().map(|url| RedisTarget::parse(url, args.redis_cluster)) {
+            Some(Err(e)) => usage_error(format!("--redis: {e}")),
+            Some(Ok(target)) => Some(target),
+            None => None,
+        },
+        node_lease: args.node_lease,
     };
     if let Err(e) = config.validate() {
         usage_error(e);

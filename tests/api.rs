@@ -65,7 +65,11 @@ async fn presence_query_and_online_answer_for_the_uids_logged_in() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(get(&server, "/v1/online").await, (200, json!({"online": 1, "connections": 2})));
+    let this = json!({"node": "node-a", "online": 1, "connections": 2});
+    assert_eq!(
+        get(&server, "/v1/online").await,
+        (200, json!({"online": 1, "connections": 2, "local": this, "nodes": [this]}))
+    );
 
     c.send(Frame::Logout).await;
     c.expect_bye(CloseReason::Logout).await;

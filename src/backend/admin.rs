@@ -46,11 +46,15 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
 }
 
 /// 200 while accepting clients, 503 once draining, so a load balancer stops sending new ones.
+/// In a cluster whose Redis is unreachable, 200 with `degraded`: the node still serves and
+/// expires its clients, but the others cannot see them until Redis is back.
 async fn readyz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
     if gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped\n")
     } else if gateway.shutdown.is_cancelled() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else if gateway.cluster.as_ref().is_some_and(|c| !c.health.is_up()) {
+        (StatusCode::OK, "degraded: Redis unreachable; serving local clients, presence changes queued\n")
     } else {
         (StatusCode::OK, "ready\n")
     }

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::gateway::Gateway;
-use crate::presence::{Batch, DirectoryError, Event, EventId, What};
+use crate::presence::{Batch, DirectoryError, Event, EventId, NodeCount, What};
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -178,13 +178,13 @@ async fn wrong_method(State(state): State<ApiState>, request: Request) -> ApiErr
 async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<Json<Value>, ApiError> {
     let uid = parse_uid("uid", &uid)?;
     Ok(Json(match state.gateway.directory.locate(uid).await? {
-        Some(at) => json!({
-            "uid": uid,
-            "online": true,
-            "node": at.node,
-            "since_ms": at.since_ms,
-            "silent_ms": at.silent_ms,
-        }),
+        Some(at) => {
+            let mut answer = json!({ "uid": uid, "online": true, "node": at.node, "since_ms": at.since_ms });
+            if let Some(silent_ms) = at.silent_ms {
+                answer["silent_ms"] = silent_ms.into();
+            }
+            answer
+        }
         None => json!({ "uid": uid, "online": false }),
     }))
 }
@@ -201,10 +201,17 @@ async fn presence_query(
     Ok(Json(json!({ "online": on, "offline": off })))
 }
 
-/// `GET /v1/online`.
+/// `GET /v1/online`: the cluster's totals (this node's alone when it runs alone), this
+/// node's own figures, and each node's.
 async fn online(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let count = state.gateway.directory.online().await?;
-    Ok(Json(json!({ "online": count.online, "connections": count.connections })))
+    let node = |n: &NodeCount| json!({ "node": n.node, "online": n.online, "connections": n.connections });
+    Ok(Json(json!({
+        "online": count.online,
+        "connections": count.connections,
+        "local": node(&count.local),
+        "nodes": count.nodes.iter().map(node).collect::<Vec<_>>(),
+    })))
 }
 
 /// `POST /v1/push` with `{"uids": [...], "payload": "<base64>"}`: one PUSH per listed uid.
@@ -344,8 +351,12 @@ fn format_event(out: &mut String, event: &Event, node: &str) {
     let Event { id, at_ms, uid, what } = event;
     let _ = write!(out, "id: {id}\nevent: {}\ndata: ", what.name());
     let _ = match what {
-        What::Online { session } => {
+        What::Online { session, node: None } => {
             write!(out, r#"{{"uid":{uid},"session":"{session:016x}","node":{node},"at_ms":{at_ms}}}"#)
+        }
+        What::Online { session, node: Some(at) } => {
+            let at = Value::String(at.to_string());
+            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","node":{at},"at_ms":{at_ms}}}"#)
         }
         What::Offline { session, reason } => {
             write!(out, r#"{{"uid":{uid},"session":"{session:016x}","reason":"{reason}","at_ms":{at_ms}}}"#)

@@ -68,6 +68,20 @@ pub struct Metrics {
     /// Consumers following the event stream now.
     pub event_consumers: IntGauge,
     api_requests: IntCounterVec,
+    /// 1 while Redis answers (cluster mode; 0 alone or while unreachable).
+    pub redis_up: IntGauge,
+    /// Redis calls that failed.
+    pub redis_errors: IntCounter,
+    /// Session changes waiting to reach Redis.
+    pub redis_queue_depth: IntGauge,
+    /// Session changes dropped by compaction while Redis was away.
+    pub redis_compacted: IntCounter,
+    /// Redis round trips (a pipeline or a group of concurrent commands is one).
+    pub redis_round_trips: IntCounter,
+    /// Redis commands sent.
+    pub redis_commands: IntCounter,
+    /// Time of one Redis round trip.
+    pub redis_rtt: Histogram,
 }
 
 // === impl Metrics ===
@@ -186,6 +200,19 @@ impl Metrics {
         .expect("valid counter vec");
         reg(Box::new(api_requests.clone()));
 
+        let redis_up = gauge("idlegate_redis_up", "1 while the cluster's Redis answers; 0 alone or while unreachable");
+        let redis_errors = counter("idlegate_redis_errors_total", "Redis calls that failed");
+        let redis_queue_depth =
+            gauge("idlegate_redis_queue_depth", "session changes waiting to reach Redis (grows while it is away)");
+        let redis_compacted = counter(
+            "idlegate_redis_compacted_total",
+            "session changes dropped by compaction while Redis was away (data events, sessions Redis never saw)",
+        );
+        let redis_round_trips =
+            counter("idlegate_redis_round_trips_total", "Redis round trips: a pipeline or a batch of commands is one");
+        let redis_commands = counter("idlegate_redis_commands_total", "Redis commands sent");
+        let redis_rtt = histogram("idlegate_redis_rtt_seconds", "time of one Redis round trip", &SECONDS_BUCKETS);
+
         let build =
             IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])
                 .expect("valid gauge vec");
@@ -233,17 +260,26 @@ impl Metrics {
             event_log_events,
             event_consumers,
             api_requests,
+            redis_up,
+            redis_errors,
+            redis_queue_depth,
+            redis_compacted,
+            redis_round_trips,
+            redis_commands,
+            redis_rtt,
         }
     }
 
     /// Counts a closed connection.
     pub fn closed(&self, reason: CloseReason) {
-        self.closed[reason.index()].inc();
+        if let Some(c) = self.closed.get(reason.index()) {
+            c.inc();
+        }
     }
 
     /// Closed connections so far for `reason`.
     pub fn closed_count(&self, reason: CloseReason) -> u64 {
-        self.closed[reason.index()].get()
+        self.closed.get(reason.index()).map_or(0, IntCounter::get)
     }
 
     /// Counts a valid frame from a client (gateway-to-client kinds are not counted).

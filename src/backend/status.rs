@@ -31,6 +31,15 @@ pub(crate) async fn summary(State(gateway): State<Arc<Gateway>>) -> Json<Value> 
     let metrics = &gateway.metrics;
     let config = &gateway.config;
     let online = metrics.online_users.get();
+    // Each node of a cluster (this one alone otherwise), from the directory.
+    let nodes: Vec<Value> = match gateway.directory.online().await {
+        Ok(count) => count
+            .nodes
+            .iter()
+            .map(|n| json!({ "node": n.node, "online": n.online, "connections": n.connections }))
+            .collect(),
+        Err(_) => vec![json!({ "node": config.node_id, "online": online })],
+    };
     let closes: Map<String, Value> =
         CloseReason::ALL.iter().map(|&r| (r.label().to_string(), Value::from(metrics.closed_count(r)))).collect();
     Json(json!({
@@ -45,6 +54,6 @@ pub(crate) async fn summary(State(gateway): State<Arc<Gateway>>) -> Json<Value> 
         "silence": metrics.silence(),
         "closes": closes,
         "api_token_required": config.api_token.is_some(),
-        "nodes": [{ "node": config.node_id, "online": online }],
+        "nodes": nodes,
     }))
 }

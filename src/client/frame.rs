@@ -165,6 +165,9 @@ pub enum CloseReason {
     SlowConsumer = 9,
     /// The client closed the socket; nothing is sent.
     Disconnect = 10,
+    /// The node holding the session died (cluster events only): no connection of this
+    /// node closes for it, so it is not in [`CloseReason::ALL`].
+    NodeLost = 11,
 }
 
 // === impl CloseReason ===
@@ -184,10 +187,11 @@ impl CloseReason {
         CloseReason::Disconnect,
     ];
 
-    /// The reason byte of its BYE, or `None` for a disconnect, which sends no BYE.
+    /// The reason byte of its BYE, or `None` for a disconnect or a lost node, which send no
+    /// BYE.
     pub fn wire_code(self) -> Option<u8> {
         match self {
-            CloseReason::Disconnect => None,
+            CloseReason::Disconnect | CloseReason::NodeLost => None,
             other => Some(other as u8),
         }
     }
@@ -218,7 +222,13 @@ impl CloseReason {
             CloseReason::Shutdown => "shutdown",
             CloseReason::SlowConsumer => "slow_consumer",
             CloseReason::Disconnect => "disconnect",
+            CloseReason::NodeLost => "node_lost",
         }
+    }
+
+    /// The reason a label names, as events spell it.
+    pub fn from_label(label: &str) -> Option<CloseReason> {
+        CloseReason::ALL.into_iter().chain([CloseReason::NodeLost]).find(|r| r.label() == label)
     }
 }
 

@@ -82,6 +82,10 @@ impl Server {
             Ticker::new(gateway.registry.clone(), gateway.metrics.clone(), gateway.clock, gateway.config.window());
         let ticker = tokio::spawn(ticker.run(background.clone()));
         let mut http = Vec::new();
+        if let Some(cluster) = &gateway.cluster {
+            tracing::info!(redis = %cluster.target.redacted(), member = %cluster.member(), "joining the cluster");
+            http.push(tokio::spawn(cluster.clone().run(background.clone())));
+        }
         if let Some(admin) = listeners.admin {
             http.push(tokio::spawn(serve_admin(admin, gateway.clone(), background.clone())));
         }
@@ -111,6 +115,11 @@ impl Server {
                 drain_timeout = ?gateway.config.drain_timeout,
                 "drain timed out; dropping the connections left"
             );
+        }
+        if let Some(cluster) = &gateway.cluster {
+            // Every session has ended: their offline events (reason shutdown) reach Redis
+            // before this node leaves, instead of when its lease runs out.
+            cluster.leave(gateway.config.drain_timeout).await;
         }
         background.cancel();
         if failure.is_none() {

@@ -22,7 +22,6 @@ use crate::presence::registry::Registry;
 pub enum DirectoryError {
     /// The shared state is out of reach; the request can be retried. Only a directory
     /// that lives outside this process (the cluster's) can fail this way.
-    #[allow(dead_code)]
     #[error("presence store unavailable: {0}")]
     Unavailable(String),
 }
@@ -34,15 +33,27 @@ pub struct Located {
     pub node: String,
     /// Unix milliseconds of its LOGIN.
     pub since_ms: u64,
-    /// Milliseconds since its last frame, coarse to one tick (never less than the truth).
-    pub silent_ms: u64,
+    /// Milliseconds since its last frame, coarse to one tick (never less than the truth);
+    /// `None` when the node holding it did not say in time.
+    pub silent_ms: Option<u64>,
 }
 
-/// Logged-in uids and open connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Logged-in uids and open connections of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCount {
+    pub node: String,
+    pub online: u64,
+    pub connections: u64,
+}
+
+/// Logged-in uids and open connections: the whole cluster's (one node's when alone), this
+/// node's own, and each node's.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OnlineCount {
     pub online: u64,
     pub connections: u64,
+    pub local: NodeCount,
+    pub nodes: Vec<NodeCount>,
 }
 
 /// The presence answers the API needs; see the module documentation.
@@ -88,7 +99,7 @@ impl Directory for Local {
         let located = self.registry.sighting(uid).map(|s| Located {
             node: self.node.clone(),
             since_ms: s.session.since_ms(),
-            silent_ms: self.clock.since(s.last_heard_tick).as_millis() as u64,
+            silent_ms: Some(self.clock.since(s.last_heard_tick).as_millis() as u64),
         });
         async move { Ok(located) }.boxed()
     }
@@ -99,8 +110,13 @@ impl Directory for Local {
     }
 
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>> {
+        let local = NodeCount {
+            node: self.node.clone(),
+            online: self.registry.online() as u64,
+            connections: self.connections.get().max(0) as u64,
+        };
         let count =
-            OnlineCount { online: self.registry.online() as u64, connections: self.connections.get().max(0) as u64 };
+            OnlineCount { online: local.online, connections: local.connections, nodes: vec![local.clone()], local };
         async move { Ok(count) }.boxed()
     }
 

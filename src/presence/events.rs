@@ -13,6 +13,9 @@
 //!   event, so a kick reads `offline` (kicked) then `online`;
 //! - a data event is appended only while its session is live, checked under this lock, so
 //!   no data event follows its session's offline event.
+//!
+//! In a cluster the log keeps nothing itself: it hands every session change, in the same
+//! order and under the same lock, to an [`EventSink`] that takes it to the shared stream.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -64,6 +67,17 @@ impl std::str::FromStr for EventId {
     }
 }
 
+/// Where a log in a cluster sends its session changes instead of keeping them: called
+/// under the log's lock, in event order, so it must only queue, never wait.
+pub trait EventSink: Send + Sync + std::fmt::Debug {
+    /// A session logged in.
+    fn online(&self, session: &Session, at_ms: u64);
+    /// A session ended with `reason`.
+    fn offline(&self, session: &Session, reason: CloseReason, at_ms: u64);
+    /// A live session sent a DATA frame.
+    fn data(&self, session: &Session, payload: &Bytes, at_ms: u64);
+}
+
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -78,8 +92,8 @@ pub struct Event {
 /// What happened to the uid.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum What {
-    /// A LOGIN succeeded.
-    Online { session: u64 },
+    /// A LOGIN succeeded; on `node`, or on this one when `None`.
+    Online { session: u64, node: Option<Arc<str>> },
     /// A logged-in session ended.
     Offline { session: u64, reason: CloseReason },
     /// The client sent a DATA frame with this payload.
@@ -122,6 +136,8 @@ pub struct EventLog {
     /// When this process's log began: the `ms` of every id it hands out.
     boot_ms: u64,
     metrics: Arc<Metrics>,
+    /// Set in a cluster: session changes go there, and the log keeps nothing.
+    sink: Option<Arc<dyn EventSink>>,
 }
 
 #[derive(Debug)]
@@ -146,7 +162,14 @@ impl EventLog {
             max_bytes,
             boot_ms: unix_ms(),
             metrics,
+            sink: None,
         }
+    }
+
+    /// The same log, handing session changes to `sink` instead of keeping them.
+    pub fn with_sink(mut self, sink: Arc<dyn EventSink>) -> EventLog {
+        self.sink = Some(sink);
+        self
     }
 
     /// Appends the online event of `session`, after the offline event of `previous` (the
@@ -157,13 +180,18 @@ impl EventLog {
         if let Some(previous) = previous {
             self.push_offline(&mut inner, previous, at_ms);
         }
+        if let Some(sink) = &self.sink {
+            sink.online(session, at_ms);
+            self.metrics.event("online");
+            return;
+        }
         self.push(
             &mut inner,
             Event {
                 id: EventId { ms: 0, seq: 0 },
                 at_ms,
                 uid: session.uid(),
-                what: What::Online { session: session.id() },
+                what: What::Online { session: session.id(), node: None },
             },
         );
         self.appended_done(inner);
@@ -190,12 +218,32 @@ impl EventLog {
         if !session.is_live() {
             return false;
         }
+        if let Some(sink) = &self.sink {
+            sink.data(session, &payload, at_ms);
+            self.metrics.event("data");
+            return true;
+        }
         self.push(
             &mut inner,
             Event { id: EventId { ms: 0, seq: 0 }, at_ms, uid: session.uid(), what: What::Data(payload) },
         );
         self.appended_done(inner);
         true
+    }
+
+    /// Announces `session` to the sink again, if it is still live: after Redis was away
+    /// and lost it. Under the lock, so it cannot land after the session's offline change.
+    /// Returns whether it was announced.
+    pub fn reassert(&self, session: &Session) -> bool {
+        let at_ms = unix_ms();
+        let _inner = self.lock();
+        match &self.sink {
+            Some(sink) if session.is_live() => {
+                sink.online(session, at_ms);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The next events after `after`, at most [`READ_BATCH`]: every event the log still holds
@@ -282,6 +330,11 @@ impl EventLog {
             return;
         };
         if session.mark_reported() {
+            if let Some(sink) = &self.sink {
+                sink.offline(session, reason, at_ms);
+                self.metrics.event("offline");
+                return;
+            }
             let what = What::Offline { session: session.id(), reason };
             self.push(inner, Event { id: EventId { ms: 0, seq: 0 }, at_ms, uid: session.uid(), what });
         }

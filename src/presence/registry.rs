@@ -196,6 +196,20 @@ impl Registry {
         }
     }
 
+    /// Ends `uid`'s session `session` as kicked, if it is still the live one: another node
+    /// took the uid over (and logged the offline event). Returns whether it ended it.
+    pub fn kick_session(&self, uid: u64, session: u64) -> bool {
+        match self.live(uid) {
+            Some(live) if live.id() == session => self.leave(&live, CloseReason::Kicked) == CloseReason::Kicked,
+            _ => false,
+        }
+    }
+
+    /// Every live session now, for a reconcile with a shared store.
+    pub fn live_sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions.iter().filter(|e| e.value().is_live()).map(|e| e.value().clone()).collect()
+    }
+
     /// Takes the pushes queued for `session`, for its connection to write.
     pub fn take_pushes(&self, session: &Session) -> Vec<Bytes> {
         self.outboxes.take(session)

@@ -1,0 +1,254 @@
+//! The cluster's answers to the backend API: the same [`Directory`] as a lone gateway's,
+//! read from Redis, so a backend cannot tell one node from several except that answers
+//! name the node.
+//!
+//! A route counts only while its member holds a lease: a dead node's uids look offline
+//! from the moment its lease runs out, before the reaper has even begun. Routes naming
+//! this member are checked against the local registry, which is exact.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::FutureExt;
+use redis::Value;
+
+use crate::cluster::inbox::{ask, by_member};
+use crate::cluster::keys::{self, Route};
+use crate::cluster::membership::{alive, is_alive, nodes};
+use crate::cluster::node::{evalsha, Cluster};
+use crate::cluster::store::StoreError;
+use crate::cluster::writer::send_all;
+use crate::presence::{unix_ms_now, Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount};
+
+impl From<StoreError> for DirectoryError {
+    fn from(e: StoreError) -> DirectoryError {
+        DirectoryError::Unavailable(e.to_string())
+    }
+}
+
+/// The directory of a gateway in a cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterDirectory {
+    cluster: Arc<Cluster>,
+    max_queued: usize,
+}
+
+// === impl ClusterDirectory ===
+
+impl ClusterDirectory {
+    pub(crate) fn new(cluster: Arc<Cluster>, max_queued: usize) -> ClusterDirectory {
+        cluster.set_max_queued(max_queued);
+        ClusterDirectory { cluster, max_queued }
+    }
+
+    /// The routes of `uids`, in order.
+    async fn routes(&self, uids: &[u64]) -> Result<Vec<Option<Route>>, StoreError> {
+        let cmds: Vec<redis::Cmd> = uids.iter().map(|&uid| redis::Cmd::get(keys::route(uid))).collect();
+        let single = !self.cluster.target.is_cluster();
+        let n = cmds.len() as u64;
+        let values = self.cluster.call(n, |conn| send_all(conn, cmds, single)).await?;
+        Ok(values
+            .into_iter()
+            .map(|v| match v {
+                Value::BulkString(b) => Route::parse(&String::from_utf8_lossy(&b)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// For each route, the member it names if that member holds the uid now: this member
+    /// only if the local registry agrees, another only while its lease lives.
+    async fn owners(&self, uids: &[u64], routes: Vec<Option<Route>>) -> Result<Vec<Option<String>>, StoreError> {
+        let me = self.cluster.member();
+        let mut others: Vec<String> = routes
+            .iter()
+            .flatten()
+            .filter(|r| *r.member != *me)
+            .map(|r| r.member.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let leases = alive(&self.cluster, &others).await?;
+        others = others.into_iter().zip(leases).filter(|(_, ok)| *ok).map(|(m, _)| m).collect();
+        let registry = self.cluster.registry();
+        Ok(uids
+            .iter()
+            .zip(routes)
+            .map(|(&uid, route)| {
+                let route = route?;
+                if *route.member == *me {
+                    let here = registry.live(uid)?;
+                    (keys::session_hex(here.id()) == route.session).then_some(route.member)
+                } else {
+                    others.binary_search(&route.member).is_ok().then_some(route.member)
+                }
+            })
+            .collect())
+    }
+}
+
+impl Directory for ClusterDirectory {
+    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>> {
+        async move {
+            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(None) };
+            let me = self.cluster.member();
+            let node = keys::node_of(&route.member).to_string();
+            if *route.member == *me {
+                return Ok(self.cluster.locate_here(uid).map(|(since_ms, silent_ms)| Located {
+                    node,
+                    since_ms,
+                    silent_ms: Some(silent_ms),
+                }));
+            }
+            if !is_alive(&self.cluster, &route.member).await? {
+                return Ok(None);
+            }
+            let uid_text = uid.to_string().into_bytes();
+            match ask(&self.cluster, &route.member, "locate", vec![("uid", uid_text)]).await? {
+                Some(answer) if answer.is_empty() => Ok(None),
+                Some(answer) => {
+                    let text = String::from_utf8_lossy(&answer);
+                    let (since, silent) = text.split_once(',').unwrap_or(("", ""));
+                    Ok(Some(Located {
+                        node,
+                        since_ms: since.parse().unwrap_or(route.since_ms),
+                        silent_ms: silent.parse().ok(),
+                    }))
+                }
+                // Its node holds a lease but did not answer: online by the route, silence
+                // unknown.
+                None => Ok(Some(Located { node, since_ms: route.since_ms, silent_ms: None })),
+            }
+        }
+        .boxed()
+    }
+
+    fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
+        async move {
+            if uids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let routes = self.routes(uids).await?;
+            Ok(self.owners(uids, routes).await?.into_iter().map(|o| o.is_some()).collect())
+        }
+        .boxed()
+    }
+
+    fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>> {
+        async move {
+            let me = self.cluster.member();
+            let registry = self.cluster.registry();
+            let local = NodeCount {
+                node: self.cluster.settings.node.clone(),
+                online: registry.online() as u64,
+                connections: self.cluster.metrics.connections_open.get().max(0) as u64,
+            };
+            let mut count = OnlineCount { online: 0, connections: 0, local: local.clone(), nodes: Vec::new() };
+            for figures in nodes(&self.cluster, true).await? {
+                let node = if *figures.member == *me {
+                    NodeCount { online: figures.online, ..local.clone() }
+                } else {
+                    NodeCount {
+                        node: keys::node_of(&figures.member).to_string(),
+                        online: figures.online,
+                        connections: figures.connections,
+                    }
+                };
+                count.online += node.online;
+                count.connections += node.connections;
+                count.nodes.push(node);
+            }
+            Ok(count)
+        }
+        .boxed()
+    }
+
+    fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
+        async move {
+            let mut sent = vec![false; uids.len()];
+            if uids.is_empty() {
+                return Ok(sent);
+            }
+            let routes = self.routes(uids).await?;
+            let owners = self.owners(uids, routes).await?;
+            let me = self.cluster.member();
+            let registry = self.cluster.registry();
+            let asks = by_member(&owners).into_iter().map(|(member, indices)| {
+                let payload = payload.clone();
+                let me = me.clone();
+                async move {
+                    if *member == *me {
+                        let flags: Vec<bool> =
+                            indices.iter().map(|&i| registry.push(uids[i], &payload, self.max_queued)).collect();
+                        return Ok::<_, StoreError>((indices, flags));
+                    }
+                    let list = indices.iter().map(|&i| uids[i].to_string()).collect::<Vec<_>>().join(",");
+                    let fields = vec![("uids", list.into_bytes()), ("p", payload.to_vec())];
+                    // No answer in time: nobody can say it was handed over, so it was not.
+                    let flags = match ask(&self.cluster, &member, "push", fields).await? {
+                        Some(answer) => answer.iter().map(|&b| b == b'1').collect(),
+                        None => vec![false; indices.len()],
+                    };
+                    Ok((indices, flags))
+                }
+            });
+            for (indices, flags) in futures_util::future::try_join_all(asks).await? {
+                for (i, flag) in indices.into_iter().zip(flags) {
+                    sent[i] = flag;
+                }
+            }
+            Ok(sent)
+        }
+        .boxed()
+    }
+
+    fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>> {
+        async move {
+            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(false) };
+            let me = self.cluster.member();
+            let registry = self.cluster.registry();
+            if *route.member == *me {
+                return Ok(registry.kick(uid));
+            }
+            if !is_alive(&self.cluster, &route.member).await? {
+                return Ok(false);
+            }
+            // The route goes first, so presence never names the session after its offline
+            // event; the script then ends it (exactly once) and tells its node.
+            let mut del = evalsha(&self.cluster.scripts.route_del, &[&keys::route(uid)]);
+            del.arg(keys::owner_prefix(&route.member, &route.session));
+            self.cluster
+                .call(1, |mut c| async move { del.query_async::<()>(&mut c).await.map_err(StoreError::from) })
+                .await?;
+            let script = &self.cluster.scripts.kick;
+            let cap = self.cluster.settings.stream_cap;
+            let member = route.member.clone();
+            let session = route.session.clone();
+            let kicked: i64 = self
+                .cluster
+                .call(1, |mut conn| async move {
+                    script
+                        .key(keys::sessions(&member))
+                        .key(keys::EVENTS)
+                        .key(keys::EVENTS_LAST)
+                        .key(keys::inbox(&member))
+                        .arg(uid)
+                        .arg(session)
+                        .arg(cap)
+                        .arg(unix_ms_now())
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(StoreError::from)
+                })
+                .await?;
+            Ok(kicked == 1)
+        }
+        .boxed()
+    }
+
+    fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {
+        crate::cluster::stream::follow(self.cluster.clone(), after)
+    }
+}

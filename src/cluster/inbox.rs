@@ -1,0 +1,291 @@
+//! The inbox: a Redis Stream per member through which other nodes reach this one.
+//!
+//! What arrives: `kick` (a newer login elsewhere, or the API on another node, ended one of
+//! this node's sessions; its offline event is already logged), `push` and `locate`
+//! requests, and `reply` to this node's own requests. A stream rather than pub/sub: what
+//! is sent while this node's connection blips waits for it instead of being lost.
+//!
+//! One blocking `XREAD` serves both this inbox and the event stream's tail (both live on
+//! the control slot), so one connection per node follows everything, and event consumers
+//! wait on a local signal instead of each holding a blocking read.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
+use redis::{AsyncCommands, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::keys;
+use crate::cluster::node::Cluster;
+use crate::cluster::store::{StoreError, BLOCK};
+use crate::presence::EventId;
+
+/// Entries one read takes from the inbox and the event stream.
+const READ_COUNT: usize = 1024;
+
+/// How long a request waits for another node's reply: a live node answers in a
+/// millisecond on loopback; one that does not within this is as good as gone.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Cap of an inbox: a node that stops reading cannot fill Redis.
+const INBOX_CAP: usize = 100_000;
+
+/// Runs until `stop`.
+pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
+    let mut member = cluster.member();
+    let mut inbox_last = "0-0".to_string();
+    let mut events_last: Option<String> = None;
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        if cluster.member() != member {
+            member = cluster.member();
+            inbox_last = "0-0".to_string();
+        }
+        let events_from = match &events_last {
+            Some(id) => id.clone(),
+            None => match newest_event(&cluster).await {
+                Ok(id) => {
+                    events_last = Some(id.clone());
+                    id
+                }
+                Err(_) => {
+                    pause(&stop).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(mut conn) = cluster.store.blocking() else {
+            pause(&stop).await;
+            continue;
+        };
+        let options = StreamReadOptions::default().count(READ_COUNT).block(BLOCK.as_millis() as usize);
+        let inbox = keys::inbox(&member);
+        let streams = [inbox.as_str(), keys::EVENTS];
+        let positions = [inbox_last.as_str(), events_from.as_str()];
+        let read = tokio::select! {
+            read = conn.xread_options::<_, _, StreamReadReply>(&streams, &positions, &options) => read,
+            _ = stop.cancelled() => return,
+        };
+        let reply = match read {
+            Ok(reply) => reply,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the inbox failed");
+                pause(&stop).await;
+                continue;
+            }
+        };
+        for stream in reply.keys {
+            let Some(last) = stream.ids.last().map(|e| e.id.clone()) else { continue };
+            if stream.key == inbox {
+                for entry in &stream.ids {
+                    handle(&cluster, &member, entry).await;
+                }
+                trim(&cluster, &inbox, &last).await;
+                inbox_last = last;
+            } else {
+                if let Ok(id) = last.parse::<EventId>() {
+                    cluster.tail.send_replace(id);
+                }
+                events_last = Some(last);
+            }
+        }
+    }
+}
+
+async fn pause(stop: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        _ = stop.cancelled() => {}
+    }
+}
+
+/// The id of the newest event, or `0-0` for an empty stream.
+pub(crate) async fn newest_event(cluster: &Cluster) -> Result<String, StoreError> {
+    cluster
+        .call(1, |mut conn| async move {
+            let top: Vec<(String, Vec<(String, Value)>)> = redis::cmd("XREVRANGE")
+                .arg(keys::EVENTS)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut conn)
+                .await?;
+            Ok(top.into_iter().next().map(|(id, _)| id).unwrap_or_else(|| "0-0".into()))
+        })
+        .await
+}
+
+/// Drops what this node has read from its inbox.
+async fn trim(cluster: &Cluster, inbox: &str, last: &str) {
+    let Some(next) = next_id(last) else { return };
+    let inbox = inbox.to_string();
+    let _ = cluster
+        .call(1, |mut conn| async move {
+            redis::cmd("XTRIM").arg(inbox).arg("MINID").arg(next).query_async::<()>(&mut conn).await?;
+            Ok(())
+        })
+        .await;
+}
+
+/// The stream id right after `id`.
+fn next_id(id: &str) -> Option<String> {
+    let (ms, seq) = id.split_once('-')?;
+    Some(format!("{ms}-{}", seq.parse::<u64>().ok()?.checked_add(1)?))
+}
+
+fn field<'a>(entry: &'a StreamId, name: &str) -> Option<&'a [u8]> {
+    match entry.map.get(name)? {
+        Value::BulkString(b) => Some(b),
+        _ => None,
+    }
+}
+
+fn text_field(entry: &StreamId, name: &str) -> Option<String> {
+    field(entry, name).map(|b| String::from_utf8_lossy(b).into_owned())
+}
+
+fn number_field(entry: &StreamId, name: &str) -> Option<u64> {
+    text_field(entry, name)?.parse().ok()
+}
+
+/// Acts on one inbox entry.
+async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
+    let registry = cluster.registry();
+    match field(entry, "op") {
+        Some(b"kick") => {
+            let (Some(uid), Some(session)) = (number_field(entry, "uid"), text_field(entry, "s")) else { return };
+            if let Ok(session) = u64::from_str_radix(&session, 16) {
+                registry.kick_session(uid, session);
+            }
+        }
+        Some(b"push") => {
+            let (Some(from), Some(req), Some(uids)) =
+                (text_field(entry, "from"), number_field(entry, "req"), text_field(entry, "uids"))
+            else {
+                return;
+            };
+            let payload = Bytes::copy_from_slice(field(entry, "p").unwrap_or_default());
+            let max_queued = cluster.max_queued();
+            let flags: String = uids
+                .split(',')
+                .filter_map(|u| u.parse::<u64>().ok())
+                .map(|uid| if registry.push(uid, &payload, max_queued) { '1' } else { '0' })
+                .collect();
+            reply(cluster, member, &from, req, flags.into_bytes()).await;
+        }
+        Some(b"locate") => {
+            let (Some(from), Some(req), Some(uid)) =
+                (text_field(entry, "from"), number_field(entry, "req"), number_field(entry, "uid"))
+            else {
+                return;
+            };
+            let answer = match cluster.locate_here(uid) {
+                Some((since_ms, silent_ms)) => format!("{since_ms},{silent_ms}"),
+                None => String::new(),
+            };
+            reply(cluster, member, &from, req, answer.into_bytes()).await;
+        }
+        Some(b"reply") => {
+            let (Some(req), Some(body)) = (number_field(entry, "req"), field(entry, "r")) else { return };
+            let waiting = cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
+            if let Some(waiting) = waiting {
+                let _ = waiting.send(body.to_vec());
+            }
+        }
+        _ => tracing::debug!(id = %entry.id, "unknown inbox entry ignored"),
+    }
+}
+
+async fn reply(cluster: &Cluster, member: &str, to: &str, req: u64, body: Vec<u8>) {
+    let inbox = keys::inbox(to);
+    let member = member.to_string();
+    let _ = cluster
+        .call(1, |mut conn| async move {
+            redis::cmd("XADD")
+                .arg(inbox)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(INBOX_CAP)
+                .arg("*")
+                .arg("op")
+                .arg("reply")
+                .arg("from")
+                .arg(member)
+                .arg("req")
+                .arg(req)
+                .arg("r")
+                .arg(body)
+                .query_async::<()>(&mut conn)
+                .await?;
+            Ok(())
+        })
+        .await;
+}
+
+/// Sends `to` a request with `fields` and waits for its reply; `None` if none came in
+/// [`REQUEST_TIMEOUT`].
+pub(crate) async fn ask(
+    cluster: &Cluster,
+    to: &str,
+    op: &str,
+    fields: Vec<(&'static str, Vec<u8>)>,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let req = cluster.request_id();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(req, tx);
+    let inbox = keys::inbox(to);
+    let member = cluster.member();
+    let op = op.to_string();
+    let sent = cluster
+        .call(1, |mut conn| async move {
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(inbox).arg("MAXLEN").arg("~").arg(INBOX_CAP).arg("*");
+            cmd.arg("op").arg(op).arg("from").arg(&*member).arg("req").arg(req);
+            for (name, value) in fields {
+                cmd.arg(name).arg(value);
+            }
+            cmd.query_async::<()>(&mut conn).await?;
+            Ok(())
+        })
+        .await;
+    let answer = match sent {
+        Ok(()) => tokio::time::timeout(REQUEST_TIMEOUT, rx).await.ok().and_then(Result::ok),
+        Err(e) => {
+            cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
+            return Err(e);
+        }
+    };
+    cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
+    Ok(answer)
+}
+
+/// Groups `uids` by the member their route names, keeping each uid's index.
+pub(crate) fn by_member(owners: &[Option<String>]) -> HashMap<String, Vec<usize>> {
+    let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, owner) in owners.iter().enumerate() {
+        if let Some(member) = owner {
+            groups.entry(member.clone()).or_default().push(i);
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_ids_and_groups() {
+        assert_eq!(next_id("17-4").as_deref(), Some("17-5"));
+        assert_eq!(next_id("x"), None);
+        let groups = by_member(&[Some("a".into()), None, Some("b".into()), Some("a".into())]);
+        assert_eq!(groups["a"], vec![0, 3]);
+        assert_eq!(groups["b"], vec![2]);
+    }
+}

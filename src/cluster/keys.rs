@@ -1,0 +1,139 @@
+//! What the cluster keeps in Redis, and how its keys and values are spelled.
+//!
+//! Two kinds of keys:
+//! - a route per uid, `idlegate:route:<uid>`, spread over a Redis Cluster's slots: the
+//!   per-uid part, read by every presence question;
+//! - the control keys, all under the hash tag `{idlegate}` so they share one slot and one
+//!   script can change several of them atomically: the members set, a lease, a session
+//!   hash and an inbox per member, and the event stream.
+//!
+//! A member is one run of one node, `<node>#<incarnation>`: a node restarted under the same
+//! `--node-id` is a new member, so routes its previous run left behind never look online.
+//! A route's value is `<member>|<session>|<since_ms>|<replaced>`, where `replaced` is
+//! `<member>|<session>` of the session this login took the uid from (or empty), kept so a
+//! retried login still knows whom it kicked.
+
+/// The event stream every node appends to and every `/v1/events` reads.
+pub(crate) const EVENTS: &str = "{idlegate}:events";
+
+/// Hash holding the last event id's parts (`ms`, `n`): ids are `<ms>-<n>` with `n` counting
+/// every event the cluster ever logged, so a consumer's gap is exact.
+pub(crate) const EVENTS_LAST: &str = "{idlegate}:events:last";
+
+/// Set of members that have announced themselves and not yet left or been reaped.
+pub(crate) const MEMBERS: &str = "{idlegate}:members";
+
+/// Characters a node id may not contain in a cluster: the separators of member names and
+/// route values.
+pub(crate) const FORBIDDEN_IN_NODE_ID: [char; 2] = ['|', '#'];
+
+/// The route of `uid`.
+pub(crate) fn route(uid: u64) -> String {
+    format!("idlegate:route:{uid}")
+}
+
+/// The lease of `member`: present while the member lives.
+pub(crate) fn lease(member: &str) -> String {
+    format!("{{idlegate}}:lease:{member}")
+}
+
+/// Hash uid -> session id (hex) of the sessions `member` holds: the truth a reaper reads,
+/// and the guard that makes every session event exactly-once.
+pub(crate) fn sessions(member: &str) -> String {
+    format!("{{idlegate}}:sessions:{member}")
+}
+
+/// The last batch of `member` applied, so a retried batch is not applied twice.
+pub(crate) fn applied(member: &str) -> String {
+    format!("{{idlegate}}:applied:{member}")
+}
+
+/// Hash uid -> session of `member`'s logins that a login elsewhere took over before
+/// `member` announced them: two logins of one uid raced, and the later route won.
+pub(crate) fn taken(member: &str) -> String {
+    format!("{{idlegate}}:taken:{member}")
+}
+
+/// The stream other nodes send `member` requests and replies on.
+pub(crate) fn inbox(member: &str) -> String {
+    format!("{{idlegate}}:inbox:{member}")
+}
+
+/// Held by the one node reaping `member`.
+pub(crate) fn reaping(member: &str) -> String {
+    format!("{{idlegate}}:reaping:{member}")
+}
+
+/// Set once `member` was reaped, so a member that was only cut off learns it on return.
+pub(crate) fn reaped(member: &str) -> String {
+    format!("{{idlegate}}:reaped:{member}")
+}
+
+/// A member name for a new run of `node`.
+pub(crate) fn new_member(node: &str) -> String {
+    format!("{node}#{:08x}", rand_u32())
+}
+
+/// The node a member runs as.
+pub(crate) fn node_of(member: &str) -> &str {
+    member.rsplit_once('#').map_or(member, |(node, _)| node)
+}
+
+/// A session id as the control keys and events spell it.
+pub(crate) fn session_hex(session: u64) -> String {
+    format!("{session:016x}")
+}
+
+/// The owner part of a route value, `<member>|<session>|`: what a compare-and-delete
+/// matches.
+pub(crate) fn owner_prefix(member: &str, session: &str) -> String {
+    format!("{member}|{session}|")
+}
+
+/// A route read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub member: String,
+    pub session: String,
+    pub since_ms: u64,
+}
+
+// === impl Route ===
+
+impl Route {
+    /// Parses `<member>|<session>|<since_ms>|...`; `None` for anything else.
+    pub(crate) fn parse(value: &str) -> Option<Route> {
+        let mut parts = value.splitn(4, '|');
+        let member = parts.next()?.to_string();
+        let session = parts.next()?.to_string();
+        let since_ms = parts.next()?.parse().ok()?;
+        if member.is_empty() || session.is_empty() {
+            return None;
+        }
+        Some(Route { member, session, since_ms })
+    }
+}
+
+/// Random bits for incarnations and request ids: distinct per run, not secret.
+pub(crate) fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::hash::RandomState::new().build_hasher();
+    h.write_u64(crate::presence::unix_ms_now());
+    h.finish() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_parse_and_control_keys_share_one_slot() {
+        let r = Route::parse("a#1|00ff|17|b#2|0001").unwrap();
+        assert_eq!(r, Route { member: "a#1".into(), session: "00ff".into(), since_ms: 17 });
+        assert!(Route::parse("a#1|00ff").is_none() && Route::parse("||1|").is_none());
+        assert_eq!(node_of(&new_member("gw-1")), "gw-1");
+        for key in [EVENTS.to_string(), MEMBERS.to_string(), lease("m"), sessions("m"), inbox("m"), reaped("m")] {
+            assert!(key.starts_with("{idlegate}:"), "{key}");
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! The cluster: several gateways sharing presence, events, pushes and kicks through Redis.
+//!
+//! Each gateway stays the truth for its own clients (its registry and ring, with Redis
+//! never on the per-frame path) and keeps a copy in Redis for the others to read. `keys`
+//! says what lives where, `scripts` the atomic steps that change it, `store` connects,
+//! `queue` and `writer` take this node's session changes to Redis in batches (and
+//! reconcile after Redis was away), `membership` keeps the node's lease and reaps dead
+//! nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream` follows the
+//! shared event stream, and `directory` answers the backend API from all of it.
+
+mod directory;
+mod inbox;
+mod keys;
+mod membership;
+mod node;
+mod queue;
+mod scripts;
+mod store;
+mod stream;
+mod writer;
+
+pub(crate) use directory::ClusterDirectory;
+pub(crate) use keys::FORBIDDEN_IN_NODE_ID;
+pub(crate) use node::{Cluster, Settings};
+pub use store::RedisTarget;

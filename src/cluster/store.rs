@@ -1,0 +1,226 @@
+//! The connection to Redis: one server or a Redis Cluster, reached through the `redis`
+//! crate, which pipelines commands on multiplexed connections, reconnects by itself and
+//! follows a cluster's slots.
+//!
+//! The gateway starts whether or not Redis answers: [`Store::connect`] keeps trying in the
+//! background and logs why it cannot connect, and every call made before it succeeds fails
+//! with [`StoreError::NotConnected`]. Two connections are kept: one for commands, one for
+//! the blocking read of the inbox and the event stream, so a blocking read never delays a
+//! write.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// How long a command may take before it counts as failed: long enough for a batch of
+/// thousands, short enough that a paused Redis shows as down within a couple of seconds.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long one blocking read waits for news before it asks again.
+pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
+
+/// Pauses between attempts to connect at start, doubling up to the last.
+const CONNECT_BACKOFF: [Duration; 5] = [
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+/// Where the cluster's Redis is: `--redis` and `--redis-cluster`.
+#[derive(Clone)]
+pub struct RedisTarget {
+    urls: Vec<String>,
+    cluster: bool,
+}
+
+// === impl RedisTarget ===
+
+impl RedisTarget {
+    /// Parses `--redis`: one `redis://` or `rediss://` URL, or several comma-separated seeds
+    /// of a Redis Cluster. `cluster` forces cluster mode for a single seed.
+    pub fn parse(text: &str, cluster: bool) -> Result<RedisTarget, String> {
+        let urls: Vec<String> = text.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+        if urls.is_empty() {
+            return Err("no URL given; expected redis://host:port[/db]".into());
+        }
+        for url in &urls {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(format!("{} is not a redis:// or rediss:// URL", redact(url)));
+            }
+            redis::Client::open(url.as_str()).map_err(|e| format!("{}: {e}", redact(url)))?;
+        }
+        let cluster = cluster || urls.len() > 1;
+        Ok(RedisTarget { urls, cluster })
+    }
+
+    /// Whether the target is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The seeds with any password left out, for logs.
+    pub fn redacted(&self) -> String {
+        self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// Never prints a password: the URLs may carry one.
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTarget").field("urls", &self.redacted()).field("cluster", &self.cluster).finish()
+    }
+}
+
+/// A URL with its user information (and so any password) replaced by `***`.
+fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://***@{}", &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+/// Why a call to Redis failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StoreError {
+    #[error("not connected to Redis yet")]
+    NotConnected,
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// A connection to one server or to a cluster.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The two connections, once made; see the module documentation.
+#[derive(Clone, Default)]
+pub(crate) struct Store {
+    inner: Arc<OnceLock<(Conn, Conn)>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("connected", &self.inner.get().is_some()).finish()
+    }
+}
+
+// === impl Store ===
+
+impl Store {
+    /// The command connection, or an error before the first connect succeeded.
+    pub(crate) fn conn(&self) -> Result<Conn, StoreError> {
+        self.inner.get().map(|(c, _)| c.clone()).ok_or(StoreError::NotConnected)
+    }
+
+    /// The connection for blocking reads.
+    pub(crate) fn blocking(&self) -> Result<Conn, StoreError> {
+        self.inner.get().map(|(_, c)| c.clone()).ok_or(StoreError::NotConnected)
+    }
+
+    /// Connects to `target`, trying again until it works; logs each failure once per
+    /// attempt without the password.
+    pub(crate) async fn connect(&self, target: &RedisTarget) {
+        let mut attempt = 0usize;
+        loop {
+            match open(target).await {
+                Ok(conns) => {
+                    let _ = self.inner.set(conns);
+                    tracing::info!(redis = %target.redacted(), cluster = target.cluster, "connected to Redis");
+                    return;
+                }
+                Err(e) => {
+                    let pause = CONNECT_BACKOFF[attempt.min(CONNECT_BACKOFF.len() - 1)];
+                    tracing::warn!(
+                        redis = %target.redacted(),
+                        error = %e,
+                        retry_in = ?pause,
+                        "Redis unreachable; serving clients alone and retrying"
+                    );
+                    attempt += 1;
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+}
+
+/// Opens the command and blocking connections.
+async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
+    if target.cluster {
+        let client = |timeout: Duration| {
+            ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
+                .connection_timeout(RESPONSE_TIMEOUT)
+                .response_timeout(timeout)
+                .build()
+        };
+        let commands = client(RESPONSE_TIMEOUT)?.get_async_connection().await?;
+        let blocking = client(BLOCK + RESPONSE_TIMEOUT)?.get_async_connection().await?;
+        Ok((Conn::Cluster(commands), Conn::Cluster(blocking)))
+    } else {
+        let client = redis::Client::open(target.urls[0].as_str())?;
+        let config = |timeout: Duration| {
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(RESPONSE_TIMEOUT))
+                .set_response_timeout(Some(timeout))
+                .set_max_delay(Duration::from_secs(2))
+        };
+        let commands = ConnectionManager::new_with_config(client.clone(), config(RESPONSE_TIMEOUT)).await?;
+        let blocking = ConnectionManager::new_with_config(client, config(BLOCK + RESPONSE_TIMEOUT)).await?;
+        Ok((Conn::Single(commands), Conn::Single(blocking)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_never_show_passwords() {
+        let one = RedisTarget::parse("redis://:s3cret@127.0.0.1:6379/2", false).unwrap();
+        assert!(!one.is_cluster());
+        assert_eq!(one.redacted(), "redis://***@127.0.0.1:6379/2");
+        assert!(!format!("{one:?}").contains("s3cret"));
+        let seeds = RedisTarget::parse("redis://a:7000, redis://b:7001", false).unwrap();
+        assert!(seeds.is_cluster());
+        assert!(RedisTarget::parse("redis://a:7000", true).unwrap().is_cluster());
+        assert!(RedisTarget::parse("http://x", false).is_err());
+        assert!(RedisTarget::parse(" , ", false).is_err());
+    }
+}

@@ -1,0 +1,332 @@
+//! Several gateways sharing one Redis (Debian's `redis-server`, started here on loopback):
+//! presence, push, kicks and events across nodes, duplicate logins racing, a node killed,
+//! Redis restarted under load, and the same on a three-master Redis Cluster.
+//!
+//! Deadlines here are against hangs, never speed assertions.
+
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use common::redis::{RedisCluster, RedisServer};
+use common::*;
+use idlegate::{CloseReason, Config, Frame, RedisTarget};
+use serde_json::Value;
+
+fn cluster_config(url: &str, node: &str) -> Config {
+    Config {
+        timeout: Duration::from_secs(10),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_secs(2),
+        max_connections: 1_000,
+        drain_timeout: Duration::from_secs(2),
+        node_id: node.into(),
+        redis: Some(RedisTarget::parse(url, false).unwrap()),
+        node_lease: Duration::from_secs(1),
+        ..Config::default()
+    }
+}
+
+async fn gateways(url: &str, names: &[&str]) -> Vec<TestServer> {
+    gateways_with(url, names, Duration::from_secs(10)).await
+}
+
+async fn gateways_with(url: &str, names: &[&str], timeout: Duration) -> Vec<TestServer> {
+    let mut out = Vec::new();
+    for name in names {
+        let gw = TestServer::start(Config { timeout, ..cluster_config(url, name) }).await;
+        wait_ready(&gw).await;
+        out.push(gw);
+    }
+    out
+}
+
+/// Waits until the gateway says ready (connected to Redis).
+async fn wait_ready(gw: &TestServer) {
+    eventually("the gateway connects to Redis", || async { gw.admin_get("/readyz").await.1 == "ready\n" }).await;
+}
+
+/// Polls `check` until it holds; panics after [`PATIENCE`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn api_json(gw: &TestServer, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let (status, text) = http(gw.api, method, path, &[], body).await;
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn presence(gw: &TestServer, uid: u64) -> Value {
+    api_json(gw, "GET", &format!("/v1/presence/{uid}"), "").await.1
+}
+
+/// The checks every Redis set-up must pass: a client on A is seen from B, reached from C,
+/// kicked from A by a login on B, and every event is in the stream once, on every node.
+async fn cross_node_checks(url: &str) {
+    let nodes = gateways(url, &["a", "b", "c"]).await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let (_, mut sse) = Sse::open(c.api, "/v1/events", &[]).await;
+
+    let mut on_a = a.client().await;
+    assert!(matches!(on_a.login(42).await, Frame::Welcome { .. }));
+    eventually("presence on B names A", || async { presence(b, 42).await["node"] == "a" }).await;
+    let here = presence(b, 42).await;
+    assert_eq!(here["online"], true);
+    assert!(here["silent_ms"].as_u64().is_some(), "{here}");
+    let (_, query) = api_json(b, "POST", "/v1/presence/query", r#"{"uids":[42,43]}"#).await;
+    assert_eq!(query, serde_json::json!({"online": [42], "offline": [43]}));
+    let (_, online) = api_json(c, "GET", "/v1/online", "").await;
+    assert_eq!(online["online"], 1, "{online}");
+    assert_eq!(online["local"]["node"], "c");
+    assert_eq!(online["nodes"].as_array().unwrap().len(), 3, "{online}");
+
+    // A push through C reaches the client on A.
+    let (status, pushed) = api_json(c, "POST", "/v1/push", r#"{"uids":[42,43],"payload":"aGk="}"#).await;
+    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [42], "offline": [43]})));
+    assert_eq!(on_a.recv().await, Some(Frame::Push(bytes::Bytes::from_static(b"hi"))));
+
+    // DATA on A is an event on C.
+    on_a.send(Frame::Data(bytes::Bytes::from_static(b"up"))).await;
+    let first = sse.expect("online", 42).await;
+    assert_eq!(first.data["node"], "a");
+    let data = sse.expect("data", 42).await;
+    assert_eq!(data.data["payload"], "dXA=");
+
+    // A second login on B kicks A's session.
+    let mut on_b = b.client().await;
+    assert!(matches!(on_b.login(42).await, Frame::Welcome { .. }));
+    on_a.expect_bye(CloseReason::Kicked).await;
+    eventually("presence on A names B", || async { presence(a, 42).await["node"] == "b" }).await;
+
+    // The API on A kicks the session on B.
+    let (status, _) = http(a.api, "DELETE", "/v1/sessions/42", &[], "").await;
+    assert_eq!(status, 204);
+    on_b.expect_bye(CloseReason::Kicked).await;
+    eventually("uid 42 is offline everywhere", || async {
+        presence(a, 42).await["online"] == false && presence(c, 42).await["online"] == false
+    })
+    .await;
+
+    let kicked = sse.expect("offline", 42).await;
+    assert_eq!((&kicked.data["reason"], &kicked.data["session"]), (&"kicked".into(), &first.data["session"]));
+    let second = sse.expect("online", 42).await;
+    assert_eq!(second.data["node"], "b");
+    let last = sse.expect("offline", 42).await;
+    assert_eq!((&last.data["reason"], &last.data["session"]), (&"kicked".into(), &second.data["session"]));
+
+    // Another node's stream holds the same events with the same ids, and resumes.
+    let (_, mut from_a) = Sse::open(a.api, &format!("/v1/events?after={}", first.id), &[]).await;
+    assert_eq!(from_a.expect("data", 42).await.id, data.id);
+    assert_eq!(from_a.expect("offline", 42).await.id, kicked.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_share_presence_push_kicks_and_events() {
+    let Some(redis) = RedisServer::start().await else { return };
+    cross_node_checks(&redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_checks_pass_on_a_three_master_redis_cluster() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    cross_node_checks(&cluster.url()).await;
+    // The routes spread over the masters; the control keys share one slot.
+    let keys: usize = cluster.nodes.iter().map(|n| n.cli(&["DBSIZE"]).trim().parse::<usize>().unwrap()).sum();
+    assert!(keys > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = gateways(&redis.url(), &["a", "b"]).await;
+    let (_, mut sse) = Sse::open(nodes[0].api, "/v1/events", &[]).await;
+    const UIDS: u64 = 30;
+    let mut pairs = Vec::new();
+    for uid in 0..UIDS {
+        let (mut x, mut y) = (nodes[0].client().await, nodes[1].client().await);
+        // Both LOGINs leave before either answer is read.
+        x.send(Frame::Login { uid, token: bytes::Bytes::new() }).await;
+        y.send(Frame::Login { uid, token: bytes::Bytes::new() }).await;
+        pairs.push((x, y));
+    }
+    let mut survivors = HashMap::new();
+    for (uid, (x, y)) in pairs.iter_mut().enumerate() {
+        assert!(matches!(x.recv().await, Some(Frame::Welcome { .. })));
+        assert!(matches!(y.recv().await, Some(Frame::Welcome { .. })));
+        // Exactly one of the two is kicked.
+        let kicked_x = tokio::select! {
+            frame = x.recv() => { assert!(matches!(frame, Some(Frame::Bye { reason: CloseReason::Kicked, .. })), "{frame:?}"); true }
+            frame = y.recv() => { assert!(matches!(frame, Some(Frame::Bye { reason: CloseReason::Kicked, .. })), "{frame:?}"); false }
+        };
+        let node = if kicked_x { "b" } else { "a" };
+        survivors.insert(uid as u64, node);
+    }
+    // The survivors answer pings and presence names their node on both gateways.
+    for (uid, (x, y)) in pairs.iter_mut().enumerate() {
+        let alive = if survivors[&(uid as u64)] == "a" { x } else { y };
+        alive.ping(b"p").await;
+        for gw in &nodes {
+            assert_eq!(presence(gw, uid as u64).await["node"], survivors[&(uid as u64)]);
+        }
+    }
+    eventually("Redis holds one session per uid", || async {
+        api_json(&nodes[0], "GET", "/v1/online", "").await.1["online"] == UIDS
+    })
+    .await;
+    // Per uid: the loser was announced and then kicked (online, offline, online), or taken
+    // over before it was announced (one online); never two live sessions, never a repeat.
+    let mut seen: HashMap<u64, (u32, u32)> = HashMap::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), sse.next()).await {
+        let entry = seen.entry(event.data["uid"].as_u64().unwrap()).or_default();
+        match event.event.as_str() {
+            "online" => entry.0 += 1,
+            "offline" => {
+                assert_eq!(event.data["reason"], "kicked");
+                entry.1 += 1
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(seen.len(), UIDS as usize);
+    assert!(seen.values().all(|&c| c == (2, 1) || c == (1, 0)), "{seen:?}");
+    assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), UIDS as usize);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = gateways(&redis.url(), &["a"]).await;
+    let a = &nodes[0];
+    // Node b is a process of its own, so it can die without a goodbye.
+    let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
+    let mut b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--node-id", "b", "--redis", &redis.url(), "--node-lease", "1s", "--tick", "100ms"])
+        .args(["--timeout", "2s", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
+        .args(["--api-listen", &api.to_string()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(admin).await;
+    eventually("node b connects to Redis", || async { http_get(admin, "/readyz").await.1 == "ready\n" }).await;
+    let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
+    let mut clients = Vec::new();
+    for uid in 100..105 {
+        let mut c = Client::connect(listen).await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+        clients.push(c);
+    }
+    for uid in 100..105 {
+        sse.expect("online", uid).await;
+    }
+    eventually("a sees b's uids", || async { presence(a, 104).await["node"] == "b" }).await;
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let killed = tokio::time::Instant::now();
+    let mut lost = Vec::new();
+    while lost.len() < 5 {
+        let event = sse.next().await.expect("an event");
+        assert_eq!((event.event.as_str(), &event.data["reason"]), ("offline", &"node_lost".into()), "{event:?}");
+        lost.push(event.data["uid"].as_u64().unwrap());
+    }
+    // Lease (1 s) plus a tick, with room for a loaded machine; not a speed assertion.
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(5), "node_lost after {took:?}");
+    lost.sort_unstable();
+    assert_eq!(lost, (100..105).collect::<Vec<_>>());
+    for uid in 100..105 {
+        assert_eq!(presence(a, uid).await["online"], false);
+    }
+    assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).trim(), "", "the reaper removed the routes");
+    // Nothing more about those uids: exactly once.
+    let extra = tokio::time::timeout(Duration::from_millis(1500), sse.next()).await;
+    assert!(extra.is_err(), "unexpected event after the reap: {extra:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_while_clients_ping_and_fall_silent() {
+    let Some(mut redis) = RedisServer::start().await else { return };
+    let nodes = gateways_with(&redis.url(), &["a", "b"], Duration::from_secs(2)).await;
+    let mut pinging = Vec::new();
+    let mut silent = Vec::new();
+    for uid in 0..8u64 {
+        let mut c = nodes[(uid % 2) as usize].client().await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+        if uid < 4 {
+            pinging.push(c);
+        } else {
+            silent.push(c);
+        }
+    }
+    eventually("all 8 online in Redis", || async {
+        api_json(&nodes[0], "GET", "/v1/online", "").await.1["online"] == 8
+    })
+    .await;
+    redis.stop();
+    eventually("a says degraded", || async { nodes[0].admin_get("/readyz").await.1.starts_with("degraded") }).await;
+    // While Redis is away: the API says so, pinging clients are served, silent ones expire
+    // on time (the ring is local), and a client logs in.
+    let (status, _) = api_json(&nodes[1], "GET", "/v1/presence/1", "").await;
+    assert_eq!(status, 503);
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(2500) {
+        for c in &mut pinging {
+            c.ping(b"k").await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for c in &mut silent {
+        c.expect_bye(CloseReason::IdleTimeout).await;
+    }
+    let mut late = nodes[0].client().await;
+    assert!(matches!(late.login(50).await, Frame::Welcome { .. }));
+    // Redis comes back empty, as after a crash: each node writes its truth again.
+    redis.restart().await;
+    eventually("both ready again", || async {
+        nodes[0].admin_get("/readyz").await.1 == "ready\n" && nodes[1].admin_get("/readyz").await.1 == "ready\n"
+    })
+    .await;
+    let keep_pinging = async {
+        loop {
+            for c in &mut pinging {
+                c.ping(b"k").await;
+            }
+            late.ping(b"k").await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let settled = eventually("Redis holds exactly the live sessions", || async {
+        let (_, online) = api_json(&nodes[1], "GET", "/v1/online", "").await;
+        let (_, query) = api_json(&nodes[1], "POST", "/v1/presence/query", r#"{"uids":[0,1,2,3,4,5,6,7,50]}"#).await;
+        online["online"] == 5 && query["online"] == serde_json::json!([0, 1, 2, 3, 50])
+    });
+    tokio::select! {
+        _ = settled => {}
+        _ = keep_pinging => unreachable!(),
+    }
+    assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_starts_and_serves_while_redis_is_unreachable() {
+    let Some(_redis) = RedisServer::start().await else { return };
+    let nowhere = format!("redis://{}", free_addr());
+    let mut gw = TestServer::start(cluster_config(&nowhere, "lonely")).await;
+    assert!(gw.admin_get("/readyz").await.1.starts_with("degraded"));
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(1).await, Frame::Welcome { .. }));
+    c.ping(b"x").await;
+    let (status, body) = api_json(&gw, "GET", "/v1/presence/1", "").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("Redis"), "{body}");
+    gw.shutdown().await;
+}

@@ -1,0 +1,137 @@
+//! Real Redis servers for the cluster tests: Debian's `redis-server`, started on loopback
+//! ports in temporary folders, one server or a three-master Redis Cluster.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{find_on_path, free_addr, skip_without, wait_listening, PATIENCE};
+
+/// How to install what these tests need.
+pub const INSTALL: &str = "apt-get install redis-server redis-tools";
+
+/// One `redis-server` process; killed when dropped.
+pub struct RedisServer {
+    pub addr: SocketAddr,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence, or `None` (after saying how to install it)
+    /// when `redis-server` is missing outside CI.
+    pub async fn start() -> Option<RedisServer> {
+        Self::start_with(&[]).await
+    }
+
+    pub async fn start_with(extra: &[&str]) -> Option<RedisServer> {
+        if find_on_path(&["redis-server"]).is_none() || find_on_path(&["redis-cli"]).is_none() {
+            skip_without("redis-server", INSTALL);
+            return None;
+        }
+        let mut server = RedisServer {
+            addr: free_addr(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.restart().await;
+        Some(server)
+    }
+
+    /// `redis://` URL of this server.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Starts the server again on the same port (after [`RedisServer::stop`]); with no
+    /// persistence it comes back empty, as after a crash.
+    pub async fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.addr.port().to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .current_dir(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        wait_listening(self.addr).await;
+        wait_pong(self.addr).await;
+    }
+
+    /// Kills the server.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Runs `redis-cli` against this server; returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.addr, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs `redis-cli -h -p` with `args` (raw output, one value a line).
+pub fn cli(addr: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string(), "--raw"])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn wait_pong(addr: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cli(addr, &["PING"]).trim() != "PONG" {
+        assert!(tokio::time::Instant::now() < deadline, "redis on {addr} never answered PING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Three masters made into a Redis Cluster with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub async fn start() -> Option<RedisCluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let extra =
+                ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
+            nodes.push(RedisServer::start_with(&extra).await?);
+        }
+        let mut create = vec!["--cluster".to_string(), "create".to_string()];
+        create.extend(nodes.iter().map(|n| n.addr.to_string()));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = Command::new("redis-cli").args(&create).output().expect("redis-cli --cluster create runs");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        for node in &nodes {
+            while !node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(tokio::time::Instant::now() < deadline, "the cluster never became ok");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Some(RedisCluster { nodes })
+    }
+
+    /// The seeds, comma-separated, as `--redis` takes them.
+    pub fn url(&self) -> String {
+        self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+}
