@@ -20,7 +20,7 @@ use crate::cluster::membership::{alive, is_alive, nodes};
 use crate::cluster::node::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
 use crate::cluster::writer::send_all;
-use crate::presence::{unix_ms_now, Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount};
+use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount};
 
 impl From<StoreError> for DirectoryError {
     fn from(e: StoreError) -> DirectoryError {
@@ -222,27 +222,9 @@ impl Directory for ClusterDirectory {
             self.cluster
                 .call(1, |mut c| async move { del.query_async::<()>(&mut c).await.map_err(StoreError::from) })
                 .await?;
-            let script = &self.cluster.scripts.kick;
-            let cap = self.cluster.settings.stream_cap;
-            let member = route.member.clone();
-            let session = route.session.clone();
-            let kicked: i64 = self
-                .cluster
-                .call(1, |mut conn| async move {
-                    script
-                        .key(keys::sessions(&member))
-                        .key(keys::EVENTS)
-                        .key(keys::EVENTS_LAST)
-                        .key(keys::inbox(&member))
-                        .arg(uid)
-                        .arg(session)
-                        .arg(cap)
-                        .arg(unix_ms_now())
-                        .invoke_async(&mut conn)
-                        .await
-                        .map_err(StoreError::from)
-                })
-                .await?;
+            let inbox = Some(keys::inbox(&route.member));
+            let args = vec![uid.to_string(), route.session.clone()];
+            let kicked: i64 = self.cluster.end_sessions(&self.cluster.scripts.kick, &route.member, inbox, args).await?;
             Ok(kicked == 1)
         }
         .boxed()

@@ -22,7 +22,6 @@ use crate::cluster::keys;
 use crate::cluster::node::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
 use crate::cluster::writer::send_all;
-use crate::presence::unix_ms_now;
 
 /// Sessions one reap step takes out of a dead member's hash.
 const REAP_STEP: usize = 1000;
@@ -147,23 +146,8 @@ async fn reap(cluster: &Cluster, member: &str) -> Result<(), StoreError> {
         .await?;
     let mut reaped = 0usize;
     loop {
-        let sessions_key = keys::sessions(member);
-        let script = &cluster.scripts.reap;
-        let cap = cluster.settings.stream_cap;
-        let found: Vec<String> = cluster
-            .call(1, |mut conn| async move {
-                script
-                    .key(sessions_key)
-                    .key(keys::EVENTS)
-                    .key(keys::EVENTS_LAST)
-                    .arg(REAP_STEP)
-                    .arg(cap)
-                    .arg(unix_ms_now())
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(StoreError::from)
-            })
-            .await?;
+        let step = vec![REAP_STEP.to_string()];
+        let found: Vec<String> = cluster.end_sessions(&cluster.scripts.reap, member, None, step).await?;
         if found.is_empty() {
             break;
         }

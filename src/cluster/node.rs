@@ -219,6 +219,32 @@ impl Cluster {
         }
     }
 
+    /// Runs `script`, one of those that end sessions of `member` and log their events: its
+    /// keys are the member's sessions, the stream, its last id, then `extra`; its arguments
+    /// `args`, then the stream's cap and the time now.
+    pub(crate) async fn end_sessions<T: redis::FromRedisValue + Send>(
+        &self,
+        script: &Script,
+        member: &str,
+        extra: Option<String>,
+        args: Vec<String>,
+    ) -> Result<T, StoreError> {
+        let sessions = keys::sessions(member);
+        let cap = self.settings.stream_cap;
+        self.call(1, |mut conn| async move {
+            let mut call = script.key(sessions);
+            call.key(keys::EVENTS).key(keys::EVENTS_LAST);
+            if let Some(extra) = extra {
+                call.key(extra);
+            }
+            for arg in args {
+                call.arg(arg);
+            }
+            call.arg(cap).arg(crate::presence::unix_ms_now()).invoke_async(&mut conn).await.map_err(StoreError::from)
+        })
+        .await
+    }
+
     /// A request id for [`crate::cluster::inbox`].
     pub(crate) fn request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
