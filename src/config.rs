@@ -37,10 +37,12 @@ pub const FD_HEADROOM: u64 = 600;
 /// for dead.
 pub const DEFAULT_NODE_LEASE: Duration = Duration::from_secs(10);
 
-/// Session changes held for Redis while it is away before the queue compacts; per
-/// connection allowed, with a floor for small gateways: a login and an end each, the most
-/// a compacted queue needs.
+/// Session changes held for Redis while it is away before the queue compacts, per
+/// connection allowed: a login and an end each, the most a compacted queue needs.
 const REDIS_QUEUE_PER_CONNECTION: usize = 2;
+
+/// The floor of that queue, so a small gateway rides out a burst of short sessions during
+/// an outage without compacting.
 const REDIS_QUEUE_MIN: usize = 65_536;
 
 /// Settings of one gateway; see `idlegate serve --help` for each.

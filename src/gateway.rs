@@ -47,6 +47,7 @@ impl Gateway {
                 lease: config.node_lease,
                 tick: config.tick,
                 stream_cap: config.event_log_capacity,
+                max_queued: config.max_queued_bytes(),
             };
             Arc::new(Cluster::new(target, settings, metrics.clone(), config.redis_queue_capacity()))
         });
@@ -59,7 +60,7 @@ impl Gateway {
         let directory: Arc<dyn Directory> = match &cluster {
             Some(cluster) => {
                 cluster.attach(registry.clone(), clock);
-                Arc::new(ClusterDirectory::new(cluster.clone(), config.max_queued_bytes()))
+                Arc::new(ClusterDirectory::new(cluster.clone()))
             }
             None => Arc::new(Local::new(
                 registry.clone(),

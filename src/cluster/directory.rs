@@ -6,6 +6,7 @@
 //! from the moment its lease runs out, before the reaper has even begun. Routes naming
 //! this member are checked against the local registry, which is exact.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -14,9 +15,9 @@ use futures_util::stream::BoxStream;
 use futures_util::FutureExt;
 use redis::Value;
 
-use crate::cluster::inbox::{ask, by_member};
+use crate::cluster::inbox::ask;
 use crate::cluster::keys::{self, Route};
-use crate::cluster::membership::{alive, is_alive, nodes};
+use crate::cluster::membership::{alive, nodes};
 use crate::cluster::node::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
 use crate::cluster::writer::send_all;
@@ -32,15 +33,18 @@ impl From<StoreError> for DirectoryError {
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterDirectory {
     cluster: Arc<Cluster>,
-    max_queued: usize,
 }
 
 // === impl ClusterDirectory ===
 
 impl ClusterDirectory {
-    pub(crate) fn new(cluster: Arc<Cluster>, max_queued: usize) -> ClusterDirectory {
-        cluster.set_max_queued(max_queued);
-        ClusterDirectory { cluster, max_queued }
+    pub(crate) fn new(cluster: Arc<Cluster>) -> ClusterDirectory {
+        ClusterDirectory { cluster }
+    }
+
+    /// Whether `member` holds a lease now.
+    async fn is_alive(&self, member: &str) -> Result<bool, StoreError> {
+        Ok(alive(&self.cluster, &[member.to_string()]).await?.first() == Some(&true))
     }
 
     /// The routes of `uids`, in order.
@@ -89,6 +93,17 @@ impl ClusterDirectory {
     }
 }
 
+/// Groups `uids` by the member their route names, keeping each uid's index.
+fn by_member(owners: &[Option<String>]) -> HashMap<String, Vec<usize>> {
+    let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, owner) in owners.iter().enumerate() {
+        if let Some(member) = owner {
+            groups.entry(member.clone()).or_default().push(i);
+        }
+    }
+    groups
+}
+
 impl Directory for ClusterDirectory {
     fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>> {
         async move {
@@ -102,7 +117,7 @@ impl Directory for ClusterDirectory {
                     silent_ms: Some(silent_ms),
                 }));
             }
-            if !is_alive(&self.cluster, &route.member).await? {
+            if !self.is_alive(&route.member).await? {
                 return Ok(None);
             }
             let uid_text = uid.to_string().into_bytes();
@@ -174,14 +189,12 @@ impl Directory for ClusterDirectory {
             let routes = self.routes(uids).await?;
             let owners = self.owners(uids, routes).await?;
             let me = self.cluster.member();
-            let registry = self.cluster.registry();
             let asks = by_member(&owners).into_iter().map(|(member, indices)| {
                 let payload = payload.clone();
                 let me = me.clone();
                 async move {
                     if *member == *me {
-                        let flags: Vec<bool> =
-                            indices.iter().map(|&i| registry.push(uids[i], &payload, self.max_queued)).collect();
+                        let flags = self.cluster.push_here(indices.iter().map(|&i| uids[i]), &payload);
                         return Ok::<_, StoreError>((indices, flags));
                     }
                     let list = indices.iter().map(|&i| uids[i].to_string()).collect::<Vec<_>>().join(",");
@@ -212,7 +225,7 @@ impl Directory for ClusterDirectory {
             if *route.member == *me {
                 return Ok(registry.kick(uid));
             }
-            if !is_alive(&self.cluster, &route.member).await? {
+            if !self.is_alive(&route.member).await? {
                 return Ok(false);
             }
             // The route goes first, so presence never names the session after its offline
@@ -232,5 +245,18 @@ impl Directory for ClusterDirectory {
 
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {
         crate::cluster::stream::follow(self.cluster.clone(), after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uids_group_by_the_member_holding_them() {
+        let groups = by_member(&[Some("a".into()), None, Some("b".into()), Some("a".into())]);
+        assert_eq!(groups["a"], vec![0, 3]);
+        assert_eq!(groups["b"], vec![2]);
+        assert_eq!(groups.len(), 2);
     }
 }

@@ -9,7 +9,6 @@
 //! the control slot), so one connection per node follows everything, and event consumers
 //! wait on a local signal instead of each holding a blocking read.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -171,12 +170,8 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
                 return;
             };
             let payload = Bytes::copy_from_slice(field(entry, "p").unwrap_or_default());
-            let max_queued = cluster.max_queued();
-            let flags: String = uids
-                .split(',')
-                .filter_map(|u| u.parse::<u64>().ok())
-                .map(|uid| if registry.push(uid, &payload, max_queued) { '1' } else { '0' })
-                .collect();
+            let sent = cluster.push_here(uids.split(',').filter_map(|u| u.parse::<u64>().ok()), &payload);
+            let flags: String = sent.into_iter().map(|s| if s { '1' } else { '0' }).collect();
             reply(cluster, member, &from, req, flags.into_bytes()).await;
         }
         Some(b"locate") => {
@@ -265,27 +260,13 @@ pub(crate) async fn ask(
     Ok(answer)
 }
 
-/// Groups `uids` by the member their route names, keeping each uid's index.
-pub(crate) fn by_member(owners: &[Option<String>]) -> HashMap<String, Vec<usize>> {
-    let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
-    for (i, owner) in owners.iter().enumerate() {
-        if let Some(member) = owner {
-            groups.entry(member.clone()).or_default().push(i);
-        }
-    }
-    groups
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn next_ids_and_groups() {
+    fn next_ids() {
         assert_eq!(next_id("17-4").as_deref(), Some("17-5"));
         assert_eq!(next_id("x"), None);
-        let groups = by_member(&[Some("a".into()), None, Some("b".into()), Some("a".into())]);
-        assert_eq!(groups["a"], vec![0, 3]);
-        assert_eq!(groups["b"], vec![2]);
     }
 }

@@ -220,16 +220,6 @@ pub(crate) async fn nodes(cluster: &Cluster, alive: bool) -> Result<Vec<NodeFigu
     Ok(out)
 }
 
-/// Whether `member` holds a lease now.
-pub(crate) async fn is_alive(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
-    let key = keys::lease(member);
-    cluster
-        .call(1, |mut conn| async move {
-            redis::cmd("EXISTS").arg(key).query_async::<bool>(&mut conn).await.map_err(StoreError::from)
-        })
-        .await
-}
-
 /// For `members`, whether each holds a lease, in one round trip.
 pub(crate) async fn alive(cluster: &Cluster, members: &[String]) -> Result<Vec<bool>, StoreError> {
     if members.is_empty() {

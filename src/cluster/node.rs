@@ -5,7 +5,7 @@
 //! for the others to read, written behind the per-frame path by [`crate::cluster::writer`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -35,6 +35,8 @@ pub(crate) struct Settings {
     pub tick: Duration,
     /// Approximate cap of the event stream (`--event-log-capacity`).
     pub stream_cap: usize,
+    /// Bytes of pushes a client may leave unread (`Config::max_queued_bytes`).
+    pub max_queued: usize,
 }
 
 /// This node in the cluster; see the module documentation.
@@ -47,8 +49,6 @@ pub(crate) struct Cluster {
     pub(crate) metrics: Arc<Metrics>,
     member: RwLock<Arc<str>>,
     registry: OnceLock<(Arc<Registry>, Clock)>,
-    /// Bytes of pushes a client may leave unread (`Config::max_queued_bytes`).
-    max_queued: AtomicUsize,
     pub(crate) health: Health,
     /// Requests to other nodes waiting for their replies, by request id.
     pub(crate) pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
@@ -82,7 +82,6 @@ impl Cluster {
             metrics,
             member: RwLock::new(member.into()),
             registry: OnceLock::new(),
-            max_queued: AtomicUsize::new(usize::MAX),
             health: Health::default(),
             pending: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(u64::from(keys::rand_u32()) << 32),
@@ -100,12 +99,11 @@ impl Cluster {
         &self.registry.get().expect("the cluster is attached to its registry before it runs").0
     }
 
-    pub(crate) fn set_max_queued(&self, bytes: usize) {
-        self.max_queued.store(bytes, Ordering::Relaxed);
-    }
-
-    pub(crate) fn max_queued(&self) -> usize {
-        self.max_queued.load(Ordering::Relaxed)
+    /// Hands one PUSH of `payload` to each of `uids` held here; for each, whether it was
+    /// handed over. What a push through this node and a push request from another do.
+    pub(crate) fn push_here(&self, uids: impl IntoIterator<Item = u64>, payload: &Bytes) -> Vec<bool> {
+        let registry = self.registry();
+        uids.into_iter().map(|uid| registry.push(uid, payload, self.settings.max_queued)).collect()
     }
 
     /// `(since_ms, silent_ms)` of `uid`'s session on this node, if it has one.
@@ -270,7 +268,9 @@ struct Forward {
 
 impl Forward {
     fn push(&self, op: Op) {
-        if let Some(compacted) = self.queue.push(op) {
+        let (depth, compacted) = self.queue.push(op);
+        self.metrics.redis_queue_depth.set(depth as i64);
+        if let Some(compacted) = compacted {
             self.metrics.redis_compacted.inc_by((compacted.data + 2 * compacted.sessions) as u64);
             tracing::warn!(
                 data_dropped = compacted.data,
@@ -279,7 +279,6 @@ impl Forward {
                 "Redis queue full: dropped data events and sessions Redis never saw"
             );
         }
-        self.metrics.redis_queue_depth.set(self.queue.len() as i64);
     }
 }
 

@@ -63,14 +63,15 @@ impl Queue {
         Queue { ops: Mutex::new(VecDeque::new()), ready: Notify::new(), capacity: capacity.max(1) }
     }
 
-    /// Appends `op`; returns what a compaction removed, if one ran.
-    pub(crate) fn push(&self, op: Op) -> Option<Compacted> {
+    /// Appends `op`; returns the depth after it and what a compaction removed, if one ran.
+    pub(crate) fn push(&self, op: Op) -> (usize, Option<Compacted>) {
         let mut ops = self.lock();
         ops.push_back(op);
         let compacted = (ops.len() > self.capacity).then(|| compact(&mut ops));
+        let depth = ops.len();
         drop(ops);
         self.ready.notify_one();
-        compacted
+        (depth, compacted)
     }
 
     /// Takes up to `max` changes from the front.
@@ -134,13 +135,13 @@ mod tests {
     fn compaction_keeps_every_end_redis_needs_and_every_live_login() {
         let q = Queue::new(5);
         // Session 1 reached Redis before the outage: only its end is here.
-        assert_eq!(q.push(offline(1, 1)), None);
+        assert_eq!(q.push(offline(1, 1)), (1, None));
         q.push(online(2, 2));
         q.push(Op::Data { uid: 2, session: 2, payload: Bytes::from_static(b"x"), at_ms: 0 });
         q.push(offline(2, 2));
         q.push(online(3, 3));
-        let compacted = q.push(online(4, 4)).expect("over capacity");
-        assert_eq!(compacted, Compacted { data: 1, sessions: 1 });
+        let (depth, compacted) = q.push(online(4, 4));
+        assert_eq!((depth, compacted), (3, Some(Compacted { data: 1, sessions: 1 })));
         assert_eq!(q.take(10), vec![offline(1, 1), online(3, 3), online(4, 4)]);
     }
 

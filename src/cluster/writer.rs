@@ -232,10 +232,9 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
             Value::BulkString(b) => keys::Route::parse(&String::from_utf8_lossy(&b)),
             _ => None,
         };
-        let ours = route.as_ref().is_some_and(|r| *r.member == *member && r.session == keys::session_hex(session.id()));
         // A route naming another member means a newer login elsewhere, whose batch ends
-        // this session; anything else (no route, a garbled one) is pointed back here.
-        if !ours && route.is_none() && registry.events().reassert(session) {
+        // this session; no route (or a garbled one) is pointed back here.
+        if route.is_none() && registry.events().reassert(session) {
             rerouted += 1;
         }
     }
