@@ -11,9 +11,10 @@ use clap::Parser;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "loadtest", version, about)]
 pub struct Args {
-    /// The gateway's client address.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    pub target: SocketAddr,
+    /// The gateways' client addresses, comma-separated: client i connects to the
+    /// (i mod n)-th, so the clients spread evenly over the nodes of a cluster.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "127.0.0.1:7070")]
+    pub target: Vec<SocketAddr>,
     /// Client connections to open, one uid each.
     #[arg(long, default_value_t = 1000)]
     pub connections: u64,
@@ -44,12 +45,15 @@ pub struct Args {
     /// as missed.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub missed_grace: Duration,
-    /// The gateway's admin address, to read its online gauge, memory and CPU.
-    #[arg(long)]
-    pub admin: Option<String>,
-    /// The gateway's backend API, for --push-rate and --follow-events.
-    #[arg(long)]
-    pub api: Option<String>,
+    /// The gateways' admin addresses, comma-separated, to read their online gauges, memory
+    /// and CPU (summed over the gateways).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub admin: Vec<String>,
+    /// The gateways' backend APIs, comma-separated, for --push-rate and --follow-events.
+    /// Given in the order of --target, a push to a client goes through the next node's API,
+    /// so every push crosses nodes; the events are followed through the first.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub api: Vec<String>,
     /// The gateway's --api-token.
     #[arg(long, env = "IDLEGATE_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
@@ -88,6 +92,19 @@ pub struct Args {
     /// spreads connections past one address's ephemeral ports.
     #[arg(long, value_parser = parse_source_ips)]
     pub source_ips: Option<SourceIps>,
+    /// Several loadtest processes share one run (one process holds at most about 19,000
+    /// sockets): a folder all of them can write. At the end each waits for the others, so
+    /// the gateways' online count is read while every process's clients are still online and
+    /// compared with their sum. Give each process its own --uid-base range.
+    #[arg(long, requires = "processes")]
+    pub shared_dir: Option<PathBuf>,
+    /// How many processes share the run of --shared-dir.
+    #[arg(long, requires = "shared_dir")]
+    pub processes: Option<u32>,
+    /// Instead of running, merge the JSON reports of processes that shared one run into one
+    /// report (latency histograms merged exactly), then --report, --plot and --check it.
+    #[arg(long, num_args = 1.., value_name = "REPORT")]
+    pub merge: Vec<PathBuf>,
     /// Write the report as JSON here.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -110,7 +127,7 @@ pub struct Args {
 }
 
 /// Which protocol the clients speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     Idlegate,
@@ -170,7 +187,7 @@ impl Args {
         if !(self.push_rate.is_finite() && self.push_rate >= 0.0) {
             return Err("--push-rate: must be zero or a positive number".into());
         }
-        if (self.push_rate > 0.0 || self.follow_events) && self.api.is_none() {
+        if (self.push_rate > 0.0 || self.follow_events) && self.api.is_empty() {
             return Err("--api: --push-rate and --follow-events need the gateway's API address".into());
         }
         if (self.push_rate > 0.0 || self.follow_events) && self.protocol == Protocol::Mqtt {
@@ -179,8 +196,14 @@ impl Args {
         if self.churn && self.silent_fraction > 0.0 {
             return Err("--silent-fraction: under --churn sessions fall silent by their own fate; set it to 0".into());
         }
-        if self.check_fds && self.admin.is_none() {
+        if self.check_fds && self.admin.is_empty() {
             return Err("--admin: --check-fds reads the gateway's descriptors from its /metrics".into());
+        }
+        if self.check_fds && self.shared_dir.is_some() {
+            return Err("--check-fds: the other processes of a shared run hold descriptors of their own".into());
+        }
+        if self.processes == Some(0) {
+            return Err("--processes: must be at least 1".into());
         }
         if self.churn && self.churn_life.is_zero() {
             return Err("--churn-life: must be longer than zero".into());
@@ -192,6 +215,11 @@ impl Args {
             return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());
         }
         Ok(())
+    }
+
+    /// The address client `i` connects to.
+    pub fn target_for(&self, i: u64) -> SocketAddr {
+        self.target[(i % self.target.len() as u64) as usize]
     }
 
     /// How many clients fall silent.

@@ -133,9 +133,21 @@ pub fn parse_push(payload: &[u8]) -> Option<(u64, u64)> {
     (payload.len() == 16).then_some((id, nanos))
 }
 
+/// Which API a push to client `index` goes through, when client i is connected to node
+/// i mod `nodes`: with one API per node, the next node's, so every push crosses nodes;
+/// otherwise the APIs in turn.
+fn api_for(apis: &[Api], nodes: usize, index: usize, turn: u64) -> &Api {
+    if apis.len() == nodes && nodes > 1 {
+        &apis[(index % nodes + 1) % nodes]
+    } else {
+        &apis[(turn % apis.len() as u64) as usize]
+    }
+}
+
 /// Pushes `rate` times a second to random clients the harness sees online, until `stop`;
-/// then waits for the requests in flight.
-pub async fn push_loop(api: Api, rate: f64, ctx: Arc<Ctx>, seed: u64, stop: CancellationToken) {
+/// then waits for the requests in flight. `nodes` is how many gateways the clients are
+/// spread over (see [`api_for`]).
+pub async fn push_loop(apis: Vec<Api>, nodes: usize, rate: f64, ctx: Arc<Ctx>, seed: u64, stop: CancellationToken) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let start = Instant::now();
     let mut done = 0u64;
@@ -160,7 +172,7 @@ pub async fn push_loop(api: Api, rate: f64, ctx: Arc<Ctx>, seed: u64, stop: Canc
                 continue;
             };
             let uid = ctx.uid_base + index as u64;
-            in_flight.spawn(push_one(api.clone(), ctx.clone(), uid));
+            in_flight.spawn(push_one(api_for(&apis, nodes, index, done).clone(), ctx.clone(), uid));
         }
     }
     while in_flight.join_next().await.is_some() {}
@@ -364,6 +376,17 @@ mod tests {
         assert_eq!(parse_push(&push_payload(7, 123)), Some((7, 123)));
         assert_eq!(parse_push(b"short"), None);
         assert_eq!(parse_push(&[0u8; 17]), None);
+    }
+
+    #[test]
+    fn pushes_cross_nodes_when_there_is_an_api_per_node() {
+        let apis: Vec<Api> = ["a:1", "b:1", "c:1"].iter().map(|a| Api::new(a, None)).collect();
+        // Client 4 sits on node 1 (4 mod 3): its pushes go through node 2, whatever the turn.
+        assert_eq!(api_for(&apis, 3, 4, 0).base, "http://c:1");
+        assert_eq!(api_for(&apis, 3, 2, 9).base, "http://a:1");
+        // One gateway, or APIs that do not match the targets: the APIs in turn.
+        assert_eq!(api_for(&apis, 1, 4, 4).base, "http://b:1");
+        assert_eq!(api_for(&apis[..1], 3, 4, 4).base, "http://a:1");
     }
 
     #[test]

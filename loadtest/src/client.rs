@@ -41,7 +41,6 @@ const JITTER: f64 = 0.10;
 /// What every client shares.
 #[derive(Debug)]
 pub struct Ctx {
-    pub target: SocketAddr,
     pub wire: Wire,
     pub auth: Option<Auth>,
     pub ping_interval: Duration,
@@ -135,6 +134,8 @@ pub struct Plan {
     pub silent_at: Option<Instant>,
     /// Send one last PING at `silent_at`, so clients silent together expire in one sweep.
     pub final_ping: bool,
+    /// The gateway this client connects to (and reconnects to).
+    pub target: SocketAddr,
     pub source: Option<IpAddr>,
     pub seed: u64,
 }
@@ -229,7 +230,7 @@ impl Client {
             _ = ctx.stop.cancelled() => return Next::Done,
         }
         let started = Instant::now();
-        let stream = match connect(ctx.target, self.plan.source).await {
+        let stream = match connect(self.plan.target, self.plan.source).await {
             Ok(stream) => stream,
             Err(_) if ctx.reconnect && self.closed_at.is_some() => {
                 // The gateway is restarting: its port refuses until it listens again.
@@ -238,7 +239,7 @@ impl Client {
             }
             Err(e) => {
                 stats.connect_errors.fetch_add(1, Ordering::Relaxed);
-                stats.set_fatal(format!("connecting to {} failed: {e}", ctx.target));
+                stats.set_fatal(format!("connecting to {} failed: {e}", self.plan.target));
                 return Next::Done;
             }
         };
@@ -490,7 +491,7 @@ impl Client {
     /// Opens a second connection and logs in with this client's uid; returns its halves once
     /// WELCOME arrived.
     async fn second_login(&mut self, ctx: &Ctx, wire: &mut Wire) -> Option<(Frames, tokio::net::tcp::OwnedWriteHalf)> {
-        let stream = match connect(ctx.target, self.plan.source).await {
+        let stream = match connect(self.plan.target, self.plan.source).await {
             Ok(stream) => stream,
             Err(e) => {
                 ctx.stats.set_fatal(format!("the second login's connect failed: {e}"));
@@ -574,7 +575,6 @@ fn jittered(rng: &mut SmallRng, base: Duration) -> Duration {
 #[cfg(test)]
 pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
     Ctx {
-        target: "127.0.0.1:1".parse().unwrap(),
         wire: Wire::new(crate::args::Protocol::Idlegate, Duration::from_secs(30)),
         auth: None,
         ping_interval: Duration::from_secs(1),

@@ -1,5 +1,7 @@
-//! Reads the gateway's `/metrics`: its own count of online users, its memory and its CPU, so
-//! the report can set the gateway's view beside the harness's.
+//! Reads the gateways' `/metrics`: their own counts of online users, their memory and their
+//! CPU, so the report can set the gateways' view beside the harness's. With several
+//! gateways (the nodes of a cluster) every figure is their sum: each is a process of its own
+//! holding its own clients.
 
 use std::time::Duration;
 
@@ -16,33 +18,70 @@ pub struct Snapshot {
     pub open_fds: Option<f64>,
 }
 
-/// Scrapes one gateway's admin endpoint.
+/// Scrapes the admin endpoints of one or more gateways.
 #[derive(Debug, Clone)]
 pub struct Gateway {
     http: reqwest::Client,
-    url: String,
+    urls: Vec<String>,
 }
 
 impl Gateway {
-    /// `admin` is `host:port` or a full `http://host:port` URL.
-    pub fn new(admin: &str) -> Gateway {
-        let base = if admin.starts_with("http://") { admin.to_string() } else { format!("http://{admin}") };
+    /// Each of `admin` is `host:port` or a full `http://host:port` URL.
+    pub fn new(admin: &[String]) -> Gateway {
+        let urls = admin
+            .iter()
+            .map(|a| {
+                let base = if a.starts_with("http://") { a.to_string() } else { format!("http://{a}") };
+                format!("{}/metrics", base.trim_end_matches('/'))
+            })
+            .collect();
         let http = reqwest::Client::builder().timeout(SCRAPE_TIMEOUT).build().expect("a plain HTTP client builds");
-        Gateway { http, url: format!("{}/metrics", base.trim_end_matches('/')) }
+        Gateway { http, urls }
     }
 
-    /// The current figures; an error says why the endpoint could not be read.
+    /// The current figures, summed over the gateways (read concurrently, so the sum is of
+    /// one moment); an error says which endpoint could not be read and why.
     pub async fn scrape(&self) -> Result<Snapshot, String> {
-        let body = async { self.http.get(&self.url).send().await?.error_for_status()?.text().await }
-            .await
-            .map_err(|e| format!("{}: {e}", self.url))?;
-        Ok(Snapshot {
-            online_users: sample(&body, "idlegate_online_users"),
-            connections_open: sample(&body, "idlegate_connections_open"),
-            rss_bytes: sample(&body, "process_resident_memory_bytes"),
-            cpu_seconds: sample(&body, "process_cpu_seconds_total"),
-            open_fds: sample(&body, "process_open_fds"),
-        })
+        let reads = self.urls.iter().map(|url| async move {
+            async { self.http.get(url).send().await?.error_for_status()?.text().await }
+                .await
+                .map_err(|e| format!("{url}: {e}"))
+        });
+        let mut total: Option<Snapshot> = None;
+        for body in futures_util::future::join_all(reads).await {
+            let one = Snapshot::of(&body?);
+            total = Some(match total {
+                None => one,
+                Some(sum) => sum.plus(&one),
+            });
+        }
+        Ok(total.unwrap_or_default())
+    }
+}
+
+// === impl Snapshot ===
+
+impl Snapshot {
+    fn of(body: &str) -> Snapshot {
+        Snapshot {
+            online_users: sample(body, "idlegate_online_users"),
+            connections_open: sample(body, "idlegate_connections_open"),
+            rss_bytes: sample(body, "process_resident_memory_bytes"),
+            cpu_seconds: sample(body, "process_cpu_seconds_total"),
+            open_fds: sample(body, "process_open_fds"),
+        }
+    }
+
+    /// The sum with another gateway's figures; a figure either one lacks is unknown.
+    fn plus(&self, other: &Snapshot) -> Snapshot {
+        let sum = |a: Option<f64>, b: Option<f64>| Some(a? + b?);
+        Snapshot {
+            online_users: sum(self.online_users, other.online_users),
+            connections_open: sum(self.connections_open, other.connections_open),
+            rss_bytes: sum(self.rss_bytes, other.rss_bytes),
+            cpu_seconds: sum(self.cpu_seconds, other.cpu_seconds),
+            open_fds: sum(self.open_fds, other.open_fds),
+        }
     }
 }
 
@@ -61,5 +100,15 @@ mod tests {
         assert_eq!(sample(body, "idlegate_online_users"), Some(42.0));
         assert_eq!(sample(body, "process_cpu_seconds_total"), Some(1.5));
         assert_eq!(sample(body, "nope"), None);
+    }
+
+    #[test]
+    fn several_gateways_add_up() {
+        let a = Snapshot::of("idlegate_online_users 3\nprocess_cpu_seconds_total 1.5\n");
+        let b = Snapshot::of("idlegate_online_users 4\nprocess_cpu_seconds_total 0.5\nprocess_open_fds 9\n");
+        let sum = a.plus(&b);
+        assert_eq!(sum.online_users, Some(7.0));
+        assert_eq!(sum.cpu_seconds, Some(2.0));
+        assert_eq!(sum.open_fds, None, "one gateway did not say");
     }
 }

@@ -6,9 +6,11 @@ mod args;
 mod backend;
 mod client;
 mod gateway;
+mod merge;
 mod plot;
 mod report;
 mod run;
+mod shared;
 mod stats;
 mod wire;
 
@@ -26,6 +28,15 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Err(message) = args.validate() {
         Args::command().error(clap::error::ErrorKind::ValueValidation, message).exit();
+    }
+    if !args.merge.is_empty() {
+        return match merge::merge(&args.merge) {
+            Ok(report) => finish(&args, report),
+            Err(message) => {
+                eprintln!("loadtest: {message}");
+                ExitCode::from(2)
+            }
+        };
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -49,6 +60,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    finish(&args, report)
+}
+
+/// Prints the summary, writes the report and the plot, and gives the exit status.
+fn finish(args: &Args, report: report::Report) -> ExitCode {
     print!("{}", report.summary());
     if let Some(path) = &args.report {
         let json = serde_json::to_string_pretty(&report).expect("the report serializes");

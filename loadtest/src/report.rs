@@ -3,16 +3,20 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::args::Protocol;
-use crate::stats::Percentiles;
+use crate::stats::{Histograms, Percentiles};
 
 /// One point of the online-users timeline.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Sample {
     /// Seconds since the run started.
     pub t: f64,
+    /// Wall-clock time of the sample, in milliseconds since the Unix epoch: the clock that
+    /// lines up the timelines of processes that shared a run.
+    #[serde(default)]
+    pub unix_ms: u64,
     /// Logged in and not closed, by the harness's count.
     pub harness_online: i64,
     /// The gateway's `idlegate_online_users`, when it could be read.
@@ -25,7 +29,7 @@ pub struct Sample {
 }
 
 /// Everything a run measured; written by `--report`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub protocol: Protocol,
     pub connections: u64,
@@ -52,10 +56,18 @@ pub struct Report {
     pub early_offline: u64,
     pub late_offline: u64,
     pub expired_in_window: u64,
-    pub unexpected_closes: BTreeMap<&'static str, u64>,
-    pub closes: BTreeMap<&'static str, u64>,
+    pub unexpected_closes: BTreeMap<String, u64>,
+    pub closes: BTreeMap<String, u64>,
     pub harness_online_at_end: i64,
+    /// The gateways' summed online gauge, read at the end while every client of the run
+    /// was still connected.
     pub gateway_online_at_end: Option<f64>,
+    /// `--shared-dir`: processes in the run, and their clients online at the end, summed
+    /// (what the gateways' count is checked against).
+    #[serde(default)]
+    pub shared_processes: Option<u32>,
+    #[serde(default)]
+    pub run_online_at_end: Option<i64>,
     pub gateway_rss_bytes_at_start: Option<f64>,
     pub gateway_rss_bytes: Option<f64>,
     /// (resident memory at steady state - at start) / connections.
@@ -112,6 +124,9 @@ pub struct Report {
     pub timeline: Vec<Sample>,
     /// What `--check` found wrong; empty on a clean run.
     pub failures: Vec<String>,
+    /// The latency histograms, for merging the reports of a shared run.
+    #[serde(default)]
+    pub histograms: Histograms,
 }
 
 /// Descriptors the gateway may hold after a run beyond what it held before: the harness's
@@ -124,16 +139,88 @@ const BARS_PER_WINDOW: f64 = 50.0;
 // === impl Report ===
 
 impl Report {
+    /// A report with nothing measured yet.
+    pub fn new(protocol: Protocol, connections: u64, silent_clients: u64) -> Report {
+        Report {
+            protocol,
+            connections,
+            silent_clients,
+            logins_ok: 0,
+            connect_errors: 0,
+            connect_rate_per_s: 0.0,
+            duration_s: 0.0,
+            timeout_ms: None,
+            tick_ms: None,
+            window_ms: None,
+            login_ms: Default::default(),
+            rtt_ms: Default::default(),
+            silence_ms: Default::default(),
+            silence_histogram: Vec::new(),
+            silence_bucket_ms: 0,
+            pings_sent: 0,
+            pongs_received: 0,
+            data_sent: 0,
+            false_offline: 0,
+            missed_offline: 0,
+            early_offline: 0,
+            late_offline: 0,
+            expired_in_window: 0,
+            unexpected_closes: Default::default(),
+            closes: Default::default(),
+            harness_online_at_end: 0,
+            gateway_online_at_end: None,
+            gateway_rss_bytes_at_start: None,
+            gateway_rss_bytes: None,
+            gateway_rss_bytes_per_connection: None,
+            gateway_cpu_seconds: None,
+            push_ms: Default::default(),
+            pushes_sent: 0,
+            pushes_offline: 0,
+            push_errors: 0,
+            pushes_received: 0,
+            pushes_lost: 0,
+            pushes_unexpected: 0,
+            events_seen: None,
+            events_missed: 0,
+            event_mismatches: 0,
+            event_mismatch_examples: Vec::new(),
+            online_equal_seconds: 0,
+            online_compared_seconds: 0,
+            online_max_difference: 0.0,
+            rss_slope_bytes_per_min: None,
+            gateway_fds_at_start: None,
+            gateway_fds_at_end: None,
+            check_fds: false,
+            reconnects: 0,
+            churn: false,
+            connect_retries: 0,
+            relogin_ms: Default::default(),
+            shutdown_byes: 0,
+            shutdown_spread_ms: None,
+            all_back_after_ms: None,
+            fatal: None,
+            interrupted: false,
+            timeline: Vec::new(),
+            failures: Vec::new(),
+            shared_processes: None,
+            run_online_at_end: None,
+            histograms: Default::default(),
+        }
+    }
+
     /// The silence bucket width that gives about [`BARS_PER_WINDOW`] bars across the window.
     pub fn bucket_width_ms(window_ms: Option<(f64, f64)>) -> u64 {
         window_ms.map_or(100, |(lo, hi)| (((hi - lo) / BARS_PER_WINDOW) as u64).max(1))
     }
 
-    /// Derives the online comparison and the memory slope from the timeline.
-    pub fn summarize_timeline(&mut self) {
+    /// Derives the online comparison and the memory slope from the timeline. `compare_online`
+    /// is false for one process of a shared run: the gateways also count the other
+    /// processes' clients, so only the merged timeline can be compared.
+    pub fn summarize_timeline(&mut self, compare_online: bool) {
         let compared: Vec<f64> = self
             .timeline
             .iter()
+            .filter(|_| compare_online)
             .filter_map(|s| s.gateway_online.map(|g| (g - s.harness_online as f64).abs()))
             .collect();
         self.online_compared_seconds = compared.len() as u64;
@@ -208,11 +295,11 @@ impl Report {
         for (reason, n) in &self.unexpected_closes {
             f.push(format!("{n} unexpected close(s) with reason {reason}"));
         }
+        let harness = self.run_online_at_end.unwrap_or(self.harness_online_at_end);
         match self.gateway_online_at_end {
-            Some(g) if g != self.harness_online_at_end as f64 => f.push(format!(
-                "the gateway reports {g} online at the end, the harness counts {}",
-                self.harness_online_at_end
-            )),
+            Some(g) if g != harness as f64 => {
+                f.push(format!("the gateways report {g} online at the end, the harness counts {harness}"))
+            }
             _ => {}
         }
         self.failures = f;
@@ -306,11 +393,14 @@ impl Report {
             );
         }
         let _ = writeln!(s, "closes       {:?}; unexpected {:?}", self.closes, self.unexpected_closes);
+        let harness = match (self.run_online_at_end, self.shared_processes) {
+            (Some(all), Some(n)) => format!("harness {} here, {all} in all {n} processes", self.harness_online_at_end),
+            _ => format!("harness {}", self.harness_online_at_end),
+        };
         let _ = writeln!(
             s,
-            "gateway      online at end {} (harness {}), rss {} ({} per connection), cpu {}",
+            "gateway      online at end {} ({harness}), rss {} ({} per connection), cpu {}",
             opt(self.gateway_online_at_end, ""),
-            self.harness_online_at_end,
             opt(self.gateway_rss_bytes, " B"),
             opt(self.gateway_rss_bytes_per_connection, " B"),
             self.gateway_cpu_seconds.map_or("-".into(), |c| format!("{c:.2} s")),

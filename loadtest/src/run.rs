@@ -18,6 +18,7 @@ use crate::backend::{self, Api, Ledger, Pushes};
 use crate::client::{self, Cell, Ctx, Plan, LATE_TOLERANCE};
 use crate::gateway::{Gateway, Snapshot};
 use crate::report::{Report, Sample};
+use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::wire::Wire;
 
@@ -56,25 +57,31 @@ pub enum SetupError {
 /// Runs the load described by `args` to its end (or to Ctrl-C, when `interrupt` resolves).
 pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) -> Result<Report, SetupError> {
     check_file_limit(args.connections)?;
-    let probe = timeout(PROBE_TIMEOUT, client::connect(args.target, args.source_ips.map(|s| s.for_client(0))))
-        .await
-        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer")));
-    match probe {
-        // Closed at once: a probe kept open would sit at the gateway without a LOGIN until
-        // its login deadline, and be counted as a login_timeout.
-        Ok(stream) => drop(stream),
-        Err(e) => {
-            return Err(SetupError::Unreachable(format!(
-                "cannot connect to --target {}: {e}; is the server running?",
-                args.target
-            )))
+    for (i, &target) in args.target.iter().enumerate() {
+        let source = args.source_ips.map(|s| s.for_client(i as u64));
+        let probe = timeout(PROBE_TIMEOUT, client::connect(target, source))
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer")));
+        match probe {
+            // Closed at once: a probe kept open would sit at the gateway without a LOGIN until
+            // its login deadline, and be counted as a login_timeout.
+            Ok(stream) => drop(stream),
+            Err(e) => {
+                return Err(SetupError::Unreachable(format!(
+                    "cannot connect to --target {target}: {e}; is the server running?"
+                )))
+            }
         }
     }
-    let api = args.api.as_deref().map(|a| Api::new(a, args.api_token.clone()));
-    if let Some(api) = &api {
+    let apis: Vec<Api> = args.api.iter().map(|a| Api::new(a, args.api_token.clone())).collect();
+    for api in &apis {
         api.probe().await.map_err(|e| SetupError::Unreachable(format!("--api: {e}")))?;
     }
-    let gateway = args.admin.as_deref().map(Gateway::new);
+    let shared = match (&args.shared_dir, args.processes) {
+        (Some(dir), Some(n)) => Some(Shared::join(dir, n, args.uid_base).map_err(SetupError::Usage)?),
+        _ => None,
+    };
+    let gateway = (!args.admin.is_empty()).then(|| Gateway::new(&args.admin));
     let at_start = match &gateway {
         Some(g) => Some(g.scrape().await.map_err(|e| SetupError::Unreachable(format!("--admin: {e}")))?),
         None => None,
@@ -84,7 +91,6 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     let stats = Arc::new(Stats::new(silent));
     let epoch = Instant::now();
     let ctx = Arc::new(Ctx {
-        target: args.target,
         wire: Wire::new(args.protocol, args.mqtt_keepalive),
         auth: args.auth_secret.as_deref().map(Auth::new),
         ping_interval: args.ping_interval,
@@ -104,7 +110,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     // The event consumer starts before the first client, so it sees every login.
     let ledger = Arc::new(Ledger::default());
     let follower_stop = CancellationToken::new();
-    let follower = match (&api, args.follow_events) {
+    let follower = match (apis.first(), args.follow_events) {
         (Some(api), true) => {
             let (ready, opened) = tokio::sync::oneshot::channel();
             let uids = args.uid_base..args.uid_base + args.connections;
@@ -118,9 +124,10 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         _ => None,
     };
     let push_stop = CancellationToken::new();
-    let pusher = match &api {
-        Some(api) if args.push_rate > 0.0 => Some(tokio::spawn(backend::push_loop(
-            api.clone(),
+    let pusher = match apis.is_empty() {
+        false if args.push_rate > 0.0 => Some(tokio::spawn(backend::push_loop(
+            apis.clone(),
+            args.target.len(),
             args.push_rate,
             ctx.clone(),
             args.seed,
@@ -135,68 +142,12 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     }
     let connect_span = Duration::from_secs_f64(args.connections as f64 / args.connect_rate);
 
-    let mut report = Report {
-        protocol: args.protocol,
-        connections: args.connections,
-        silent_clients: silent,
-        logins_ok: 0,
-        connect_errors: 0,
-        connect_rate_per_s: 0.0,
-        duration_s: 0.0,
-        timeout_ms: None,
-        tick_ms: None,
-        window_ms: None,
-        login_ms: Default::default(),
-        rtt_ms: Default::default(),
-        silence_ms: Default::default(),
-        silence_histogram: Vec::new(),
-        silence_bucket_ms: 0,
-        pings_sent: 0,
-        pongs_received: 0,
-        data_sent: 0,
-        false_offline: 0,
-        missed_offline: 0,
-        early_offline: 0,
-        late_offline: 0,
-        expired_in_window: 0,
-        unexpected_closes: Default::default(),
-        closes: Default::default(),
-        harness_online_at_end: 0,
-        gateway_online_at_end: None,
-        gateway_rss_bytes_at_start: at_start.and_then(|s| s.rss_bytes),
-        gateway_rss_bytes: None,
-        gateway_rss_bytes_per_connection: None,
-        gateway_cpu_seconds: None,
-        push_ms: Default::default(),
-        pushes_sent: 0,
-        pushes_offline: 0,
-        push_errors: 0,
-        pushes_received: 0,
-        pushes_lost: 0,
-        pushes_unexpected: 0,
-        events_seen: None,
-        events_missed: 0,
-        event_mismatches: 0,
-        event_mismatch_examples: Vec::new(),
-        online_equal_seconds: 0,
-        online_compared_seconds: 0,
-        online_max_difference: 0.0,
-        rss_slope_bytes_per_min: None,
-        gateway_fds_at_start: at_start.and_then(|s| s.open_fds),
-        gateway_fds_at_end: None,
-        check_fds: args.check_fds,
-        reconnects: 0,
-        churn: args.churn,
-        connect_retries: 0,
-        relogin_ms: Default::default(),
-        shutdown_byes: 0,
-        shutdown_spread_ms: None,
-        all_back_after_ms: None,
-        fatal: None,
-        interrupted: false,
-        timeline: Vec::new(),
-        failures: Vec::new(),
-    };
+    let mut report = Report::new(args.protocol, args.connections, silent);
+    report.gateway_rss_bytes_at_start = at_start.and_then(|s| s.rss_bytes);
+    report.gateway_fds_at_start = at_start.and_then(|s| s.open_fds);
+    report.check_fds = args.check_fds;
+    report.churn = args.churn;
+    report.shared_processes = shared.as_ref().map(|_| args.processes.unwrap_or(1));
 
     let mut every_second = tokio::time::interval(Duration::from_secs(1));
     every_second.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -221,6 +172,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         last_pings = pings;
         report.timeline.push(Sample {
             t: (now - epoch).as_secs_f64(),
+            unix_ms: unix_ms(),
             harness_online: stats.online.load(Ordering::Relaxed),
             gateway_online: snapshot.and_then(|s| s.online_users),
             rtt_p99_ms,
@@ -259,10 +211,22 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         let _ = pusher.await;
         tokio::time::sleep(PUSH_ARRIVAL_GRACE).await;
     }
-    // The end, while the active clients are still connected: compare counts.
+    // The end, while the active clients are still connected: compare counts. In a shared
+    // run, once every process has reached its end, and before any closes its clients.
     report.harness_online_at_end = stats.online.load(Ordering::Relaxed);
+    if let Some(shared) = &shared {
+        match shared.meet("ready", report.harness_online_at_end).await {
+            Ok(counts) => report.run_online_at_end = Some(counts.iter().sum()),
+            Err(e) => stats.set_fatal(e),
+        }
+    }
     if let Some(g) = &gateway {
         report.gateway_online_at_end = g.scrape().await.ok().and_then(|s| s.online_users);
+    }
+    if let Some(shared) = &shared {
+        if let Err(e) = shared.meet("read", 0).await {
+            stats.set_fatal(e);
+        }
     }
     ctx.stop.cancel();
     let _ = timeout(CLOSE_TIMEOUT, async { while clients.join_next().await.is_some() {} }).await;
@@ -343,7 +307,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     if let (Some(start), Some(end)) = (at_start.and_then(|s| s.cpu_seconds), at_end.and_then(|s| s.cpu_seconds)) {
         report.gateway_cpu_seconds = Some(end - start);
     }
-    report.summarize_timeline();
+    report.histograms = stats.histograms();
+    report.summarize_timeline(shared.is_none());
     report.judge();
     Ok(report)
 }
@@ -380,10 +345,17 @@ fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
             silent_at: silent[i as usize]
                 .then(|| epoch + if args.silent_together { half } else { half.mul_f64(rng.gen_range(0.0..=1.0)) }),
             final_ping: args.silent_together,
+            target: args.target_for(i),
             source: args.source_ips.map(|s| s.for_client(i)),
             seed: rng.gen(),
         })
         .collect()
+}
+
+/// Wall-clock milliseconds since the Unix epoch, which line up the timelines of the
+/// processes of a shared run.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The line printed every second; returns the round-trip p99 of that second.

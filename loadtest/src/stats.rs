@@ -5,9 +5,12 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 use hdrhistogram::Histogram;
 use idlegate::CloseReason;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Highest latency the histograms record, in microseconds: ten minutes; anything longer is
 /// clamped, and a run that sees it has bigger problems.
@@ -76,7 +79,7 @@ struct Hists {
 }
 
 /// Percentiles of a histogram, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
     pub count: u64,
     pub p50: f64,
@@ -88,7 +91,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Percentiles {
+    pub fn of(h: &Histogram<u64>) -> Percentiles {
         let ms = |us: u64| us as f64 / 1000.0;
         if h.is_empty() {
             return Percentiles::default();
@@ -109,7 +112,39 @@ impl Percentiles {
 /// enough to see an expiry 50 ms late.
 const SIGNIFICANT_FIGURES: u8 = 4;
 
-fn histogram() -> Histogram<u64> {
+/// The latency histograms themselves (HdrHistogram's V2 format, deflated, in base64), so the
+/// reports of processes that shared one run merge into exact percentiles, not averages of
+/// percentiles.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Histograms {
+    pub login: String,
+    pub rtt: String,
+    pub silence: String,
+    pub push: String,
+    pub relogin: String,
+}
+
+// === impl Histograms ===
+
+impl Histograms {
+    fn encode(h: &Histogram<u64>) -> String {
+        let mut bytes = Vec::new();
+        V2DeflateSerializer::new().serialize(h, &mut bytes).expect("a histogram serializes into memory");
+        BASE64.encode(bytes)
+    }
+
+    /// Decodes one histogram of a report; an empty string (a report without it) is empty.
+    pub fn decode(text: &str) -> Result<Histogram<u64>, String> {
+        if text.is_empty() {
+            return Ok(histogram());
+        }
+        let bytes = BASE64.decode(text).map_err(|e| format!("not base64: {e}"))?;
+        Deserializer::new().deserialize(&mut bytes.as_slice()).map_err(|e| format!("not a histogram: {e:?}"))
+    }
+}
+
+/// An empty histogram with the harness's bounds.
+pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_RECORDED_US, SIGNIFICANT_FIGURES).expect("valid histogram bounds")
 }
 
@@ -242,13 +277,19 @@ impl Stats {
 
     /// Silence histogram as (lower bound ms, count) buckets of `width_ms`, for the plot.
     pub fn silence_buckets(&self, width_ms: u64) -> Vec<(u64, u64)> {
+        buckets(&self.hists().silence_us, width_ms)
+    }
+
+    /// Every latency histogram, for the report.
+    pub fn histograms(&self) -> Histograms {
         let h = self.hists();
-        let mut buckets = std::collections::BTreeMap::new();
-        for v in h.silence_us.iter_recorded() {
-            let ms = v.value_iterated_to() / 1000;
-            *buckets.entry(ms / width_ms * width_ms).or_insert(0) += v.count_at_value();
+        Histograms {
+            login: Histograms::encode(&h.login_us),
+            rtt: Histograms::encode(&h.rtt_us),
+            silence: Histograms::encode(&h.silence_us),
+            push: Histograms::encode(&h.push_us),
+            relogin: Histograms::encode(&h.relogin_us),
         }
-        buckets.into_iter().collect()
     }
 
     pub fn get(counter: &AtomicU64) -> u64 {
@@ -256,17 +297,31 @@ impl Stats {
     }
 
     /// Unexpected closes by reason label, only the reasons that happened.
-    pub fn unexpected_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
+    pub fn unexpected_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
         by_reason(&self.unexpected)
     }
 
     /// All closes by reason label, only the reasons that happened.
-    pub fn closes_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
+    pub fn closes_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
         by_reason(&self.closes)
     }
 }
 
+/// A histogram of microseconds as (lower bound ms, count) buckets of `width_ms`.
+pub fn buckets(h: &Histogram<u64>, width_ms: u64) -> Vec<(u64, u64)> {
+    let mut buckets = std::collections::BTreeMap::new();
+    for v in h.iter_recorded() {
+        let ms = v.value_iterated_to() / 1000;
+        *buckets.entry(ms / width_ms * width_ms).or_insert(0) += v.count_at_value();
+    }
+    buckets.into_iter().collect()
+}
+
 /// Non-zero per-reason counters, keyed by the reason's label.
-fn by_reason(counters: &[AtomicU64; CLOSE_KINDS]) -> std::collections::BTreeMap<&'static str, u64> {
-    CloseReason::ALL.iter().map(|r| (r.label(), Stats::get(&counters[r.index()]))).filter(|(_, n)| *n > 0).collect()
+fn by_reason(counters: &[AtomicU64; CLOSE_KINDS]) -> std::collections::BTreeMap<String, u64> {
+    CloseReason::ALL
+        .iter()
+        .map(|r| (r.label().to_string(), Stats::get(&counters[r.index()])))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
