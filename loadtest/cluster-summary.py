@@ -35,8 +35,8 @@ def read_samples(path):
 
 def intervals(rows):
     """Consecutive samples where Redis and the gateways were both read."""
-    good = [r for r in rows if r["redis_commands"] is not None and r["logins"] is not None
-            and r["expired"] is not None]
+    good = [r for r in rows if all(r[k] is not None for k in
+                                   ("redis_commands", "logins", "expired", "gw_round_trips", "frames"))]
     out = []
     for a, b in zip(good, good[1:]):
         out.append({
@@ -44,6 +44,8 @@ def intervals(rows):
             "redis": b["redis_commands"] - a["redis_commands"],
             "logins": b["logins"] - a["logins"],
             "expired": b["expired"] - a["expired"],
+            "trips": b["gw_round_trips"] - a["gw_round_trips"],
+            "frames": b["frames"] - a["frames"],
         })
     return out
 
@@ -55,6 +57,11 @@ def per_unit(ivs, key, quiet_rate):
         return None, 0
     extra = sum(i["redis"] for i in chosen) - quiet_rate * sum(i["dt"] for i in chosen)
     return extra / units, units
+
+
+def rate(ivs, key):
+    dt = sum(i["dt"] for i in ivs)
+    return sum(i[key] for i in ivs) / dt if dt else 0.0
 
 
 def main(out):
@@ -103,15 +110,19 @@ def main(out):
         print(f"             {per_login:.3f} commands per login above quiet ({logins:.0f} logins)")
     if per_expiry is not None:
         print(f"             {per_expiry:.3f} commands per expired uid above quiet ({expiries:.0f} expiries)")
-    first = next((x for x in rows if x["gw_round_trips"] is not None and x["unix_s"] >= start), None)
-    last = next((x for x in reversed(rows) if x["gw_round_trips"] is not None and x["unix_s"] <= end), None)
-    if first and last and last["unix_s"] > first["unix_s"]:
-        dt = last["unix_s"] - first["unix_s"]
-        trips = (last["gw_round_trips"] - first["gw_round_trips"]) / dt
-        frames = (last["frames"] - first["frames"]) / dt
-        ratio = frames / trips if trips else float("inf")
-        print(f"gateways     {trips:.0f} Redis round trips/s against {frames:.0f} client frames/s "
-              f"({ratio:.0f} frames per round trip)")
+    phases = [
+        ("quiet", [i for i in run_ivs if i["logins"] == 0 and i["expired"] == 0]),
+        ("logging in", [i for i in run_ivs if i["logins"] > 0]),
+        ("expiring", [i for i in run_ivs if i["expired"] > 0 and i["logins"] == 0]),
+        ("whole run", run_ivs),
+    ]
+    print("gateways     Redis round trips/s against client frames/s, by phase:")
+    for name, chosen in phases:
+        if chosen:
+            trips, frames = rate(chosen, "trips"), rate(chosen, "frames")
+            ratio = f"{frames / trips:.0f} frames per round trip" if trips else "no round trips"
+            print(f"             {name:<11} {sum(i['dt'] for i in chosen):5.0f} s: {trips:6.0f} round trips/s, "
+                  f"{frames:7.0f} frames/s ({ratio})")
     pause = os.path.join(out, "pause.txt")
     if os.path.exists(pause):
         marks = dict(l.split() for l in open(pause) if l.strip())
