@@ -85,9 +85,11 @@ sample() {
   echo "unix_s,redis_commands,gw_redis_commands,gw_round_trips,expired,frames,logins,online,redis_up"
   while :; do
     now=$(date +%s.%N)
+    # A Redis that does not answer (paused) or a gateway that does not leaves its fields
+    # empty; it must not end the sampler (which inherits set -e and pipefail).
     redis=$(timeout 0.2 redis-cli -p "$REDIS_PORT" info stats 2>/dev/null \
-      | awk -F: '/^total_commands_processed/ { gsub("\r", "", $2); print $2 }')
-    bodies=$(for a in "${admins[@]}"; do curl -s --max-time 0.2 "http://$a/metrics"; done)
+      | awk -F: '/^total_commands_processed/ { gsub("\r", "", $2); print $2 }') || redis=
+    bodies=$(for a in "${admins[@]}"; do curl -s --max-time 0.2 "http://$a/metrics" || true; done)
     printf '%s,%s' "$now" "${redis:-}"
     for m in idlegate_redis_commands_total idlegate_redis_round_trips_total idlegate_ring_expired_total \
       idlegate_frames_received_total idlegate_logins_total idlegate_online_users idlegate_redis_up; do
