@@ -69,4 +69,5 @@ if [ ${#parts[@]} -ne "$PROCESSES" ]; then
 fi
 "$LOADTEST" --merge "${parts[@]}" --report "$OUT/merged.json" --plot "$OUT/merged.svg" "${CHECK[@]}" \
   | tee "$OUT/merged.txt" || status=1
+rm -rf "$OUT/shared"
 exit $status
