@@ -186,6 +186,68 @@ fn pushes_and_every_event_check_out_against_the_gateway() {
     assert_eq!(r["events_seen"].as_u64().unwrap(), 600 + data);
 }
 
+/// The gateway's counter `name`, from its /metrics.
+fn metric(rt: &Runtime, admin: SocketAddr, name: &str) -> f64 {
+    let body =
+        rt.block_on(async { reqwest::get(format!("http://{admin}/metrics")).await.unwrap().text().await.unwrap() });
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap()
+}
+
+#[test]
+fn two_processes_share_a_run_over_two_gateways_and_their_reports_merge() {
+    let rt = runtime();
+    let (a, a_admin) = gateway(&rt, None);
+    let (b, b_admin) = gateway(&rt, None);
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared").display().to_string();
+    let (targets, admins) = (format!("{a},{b}"), format!("{a_admin},{b_admin}"));
+    let part = |i: u64| {
+        let report = dir.path().join(format!("part-{i}.json")).display().to_string();
+        let mut args = run_args(a, dir.path(), &[]);
+        args[1] = targets.clone();
+        args[3] = "500".into(); // --connections
+        let uid_base = (1 + 500 * i).to_string();
+        let seed = (i + 1).to_string();
+        let at = args.iter().position(|a| a == "--report").unwrap();
+        args[at + 1] = report;
+        let extra = ["--admin", &admins, "--uid-base", &uid_base, "--seed", &seed];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(["--shared-dir", &shared, "--processes", "2"].iter().map(|s| s.to_string()));
+        std::thread::spawn(move || loadtest(&args))
+    };
+    let (first, second) = (part(0), part(1));
+    for out in [first.join().unwrap(), second.join().unwrap()] {
+        // Each process checks the gateways' count against the sum of both processes'.
+        assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("750 in all 2 processes"), "{}", explain(&out));
+    }
+    // Every client went to its own gateway: uids spread evenly over the two.
+    assert_eq!(metric(&rt, a_admin, "idlegate_logins_total"), 500.0);
+    assert_eq!(metric(&rt, b_admin, "idlegate_logins_total"), 500.0);
+
+    let parts = [0, 1].map(|i| dir.path().join(format!("part-{i}.json")).display().to_string());
+    let merged = dir.path().join("report.json").display().to_string();
+    let out =
+        loadtest(&["--merge".into(), parts[0].clone(), parts[1].clone(), "--report".into(), merged, "--check".into()]);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    assert_eq!(r["connections"], 1000);
+    assert_eq!(r["logins_ok"], 1000);
+    assert_eq!(r["expired_in_window"], 250);
+    assert_eq!(r["silence_ms"]["count"], 250, "the silence histograms merged");
+    assert_eq!(r["harness_online_at_end"], 750);
+    assert_eq!(r["gateway_online_at_end"], 750.0);
+    assert!(r["online_compared_seconds"].as_u64().unwrap() > 0, "the timelines lined up: {r}");
+    assert_eq!(r["failures"], serde_json::json!([]));
+
+    // The folder now holds this run's files: a new process must not take them for its own.
+    let mut again = run_args(a, dir.path(), &["--shared-dir", &shared, "--processes", "2"]);
+    again[3] = "10".into();
+    let out = loadtest(&again);
+    assert_eq!(out.status.code(), Some(2), "{}", explain(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("earlier run"), "{}", explain(&out));
+}
+
 #[test]
 fn check_fails_against_a_server_that_expires_active_clients_early() {
     let rt = runtime();
