@@ -58,6 +58,9 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 Some(id) => Some(id.clone()),
                 None => match newest_event(&cluster).await {
                     Ok(id) => {
+                        // Events logged before this position never come through the
+                        // read: consumers waiting since before it re-read now instead.
+                        cluster.tail.send_modify(|_| {});
                         events_last = Some(id.clone());
                         Some(id)
                     }
