@@ -39,6 +39,6 @@ pub use cluster::RedisTarget;
 pub use config::{default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_NODE_LEASE, FD_HEADROOM};
 pub use error::{AuthError, ConfigError, FrameError};
 pub use presence::{
-    unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Local, Registry, Ring, Touch, What,
+    unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Touch, What,
     DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
 };

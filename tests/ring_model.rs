@@ -1,10 +1,12 @@
 //! The ring against a plain model: a map of uid -> last activity tick, where a uid expires
 //! once the cursor reaches `last + window`. Random touches, inserts, removes, advances
 //! (single ticks and catch-ups over missed ticks) and chunked expiries must agree exactly.
+//! The model keeps each uid's handle as the registry's sessions do, and also the handles of
+//! uids no longer tracked: a stale handle must find nothing, even once its entry is reused.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use idlegate::{Ring, Touch};
+use idlegate::{Handle, Ring, Touch};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -50,14 +52,21 @@ proptest! {
     fn ring_matches_model(window in 1u64..8, ops in prop::collection::vec(op(), 1..300)) {
         let mut ring = Ring::new(window);
         let mut model = Model { window, elapsed: 0, last: BTreeMap::new() };
+        // The handle of each uid's latest insert, tracked or not any more.
+        let mut handles: HashMap<u64, Handle> = HashMap::new();
+        let handle = |handles: &HashMap<u64, Handle>, uid| handles.get(&uid).copied().unwrap_or(Handle::NONE);
         for op in ops {
             match op {
                 Op::Insert(uid) => {
-                    ring.insert(uid, model.elapsed);
+                    // A new login: the uid's previous filing, if any, is retired first.
+                    if model.last.remove(&uid).is_some() {
+                        prop_assert!(ring.remove(handle(&handles, uid), uid));
+                    }
+                    handles.insert(uid, ring.insert(uid, model.elapsed));
                     model.last.insert(uid, model.elapsed);
                 }
                 Op::Touch(uid) => {
-                    let got = ring.touch(uid, model.elapsed);
+                    let got = ring.touch(handle(&handles, uid), uid, model.elapsed);
                     let want = match model.last.get_mut(&uid) {
                         None => Touch::NotTracked,
                         Some(t) if *t == model.elapsed => Touch::Unchanged,
@@ -69,7 +78,7 @@ proptest! {
                     prop_assert_eq!(got, want, "touch {}", uid);
                 }
                 Op::Remove(uid) => {
-                    prop_assert_eq!(ring.remove(uid), model.last.remove(&uid).is_some());
+                    prop_assert_eq!(ring.remove(handle(&handles, uid), uid), model.last.remove(&uid).is_some());
                 }
                 Op::Advance(by) => {
                     model.elapsed += by;
@@ -96,6 +105,11 @@ proptest! {
                 }
             }
             prop_assert_eq!(ring.len(), model.last.len());
+            for (&uid, &h) in &handles {
+                prop_assert_eq!(ring.contains(h, uid), model.last.contains_key(&uid), "uid {}", uid);
+                let want = model.last.get(&uid).map(|t| t + window);
+                prop_assert_eq!(ring.deadline(h, uid), want, "deadline of {}", uid);
+            }
             prop_assert_eq!(ring.overdue_len(), model.overdue().len());
             for k in 1..=window + 1 {
                 let due = model

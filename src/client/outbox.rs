@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn queues_exist_only_while_pushes_are_pending() {
         let outboxes = Outboxes::default();
-        let s = Session::new(1, 7, 0);
+        let s = Session::new(1, 7, 0, crate::presence::Handle::NONE);
         assert_eq!(outboxes.push(&s, &Bytes::from_static(b"a"), 100), Pushed::Queued);
         assert_eq!(outboxes.push(&s, &Bytes::from_static(b"b"), 100), Pushed::Queued);
         assert_eq!(outboxes.len(), 1);
@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_and_an_ended_session_gets_nothing() {
         let outboxes = Outboxes::default();
-        let s = Session::new(1, 7, 0);
+        let s = Session::new(1, 7, 0, crate::presence::Handle::NONE);
         let ten = Bytes::from_static(b"0123456789");
         assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Queued);
         assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Queued);

@@ -4,13 +4,15 @@
 //! A session ends once, with the first reason given: an expiry from the ticker, a kick from
 //! a newer login or the API, or the connection's own close. Its connection task learns of
 //! an ending it did not cause, and of pushes queued for it (`outbox.rs`), through one
-//! wake-up. Every open connection holds one, so it stays small: four words and a `Notify`.
+//! wake-up. Every open connection holds one, so it stays small: four words (the ring handle
+//! and the ending share one) and a `Notify`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use tokio::sync::Notify;
 
 use crate::client::frame::CloseReason;
+use crate::presence::Handle;
 
 /// Value of `end` while the session is live.
 const LIVE: u8 = 0;
@@ -27,6 +29,8 @@ pub struct Session {
     id: u64,
     /// Unix milliseconds of the LOGIN.
     since_ms: u64,
+    /// Where its uid is filed in its ring shard: the ring needs no index of its own.
+    handle: Handle,
     /// `LIVE`, or the [`CloseReason`] code (its discriminant) of the first ending, with
     /// [`REPORTED`] set once its offline event is logged.
     end: AtomicU8,
@@ -37,8 +41,13 @@ pub struct Session {
 // === impl Session ===
 
 impl Session {
-    pub(crate) fn new(uid: u64, id: u64, since_ms: u64) -> Session {
-        Session { uid, id, since_ms, end: AtomicU8::new(LIVE), wake: Notify::new() }
+    pub(crate) fn new(uid: u64, id: u64, since_ms: u64, handle: Handle) -> Session {
+        Session { uid, id, since_ms, handle, end: AtomicU8::new(LIVE), wake: Notify::new() }
+    }
+
+    /// Its uid's place in the ring shard.
+    pub(crate) fn handle(&self) -> Handle {
+        self.handle
     }
 
     /// The uid this session logged in as.
@@ -117,7 +126,7 @@ mod tests {
 
     #[test]
     fn the_first_ending_wins_and_is_reported_once() {
-        let s = Session::new(1, 2, 3);
+        let s = Session::new(1, 2, 3, Handle::NONE);
         assert!(s.is_live());
         assert!(s.end(CloseReason::Kicked));
         assert!(!s.end(CloseReason::Logout));

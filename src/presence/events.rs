@@ -401,7 +401,7 @@ mod tests {
     fn a_session_logs_online_data_offline_once_each_in_order() {
         let log = log(100, 1 << 20);
         let start = log.last_id();
-        let s = Session::new(7, 1, 0);
+        let s = Session::new(7, 1, 0, crate::presence::Handle::NONE);
         log.login(None, &s);
         assert!(log.data(&s, Bytes::from_static(b"hi")));
         s.end(CloseReason::Logout);
@@ -419,8 +419,8 @@ mod tests {
     fn a_login_reports_the_session_it_replaces_first() {
         let log = log(100, 1 << 20);
         let start = log.last_id();
-        let old = Session::new(7, 1, 0);
-        let new = Session::new(7, 2, 0);
+        let old = Session::new(7, 1, 0, crate::presence::Handle::NONE);
+        let new = Session::new(7, 2, 0, crate::presence::Handle::NONE);
         log.login(None, &old);
         old.end(CloseReason::Kicked);
         log.login(Some(&old), &new);
@@ -434,7 +434,7 @@ mod tests {
     fn dropped_events_show_as_a_gap_of_the_right_size() {
         let log = log(3, 1 << 20);
         let start = log.last_id();
-        let s = Session::new(1, 1, 0);
+        let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
         log.login(None, &s);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"x"));
@@ -465,7 +465,7 @@ mod tests {
     #[test]
     fn payload_bytes_bound_the_log_too() {
         let log = log(1000, 10);
-        let s = Session::new(1, 1, 0);
+        let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
         log.login(None, &s);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"abcd"));

@@ -19,5 +19,5 @@ pub use events::{
     Batch, Event, EventId, EventLog, EventSink, What, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
 };
 pub use registry::{Liveness, Registry};
-pub use ring::{Ring, Touch};
+pub use ring::{Handle, Ring, Touch};
 pub use ticker::Ticker;

@@ -107,25 +107,30 @@ impl Registry {
     /// online event.
     pub fn login(&self, uid: u64, now: u64) -> Arc<Session> {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let session = Arc::new(Session::new(uid, id, unix_ms()));
-        match self.sessions.entry(uid) {
+        let since = unix_ms();
+        let session = match self.sessions.entry(uid) {
             Entry::Occupied(mut entry) => {
                 let mut ring = self.lock_shard_at(uid, now);
                 let previous = entry.get();
-                // Ended under the ring lock, so the old connection's next touch sees it.
-                previous.end(if ring.remove(uid) { CloseReason::Kicked } else { CloseReason::IdleTimeout });
-                ring.insert(uid, now);
+                // Ended under the ring lock, so the old connection's next touch sees it, and
+                // before the uid is filed anew, so the old handle never names the new entry.
+                let tracked = ring.remove(previous.handle(), uid);
+                previous.end(if tracked { CloseReason::Kicked } else { CloseReason::IdleTimeout });
+                let session = Arc::new(Session::new(uid, id, since, ring.insert(uid, now)));
                 drop(ring);
                 self.events.login(Some(previous), &session);
                 entry.insert(session.clone());
+                session
             }
             Entry::Vacant(entry) => {
-                self.lock_shard_at(uid, now).insert(uid, now);
+                let handle = self.lock_shard_at(uid, now).insert(uid, now);
+                let session = Arc::new(Session::new(uid, id, since, handle));
                 self.events.login(None, &session);
                 entry.insert(session.clone());
                 self.metrics.online_users.inc();
+                session
             }
-        }
+        };
         self.metrics.logins.inc();
         session
     }
@@ -141,7 +146,7 @@ impl Registry {
             return Liveness::Gone;
         }
         self.debug_check_owner(session);
-        match ring.touch(session.uid(), now) {
+        match ring.touch(session.handle(), session.uid(), now) {
             Touch::NotTracked => Liveness::Gone,
             Touch::Moved | Touch::Unchanged => Liveness::Alive,
         }
@@ -154,7 +159,7 @@ impl Registry {
         match self.sessions.entry(session.uid()) {
             Entry::Occupied(entry) if Arc::ptr_eq(entry.get(), session) => {
                 let mut ring = self.lock_shard(session.uid());
-                ring.remove(session.uid());
+                ring.remove(session.handle(), session.uid());
                 session.end(reason);
                 drop(ring);
                 self.events.report_ends([&**session]);
@@ -223,7 +228,7 @@ impl Registry {
     /// The live session of `uid` with the tick it was last heard on.
     pub fn sighting(&self, uid: u64) -> Option<Sighting> {
         let session = self.live(uid)?;
-        let deadline = self.lock_shard(uid).deadline(uid)?;
+        let deadline = self.lock_shard(uid).deadline(session.handle(), uid)?;
         Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
     }
 
@@ -271,7 +276,9 @@ impl Registry {
             let Entry::Occupied(entry) = self.sessions.entry(uid) else {
                 continue;
             };
-            if self.lock_shard(uid).contains(uid) {
+            // Back in the ring: the uid logged in again since, and the map holds that
+            // session, whose login ended the expired one.
+            if self.lock_shard(uid).contains(entry.get().handle(), uid) {
                 continue;
             }
             if entry.get().end(CloseReason::IdleTimeout) {

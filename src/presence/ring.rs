@@ -15,62 +15,60 @@
 //!
 //! A [`Ring::touch`] between the two steps still rescues an overdue uid. A ticker that runs
 //! on time calls both back to back.
+//!
+//! Where a uid is filed lives in a slab of entries, one per tracked uid, addressed by a
+//! [`Handle`] that [`Ring::insert`] returns and the caller keeps (the gateway keeps it in the
+//! session). A touch goes straight to its entry: no hash lookup, no index beside the ring.
+//! Each bucket is a vector of handles; an entry knows its bucket (by deadline) and its place
+//! in it, so moving a uid is a push onto the new bucket and a `swap_remove` from the old one,
+//! fixing the place of the one handle that moved. A sweep walks its buckets in order and
+//! reads each entry once, independent reads the CPU overlaps. 16 bytes an entry and 4 a
+//! bucket place: about 20 bytes per tracked uid, with the slab grown by an eighth at a time.
 
 use std::collections::VecDeque;
 
-use foldhash::fast::RandomState;
-use hashbrown::HashMap;
+/// Where a tracked uid's entry is; returned by [`Ring::insert`] and passed back by the
+/// caller on every later call about that uid.
+///
+/// A handle stays valid until its uid is removed or expired; then its entry is reused for
+/// another insert. Calls check that the entry still holds the uid they name, so a stale
+/// handle finds nothing rather than another uid. What they cannot tell apart is a handle
+/// of an earlier insert of the *same* uid whose entry that uid got again: callers must
+/// retire a uid's handle before inserting the uid anew (the registry ends a session before
+/// it files the uid's next login).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle(u32);
 
-/// Sliding slot ring; see the module documentation.
-#[derive(Debug)]
-pub struct Ring {
-    /// Ticks a silent uid survives: the timeout divided by the tick.
-    window: u64,
-    /// The last tick the cursor reached. Live deadlines lie in `elapsed + 1 ..= elapsed + slots`.
-    elapsed: u64,
-    /// `window + 1` slots; `slots[d % len]` holds the uids whose deadline is `d`.
-    slots: Box<[Vec<u64>]>,
-    /// Buckets the cursor has passed but [`Ring::expire`] has not emptied yet, as
-    /// `(deadline, uids)`, oldest first; empty buckets are dropped at once. Usually empty;
-    /// it only fills between an `advance` and the `expire` calls that follow it.
-    overdue: VecDeque<(u64, Vec<u64>)>,
-    /// Number of uids in `overdue`, so [`Ring::overdue_len`] is O(1).
-    overdue_len: usize,
-    /// uid -> where it is filed, packed by [`Pos`].
-    index: HashMap<u64, Pos, RandomState>,
-    /// Emptied bucket vectors kept for reuse, so a steady ticker does not allocate.
-    spare: Vec<Vec<u64>>,
+impl Handle {
+    /// A handle that never names an entry: for a session not in any ring.
+    pub const NONE: Handle = Handle(u32::MAX);
 }
 
-/// Where a uid is filed: the low 32 bits of its deadline and its index in that bucket.
+/// `Entry::at` of a free entry; its `deadline` then holds the next free entry.
+const FREE: u32 = u32::MAX;
+
+/// End of the free list.
+const NIL: u32 = u32::MAX;
+
+/// Smallest growth of the slab, in entries.
+const MIN_GROWTH: usize = 1024;
+
+/// One tracked uid: which bucket holds its handle (by the low 32 bits of its deadline;
+/// [`restore_deadline`] gives back the full value) and where in it.
 ///
 /// 32 bits of deadline are enough: every deadline in the ring lies within `slots` plus the
-/// overdue span of `elapsed`, far less than 2^32 ticks, and [`Ring::deadline_of`] restores
-/// the full value. Packing keeps an index entry at 16 bytes with its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Pos(u64);
-
-// === impl Pos ===
-
-impl Pos {
-    fn new(deadline: u64, at: usize) -> Pos {
-        debug_assert!(at <= u32::MAX as usize, "bucket index {at} overflows u32");
-        Pos((deadline as u32 as u64) << 32 | at as u64)
-    }
-
-    fn deadline_low(self) -> u32 {
-        (self.0 >> 32) as u32
-    }
-
-    fn at(self) -> usize {
-        (self.0 & u32::MAX as u64) as usize
-    }
+/// overdue span of `elapsed`, far less than 2^32 ticks.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    uid: u64,
+    deadline: u32,
+    at: u32,
 }
 
-/// Restores a full deadline from the 32 bits [`Pos`] keeps, counting back from `newest`, the
-/// newest deadline the ring can hold.
-fn restore_deadline(newest: u64, pos: Pos) -> u64 {
-    let back = (newest as u32).wrapping_sub(pos.deadline_low());
+/// Restores a full deadline from its low 32 bits, counting back from `newest`, the newest
+/// deadline the ring can hold.
+fn restore_deadline(newest: u64, low: u32) -> u64 {
+    let back = (newest as u32).wrapping_sub(low);
     newest - u64::from(back)
 }
 
@@ -81,8 +79,33 @@ pub enum Touch {
     Unchanged,
     /// The uid moved to a later deadline (from a live slot or an overdue bucket).
     Moved,
-    /// The uid is not in the ring: it was never inserted, was removed, or was expired.
+    /// The handle does not hold this uid: it was removed or expired.
     NotTracked,
+}
+
+/// Sliding slot ring; see the module documentation.
+#[derive(Debug)]
+pub struct Ring {
+    /// Ticks a silent uid survives: the timeout divided by the tick.
+    window: u64,
+    /// The last tick the cursor reached. Live deadlines lie in `elapsed + 1 ..= elapsed + slots`.
+    elapsed: u64,
+    /// `window + 1` slots; `slots[d % len]` holds the handles whose deadline is `d`.
+    slots: Box<[Vec<u32>]>,
+    /// Buckets the cursor has passed but [`Ring::expire`] has not emptied yet, as
+    /// `(deadline, handles)`, oldest first; empty buckets are dropped at once. Usually
+    /// empty; it only fills between an `advance` and the `expire` calls that follow it.
+    overdue: VecDeque<(u64, Vec<u32>)>,
+    /// Number of handles in `overdue`, so [`Ring::overdue_len`] is O(1).
+    overdue_len: usize,
+    /// One entry per handle ever given out; free ones form a list from `free`.
+    entries: Vec<Entry>,
+    /// First free entry, or [`NIL`].
+    free: u32,
+    /// Tracked uids.
+    len: usize,
+    /// Emptied bucket vectors kept for reuse, so a steady ticker does not allocate.
+    spare: Vec<Vec<u32>>,
 }
 
 // === impl Ring ===
@@ -101,7 +124,9 @@ impl Ring {
             slots,
             overdue: VecDeque::new(),
             overdue_len: 0,
-            index: HashMap::default(),
+            entries: Vec::new(),
+            free: NIL,
+            len: 0,
             spare: Vec::new(),
         }
     }
@@ -118,12 +143,12 @@ impl Ring {
 
     /// Uids in the ring, overdue ones included.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
     /// True when no uid is tracked.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len == 0
     }
 
     /// Uids the cursor has passed that [`Ring::expire`] has not taken out yet.
@@ -131,14 +156,14 @@ impl Ring {
         self.overdue_len
     }
 
-    /// True when `uid` is tracked (live or overdue).
-    pub fn contains(&self, uid: u64) -> bool {
-        self.index.contains_key(&uid)
+    /// True when `handle` still holds `uid` (live or overdue).
+    pub fn contains(&self, handle: Handle, uid: u64) -> bool {
+        self.entry(handle, uid).is_some()
     }
 
-    /// The tick `uid` falls due on, if tracked: its last touch plus the window.
-    pub fn deadline(&self, uid: u64) -> Option<u64> {
-        self.index.get(&uid).map(|&pos| self.deadline_of(pos))
+    /// The tick `uid` falls due on, if `handle` still holds it: its last touch plus the window.
+    pub fn deadline(&self, handle: Handle, uid: u64) -> Option<u64> {
+        self.entry(handle, uid).map(|e| restore_deadline(self.newest_deadline(), e.deadline))
     }
 
     /// How many uids fall due `ticks` ticks from now (`1 ..= window + 1`); the silence
@@ -150,48 +175,51 @@ impl Ring {
         self.slots[self.slot_of(self.elapsed + ticks)].len()
     }
 
-    /// Files `uid` as touched on tick `now`, whether or not it was tracked: a login.
-    pub fn insert(&mut self, uid: u64, now: u64) {
-        if self.touch(uid, now) == Touch::NotTracked {
-            let deadline = self.deadline_for(now);
-            let at = self.push(deadline, uid);
-            self.index.insert(uid, Pos::new(deadline, at));
-        }
-        self.debug_check(uid);
+    /// Files `uid` as touched on tick `now`: a login. The caller keeps the handle for every
+    /// later call about this uid, and must not insert a uid it already tracks.
+    pub fn insert(&mut self, uid: u64, now: u64) -> Handle {
+        let deadline = self.deadline_for(now);
+        let handle = self.allocate(uid);
+        let at = self.push(deadline, handle);
+        self.entries[handle as usize] = Entry { uid, deadline: deadline as u32, at };
+        self.len += 1;
+        self.debug_check(handle);
+        Handle(handle)
     }
 
-    /// Marks activity of a tracked `uid` on tick `now`; an untracked uid stays untracked.
+    /// Marks activity of `uid`, held by `handle`, on tick `now`.
     ///
     /// `now` is the caller's view of the clock and may trail the cursor by a tick (it read
     /// the tick just before the cursor moved); such a touch counts as a touch on `elapsed`.
-    pub fn touch(&mut self, uid: u64, now: u64) -> Touch {
+    pub fn touch(&mut self, handle: Handle, uid: u64, now: u64) -> Touch {
         let deadline = self.deadline_for(now);
         let newest = self.newest_deadline();
-        let Some(pos) = self.index.get_mut(&uid) else {
+        let Some(entry) = self.entry(handle, uid) else {
             return Touch::NotTracked;
         };
-        let old = restore_deadline(newest, *pos);
+        let old = restore_deadline(newest, entry.deadline);
         if old == deadline {
             return Touch::Unchanged;
         }
         debug_assert!(old < deadline, "uid {uid}: deadline {old} moved back to {deadline}");
-        let at = pos.at();
-        // File under the new deadline first, updating the index entry in place: one hash
-        // lookup for this uid. The new deadline is live, so its slot is never the old bucket.
-        let slot = &mut self.slots[(deadline % self.slots.len() as u64) as usize];
-        slot.push(uid);
-        *pos = Pos::new(deadline, slot.len() - 1);
-        self.unlink(old, at);
-        self.debug_check(uid);
+        // The new deadline is live, so its slot is never the old bucket.
+        let slot = self.slot_of(deadline);
+        let bucket = &mut self.slots[slot];
+        bucket.push(handle.0);
+        let at = (bucket.len() - 1) as u32;
+        self.unlink(old, entry.at);
+        self.entries[handle.0 as usize] = Entry { uid, deadline: deadline as u32, at };
+        self.debug_check(handle.0);
         Touch::Moved
     }
 
-    /// Stops tracking `uid`; returns whether it was tracked.
-    pub fn remove(&mut self, uid: u64) -> bool {
-        let Some(pos) = self.index.remove(&uid) else {
+    /// Stops tracking `uid`, held by `handle`; returns whether it was tracked.
+    pub fn remove(&mut self, handle: Handle, uid: u64) -> bool {
+        let Some(entry) = self.entry(handle, uid) else {
             return false;
         };
-        self.unlink(self.deadline_of(pos), pos.at());
+        self.unlink(restore_deadline(self.newest_deadline(), entry.deadline), entry.at);
+        self.release(handle.0);
         true
     }
 
@@ -230,24 +258,57 @@ impl Ring {
             let Some((deadline, front)) = self.overdue.front_mut() else {
                 break;
             };
-            // Popping from the back leaves every other uid's index in the bucket valid.
-            let Some(uid) = front.pop() else {
+            // Taking from the back leaves every other handle's place in the bucket valid.
+            let keep = front.len().saturating_sub(max - taken);
+            let deadline = *deadline as u32;
+            for &handle in &front[keep..] {
+                let entry = self.entries[handle as usize];
+                debug_assert!(
+                    entry.at != FREE && entry.deadline == deadline,
+                    "handle {handle} in overdue bucket {deadline} but filed as {entry:?}"
+                );
+                out.push(entry.uid);
+                self.entries[handle as usize] = Entry { uid: 0, deadline: self.free, at: FREE };
+                self.free = handle;
+            }
+            taken += front.len() - keep;
+            front.truncate(keep);
+            if front.is_empty() {
                 self.drop_empty_overdue(0);
-                continue;
-            };
-            let pos = self.index.remove(&uid);
-            debug_assert!(
-                pos.is_some_and(|p| p.deadline_low() == *deadline as u32),
-                "uid {uid} in overdue bucket {deadline} but indexed at {pos:?}"
-            );
-            out.push(uid);
-            taken += 1;
+            }
         }
         self.overdue_len -= taken;
-        if self.overdue.front().is_some_and(|(_, b)| b.is_empty()) {
-            self.drop_empty_overdue(0);
-        }
+        self.len -= taken;
         taken
+    }
+
+    /// The entry `handle` names, if it holds `uid`.
+    fn entry(&self, handle: Handle, uid: u64) -> Option<Entry> {
+        self.entries.get(handle.0 as usize).copied().filter(|e| e.at != FREE && e.uid == uid)
+    }
+
+    /// A free entry for `uid`, from the free list or a grown slab. The slab grows by an
+    /// eighth, not by doubling: at 10 M uids doubling would leave up to 160 MB unused.
+    fn allocate(&mut self, uid: u64) -> u32 {
+        if self.free != NIL {
+            let handle = self.free;
+            self.free = self.entries[handle as usize].deadline;
+            return handle;
+        }
+        let handle = self.entries.len();
+        assert!(handle < FREE as usize, "a ring holds fewer than 2^32 - 1 uids");
+        if self.entries.len() == self.entries.capacity() {
+            self.entries.reserve_exact((self.entries.len() / 8).max(MIN_GROWTH));
+        }
+        self.entries.push(Entry { uid, deadline: 0, at: 0 });
+        handle as u32
+    }
+
+    /// Puts an entry on the free list.
+    fn release(&mut self, handle: u32) {
+        self.entries[handle as usize] = Entry { uid: 0, deadline: self.free, at: FREE };
+        self.free = handle;
+        self.len -= 1;
     }
 
     fn slot_count(&self) -> u64 {
@@ -269,10 +330,6 @@ impl Ring {
         self.elapsed + self.slot_count()
     }
 
-    fn deadline_of(&self, pos: Pos) -> u64 {
-        restore_deadline(self.newest_deadline(), pos)
-    }
-
     /// Position in `overdue` of the bucket for a passed `deadline`.
     fn overdue_at(&self, deadline: u64) -> usize {
         let k = self.overdue.partition_point(|(d, _)| *d < deadline);
@@ -284,7 +341,7 @@ impl Ring {
     }
 
     /// The bucket holding `deadline`: a live slot, or an overdue bucket once passed.
-    fn bucket_mut(&mut self, deadline: u64) -> &mut Vec<u64> {
+    fn bucket_mut(&mut self, deadline: u64) -> &mut Vec<u32> {
         if deadline > self.elapsed {
             let slot = self.slot_of(deadline);
             &mut self.slots[slot]
@@ -294,24 +351,22 @@ impl Ring {
         }
     }
 
-    fn push(&mut self, deadline: u64, uid: u64) -> usize {
-        debug_assert!(deadline > self.elapsed, "filing uid {uid} under past deadline {deadline}");
+    fn push(&mut self, deadline: u64, handle: u32) -> u32 {
+        debug_assert!(deadline > self.elapsed, "filing handle {handle} under past deadline {deadline}");
         let bucket = self.bucket_mut(deadline);
-        bucket.push(uid);
-        bucket.len() - 1
+        bucket.push(handle);
+        (bucket.len() - 1) as u32
     }
 
-    /// Takes the entry at `at` out of `deadline`'s bucket, re-indexing the uid moved into
-    /// its place.
-    fn unlink(&mut self, deadline: u64, at: usize) {
+    /// Takes the handle at `at` out of `deadline`'s bucket, fixing the place of the handle
+    /// moved into its place.
+    fn unlink(&mut self, deadline: u64, at: u32) {
         let bucket = self.bucket_mut(deadline);
-        bucket.swap_remove(at);
-        let moved = bucket.get(at).copied();
+        bucket.swap_remove(at as usize);
+        let moved = bucket.get(at as usize).copied();
         let emptied = bucket.is_empty();
         if let Some(moved) = moved {
-            if let Some(pos) = self.index.get_mut(&moved) {
-                *pos = Pos::new(deadline, at);
-            }
+            self.entries[moved as usize].at = at;
         }
         if deadline <= self.elapsed {
             self.overdue_len -= 1;
@@ -330,26 +385,27 @@ impl Ring {
     }
 
     /// Keeps an emptied vector for the next slot the cursor empties, up to one per slot.
-    fn recycle(&mut self, bucket: Vec<u64>) {
+    fn recycle(&mut self, bucket: Vec<u32>) {
         if self.spare.len() < self.slots.len() && bucket.capacity() > 0 {
             self.spare.push(bucket);
         }
     }
 
+    /// An entry's bucket holds its handle at its place: "a uid sits in one slot".
     #[cfg(debug_assertions)]
-    fn debug_check(&self, uid: u64) {
-        let pos = self.index[&uid];
-        let deadline = self.deadline_of(pos);
+    fn debug_check(&self, handle: u32) {
+        let entry = self.entries[handle as usize];
+        let deadline = restore_deadline(self.newest_deadline(), entry.deadline);
         let bucket = if deadline > self.elapsed {
             &self.slots[self.slot_of(deadline)]
         } else {
             &self.overdue[self.overdue_at(deadline)].1
         };
-        debug_assert_eq!(bucket.get(pos.at()), Some(&uid), "uid {uid} is not where its index says");
+        debug_assert_eq!(bucket.get(entry.at as usize), Some(&handle), "uid {} is not where its entry says", entry.uid);
     }
 
     #[cfg(not(debug_assertions))]
-    fn debug_check(&self, _uid: u64) {}
+    fn debug_check(&self, _handle: u32) {}
 }
 
 #[cfg(test)]
@@ -384,24 +440,38 @@ mod tests {
     #[test]
     fn touch_in_same_tick_does_no_work_and_later_touch_moves() {
         let mut ring = Ring::new(30);
-        ring.insert(1, 0);
-        assert_eq!(ring.touch(1, 0), Touch::Unchanged);
+        let h = ring.insert(1, 0);
+        assert_eq!(ring.touch(h, 1, 0), Touch::Unchanged);
         ring.advance(1);
-        assert_eq!(ring.touch(1, 1), Touch::Moved);
-        assert_eq!(ring.deadline(1), Some(31));
-        assert_eq!(ring.touch(1, 1), Touch::Unchanged);
-        assert_eq!(ring.touch(2, 1), Touch::NotTracked);
-        assert!(!ring.contains(2));
+        assert_eq!(ring.touch(h, 1, 1), Touch::Moved);
+        assert_eq!(ring.deadline(h, 1), Some(31));
+        assert_eq!(ring.touch(h, 1, 1), Touch::Unchanged);
+        assert_eq!(ring.touch(h, 2, 1), Touch::NotTracked, "the handle holds another uid");
+        assert_eq!(ring.touch(Handle::NONE, 1, 1), Touch::NotTracked);
+        assert!(!ring.contains(h, 2));
+    }
+
+    #[test]
+    fn a_stale_handle_finds_nothing_once_its_entry_holds_another_uid() {
+        let mut ring = Ring::new(3);
+        let old = ring.insert(1, 0);
+        assert!(ring.remove(old, 1));
+        assert!(!ring.remove(old, 1), "removed twice");
+        let new = ring.insert(2, 0);
+        assert_eq!(new, old, "the entry is reused");
+        assert_eq!(ring.touch(old, 1, 0), Touch::NotTracked);
+        assert!(ring.contains(new, 2));
+        assert_eq!(ring.len(), 1);
     }
 
     #[test]
     fn touch_between_advance_and_expire_rescues_an_overdue_uid() {
         let mut ring = Ring::new(3);
-        ring.insert(1, 0);
+        let h1 = ring.insert(1, 0);
         ring.insert(2, 0);
         ring.advance(10);
         assert_eq!(ring.overdue_len(), 2);
-        assert_eq!(ring.touch(1, 10), Touch::Moved);
+        assert_eq!(ring.touch(h1, 1, 10), Touch::Moved);
         assert_eq!(ring.overdue_len(), 1);
         assert_eq!(expire_all(&mut ring), vec![2]);
         ring.advance(12);
@@ -424,6 +494,7 @@ mod tests {
         assert_eq!(ring.expire(4, &mut out), 0);
         out.sort_unstable();
         assert_eq!(out, (0..10).collect::<Vec<_>>());
+        assert!(ring.is_empty());
     }
 
     #[test]
@@ -443,9 +514,9 @@ mod tests {
     #[test]
     fn stale_touch_counts_as_a_touch_on_the_cursor() {
         let mut ring = Ring::new(5);
-        ring.insert(1, 0);
+        let h = ring.insert(1, 0);
         ring.advance(3);
-        assert_eq!(ring.touch(1, 2), Touch::Moved);
+        assert_eq!(ring.touch(h, 1, 2), Touch::Moved);
         ring.advance(7);
         assert!(expire_all(&mut ring).is_empty());
         ring.advance(8);
@@ -457,12 +528,18 @@ mod tests {
         let mut ring = Ring::new(3);
         let start = u64::from(u32::MAX) - 2;
         ring.advance(start);
-        ring.insert(9, start);
+        let h = ring.insert(9, start);
         ring.advance(start + 2);
-        assert_eq!(ring.touch(9, start + 2), Touch::Moved);
+        assert_eq!(ring.touch(h, 9, start + 2), Touch::Moved);
         ring.advance(start + 4);
         assert!(expire_all(&mut ring).is_empty());
         ring.advance(start + 5);
         assert_eq!(expire_all(&mut ring), vec![9]);
+    }
+
+    #[test]
+    fn an_entry_stays_sixteen_bytes() {
+        // 16 bytes an entry and 4 a bucket place: the footprint goal of 24 bytes per uid.
+        assert_eq!(std::mem::size_of::<Entry>(), 16);
     }
 }
