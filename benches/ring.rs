@@ -306,6 +306,26 @@ struct Loaded<T> {
     tracker: T,
     n: u64,
     now: u64,
+    /// The order clients are touched in: shuffled, and not the order they logged in in
+    /// (which `load` shuffles differently), as frames arrive in no order related to where a
+    /// structure keeps its uids. Touched in login order, the ring's entries (allocated in
+    /// login order) were walked in a few sequential streams the CPU prefetches, which
+    /// flattered it 5 to 7 times in a first run.
+    order: Vec<u64>,
+}
+
+/// 0..n in a fixed pseudo-random order picked by `seed` (Fisher-Yates over xorshift64*).
+fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..n).collect();
+    let mut state = seed | 1;
+    for k in (1..order.len()).rev() {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        order.swap(k, (r % (k as u64 + 1)) as usize);
+    }
+    order
 }
 
 /// Spreads client numbers over the uid space: 2^64 / golden ratio, odd.
@@ -347,11 +367,14 @@ fn stopwatch() -> impl FnOnce() -> Duration {
 /// Fills a tracker with `n` uids spread evenly over the window's deadlines, as a population
 /// logging in over time would be; prints its bytes per uid.
 fn load<T: Tracker>(n: u64) -> Loaded<T> {
+    let logins = shuffled(n, 0x2545_F491_4F6C_DD1D);
+    let order = shuffled(n, 0x9E37_79B9_7F4A_7C15);
     let before = LIVE_BYTES.load(Ordering::Relaxed);
     let mut tracker = T::new();
+    // (`logins` and `order` are the bench's, allocated before `before` is read.)
     for t in 0..WINDOW {
-        for i in (t..n).step_by(WINDOW as usize) {
-            tracker.touch(uid(i), t);
+        for k in (t..n).step_by(WINDOW as usize) {
+            tracker.touch(uid(logins[k as usize]), t);
         }
     }
     let outside = tracker.outside_bytes() as isize;
@@ -363,16 +386,16 @@ fn load<T: Tracker>(n: u64) -> Loaded<T> {
         bytes as f64 / n as f64,
         outside as f64 / n as f64
     );
-    Loaded { tracker, n, now: WINDOW - 1 }
+    Loaded { tracker, n, now: WINDOW - 1, order }
 }
 
-/// One tick of the `tick_sweep` population: the first tenth of the uids is active and
-/// touched every tick; the rest is silent, expires a window after its last touch and logs in
+/// One tick of the `tick_sweep` population: a tenth of the uids (the first tenth of the
+/// order) is active and touched every tick; the rest is silent, expires a window after its last touch and logs in
 /// again at once. In steady state 10 % are touched and 9/10 x 1/30 (1/33) expire per tick.
 /// Returns the sweep's time and how many it expired.
 fn active_tick<T: Tracker>(l: &mut Loaded<T>, out: &mut Vec<u64>) -> (Duration, usize) {
     l.now += 1;
-    for i in 0..l.n / 10 {
+    for &i in &l.order[..(l.n / 10) as usize] {
         l.tracker.touch(uid(i), l.now);
     }
     out.clear();
@@ -388,7 +411,7 @@ fn active_tick<T: Tracker>(l: &mut Loaded<T>, out: &mut Vec<u64>) -> (Duration, 
 /// Touches every uid on a new tick, so all deadlines are a full window out.
 fn refresh_all<T: Tracker>(l: &mut Loaded<T>) {
     l.now += 1;
-    for i in 0..l.n {
+    for &i in &l.order {
         l.tracker.touch(uid(i), l.now);
     }
 }
@@ -422,11 +445,11 @@ fn bench_all<T: Tracker>(c: &mut Criterion, n: u64) {
                 // that third, and only it, falls due in a single sweep.
                 l.now += 1;
                 let t = l.now;
-                for i in (0..n).step_by(3) {
+                for &i in l.order.iter().filter(|&&i| i % 3 == 0) {
                     l.tracker.touch(uid(i), t);
                 }
                 l.now = t + WINDOW - 1;
-                for i in (0..n).filter(|i| i % 3 != 0) {
+                for &i in l.order.iter().filter(|&&i| i % 3 != 0) {
                     l.tracker.touch(uid(i), l.now);
                 }
                 l.now = t + WINDOW;
@@ -469,7 +492,7 @@ fn bench_all<T: Tracker>(c: &mut Criterion, n: u64) {
                 if cursor == 0 {
                     l.now += 1;
                 }
-                l.tracker.touch(black_box(uid(cursor)), l.now);
+                l.tracker.touch(black_box(uid(l.order[cursor as usize])), l.now);
                 cursor = (cursor + 1) % n;
             }
             lap()
@@ -493,11 +516,24 @@ fn bench_all<T: Tracker>(c: &mut Criterion, n: u64) {
 /// [`SWEEP_CHUNK`] and yields between them; prints the longest chunk.
 fn ring_chunk_pause(n: u64) {
     assert_eq!(index_of(uid(12_345)), 12_345, "GOLDEN_INVERSE inverts GOLDEN");
+    // Logged in in one order, then touched in another, so the expiring third's entries lie
+    // scattered, as they do after a while in a gateway: all touched on tick 1, and all but
+    // that third again on tick 2; on tick 1 + WINDOW the third falls due.
     let mut ring = Ring::new(WINDOW);
-    for i in 0..n {
-        ring.insert(uid(i), if i % 3 == 0 { 0 } else { 1 });
+    let mut handles = vec![Handle::NONE; n as usize];
+    for i in shuffled(n, 1) {
+        handles[i as usize] = ring.insert(uid(i), 0);
     }
-    ring.advance(WINDOW);
+    let order = shuffled(n, 2);
+    ring.advance(1);
+    for &i in &order {
+        ring.touch(handles[i as usize], uid(i), 1);
+    }
+    ring.advance(2);
+    for &i in order.iter().filter(|&&i| i % 3 != 0) {
+        ring.touch(handles[i as usize], uid(i), 2);
+    }
+    ring.advance(1 + WINDOW);
     let mut out = Vec::with_capacity(SWEEP_CHUNK);
     let (mut longest, mut total, mut chunks) = (Duration::ZERO, Duration::ZERO, 0);
     loop {

@@ -4,23 +4,37 @@
 Usage: cargo bench --bench ring | tee target/ring-bench.log
        python3 benches/summarize.py target/ring-bench.log
 
-Reads criterion's estimates (target/criterion/<workload>/<structure>/<uids>/new/estimates.json)
-and the footprint and chunked-sweep lines the bench prints.
+Reads only the log: criterion's `time: [low estimate high]` line of each benchmark (the
+middle figure), and the footprint and chunked-sweep lines the bench prints. So every table
+comes from the committed log it names, not from criterion's files under target/, which are
+not committed and which a later run overwrites. Structures a run left out show as "-".
 """
-import json
-import os
 import re
 import sys
 
 STRUCTURES = ["ring", "full_scan", "sorted_set", "min_heap", "timing_wheel"]
-ROOT = os.path.join(os.path.dirname(__file__), "..", "target", "criterion")
+UNITS = {"ps": 1e-3, "ns": 1.0, "µs": 1e3, "us": 1e3, "ms": 1e6, "s": 1e9}
+TIMES = {}
+
+
+def read_times(log):
+    """{(workload, structure, uids): nanoseconds} from criterion's report lines. A long id
+    gets its `time:` on the next line."""
+    current = None
+    for line in log.splitlines():
+        if line.startswith("Benchmarking"):
+            continue
+        m = re.match(r"^(\w+)/(\w+)/(\d+)", line)
+        if m:
+            current = (m.group(1), m.group(2), int(m.group(3)))
+        t = re.search(r"time:\s+\[\S+ \S+ ([\d.]+) (\S+) \S+ \S+\]", line)
+        if t and current:
+            TIMES[current] = float(t.group(1)) * UNITS[t.group(2)]
+            current = None
 
 
 def estimate(workload, structure, n):
-    path = os.path.join(ROOT, workload, structure, str(n), "new", "estimates.json")
-    if not os.path.exists(path):
-        return None
-    return json.load(open(path))["mean"]["point_estimate"]  # nanoseconds
+    return TIMES.get((workload, structure, n))
 
 
 def fmt_ns(ns):
@@ -35,6 +49,7 @@ def fmt_ns(ns):
 
 def main(log_path):
     log = open(log_path).read()
+    read_times(log)
     footprint = {(m[0], int(m[1])): float(m[2]) for m in re.findall(r"footprint (\w+)\s+(\d+) uids:\s+([\d.]+) bytes/uid", log)}
     chunks = re.findall(r"mass sweep of (\d+) uids in (\d+) chunks of \d+: total ([\d.]+\w+), longest chunk ([\d.]+\w+) \(([\d.]+) ns/uid\)", log)
     sizes = sorted({n for (_, n) in footprint})

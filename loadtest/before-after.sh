@@ -9,10 +9,15 @@
 # Each run: CONNECTIONS clients (default 19000) ping every second for 30 s; prints the
 # gateway's CPU per PONG and resident memory per connection, one line per run.
 #
+# The gateway runs pinned to one core (SERVER_CPU, default 0) and the load generator to the
+# other (LOAD_CPU, default 1), so neither takes CPU from the other.
+#
 # NEW_PAGES=N holds N status pages open (loadtest/pages.py) during the "new" runs only:
 # with the same binary on both sides, that is what open pages cost.
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-3} connections=${4:-19000}
+SERVER_CPU=${SERVER_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cargo build --release -q -p loadtest --manifest-path "$root/Cargo.toml"
 loadtest=$root/target/release/loadtest
@@ -22,7 +27,7 @@ for round in $(seq "$rounds"); do
   for which in old new; do
     bin=$old; [ "$which" = new ] && bin=$new
     # The API address goes by environment, which a binary from before the API ignores.
-    IDLEGATE_API_LISTEN=127.0.0.1:7172 "$bin" serve --listen 127.0.0.1:7170 --admin-listen 127.0.0.1:7171 \
+    IDLEGATE_API_LISTEN=127.0.0.1:7172 taskset -c "$SERVER_CPU" "$bin" serve --listen 127.0.0.1:7170 --admin-listen 127.0.0.1:7171 \
       >/dev/null 2>&1 &
     gw=$!
     sleep 1
@@ -32,7 +37,7 @@ for round in $(seq "$rounds"); do
       viewer=$!
       sleep 2
     fi
-    "$loadtest" --target 127.0.0.1:7170 --connections "$connections" --connect-rate 5000 --ping-interval 1s \
+    taskset -c "$LOAD_CPU" "$loadtest" --target 127.0.0.1:7170 --connections "$connections" --connect-rate 5000 --ping-interval 1s \
       --silent-fraction 0 --duration 30s --source-ips 127.0.0.1-127.0.0.4 --admin http://127.0.0.1:7171 \
       --report "$tmp/$which-$round.json" >/dev/null 2>&1 || true
     if [ -n "$viewer" ]; then kill "$viewer"; fi

@@ -17,6 +17,9 @@ use tokio::time::Instant;
 pub struct Clock {
     start: Instant,
     tick: Duration,
+    /// `tick` in nanoseconds, so the per-frame division is a 64-bit one (a 128-bit division
+    /// is a library call, several times slower).
+    tick_nanos: u64,
 }
 
 // === impl Clock ===
@@ -25,7 +28,8 @@ impl Clock {
     /// Tick 0 starts at `start`; each tick lasts `tick`.
     pub fn new(start: Instant, tick: Duration) -> Clock {
         assert!(!tick.is_zero(), "a tick must last some time");
-        Clock { start, tick }
+        let tick_nanos = u64::try_from(tick.as_nanos()).expect("a tick shorter than 584 years");
+        Clock { start, tick, tick_nanos }
     }
 
     /// The tick a frame read now belongs to.
@@ -35,8 +39,9 @@ impl Clock {
 
     /// The tick `at` falls in.
     pub fn tick_at(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.start).as_nanos();
-        (since / self.tick.as_nanos()) as u64
+        // 2^64 ns is 584 years of uptime: saturating there changes nothing real.
+        let since = u64::try_from(at.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX);
+        since / self.tick_nanos
     }
 
     /// When tick `tick` begins.
