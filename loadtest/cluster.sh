@@ -20,10 +20,8 @@
 # Everything listens on 127.0.0.1 and stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -ne 1 ]; then
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+. loadtest/usage.sh
+[ $# -eq 1 ] || usage
 OUT=$1
 NODES=${NODES:-3}
 PROCESSES=${PROCESSES:-3}

@@ -18,11 +18,8 @@
 # the flags, exits 1 unless the merged run is clean.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if [ $# -lt 3 ]; then
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+. loadtest/usage.sh
+[ $# -ge 3 ] || usage
 PROCESSES=$1
 CONNECTIONS=$2
 OUT=$3
