@@ -134,6 +134,7 @@ run() {
   cpu1=$(cpu_seconds "$PID")
   stop_server
   rss_load=$(cat "$base.rss")
+  rm -f "$base.rss" # kept in $base.json
   python3 - "$base.lt.json" "$base.json" "$name" "$load" "$rss0" "$rss_load" "$cpu0" "$cpu1" "$CONNECTIONS" "$n" <<'PY'
 import json, sys
 src, dst, name, load, rss0, rss1, cpu0, cpu1, conns, n = sys.argv[1:]

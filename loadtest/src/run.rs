@@ -147,7 +147,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     report.gateway_fds_at_start = at_start.and_then(|s| s.open_fds);
     report.check_fds = args.check_fds;
     report.churn = args.churn;
-    report.shared_processes = shared.as_ref().map(|_| args.processes.unwrap_or(1));
+    report.shared_processes = shared.as_ref().map(Shared::processes);
 
     let mut every_second = tokio::time::interval(Duration::from_secs(1));
     every_second.set_missed_tick_behavior(MissedTickBehavior::Skip);

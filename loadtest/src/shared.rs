@@ -44,6 +44,11 @@ impl Shared {
         Ok(shared)
     }
 
+    /// How many processes share the run.
+    pub fn processes(&self) -> u32 {
+        self.processes
+    }
+
     /// Posts `value` for `phase` and waits for every process's; returns all of them.
     pub async fn meet(&self, phase: &str, value: i64) -> Result<Vec<i64>, String> {
         let path = self.dir.join(format!("{phase}-{}", self.me));

@@ -65,6 +65,13 @@ struct Entry {
     at: u32,
 }
 
+/// Marks `handle`'s entry free and makes it the head of the free list that starts at `free`.
+/// A free function, so a sweep can call it while it holds a bucket of the same ring.
+fn put_on_free_list(entries: &mut [Entry], free: &mut u32, handle: u32) {
+    entries[handle as usize] = Entry { uid: 0, deadline: *free, at: FREE };
+    *free = handle;
+}
+
 /// Restores a full deadline from its low 32 bits, counting back from `newest`, the newest
 /// deadline the ring can hold.
 fn restore_deadline(newest: u64, low: u32) -> u64 {
@@ -179,7 +186,7 @@ impl Ring {
     /// later call about this uid, and must not insert a uid it already tracks.
     pub fn insert(&mut self, uid: u64, now: u64) -> Handle {
         let deadline = self.deadline_for(now);
-        let handle = self.allocate(uid);
+        let handle = self.allocate();
         let at = self.push(deadline, handle);
         self.entries[handle as usize] = Entry { uid, deadline: deadline as u32, at };
         self.len += 1;
@@ -268,8 +275,7 @@ impl Ring {
                     "handle {handle} in overdue bucket {deadline} but filed as {entry:?}"
                 );
                 out.push(entry.uid);
-                self.entries[handle as usize] = Entry { uid: 0, deadline: self.free, at: FREE };
-                self.free = handle;
+                put_on_free_list(&mut self.entries, &mut self.free, handle);
             }
             taken += front.len() - keep;
             front.truncate(keep);
@@ -287,9 +293,9 @@ impl Ring {
         self.entries.get(handle.0 as usize).copied().filter(|e| e.at != FREE && e.uid == uid)
     }
 
-    /// A free entry for `uid`, from the free list or a grown slab. The slab grows by an
+    /// A free entry, from the free list or a grown slab. The slab grows by an
     /// eighth, not by doubling: at 10 M uids doubling would leave up to 160 MB unused.
-    fn allocate(&mut self, uid: u64) -> u32 {
+    fn allocate(&mut self) -> u32 {
         if self.free != NIL {
             let handle = self.free;
             self.free = self.entries[handle as usize].deadline;
@@ -300,14 +306,14 @@ impl Ring {
         if self.entries.len() == self.entries.capacity() {
             self.entries.reserve_exact((self.entries.len() / 8).max(MIN_GROWTH));
         }
-        self.entries.push(Entry { uid, deadline: 0, at: 0 });
+        // A placeholder: the caller fills the entry in once it knows the entry's place.
+        self.entries.push(Entry { uid: 0, deadline: 0, at: FREE });
         handle as u32
     }
 
-    /// Puts an entry on the free list.
+    /// Stops tracking the uid of `handle`'s entry (already out of its bucket).
     fn release(&mut self, handle: u32) {
-        self.entries[handle as usize] = Entry { uid: 0, deadline: self.free, at: FREE };
-        self.free = handle;
+        put_on_free_list(&mut self.entries, &mut self.free, handle);
         self.len -= 1;
     }
 
