@@ -64,6 +64,12 @@ async fn gauges_return_to_zero_under_concurrent_logins_kicks_and_expiries() {
     // At most one session per uid survives to be ended by anything but a kick.
     assert!(m.closed_count(CloseReason::Kicked) <= CONNECTIONS - UIDS);
     assert_eq!(m.ring_expired.get(), m.closed_count(CloseReason::IdleTimeout));
+    // Every expiry's BYE is timed from the tick that swept it, not from the client's last
+    // frame (which would put each near the timeout).
+    let expired = m.closed_count(CloseReason::IdleTimeout);
+    assert_eq!(m.expiry_bye_delay.get_sample_count(), expired);
+    let mean = m.expiry_bye_delay.get_sample_sum() / expired.max(1) as f64;
+    assert!(mean < short_config().timeout.as_secs_f64() / 2.0, "mean BYE delay {mean} s after the sweep");
 
     // After one more tick the ring's gauge agrees.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;

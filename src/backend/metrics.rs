@@ -53,6 +53,9 @@ pub struct Metrics {
     pub expired_per_sweep: Histogram,
     /// How late each tick ran against its schedule.
     pub tick_lag: Histogram,
+    /// From the tick that expired a session to its BYE written and the socket shut down:
+    /// offline is decided on the tick, and this is how long its client waits to hear it.
+    pub expiry_bye_delay: Histogram,
     /// Connections accepted and not logged in yet.
     pub pending_logins: IntGauge,
     /// Connections refused at accept because the limit of open connections was reached.
@@ -162,6 +165,11 @@ impl Metrics {
             "how late each tick ran against its schedule",
             &SECONDS_BUCKETS,
         );
+        let expiry_bye_delay = histogram(
+            "idlegate_expiry_bye_delay_seconds",
+            "from the tick that expired a session to its BYE(idle_timeout) written and the socket shut down",
+            &SECONDS_BUCKETS,
+        );
 
         let pending_logins = gauge("idlegate_pending_logins", "connections accepted and not logged in yet");
         let shed_vec = IntCounterVec::new(
@@ -251,6 +259,7 @@ impl Metrics {
             sweep_duration,
             expired_per_sweep,
             tick_lag,
+            expiry_bye_delay,
             pending_logins,
             shed_max_connections,
             shed_pending_logins,

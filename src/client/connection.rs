@@ -110,6 +110,7 @@ impl Connection {
         for frame in last {
             put_frame(&frame, &mut out);
         }
+        write_corked(&self.stream, &mut out);
         let stream = &mut self.stream;
         let _ = timeout(BYE_WRITE_DEADLINE, async {
             stream.write_all_buf(&mut out).await?;
@@ -187,6 +188,25 @@ fn read_draining(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
         (_, Some(n)) => Ok(n),
         (result, None) => result,
     }
+}
+
+/// Writes what the socket takes of `out` now, marked as more to come, so the FIN of the
+/// shutdown that follows rides in the same segment as the last bytes: the client's kernel
+/// takes a BYE and the close as one packet instead of two (3.0-3.5 segments per close
+/// instead of 5 on loopback, `examples/close_cost.rs`). What the socket does not take is
+/// left in `out` for the ordinary write, which sends it unmarked.
+fn write_corked(stream: &TcpStream, out: &mut BytesMut) {
+    #[cfg(target_os = "linux")]
+    while !out.is_empty() {
+        let sent =
+            stream.try_io(Interest::WRITABLE, || socket2::SockRef::from(stream).send_with_flags(out, libc::MSG_MORE));
+        match sent {
+            Ok(n) if n > 0 => out.advance(n),
+            _ => break,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (stream, out);
 }
 
 /// Writes what the socket takes now, without waiting.

@@ -184,6 +184,12 @@ impl Handler<'_> {
         };
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
         conn.close(pushes.into_iter().map(Frame::Push).chain(bye)).await;
+        if reason == CloseReason::IdleTimeout && self.session.is_some() {
+            // Swept on the tick its last touch fell due: window ticks after that touch.
+            let gateway = self.gateway;
+            let swept_at = gateway.clock.instant_of(self.last_tick + gateway.config.window());
+            gateway.metrics.expiry_bye_delay.observe(swept_at.elapsed().as_secs_f64());
+        }
         match &self.session {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),

@@ -73,11 +73,19 @@ impl Session {
     /// Ends the session with `reason` unless it already ended; returns whether this call
     /// ended it. Wakes the connection task either way it matters.
     pub(crate) fn end(&self, reason: CloseReason) -> bool {
-        let won = self.end.compare_exchange(LIVE, reason as u8, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        let won = self.end_unwoken(reason);
         if won {
             self.wake.notify_one();
         }
         won
+    }
+
+    /// Ends the session as [`Session::end`] does, but leaves its connection task asleep; the
+    /// caller wakes it later with [`Session::wake`]. A sweep that ends thousands of sessions
+    /// at once wakes their connections in paced batches (`ticker.rs`), so their closes do not
+    /// all queue ahead of the live clients' frames.
+    pub(crate) fn end_unwoken(&self, reason: CloseReason) -> bool {
+        self.end.compare_exchange(LIVE, reason as u8, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
     /// Why the session ended, or `None` while it is live.
@@ -107,7 +115,7 @@ impl Session {
         self.wake.notified().await;
     }
 
-    /// Wakes the connection task: a push is waiting for it.
+    /// Wakes the connection task: a push is waiting for it, or it ended unwoken.
     pub(crate) fn wake(&self) {
         self.wake.notify_one();
     }

@@ -261,12 +261,16 @@ impl Registry {
         let mut ended = Vec::with_capacity(uids.len());
         self.end_expired(uids, &mut ended);
         self.report_and_forget(&ended);
+        for session in &ended {
+            session.wake();
+        }
         ended.len()
     }
 
     /// The first half of [`Registry::finish_expired`], for a sweep that ends its chunks one
     /// by one and logs them all at once: ends the sessions of `uids` (unless a uid logged in
-    /// again since) and adds them to `ended`.
+    /// again since) and adds them to `ended`. Their connections are not woken: the caller
+    /// wakes them (with [`Session::wake`]) once their offline events are logged.
     ///
     /// End, log, forget, in that order: until a session is forgotten, a new login of its
     /// uid finds it and logs its offline event first, so events stay in order per uid, and
@@ -281,7 +285,7 @@ impl Registry {
             if self.lock_shard(uid).contains(entry.get().handle(), uid) {
                 continue;
             }
-            if entry.get().end(CloseReason::IdleTimeout) {
+            if entry.get().end_unwoken(CloseReason::IdleTimeout) {
                 ended.push(entry.get().clone());
             }
         }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The kernel's floor under a mass expiry (examples/close_cost.rs): every way of saying
+# goodbye to N loopback clients, timed on one core with nothing but the system calls.
+#
+#   loadtest/close-cost.sh [connections] [runs] [out file]
+#                                      (defaults: 9500 3 target/close-cost.txt; about a minute)
+#
+# The server side runs on core SERVER_CPU (default 0), the peer on LOAD_CPU (default 1); the
+# modes run RUNS times, interleaved. Each line: the mode, the time for all N, per connection,
+# and TCP segments per connection (both directions).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. loadtest/usage.sh
+case "${1:-}" in -h | --help) usage ;; esac
+N=${1:-9500}
+RUNS=${2:-3}
+OUT=${3:-target/close-cost.txt}
+SERVER_CPU=${SERVER_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+command -v taskset >/dev/null || { echo "close-cost.sh: needs taskset (apt-get install util-linux)" >&2; exit 2; }
+cargo build --release -q --example close_cost
+BIN=target/release/examples/close_cost
+mkdir -p "$(dirname "$OUT")"
+: >"$OUT"
+for run in $(seq 1 "$RUNS"); do
+  for mode in write write-shutdown-close more-shutdown-close write-close more-close; do
+    coproc SERVER { taskset -c "$SERVER_CPU" "$BIN" "$mode" "$N"; }
+    read -r address <&"${SERVER[0]}"
+    taskset -c "$LOAD_CPU" "$BIN" peer "$address" "$N"
+    read -r line <&"${SERVER[0]}"
+    wait "$SERVER_PID" || true
+    echo "run $run $line" | tee -a "$OUT"
+  done
+done
