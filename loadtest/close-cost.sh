@@ -24,11 +24,14 @@ mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
 for run in $(seq 1 "$RUNS"); do
   for mode in write write-shutdown-close more-shutdown-close write-close more-close; do
-    coproc SERVER { taskset -c "$SERVER_CPU" "$BIN" "$mode" "$N"; }
-    read -r address <&"${SERVER[0]}"
-    taskset -c "$LOAD_CPU" "$BIN" peer "$address" "$N"
-    read -r line <&"${SERVER[0]}"
-    wait "$SERVER_PID" || true
+    lines=$(mktemp)
+    taskset -c "$SERVER_CPU" "$BIN" "$mode" "$N" >"$lines" &
+    server=$!
+    until [ -s "$lines" ]; do sleep 0.05; done
+    taskset -c "$LOAD_CPU" "$BIN" peer "$(head -1 "$lines")" "$N"
+    wait "$server"
+    line=$(sed -n 2p "$lines")
+    rm -f "$lines"
     echo "run $run $line" | tee -a "$OUT"
   done
 done
