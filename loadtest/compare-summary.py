@@ -3,8 +3,7 @@
 
     python3 loadtest/compare-summary.py <out dir>
 
-Reads <server>-<load>-<run>.json (one per measured run), <server>-expiry.json and
-idlegate-mass.json; prints, per load and server, the median of each figure with its range
+Reads <server>-<load>-<run>.json (one per measured run) and <server>-expiry.json; prints, per load and server, the median of each figure with its range
 over the runs, then idlegate's ratio to each other server: computed run by run (run N of
 idlegate against run N of the other, which ran right after it) and given as the median with
 its range. Writes <out dir>/summary.json with the same numbers.
@@ -95,26 +94,6 @@ def main(out):
         print(f"{server:<10} {row['timeout_ms'] or 0:>10.0f} {row['silent']:>7} {row['min']:>9.1f} {row['p50']:>9.1f} "
               f"{row['max']:>9.1f} {row['early']:>6} {row['late']:>6} {row['missed']:>7} {row['false']:>6}")
 
-    path = os.path.join(out, "idlegate-mass.json")
-    if os.path.exists(path):
-        r = json.load(open(path))
-        half = 10.0
-        after = [s for s in r["timeline"] if s["t"] >= half]
-        worst = max(after, key=lambda s: s["rtt_p99_ms"]) if after else None
-        s = r["silence_ms"]
-        m = {"silent_together": r["silent_clients"], "expired_in_window": r["expired_in_window"],
-             "early": r["early_offline"], "late": r["late_offline"], "missed": r["missed_offline"],
-             "false_offline": r["false_offline"], "rtt_ms_p99_whole_run": r["rtt_ms"]["p99"],
-             "rtt_ms_p99_worst_second": worst["rtt_p99_ms"] if worst else None,
-             "worst_second_at_s": worst["t"] if worst else None,
-             "bye_spread_ms": s["max"] - s["min"]}
-        summary["mass_expiry"] = m
-        print(f"\nmass expiry: {m['silent_together']} silent at once, {m['expired_in_window']} expired in the window "
-              f"(early {m['early']}, late {m['late']}, missed {m['missed']}, false {m['false_offline']}); active "
-              f"clients' round-trip p99 {m['rtt_ms_p99_whole_run']:.2f} ms over the run, "
-              f"{m['rtt_ms_p99_worst_second']:.2f} ms in the worst second (t = {m['worst_second_at_s']:.0f} s); "
-              f"silences of the expired from {s['min']:.1f} to {s['max']:.1f} ms: the BYEs spread over "
-              f"{m['bye_spread_ms']:.1f} ms")
     json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
 
 
