@@ -5,11 +5,14 @@
 //! log, and pushes from backends go out as PUSH frames. The session ends when the client
 //! leaves or misbehaves, or when someone else ends it: an expiry, a kick, shutdown.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::Ready;
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep;
 
 use crate::backend::Metrics;
@@ -21,27 +24,32 @@ use crate::client::session::Session;
 use crate::gateway::Gateway;
 use crate::presence::{unix_now, Liveness};
 
-/// Serves one accepted connection until it closes; returns why it closed.
-pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>) -> CloseReason {
-    let config = &gateway.config;
-    let mut conn = Connection::new(stream, config.max_frame_bytes);
-    let mut handler = Handler { gateway: &gateway, session: None, last_tick: 0 };
+/// Serves one accepted connection until it closes, holding `permit` (its place under
+/// `--max-connections`) until then; returns why it closed.
+///
+/// This future is the connection's task: everything it keeps across an await is memory every
+/// open connection costs (`footprint` below).
+pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>, permit: OwnedSemaphorePermit) -> CloseReason {
+    let mut conn = Connection::new(stream, gateway.config.max_frame_bytes);
+    let mut handler = Handler { gateway, session: None, last_tick: 0 };
     // The future every connection keeps for its whole life holds only the logged-in phase.
     // The login phase (with its deadline timer) and the close (with its write deadline) are
     // boxed: allocated while they run, freed after, instead of widening every connection's
     // future by their size for as long as it lives.
     let logged_in = Box::pin(handler.until_login(&mut conn)).await;
-    gateway.metrics.pending_logins.dec();
+    handler.gateway.metrics.pending_logins.dec();
     let (reason, text) = match logged_in {
-        Ok(session) => handler.until_end(&mut conn, session).await,
+        Ok(()) => handler.until_end(&mut conn).await,
         Err(close) => close,
     };
-    Box::pin(handler.close(conn, reason, text)).await
+    let reason = Box::pin(handler.close(conn, reason, text)).await;
+    drop(permit);
+    reason
 }
 
 /// The protocol state of one connection.
-struct Handler<'a> {
-    gateway: &'a Gateway,
+struct Handler {
+    gateway: Arc<Gateway>,
     session: Option<Arc<Session>>,
     /// The tick of this session's last ring touch: a frame on the same tick skips the ring.
     last_tick: u64,
@@ -49,14 +57,14 @@ struct Handler<'a> {
 
 // === impl Handler ===
 
-impl Handler<'_> {
-    /// Serves the connection until a LOGIN succeeds; returns its session.
-    async fn until_login(&mut self, conn: &mut Connection) -> Result<Arc<Session>, Close> {
+impl Handler {
+    /// Serves the connection until a LOGIN succeeds (`self.session` is then set).
+    async fn until_login(&mut self, conn: &mut Connection) -> Result<(), Close> {
         let deadline = sleep(self.gateway.config.login_timeout);
         tokio::pin!(deadline);
         loop {
-            if let Some(session) = &self.session {
-                return Ok(session.clone());
+            if self.session.is_some() {
+                return Ok(());
             }
             tokio::select! {
                 biased;
@@ -66,7 +74,7 @@ impl Handler<'_> {
                     // arrived while the gateway lagged is read now, before giving up.
                     conn.on_ready(Ok(Ready::READABLE), |frame, out| self.on_frame(frame, out))?;
                     return match &self.session {
-                        Some(session) => Ok(session.clone()),
+                        Some(_) => Ok(()),
                         None => Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
                     };
                 }
@@ -76,7 +84,10 @@ impl Handler<'_> {
     }
 
     /// Serves a logged-in connection until it or its session ends.
-    async fn until_end(&mut self, conn: &mut Connection, session: Arc<Session>) -> Close {
+    async fn until_end(&mut self, conn: &mut Connection) -> Close {
+        let Some(session) = &self.session else {
+            return (CloseReason::ProtocolError, "no session".into());
+        };
         // Shutdown ends every session in the registry; one that logged in as it began is
         // ended here, so none is missed either way.
         if self.gateway.shutdown.is_cancelled() {
@@ -85,9 +96,12 @@ impl Handler<'_> {
         loop {
             let step = tokio::select! {
                 biased;
-                _ = session.woken() => match session.end_reason() {
-                    Some(reason) => return (reason, String::new()),
-                    None => conn.send(self.gateway.registry.take_pushes(&session).into_iter().map(Frame::Push)),
+                _ = woken(self.session.as_deref()) => match self.session.as_deref().map(|s| (s, s.end_reason())) {
+                    Some((_, Some(reason))) => return (reason, String::new()),
+                    Some((session, None)) => {
+                        conn.send(self.gateway.registry.take_pushes(session).into_iter().map(Frame::Push))
+                    }
+                    None => Ok(()),
                 },
                 ready = conn.ready() => conn.on_ready(ready, |frame, out| self.on_frame(frame, out)),
             };
@@ -128,7 +142,7 @@ impl Handler<'_> {
     }
 
     fn login(&mut self, uid: u64, token: &[u8], out: &mut BytesMut) -> Result<(), Close> {
-        let gateway = self.gateway;
+        let gateway = &self.gateway;
         if let Some(auth) = &gateway.config.auth {
             if let Err(e) = auth.verify(uid, token, unix_now()) {
                 tracing::debug!(uid, error = %e, "login refused");
@@ -186,7 +200,7 @@ impl Handler<'_> {
         conn.close(pushes.into_iter().map(Frame::Push).chain(bye)).await;
         if reason == CloseReason::IdleTimeout && self.session.is_some() {
             // Swept on the tick its last touch fell due: window ticks after that touch.
-            let gateway = self.gateway;
+            let gateway = &self.gateway;
             let swept_at = gateway.clock.instant_of(self.last_tick + gateway.config.window());
             gateway.metrics.expiry_bye_delay.observe(swept_at.elapsed().as_secs_f64());
         }
@@ -194,21 +208,38 @@ impl Handler<'_> {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),
         }
+        self.gateway.metrics.connections_open.dec();
         reason
     }
 }
 
+/// Resolves when `session` was woken; never without a session, which `until_end` does not
+/// serve. A poll, not an `async fn`: this future lives in every open connection's task.
+fn woken(session: Option<&Session>) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| match session {
+        Some(session) => session.poll_woken(cx),
+        None => Poll::Pending,
+    })
+}
+
 #[cfg(test)]
 mod footprint {
-    /// Every open connection keeps this future alive; the memory per connection at 19,000
-    /// clients (docs/BENCHMARKS.md) is mostly it. A regression guard, not a speed test.
+    /// The most the connection's future may take for its task to stay at 384 bytes: tokio's
+    /// task adds 96 bytes (header, scheduler, id, trailer) and rounds up to 128-byte steps.
+    /// At 544 bytes (until this round) each connection's task took 768.
+    const MAX_CONNECTION_FUTURE: usize = 288;
+
+    /// Every open connection keeps this future alive as its task; at 19,000 clients it is
+    /// the largest share of the memory per connection (docs/BENCHMARKS.md). A regression
+    /// guard, not a speed test.
     #[tokio::test]
     async fn the_connection_future_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let gateway = crate::gateway::Gateway::new(crate::config::Config::default());
-        let future = super::serve(stream, gateway);
+        let permit = std::sync::Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap();
+        let future = super::serve(stream, gateway, permit);
         let size = std::mem::size_of_val(&future);
-        assert!(size <= 544, "the connection future grew to {size} bytes");
+        assert!(size <= MAX_CONNECTION_FUTURE, "the connection future grew to {size} bytes");
     }
 }

@@ -4,12 +4,13 @@
 //! A session ends once, with the first reason given: an expiry from the ticker, a kick from
 //! a newer login or the API, or the connection's own close. Its connection task learns of
 //! an ending it did not cause, and of pushes queued for it (`outbox.rs`), through one
-//! wake-up. Every open connection holds one, so it stays small: four words (the ring handle
-//! and the ending share one) and a `Notify`.
+//! wake-up. Every open connection holds one, so it stays small: four words (the ring handle,
+//! the ending and the wake-up flag share one) and an `AtomicWaker`.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
+use futures_util::task::AtomicWaker;
 
 use crate::client::frame::CloseReason;
 use crate::presence::Handle;
@@ -34,15 +35,27 @@ pub struct Session {
     /// `LIVE`, or the [`CloseReason`] code (its discriminant) of the first ending, with
     /// [`REPORTED`] set once its offline event is logged.
     end: AtomicU8,
-    /// Wakes the connection task for an ending or a push.
-    wake: Notify,
+    /// Set by a wake-up the connection task has not seen yet.
+    woken: AtomicBool,
+    /// The connection task, woken for an ending or a push. An `AtomicWaker` and a flag
+    /// rather than a `Notify`: waiting on a `Notify` takes a waiter node in the waiting
+    /// future (80 bytes in every open connection's task), this takes a reference.
+    waker: AtomicWaker,
 }
 
 // === impl Session ===
 
 impl Session {
     pub(crate) fn new(uid: u64, id: u64, since_ms: u64, handle: Handle) -> Session {
-        Session { uid, id, since_ms, handle, end: AtomicU8::new(LIVE), wake: Notify::new() }
+        Session {
+            uid,
+            id,
+            since_ms,
+            handle,
+            end: AtomicU8::new(LIVE),
+            woken: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        }
     }
 
     /// Its uid's place in the ring shard.
@@ -75,7 +88,7 @@ impl Session {
     pub(crate) fn end(&self, reason: CloseReason) -> bool {
         let won = self.end_unwoken(reason);
         if won {
-            self.wake.notify_one();
+            self.wake();
         }
         won
     }
@@ -103,21 +116,38 @@ impl Session {
             if let Some(reason) = self.end_reason() {
                 return reason;
             }
-            // `notify_one` stores a permit, so an ending between the check and this await
-            // is not lost.
-            self.wake.notified().await;
+            // The flag keeps a wake-up that comes between the check and this await.
+            self.woken().await;
         }
     }
 
     /// Resolves when the session ended or a push arrived since the last call; the
     /// connection task checks which.
-    pub(crate) async fn woken(&self) {
-        self.wake.notified().await;
+    #[cfg(test)]
+    pub(crate) fn woken(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| self.poll_woken(cx))
+    }
+
+    /// Ready when the session ended or a push arrived since the last ready poll; the
+    /// connection task checks which. A poll rather than a future of its own: the future
+    /// waiting on it lives in every open connection's task.
+    pub(crate) fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // Checked again after registering: a wake-up in between found no waker, or the one
+        // before this, but always set the flag first.
+        if self.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 
     /// Wakes the connection task: a push is waiting for it, or it ended unwoken.
     pub(crate) fn wake(&self) {
-        self.wake.notify_one();
+        self.woken.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
     /// Marks the offline event as logged; returns false if it already was. Called only under
