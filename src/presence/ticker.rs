@@ -32,8 +32,9 @@ const SWEEP_CHUNK: usize = 4096;
 /// Connections a sweep wakes before it lets live clients run. Each woken connection writes
 /// its BYE and closes, about 26 us of one core on loopback, and the live clients' frames wait
 /// for the batch: with 9,500 expiring at once (`loadtest/mass-expiry.sh`), their round-trip
-/// p99 in that second was 97-129 ms with batches of 64, 8.5 ms with 8, 3.7-6.2 ms with 2,
-/// and no better with 1, which doubles the socket polls; woken all at once, 335 ms.
+/// p99 in that second was 97-129 ms with batches of 64, 8.5 ms with 8, 1.2-6.2 ms with 2,
+/// and no better with 1, which doubles the socket polls; woken all at once, 7.7-178 ms
+/// (docs/results/mass-expiry-*).
 const WAKE_BATCH: usize = 2;
 
 /// A tick later than `tick / LATE_FRACTION` counts as late: the process stalled long enough
