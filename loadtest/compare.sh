@@ -21,7 +21,10 @@
 # (keepalive 2 s, so 3 s) with half of 2000 clients falling silent.
 #
 # Memory is read once every client is connected (the server holds a descriptor per client),
-# not after a fixed time: a slow acceptor (Mosquitto) would otherwise be read half empty.
+# not after a fixed time: a slow acceptor (Mosquitto) would otherwise be read half empty;
+# and again a second before the load ends, every client still connected. The figure per
+# connection is the larger of the two over the clients: what a server holds once its
+# clients have been active a while, not only once they are in.
 # Writes <out dir>/<server>-<load>-<run>.json (and the loadtest's own report and output
 # beside it), then runs compare-summary.py over them, which prints the tables and writes
 # <out dir>/summary.json. Everything runs on 127.0.0.1-127.0.0.4 and stops by itself.
@@ -126,18 +129,28 @@ run() {
     rss_bytes "$PID" >"$base.rss"
   ) &
   local sampler=$!
+  # And at the end of the load, every client still connected: what a gateway holds once
+  # its clients have been active a while (the ring's buckets, the event log), not only once
+  # they are in.
+  (
+    sleep $((DURATION - 1))
+    rss_bytes "$PID" >"$base.rss-end"
+  ) &
+  local end_sampler=$!
   taskset -c "$LOAD_CPU" "$LOADTEST" --target "127.0.0.1:$PORT" --connections "$CONNECTIONS" --connect-rate 5000 \
     --silent-fraction 0 --duration "${DURATION}s" --source-ips "$SOURCES" \
     --report "$base.lt.json" "$@" >"$base.txt" 2>"$base.progress" || true
   wait "$sampler" || true
+  wait "$end_sampler" || true
   local cpu1
   cpu1=$(cpu_seconds "$PID")
   stop_server
   rss_load=$(cat "$base.rss")
-  rm -f "$base.rss" # kept in $base.json
-  python3 - "$base.lt.json" "$base.json" "$name" "$load" "$rss0" "$rss_load" "$cpu0" "$cpu1" "$CONNECTIONS" "$n" <<'PY'
+  rss_end=$(cat "$base.rss-end")
+  rm -f "$base.rss" "$base.rss-end" # kept in $base.json
+  python3 - "$base.lt.json" "$base.json" "$name" "$load" "$rss0" "$rss_load" "$rss_end" "$cpu0" "$cpu1" "$CONNECTIONS" "$n" <<'PY'
 import json, sys
-src, dst, name, load, rss0, rss1, cpu0, cpu1, conns, n = sys.argv[1:]
+src, dst, name, load, rss0, rss1, rss2, cpu0, cpu1, conns, n = sys.argv[1:]
 r = json.load(open(src))
 frames = r["logins_ok"] + r["pings_sent"] + r["data_sent"]
 cpu = float(cpu1) - float(cpu0)
@@ -145,8 +158,9 @@ out = {
     "server": name, "load": load, "run": int(n), "connections": int(conns),
     "logins_ok": r["logins_ok"], "cpu_seconds": round(cpu, 2), "frames": frames,
     "cpu_us_per_frame": round(cpu * 1e6 / max(frames, 1), 3),
-    "rss_bytes_at_start": int(rss0), "rss_bytes_at_load": int(rss1),
-    "rss_bytes_per_connection": round((int(rss1) - int(rss0)) / int(conns), 1),
+    "rss_bytes_at_start": int(rss0), "rss_bytes_at_load": int(rss1), "rss_bytes_at_end": int(rss2),
+    "rss_bytes_per_connection_at_load": round((int(rss1) - int(rss0)) / int(conns), 1),
+    "rss_bytes_per_connection": round((max(int(rss1), int(rss2)) - int(rss0)) / int(conns), 1),
     "rtt_ms_p99": r["rtt_ms"]["p99"], "rtt_ms_p50": r["rtt_ms"]["p50"],
     "unexpected_closes": r["unexpected_closes"], "false_offline": r["false_offline"],
 }
