@@ -27,20 +27,8 @@
 
 use std::collections::VecDeque;
 
-/// Handles a bucket keeps room for however empty it gets. A uid that pings every tick
-/// moves to a new bucket every tick, so each bucket in turn fills with nearly all uids and
-/// drains again; without shrinking, every one of the `window + 1` buckets kept room for
-/// all of them (4 bytes x 31 per uid, 203 bytes per connection measured under 19,000
-/// clients pinging every second). Above this a bucket shrinks to half once it is a quarter
-/// full, which keeps a removal amortized O(1).
-const MIN_BUCKET_CAPACITY: usize = 16;
-
-/// Gives back most of a bucket's room once it is a quarter full.
-fn shrink_if_sparse(bucket: &mut Vec<u32>) {
-    if bucket.capacity() > MIN_BUCKET_CAPACITY && bucket.len() <= bucket.capacity() / 4 {
-        bucket.shrink_to((bucket.len() * 2).max(MIN_BUCKET_CAPACITY));
-    }
-}
+/// Room, in handles, that spare bucket vectors may hold beyond twice the tracked uids.
+const SPARE_ROOM_MIN: usize = 1024;
 
 /// Where a tracked uid's entry is; returned by [`Ring::insert`] and passed back by the
 /// caller on every later call about that uid.
@@ -128,7 +116,8 @@ pub struct Ring {
     free: u32,
     /// Tracked uids.
     len: usize,
-    /// Emptied bucket vectors kept for reuse, so a steady ticker does not allocate.
+    /// Emptied bucket vectors kept for the next bucket that needs room, so a steady ticker
+    /// does not allocate (see `grow_from_spare`).
     spare: Vec<Vec<u32>>,
 }
 
@@ -260,8 +249,8 @@ impl Ring {
         let last_filled = to.min(self.elapsed + self.slot_count());
         for deadline in self.elapsed + 1..=last_filled {
             let slot = self.slot_of(deadline);
-            let fresh = self.spare.pop().unwrap_or_default();
-            let bucket = std::mem::replace(&mut self.slots[slot], fresh);
+            // The slot starts over empty: its first push that needs room takes a spare.
+            let bucket = std::mem::take(&mut self.slots[slot]);
             if bucket.is_empty() {
                 self.recycle(bucket);
             } else {
@@ -294,15 +283,21 @@ impl Ring {
                 out.push(entry.uid);
                 put_on_free_list(&mut self.entries, &mut self.free, handle);
             }
-            taken += front.len() - keep;
+            let here = front.len() - keep;
             front.truncate(keep);
-            shrink_if_sparse(front);
-            if front.is_empty() {
+            let emptied = front.is_empty();
+            taken += here;
+            // Counted before the bucket is recycled, which keeps room by the uids left.
+            self.overdue_len -= here;
+            self.len -= here;
+            if emptied {
                 self.drop_empty_overdue(0);
             }
         }
-        self.overdue_len -= taken;
-        self.len -= taken;
+        // Fewer uids, less spare room: what an expiry emptied is not kept at its size.
+        while self.spare.iter().map(Vec::capacity).sum::<usize>() > (2 * self.len).max(SPARE_ROOM_MIN) {
+            self.spare.pop();
+        }
         taken
     }
 
@@ -377,9 +372,34 @@ impl Ring {
 
     fn push(&mut self, deadline: u64, handle: u32) -> u32 {
         debug_assert!(deadline > self.elapsed, "filing handle {handle} under past deadline {deadline}");
-        let bucket = self.bucket_mut(deadline);
+        let slot = self.slot_of(deadline);
+        if self.slots[slot].len() == self.slots[slot].capacity() {
+            self.grow_from_spare(slot);
+        }
+        let bucket = &mut self.slots[slot];
         bucket.push(handle);
         (bucket.len() - 1) as u32
+    }
+
+    /// Before a full bucket grows, hands it the roomiest spare vector if that one is larger.
+    ///
+    /// When every client sends every tick, each bucket in turn fills with nearly all uids
+    /// while the one before drains. Kept in their slots, drained buckets held room for every
+    /// uid in each of the `window + 1` slots (203 bytes per connection at 19,000 clients);
+    /// shrunk and grown again instead, they left the allocator's heap as fragmented. Handed
+    /// on, the same two or three vectors serve every tick.
+    fn grow_from_spare(&mut self, slot: usize) {
+        let roomiest = self.spare.iter().enumerate().max_by_key(|(_, v)| v.capacity()).map(|(i, v)| (i, v.capacity()));
+        let Some((i, room)) = roomiest else {
+            return;
+        };
+        if room <= self.slots[slot].capacity() {
+            return;
+        }
+        let mut roomy = self.spare.swap_remove(i);
+        roomy.extend_from_slice(&self.slots[slot]);
+        let small = std::mem::replace(&mut self.slots[slot], roomy);
+        self.recycle(small);
     }
 
     /// Takes the handle at `at` out of `deadline`'s bucket, fixing the place of the handle
@@ -389,11 +409,17 @@ impl Ring {
         bucket.swap_remove(at as usize);
         let moved = bucket.get(at as usize).copied();
         let emptied = bucket.is_empty();
-        shrink_if_sparse(bucket);
         if let Some(moved) = moved {
             self.entries[moved as usize].at = at;
         }
-        if deadline <= self.elapsed {
+        if deadline > self.elapsed {
+            if emptied {
+                // Its room goes to whichever bucket fills next.
+                let slot = self.slot_of(deadline);
+                let drained = std::mem::take(&mut self.slots[slot]);
+                self.recycle(drained);
+            }
+        } else {
             self.overdue_len -= 1;
             if emptied {
                 let k = self.overdue_at(deadline);
@@ -409,11 +435,16 @@ impl Ring {
         }
     }
 
-    /// Keeps an emptied vector for the next slot the cursor empties, up to one per slot, at
-    /// most [`MIN_BUCKET_CAPACITY`] long: a mass expiry's bucket is not kept at its size.
+    /// Keeps an emptied vector for reuse, up to one per slot and, all together, room for
+    /// twice the tracked uids (or [`SPARE_ROOM_MIN`]): a mass expiry's buckets are freed,
+    /// not kept at their size.
     fn recycle(&mut self, mut bucket: Vec<u32>) {
-        if self.spare.len() < self.slots.len() && bucket.capacity() > 0 {
-            bucket.shrink_to(MIN_BUCKET_CAPACITY);
+        if bucket.capacity() == 0 || self.spare.len() >= self.slots.len() {
+            return;
+        }
+        let kept: usize = self.spare.iter().map(Vec::capacity).sum();
+        if kept + bucket.capacity() <= (2 * self.len).max(SPARE_ROOM_MIN) {
+            bucket.clear();
             self.spare.push(bucket);
         }
     }
@@ -483,12 +514,14 @@ mod tests {
             }
         }
         let room = bucket_room(&ring);
-        let bound = 4 * UIDS as usize + 2 * ring.slots.len() * MIN_BUCKET_CAPACITY;
+        // The bucket filling, the one draining, and one spare, each with room for at most
+        // twice the uids (a vector doubles); kept in their slots it was 31 of them.
+        let bound = 3 * 2 * UIDS as usize;
         assert!(room <= bound, "buckets hold room for {room} handles for {UIDS} uids (bound {bound})");
         // A mass expiry leaves no bucket at its size either.
         ring.advance(200);
         assert_eq!(ring.expire(usize::MAX, &mut Vec::new()), UIDS as usize);
-        assert!(bucket_room(&ring) <= 2 * ring.slots.len() * MIN_BUCKET_CAPACITY, "{}", bucket_room(&ring));
+        assert!(bucket_room(&ring) <= SPARE_ROOM_MIN, "{}", bucket_room(&ring));
     }
 
     #[test]
