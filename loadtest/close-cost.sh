@@ -11,7 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/usage.sh
-case "${1:-}" in -h | --help) usage ;; esac
 N=${1:-9500}
 RUNS=${2:-3}
 OUT=${3:-target/close-cost.txt}

@@ -13,7 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/usage.sh
-case "${1:-}" in -h | --help) usage ;; esac
 CONNECTIONS=${1:-19000}
 SECONDS_=${2:-40}
 OUT=${3:-target/heap.txt}

@@ -23,7 +23,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/usage.sh
-case "${1:-}" in -h | --help) usage ;; esac
 CONNECTIONS=${1:-19000}
 RUNS=${2:-3}
 OUT=${3:-target/mass-expiry}
