@@ -93,8 +93,8 @@ impl Connection {
     /// Polled, not awaited through `TcpStream::ready`: that future keeps a waiter node of its
     /// own (152 bytes), while polling keeps the waker in the socket's registration, which has a
     /// slot for it already. Every open connection's task holds this future, and tokio rounds
-    /// a task up to 128 bytes: with the session's wake-up below, this took the task from 768
-    /// to 512 bytes (`footprint` test).
+    /// a task up in 128-byte steps: with the session's wake-up polled the same way, the task
+    /// went from 768 to 384 bytes (`footprint` test in `handler.rs`).
     pub(crate) fn ready(&self) -> impl Future<Output = io::Result<Ready>> + '_ {
         std::future::poll_fn(move |cx| {
             if self.held.as_ref().is_some_and(|held| !held.unsent.is_empty()) {
@@ -240,8 +240,8 @@ fn read_draining(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
 
 /// Writes what the socket takes of `out` now, marked as more to come, so the FIN of the
 /// shutdown that follows rides in the same segment as the last bytes: the client's kernel
-/// takes a BYE and the close as one packet instead of two (3.0-3.5 segments per close
-/// instead of 5 on loopback, `examples/close_cost.rs`). What the socket does not take is
+/// takes a BYE and the close as one packet instead of two (3.3-3.5 segments per close
+/// instead of 5 on loopback, `loadtest/close-cost.sh`, docs/results/close-cost.txt). What the socket does not take is
 /// left in `out` for the ordinary write, which sends it unmarked.
 fn write_corked(stream: &TcpStream, out: &mut BytesMut) {
     #[cfg(target_os = "linux")]

@@ -85,12 +85,9 @@ impl Handler {
 
     /// Serves a logged-in connection until it or its session ends.
     async fn until_end(&mut self, conn: &mut Connection) -> Close {
-        let Some(session) = &self.session else {
-            return (CloseReason::ProtocolError, "no session".into());
-        };
         // Shutdown ends every session in the registry; one that logged in as it began is
         // ended here, so none is missed either way.
-        if self.gateway.shutdown.is_cancelled() {
+        if let Some(session) = self.session.as_deref().filter(|_| self.gateway.shutdown.is_cancelled()) {
             session.end(CloseReason::Shutdown);
         }
         loop {

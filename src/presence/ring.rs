@@ -27,7 +27,8 @@
 
 use std::collections::VecDeque;
 
-/// Room, in handles, that spare bucket vectors may hold beyond twice the tracked uids.
+/// Room, in handles, that spare bucket vectors may always hold together; above it, at most
+/// twice the tracked uids (see `Ring::spare_room_allowed`).
 const SPARE_ROOM_MIN: usize = 1024;
 
 /// Where a tracked uid's entry is; returned by [`Ring::insert`] and passed back by the
@@ -295,7 +296,7 @@ impl Ring {
             }
         }
         // Fewer uids, less spare room: what an expiry emptied is not kept at its size.
-        while self.spare.iter().map(Vec::capacity).sum::<usize>() > (2 * self.len).max(SPARE_ROOM_MIN) {
+        while self.spare_room() > self.spare_room_allowed() {
             self.spare.pop();
         }
         taken
@@ -435,15 +436,23 @@ impl Ring {
         }
     }
 
-    /// Keeps an emptied vector for reuse, up to one per slot and, all together, room for
-    /// twice the tracked uids (or [`SPARE_ROOM_MIN`]): a mass expiry's buckets are freed,
-    /// not kept at their size.
+    /// Room the spare vectors hold together, in handles.
+    fn spare_room(&self) -> usize {
+        self.spare.iter().map(Vec::capacity).sum()
+    }
+
+    /// The most room spare vectors may hold: twice the tracked uids, or [`SPARE_ROOM_MIN`].
+    fn spare_room_allowed(&self) -> usize {
+        (2 * self.len).max(SPARE_ROOM_MIN)
+    }
+
+    /// Keeps an emptied vector for reuse, up to one per slot and within
+    /// [`Ring::spare_room_allowed`]: a mass expiry's buckets are freed, not kept at their size.
     fn recycle(&mut self, mut bucket: Vec<u32>) {
         if bucket.capacity() == 0 || self.spare.len() >= self.slots.len() {
             return;
         }
-        let kept: usize = self.spare.iter().map(Vec::capacity).sum();
-        if kept + bucket.capacity() <= (2 * self.len).max(SPARE_ROOM_MIN) {
+        if self.spare_room() + bucket.capacity() <= self.spare_room_allowed() {
             bucket.clear();
             self.spare.push(bucket);
         }
