@@ -45,6 +45,11 @@ const REDIS_QUEUE_PER_CONNECTION: usize = 2;
 /// an outage without compacting.
 const REDIS_QUEUE_MIN: usize = 65_536;
 
+/// Default `--redis-queue-bytes`: DATA payload a node holds for Redis while Redis is away
+/// or slow. A second of a busy node's data at 64 MiB/s; beyond it data is worth less than
+/// the memory, and the oldest goes first (consumers see the gap).
+pub const DEFAULT_REDIS_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Settings of one gateway; see `idlegate serve --help` for each.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -78,6 +83,11 @@ pub struct Config {
     pub redis: Option<RedisTarget>,
     /// How long a node's lease lasts: the longest a dead node's uids look online.
     pub node_lease: Duration,
+    /// Most DATA payload bytes held for Redis while it is away; past it the oldest data
+    /// events are dropped (never a login or an end) and consumers see the gap.
+    pub redis_queue_bytes: usize,
+    /// Replicas that must acknowledge a batch (`WAIT`) before it counts as written.
+    pub redis_min_replicas: u32,
 }
 
 impl Default for Config {
@@ -97,6 +107,8 @@ impl Default for Config {
             event_log_bytes: DEFAULT_EVENT_LOG_BYTES,
             redis: None,
             node_lease: DEFAULT_NODE_LEASE,
+            redis_queue_bytes: DEFAULT_REDIS_QUEUE_BYTES,
+            redis_min_replicas: 0,
         }
     }
 }

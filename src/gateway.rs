@@ -47,9 +47,12 @@ impl Gateway {
                 lease: config.node_lease,
                 tick: config.tick,
                 stream_cap: config.event_log_capacity,
+                stream_bytes: config.event_log_bytes,
                 max_queued: config.max_queued_bytes(),
+                min_replicas: config.redis_min_replicas,
             };
-            Arc::new(Cluster::new(target, settings, metrics.clone(), config.redis_queue_capacity()))
+            let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
+            Arc::new(Cluster::new(target, settings, metrics.clone(), capacity, bytes))
         });
         let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
         if let Some(cluster) = &cluster {

@@ -36,7 +36,9 @@ pub use client::{
     HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
 };
 pub use cluster::RedisTarget;
-pub use config::{default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_NODE_LEASE, FD_HEADROOM};
+pub use config::{
+    default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
+};
 pub use error::{AuthError, ConfigError, FrameError};
 pub use presence::{
     unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Touch, What,

@@ -97,6 +97,17 @@ struct ServeArgs {
     /// uids look offline after at most this, and go offline as node_lost within it plus a tick.
     #[arg(long, env = "IDLEGATE_NODE_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
     node_lease: Duration,
+    /// Most DATA payload bytes this node holds for Redis while Redis is away; past it the
+    /// oldest data events are dropped (never a login or an end), counted in
+    /// idlegate_redis_compacted_total and shown to event consumers as a gap.
+    #[arg(long, env = "IDLEGATE_REDIS_QUEUE_BYTES", default_value_t = idlegate::DEFAULT_REDIS_QUEUE_BYTES)]
+    redis_queue_bytes: usize,
+    /// Replicas that must hold a batch (Redis WAIT) before it counts as written, so a
+    /// failover loses no acknowledged session change; 0 does not wait. Costs a replica
+    /// round trip per batch, and while replicas lag this node's Redis calls wait up to
+    /// 100 ms per try.
+    #[arg(long, env = "IDLEGATE_REDIS_MIN_REPLICAS", default_value_t = 0, requires = "redis")]
+    redis_min_replicas: u32,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, env = "IDLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -195,6 +206,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None => None,
         },
         node_lease: args.node_lease,
+        redis_queue_bytes: args.redis_queue_bytes,
+        redis_min_replicas: args.redis_min_replicas,
     };
     if let Err(e) = config.validate() {
         usage_error(e);

@@ -333,10 +333,13 @@ fn sse_body(
 fn format_batch(batch: &Batch, types: Types, node: &str) -> Bytes {
     use std::fmt::Write;
     let mut out = String::with_capacity(batch.events.len() * 128);
-    if batch.missed > 0 || batch.earlier_process {
+    if batch.has_gap() {
         let _ = write!(out, "id: {}\nevent: gap\ndata: {{\"missed\":{}", batch.gap_id, batch.missed);
         if batch.earlier_process {
             out.push_str(",\"earlier_process\":true");
+        }
+        if batch.earlier_stream {
+            out.push_str(",\"earlier_stream\":true");
         }
         out.push_str("}\n\n");
     }

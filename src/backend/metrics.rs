@@ -85,6 +85,14 @@ pub struct Metrics {
     pub redis_commands: IntCounter,
     /// Time of one Redis round trip.
     pub redis_rtt: Histogram,
+    /// Times this node found it had been reaped while cut off, and rejoined.
+    pub redis_fenced: IntCounter,
+    /// Signs that Redis lost writes it had acknowledged (epoch change, applied marker behind).
+    pub redis_lost_writes: IntCounter,
+    /// `WAIT`s that came back with fewer replicas than `--redis-min-replicas`.
+    pub redis_replica_waits: IntCounter,
+    /// Sessions this node reaped from dead members, logged `node_lost`.
+    pub redis_reaped: IntCounter,
 }
 
 // === impl Metrics ===
@@ -220,6 +228,17 @@ impl Metrics {
             counter("idlegate_redis_round_trips_total", "Redis round trips: a pipeline or a batch of commands is one");
         let redis_commands = counter("idlegate_redis_commands_total", "Redis commands sent");
         let redis_rtt = histogram("idlegate_redis_rtt_seconds", "time of one Redis round trip", &SECONDS_BUCKETS);
+        let redis_fenced =
+            counter("idlegate_redis_fenced_total", "times this node found it was reaped while cut off, and rejoined");
+        let redis_lost_writes = counter(
+            "idlegate_redis_lost_writes_total",
+            "signs that Redis lost acknowledged writes (stream epoch changed, applied marker behind); each reconciles",
+        );
+        let redis_replica_waits = counter(
+            "idlegate_redis_replica_waits_total",
+            "WAITs answered by fewer replicas than --redis-min-replicas (the batch is retried)",
+        );
+        let redis_reaped = counter("idlegate_redis_reaped_total", "sessions of dead nodes this node ended as node_lost");
 
         let build =
             IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])
@@ -276,6 +295,10 @@ impl Metrics {
             redis_round_trips,
             redis_commands,
             redis_rtt,
+            redis_fenced,
+            redis_lost_writes,
+            redis_replica_waits,
+            redis_reaped,
         }
     }
 

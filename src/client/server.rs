@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tokio::time::{sleep, timeout};
+use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{serve_admin, serve_api, Metrics};
@@ -107,12 +107,15 @@ impl Server {
         }
 
         drop(listener);
+        // One deadline for the whole shutdown, whatever Redis or a consumer does: a
+        // supervisor waiting `--drain-timeout` (plus its own margin) never has to kill us.
+        let deadline = Instant::now() + gateway.config.drain_timeout;
         let open = max - connections.available_permits();
         tracing::info!(open, "shutting down: stopped accepting, sending BYE(shutdown)");
         gateway.shutdown.cancel();
         gateway.registry.end_all(CloseReason::Shutdown);
         let all = u32::try_from(max).unwrap_or(u32::MAX);
-        if timeout(gateway.config.drain_timeout, connections.acquire_many(all)).await.is_err() {
+        if timeout_at(deadline, connections.acquire_many(all)).await.is_err() {
             tracing::warn!(
                 left = max - connections.available_permits(),
                 drain_timeout = ?gateway.config.drain_timeout,
@@ -121,15 +124,19 @@ impl Server {
         }
         if let Some(cluster) = &gateway.cluster {
             // Every session has ended: their offline events (reason shutdown) reach Redis
-            // before this node leaves, instead of when its lease runs out.
-            cluster.leave(gateway.config.drain_timeout).await;
+            // before this node leaves, instead of when its lease runs out. What cannot be
+            // written by the deadline is left to the lease and the reaper.
+            cluster.leave(deadline.saturating_duration_since(Instant::now())).await;
         }
         background.cancel();
         if failure.is_none() {
-            let _ = ticker.await;
+            let _ = timeout_at(deadline + SHUTDOWN_GRACE, &mut ticker).await;
         }
-        for task in http {
-            let _ = task.await;
+        for mut task in http {
+            if timeout_at(deadline + SHUTDOWN_GRACE, &mut task).await.is_err() {
+                tracing::warn!("a listener or event stream outlived the drain deadline; stopping it");
+                task.abort();
+            }
         }
         match failure {
             Some(e) => Err(e),
@@ -140,6 +147,11 @@ impl Server {
         }
     }
 }
+
+/// What the background tasks get past the drain deadline to notice the stop and finish
+/// what they were writing (an event stream's last chunk, a metrics answer) before they
+/// are aborted: the whole shutdown stays within `--drain-timeout` plus this.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
 /// The ticker ended while the gateway was serving, which it never does unless it panicked:
 /// nobody would go offline any more. Marks the gateway unhealthy (`/healthz` answers 503)

@@ -5,6 +5,12 @@
 //! A route counts only while its member holds a lease: a dead node's uids look offline
 //! from the moment its lease runs out, before the reaper has even begun. Routes naming
 //! this member are checked against the local registry, which is exact.
+//!
+//! A member that holds a lease but has not refreshed it for a couple of ticks is silent
+//! (dead, or cut off from Redis, and soon reaped): its uids still count as online, but it
+//! is not asked anything. Its uids' presence has no `silent_ms` (nobody who could tell is
+//! reachable), pushes to them count as not sent, and a kick answers 503: no `kicked` is
+//! ever logged for a client that was not told.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,10 +23,9 @@ use redis::Value;
 
 use crate::cluster::inbox::ask;
 use crate::cluster::keys::{self, Route};
-use crate::cluster::membership::{alive, nodes};
-use crate::cluster::node::{evalsha, Cluster};
+use crate::cluster::membership::{liveness, nodes, Liveness};
+use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::cluster::writer::send_all;
 use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount};
 
 impl From<StoreError> for DirectoryError {
@@ -42,17 +47,15 @@ impl ClusterDirectory {
         ClusterDirectory { cluster }
     }
 
-    /// Whether `member` holds a lease now.
-    async fn is_alive(&self, member: &str) -> Result<bool, StoreError> {
-        Ok(alive(&self.cluster, &[member.to_string()]).await?.first() == Some(&true))
+    /// What `member`'s lease says now.
+    async fn liveness(&self, member: &str) -> Result<Liveness, StoreError> {
+        Ok(liveness(&self.cluster, &[member.to_string()]).await?.pop().unwrap_or(Liveness::Dead))
     }
 
     /// The routes of `uids`, in order.
     async fn routes(&self, uids: &[u64]) -> Result<Vec<Option<Route>>, StoreError> {
         let cmds: Vec<redis::Cmd> = uids.iter().map(|&uid| redis::Cmd::get(keys::route(uid))).collect();
-        let single = !self.cluster.target.is_cluster();
-        let n = cmds.len() as u64;
-        let values = self.cluster.call(n, |conn| send_all(conn, cmds, single)).await?;
+        let values = self.cluster.send_all(cmds).await?;
         Ok(values
             .into_iter()
             .map(|v| match v {
@@ -62,11 +65,12 @@ impl ClusterDirectory {
             .collect())
     }
 
-    /// For each route, the member it names if that member holds the uid now: this member
-    /// only if the local registry agrees, another only while its lease lives.
-    async fn owners(&self, uids: &[u64], routes: Vec<Option<Route>>) -> Result<Vec<Option<String>>, StoreError> {
+    /// For each route, the member it names and whether that member answers, if that
+    /// member holds the uid now: this member only if the local registry agrees, another
+    /// only while its lease lives.
+    async fn owners(&self, uids: &[u64], routes: Vec<Option<Route>>) -> Result<Vec<Option<Owner>>, StoreError> {
         let me = self.cluster.member();
-        let mut others: Vec<String> = routes
+        let others: Vec<String> = routes
             .iter()
             .flatten()
             .filter(|r| *r.member != *me)
@@ -74,8 +78,7 @@ impl ClusterDirectory {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        let leases = alive(&self.cluster, &others).await?;
-        others = others.into_iter().zip(leases).filter(|(_, ok)| *ok).map(|(m, _)| m).collect();
+        let leases = liveness(&self.cluster, &others).await?;
         let registry = self.cluster.registry();
         Ok(uids
             .iter()
@@ -84,20 +87,34 @@ impl ClusterDirectory {
                 let route = route?;
                 if *route.member == *me {
                     let here = registry.live(uid)?;
-                    (keys::session_hex(here.id()) == route.session).then_some(route.member)
+                    (keys::session_hex(here.id()) == route.session)
+                        .then_some(Owner { member: route.member, answers: true })
                 } else {
-                    others.binary_search(&route.member).is_ok().then_some(route.member)
+                    let i = others.binary_search(&route.member).ok()?;
+                    match leases[i] {
+                        Liveness::Dead => None,
+                        Liveness::Alive => Some(Owner { member: route.member, answers: true }),
+                        Liveness::Silent(_) => Some(Owner { member: route.member, answers: false }),
+                    }
                 }
             })
             .collect())
     }
 }
 
+/// The member holding a uid, and whether it is worth asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Owner {
+    member: String,
+    answers: bool,
+}
+
 /// Groups `uids` by the member their route names, keeping each uid's index.
-fn by_member(owners: &[Option<String>]) -> HashMap<String, Vec<usize>> {
+/// Only members that answer: a silent one is not asked.
+fn by_member(owners: &[Option<Owner>]) -> HashMap<String, Vec<usize>> {
     let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, owner) in owners.iter().enumerate() {
-        if let Some(member) = owner {
+        if let Some(Owner { member, answers: true }) = owner {
             groups.entry(member.clone()).or_default().push(i);
         }
     }
@@ -117,8 +134,10 @@ impl Directory for ClusterDirectory {
                     silent_ms: Some(silent_ms),
                 }));
             }
-            if !self.is_alive(&route.member).await? {
-                return Ok(None);
+            match self.liveness(&route.member).await? {
+                Liveness::Dead => return Ok(None),
+                Liveness::Silent(_) => return Ok(Some(Located { node, since_ms: route.since_ms, silent_ms: None })),
+                Liveness::Alive => {}
             }
             let uid_text = uid.to_string().into_bytes();
             match ask(&self.cluster, &route.member, "locate", vec![("uid", uid_text)]).await? {
@@ -221,24 +240,29 @@ impl Directory for ClusterDirectory {
         async move {
             let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(false) };
             let me = self.cluster.member();
-            let registry = self.cluster.registry();
             if *route.member == *me {
-                return Ok(registry.kick(uid));
+                return Ok(self.cluster.registry().kick(uid));
             }
-            if !self.is_alive(&route.member).await? {
-                return Ok(false);
+            let node = keys::node_of(&route.member).to_string();
+            match self.liveness(&route.member).await? {
+                Liveness::Dead => return Ok(false),
+                Liveness::Silent(ms) => {
+                    return Err(DirectoryError::Unavailable(format!(
+                        "node {node} holding uid {uid} has not been heard from for {ms} ms; if it is dead the \
+                         session ends as node_lost when its lease runs out"
+                    )))
+                }
+                Liveness::Alive => {}
             }
-            // The route goes first, so presence never names the session after its offline
-            // event; the script then ends it (exactly once) and tells its node.
-            let mut del = evalsha(&self.cluster.scripts.route_del, &[&keys::route(uid)]);
-            del.arg(keys::owner_prefix(&route.member, &route.session));
-            self.cluster
-                .call(1, |mut c| async move { del.query_async::<()>(&mut c).await.map_err(StoreError::from) })
-                .await?;
-            let inbox = Some(keys::inbox(&route.member));
-            let args = vec![uid.to_string(), route.session.clone()];
-            let kicked: i64 = self.cluster.end_sessions(&self.cluster.scripts.kick, &route.member, inbox, args).await?;
-            Ok(kicked == 1)
+            // The holding node ends the session itself and logs it like any kick of its own:
+            // route, hash and event change together there, and only once its client is told.
+            let fields = vec![("uid", uid.to_string().into_bytes()), ("s", route.session.clone().into_bytes())];
+            match ask(&self.cluster, &route.member, "end", fields).await? {
+                Some(answer) => Ok(answer == b"1"),
+                None => Err(DirectoryError::Unavailable(format!(
+                    "node {node} holding uid {uid} did not answer the kick in time"
+                ))),
+            }
         }
         .boxed()
     }
@@ -254,9 +278,10 @@ mod tests {
 
     #[test]
     fn uids_group_by_the_member_holding_them() {
-        let groups = by_member(&[Some("a".into()), None, Some("b".into()), Some("a".into())]);
+        let owner = |m: &str, answers| Some(Owner { member: m.into(), answers });
+        let groups = by_member(&[owner("a", true), None, owner("b", true), owner("a", true), owner("c", false)]);
         assert_eq!(groups["a"], vec![0, 3]);
         assert_eq!(groups["b"], vec![2]);
-        assert_eq!(groups.len(), 2);
+        assert_eq!(groups.len(), 2, "a silent member is not asked");
     }
 }

@@ -1,8 +1,10 @@
 //! The inbox: a Redis Stream per member through which other nodes reach this one.
 //!
-//! What arrives: `kick` (a newer login elsewhere, or the API on another node, ended one of
-//! this node's sessions; its offline event is already logged), `push` and `locate`
-//! requests, and `reply` to this node's own requests. A stream rather than pub/sub: what
+//! What arrives: `kick` (a newer login elsewhere ended one of this node's sessions; its
+//! offline event is already logged), `push`, `locate` and `end` requests (`end`: the API on
+//! another node kicks a session held here, which this node ends and logs like any kick
+//! of its own, so no `kicked` is ever logged that its client did not get), and `reply` to
+//! this node's own requests. A stream rather than pub/sub: what
 //! is sent while this node's connection blips waits for it instead of being lost.
 //!
 //! One blocking `XREAD` serves both this inbox and the event stream's tail (both live on
@@ -21,7 +23,7 @@ use redis::{AsyncCommands, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::keys;
-use crate::cluster::node::Cluster;
+use crate::cluster::shared::Cluster;
 use crate::cluster::store::{StoreError, BLOCK};
 use crate::presence::EventId;
 
@@ -29,7 +31,8 @@ use crate::presence::EventId;
 const READ_COUNT: usize = 1024;
 
 /// How long a request waits for another node's reply: a live node answers in a
-/// millisecond on loopback; one that does not within this is as good as gone.
+/// millisecond on loopback; one that does not within this is as good as gone. Below the
+/// 3 s the API promises for an answer about a uid on a node that stopped answering.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Cap of an inbox: a node that stops reading cannot fill Redis.
@@ -200,6 +203,15 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
                 None => String::new(),
             };
             reply(cluster, member, &from, req, answer.into_bytes()).await;
+        }
+        Some(b"end") => {
+            let (Some(from), Some(req), Some(uid), Some(session)) =
+                (text_field(entry, "from"), number_field(entry, "req"), number_field(entry, "uid"), text_field(entry, "s"))
+            else {
+                return;
+            };
+            let ended = u64::from_str_radix(&session, 16).is_ok_and(|s| registry.kick_session(uid, s));
+            reply(cluster, member, &from, req, if ended { b"1".to_vec() } else { b"0".to_vec() }).await;
         }
         Some(b"reply") => {
             let (Some(req), Some(body)) = (number_field(entry, "req"), field(entry, "r")) else { return };

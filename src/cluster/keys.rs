@@ -69,6 +69,22 @@ pub(crate) fn reaped(member: &str) -> String {
     format!("{{idlegate}}:reaped:{member}")
 }
 
+/// Hash of `member`'s sessions the reaper has logged `node_lost` but whose routes it has
+/// not yet deleted: a reaper that dies half way leaves them here for the next one.
+pub(crate) fn unroute(member: &str) -> String {
+    format!("{{idlegate}}:unroute:{member}")
+}
+
+/// A stream epoch as the scripts answer it (a decimal string, empty before the first
+/// event); 0 for none.
+pub(crate) fn epoch_of(value: &redis::Value) -> u64 {
+    match value {
+        redis::Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|t| t.parse().ok()).unwrap_or(0),
+        redis::Value::Int(n) => (*n).max(0) as u64,
+        _ => 0,
+    }
+}
+
 /// A member name for a new run of `node`.
 pub(crate) fn new_member(node: &str) -> String {
     format!("{node}#{:08x}", rand_u32())

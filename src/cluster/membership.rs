@@ -12,22 +12,37 @@
 //! reaped (it was cut off from Redis for longer than its lease while the others were not)
 //! ends its sessions, whose offline events were already logged, and rejoins as a new
 //! member; its clients come back after their retry hint.
+//!
+//! Reaping is fenced and resumable: the claim that names the reaper also sets the dead
+//! member's reaped marker, after which no script accepts a write under its name; each
+//! bounded step logs only the sessions it removed itself and hands their routes to an
+//! unroute hash, which any reaper empties before it stops or when it takes over.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use redis::Value;
-use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::CloseReason;
 use crate::cluster::keys;
-use crate::cluster::node::{evalsha, Cluster};
+use crate::cluster::shared::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
-use crate::cluster::writer::send_all;
 
-/// Sessions one reap step takes out of a dead member's hash.
+/// Sessions one reap step looks at: `HSCAN`'s COUNT, so one script call does bounded work
+/// (about this many hash buckets) and never blocks Redis for long, however big the hash.
 const REAP_STEP: usize = 1000;
 
 /// How long the reaped marker stays: far longer than any partition a node survives.
 const REAPED_MARKER_SECS: u64 = 24 * 3600;
+
+/// A member whose lease was last refreshed longer ago than this many ticks is silent:
+/// requests to it would only wait out their timeout. A live node refreshes every tick;
+/// one more tick covers a slow refresh.
+const SILENT_TICKS: u32 = 2;
+
+/// Added to [`SILENT_TICKS`] so a short tick does not call a node silent for one slow
+/// round trip.
+const SILENT_SLACK: Duration = Duration::from_millis(500);
 
 /// One node as the others see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,139 +61,193 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        match refresh(&cluster).await {
+        let member = cluster.member();
+        match refresh(&cluster, &member).await {
             Ok(true) => {}
-            Ok(false) => rejoin(&cluster),
+            Ok(false) => {
+                cluster.rejoin(&member);
+                continue;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "lease refresh failed");
                 continue;
             }
         }
         if cluster.health.stable_for(cluster.settings.lease) {
-            if let Err(e) = reap_dead(&cluster).await {
+            if let Err(e) = reap_dead(&cluster, &stop).await {
                 tracing::warn!(error = %e, "reaping dead nodes failed; trying again next tick");
             }
         }
     }
 }
 
-/// Refreshes this member's lease; false if the member was reaped.
-async fn refresh(cluster: &Cluster) -> Result<bool, StoreError> {
-    let member = cluster.member();
+/// Refreshes `member`'s lease; false if the member was reaped.
+async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
     let registry = cluster.registry();
     let value = format!("{} {}", registry.online(), cluster.metrics.connections_open.get().max(0));
     let lease_ms = cluster.settings.lease.as_millis() as u64;
     let script = &cluster.scripts.lease;
-    cluster
+    let (ok, epoch): (i64, redis::Value) = cluster
         .call(1, |mut conn| async move {
-            let ok: i64 = script
-                .key(keys::lease(&member))
+            let answer = script
+                .key(keys::lease(member))
                 .key(keys::MEMBERS)
-                .key(keys::reaped(&member))
-                .arg(&*member)
+                .key(keys::reaped(member))
+                .key(keys::EVENTS_LAST)
+                .arg(member)
                 .arg(value)
                 .arg(lease_ms)
                 .invoke_async(&mut conn)
                 .await?;
-            Ok(ok == 1)
+            Ok(answer)
         })
-        .await
-}
-
-/// This member was reaped: its sessions are offline in Redis already. Ends them here too
-/// (their ends find nothing to report) and takes a new member name.
-fn rejoin(cluster: &Cluster) {
-    let old = cluster.member();
-    let fresh = cluster.renew_member();
-    tracing::error!(
-        %old,
-        %fresh,
-        "this node was reaped while cut off from Redis; ending its sessions and rejoining"
-    );
-    cluster.registry().end_all(CloseReason::Shutdown);
+        .await?;
+    match keys::epoch_of(&epoch) {
+        // No epoch: the stream's state is gone (Redis came back empty, or failed over to a
+        // replica without it) while this node remembers one.
+        0 => cluster.saw_no_epoch(),
+        epoch => cluster.saw_epoch(epoch),
+    }
+    Ok(ok == 1)
 }
 
 /// Reaps every member whose lease ran out, if this node claims it first.
-async fn reap_dead(cluster: &Cluster) -> Result<(), StoreError> {
+async fn reap_dead(cluster: &Cluster, stop: &CancellationToken) -> Result<(), StoreError> {
     let me = cluster.member();
     for figures in nodes(cluster, false).await? {
         if *figures.member == *me {
             continue;
         }
-        reap(cluster, &figures.member).await?;
+        reap(cluster, &figures.member, stop).await?;
     }
     Ok(())
 }
 
-/// Takes `member`'s sessions out of Redis as `node_lost`, unless another node claimed it.
-async fn reap(cluster: &Cluster, member: &str) -> Result<(), StoreError> {
+/// Claims (or renews this node's claim on) reaping `member`; false if another node holds
+/// it or the member renewed its lease.
+async fn claim(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
     let me = cluster.member();
     let lease_ms = cluster.settings.lease.as_millis() as u64;
-    let claim_key = keys::reaping(member);
-    let claimed: Option<String> = cluster
+    let script = &cluster.scripts.claim;
+    cluster
         .call(1, |mut conn| async move {
-            redis::cmd("SET")
-                .arg(claim_key)
+            let held: i64 = script
+                .key(keys::lease(member))
+                .key(keys::reaping(member))
+                .key(keys::reaped(member))
                 .arg(&*me)
-                .arg("NX")
-                .arg("PX")
                 .arg(lease_ms)
-                .query_async(&mut conn)
-                .await
-                .map_err(StoreError::from)
+                .arg(REAPED_MARKER_SECS)
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(held == 1)
         })
-        .await?;
-    if claimed.is_none() {
+        .await
+}
+
+/// Takes `member`'s sessions out of Redis as `node_lost` and deletes their routes, unless
+/// another node claimed it. Each step renews the claim; a reaper that dies half way leaves
+/// the claim to run out, and the next one finishes the routes already logged (the unroute
+/// hash) before it goes on.
+async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Result<(), StoreError> {
+    if !claim(cluster, member).await? {
         return Ok(());
     }
-    let marker = keys::reaped(member);
-    cluster
-        .call(1, |mut conn| async move {
-            redis::cmd("SET")
-                .arg(marker)
-                .arg(1)
-                .arg("EX")
-                .arg(REAPED_MARKER_SECS)
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(StoreError::from)
-        })
-        .await?;
-    let mut reaped = 0usize;
+    unroute(cluster, member).await?;
+    let mut reaped = 0u64;
+    let mut cursor = "0".to_string();
     loop {
-        let step = vec![REAP_STEP.to_string()];
-        let found: Vec<String> = cluster.end_sessions(&cluster.scripts.reap, member, None, step).await?;
-        if found.is_empty() {
+        let (next, left, n) = reap_step(cluster, member, &cursor).await?;
+        reaped += n;
+        unroute(cluster, member).await?;
+        // The scan is over only when it came round to cursor 0 and the hash is empty: an
+        // empty answer alone says nothing (one HSCAN call bounds its work, not its yield).
+        if next == "0" && left == 0 {
             break;
         }
-        reaped += found.len() / 2;
-        let cmds: Vec<redis::Cmd> = found
-            .chunks_exact(2)
-            .filter_map(|pair| {
-                let uid: u64 = pair[0].parse().ok()?;
-                let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(uid)]);
-                cmd.arg(keys::owner_prefix(member, &pair[1]));
-                Some(cmd)
-            })
-            .collect();
-        let single = !cluster.target.is_cluster();
-        let n = cmds.len() as u64;
-        cluster.call(n, |conn| send_all(conn, cmds, single)).await?;
+        cursor = next;
+        if stop.is_cancelled() || !claim(cluster, member).await? {
+            tracing::info!(member, reaped, "stopped reaping half way; the next claim finishes it");
+            return Ok(());
+        }
     }
     let member_owned = member.to_string();
-    cluster
-        .call(4, |mut conn| async move {
-            let mut pipe = redis::pipe();
-            pipe.srem(keys::MEMBERS, &member_owned)
-                .del(keys::inbox(&member_owned))
-                .del(keys::applied(&member_owned))
-                .del(keys::taken(&member_owned))
-                .del(keys::sessions(&member_owned));
-            pipe.query_async::<()>(&mut conn).await.map_err(StoreError::from)
-        })
-        .await?;
+    let cmds = vec![
+        redis::Cmd::srem(keys::MEMBERS, &member_owned),
+        redis::Cmd::del(keys::inbox(&member_owned)),
+        redis::Cmd::del(keys::applied(&member_owned)),
+        redis::Cmd::del(keys::taken(&member_owned)),
+        redis::Cmd::del(keys::sessions(&member_owned)),
+        redis::Cmd::del(keys::unroute(&member_owned)),
+        redis::Cmd::del(keys::reaping(&member_owned)),
+    ];
+    cluster.send_control(cmds).await?;
+    cluster.metrics.redis_reaped.inc_by(reaped);
     tracing::warn!(member, reaped, "reaped a node whose lease ran out: its uids are offline as node_lost");
     Ok(())
+}
+
+/// One `REAP` call from `cursor`: `(next cursor, sessions left, sessions logged)`.
+async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(String, u64, u64), StoreError> {
+    let script = &cluster.scripts.reap;
+    let (next, left, reaped, epoch): (String, u64, u64, redis::Value) = cluster
+        .call(1, |mut conn| async move {
+            let answer = script
+                .key(keys::sessions(member))
+                .key(keys::EVENTS)
+                .key(keys::EVENTS_LAST)
+                .key(keys::unroute(member))
+                .arg(cursor)
+                .arg(REAP_STEP)
+                .arg(cluster.settings.stream_cap)
+                .arg(cluster.settings.stream_bytes)
+                .arg(crate::presence::unix_ms_now())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(answer)
+        })
+        .await?;
+    cluster.saw_epoch(keys::epoch_of(&epoch));
+    Ok((next, left, reaped))
+}
+
+/// Deletes the routes of the sessions in `member`'s unroute hash (each only if it still
+/// names that session) and takes them out of the hash, a bounded step at a time, until
+/// the hash is empty.
+async fn unroute(cluster: &Cluster, member: &str) -> Result<(), StoreError> {
+    let key = keys::unroute(member);
+    let mut cursor = "0".to_string();
+    loop {
+        let scan = redis::cmd("HSCAN").arg(&key).arg(&cursor).arg("COUNT").arg(REAP_STEP).clone();
+        let mut answers = cluster.send_control(vec![scan, redis::Cmd::hlen(&key)]).await?.into_iter();
+        let (next, pairs): (String, Vec<(String, String)>) =
+            decode(answers.next())?;
+        if !pairs.is_empty() {
+            let cmds: Vec<redis::Cmd> = pairs
+                .iter()
+                .filter_map(|(uid, session)| {
+                    let uid: u64 = uid.parse().ok()?;
+                    let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(uid)]);
+                    cmd.arg(keys::owner_prefix(member, session));
+                    Some(cmd)
+                })
+                .collect();
+            cluster.send_all(cmds).await?;
+            let mut hdel = redis::cmd("HDEL");
+            hdel.arg(&key);
+            for (uid, _) in &pairs {
+                hdel.arg(uid);
+            }
+            cluster.send_control(vec![hdel]).await?;
+        }
+        if next == "0" {
+            let left: u64 = decode(answers.next())?;
+            if left <= (pairs.len() as u64) {
+                return Ok(());
+            }
+        }
+        cursor = next;
+    }
 }
 
 /// The members Redis knows with their figures: with `alive`, those holding a lease (what
@@ -197,9 +266,7 @@ pub(crate) async fn nodes(cluster: &Cluster, alive: bool) -> Result<Vec<NodeFigu
         cmds.push(redis::Cmd::get(keys::lease(m)));
         cmds.push(redis::Cmd::hlen(keys::sessions(m)));
     }
-    let n = cmds.len() as u64;
-    // All control keys share one slot, so one pipeline serves a cluster too.
-    let values = cluster.call(n, |conn| send_all(conn, cmds, true)).await?;
+    let values = cluster.send_control(cmds).await?;
     let mut out = Vec::new();
     for (m, pair) in members.into_iter().zip(values.chunks_exact(2)) {
         let lease = match &pair[0] {
@@ -220,13 +287,46 @@ pub(crate) async fn nodes(cluster: &Cluster, alive: bool) -> Result<Vec<NodeFigu
     Ok(out)
 }
 
-/// For `members`, whether each holds a lease, in one round trip.
-pub(crate) async fn alive(cluster: &Cluster, members: &[String]) -> Result<Vec<bool>, StoreError> {
+/// One answer of a pipeline as `T`.
+fn decode<T: redis::FromRedisValue>(value: Option<Value>) -> Result<T, StoreError> {
+    redis::from_redis_value(value.unwrap_or(Value::Nil)).map_err(|e| StoreError::Redis(e.into()))
+}
+
+/// What a member's lease says about it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// No lease: dead, its uids offline.
+    Dead,
+    /// It refreshed its lease within the last couple of ticks: it answers requests.
+    Alive,
+    /// It holds a lease but has not refreshed it for this many ms: probably dead (or cut
+    /// off from Redis); asking it would only wait out the request's timeout.
+    Silent(u64),
+}
+
+/// For `members`, what each one's lease says, in one round trip: how long since each
+/// refreshed it, read from its time to live (every node sets it to the same
+/// `--node-lease`).
+pub(crate) async fn liveness(cluster: &Cluster, members: &[String]) -> Result<Vec<Liveness>, StoreError> {
     if members.is_empty() {
         return Ok(Vec::new());
     }
-    let cmds: Vec<redis::Cmd> = members.iter().map(|m| redis::Cmd::exists(keys::lease(m))).collect();
-    let n = cmds.len() as u64;
-    let values = cluster.call(n, |conn| send_all(conn, cmds, true)).await?;
-    Ok(values.into_iter().map(|v| matches!(v, Value::Int(1))).collect())
+    let cmds: Vec<redis::Cmd> = members.iter().map(|m| redis::cmd("PTTL").arg(keys::lease(m)).clone()).collect();
+    let lease_ms = cluster.settings.lease.as_millis() as i64;
+    let silent_after = (cluster.settings.tick * SILENT_TICKS + SILENT_SLACK).as_millis() as i64;
+    let values = cluster.send_control(cmds).await?;
+    Ok(values
+        .into_iter()
+        .map(|v| match v {
+            Value::Int(left) if left >= 0 => {
+                let silent = (lease_ms - left).max(0);
+                if silent > silent_after {
+                    Liveness::Silent(silent as u64)
+                } else {
+                    Liveness::Alive
+                }
+            }
+            _ => Liveness::Dead,
+        })
+        .collect())
 }

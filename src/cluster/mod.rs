@@ -3,10 +3,16 @@
 //! Each gateway stays the truth for its own clients (its registry and ring, with Redis
 //! never on the per-frame path) and keeps a copy in Redis for the others to read. `keys`
 //! says what lives where, `scripts` the atomic steps that change it, `store` connects,
+//! `shared` holds this node's member name, its fence and the one way scripts are called.
 //! `queue` and `writer` take this node's session changes to Redis in batches (and
-//! reconcile after Redis was away), `membership` keeps the node's lease and reaps dead
-//! nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream` follows the
-//! shared event stream, and `directory` answers the backend API from all of it.
+//! reconcile after Redis was away or lost writes), `membership` keeps the node's lease and
+//! reaps dead nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream`
+//! follows the shared event stream, and `directory` answers the backend API from all of
+//! it. `node` starts the tasks and is the only file that knows them all.
+//!
+//! Imports point one way: `node` -> `writer`, `membership`, `inbox` -> `shared` -> `store`,
+//! `scripts`, `keys`, `queue`; `directory` -> `inbox`, `membership`, `stream`, `shared`.
+//! A test (`tests/layout.rs`) fails on any circle.
 
 mod directory;
 mod inbox;
@@ -15,11 +21,12 @@ mod membership;
 mod node;
 mod queue;
 mod scripts;
+mod shared;
 mod store;
 mod stream;
 mod writer;
 
 pub(crate) use directory::ClusterDirectory;
 pub(crate) use keys::FORBIDDEN_IN_NODE_ID;
-pub(crate) use node::{Cluster, Settings};
+pub(crate) use shared::{Cluster, Settings};
 pub use store::RedisTarget;

@@ -4,12 +4,17 @@
 //! and a push never waits for Redis: the per-frame path never touches the network. The
 //! writer takes batches off the front.
 //!
-//! Bounded: while Redis is unreachable the queue grows until [`Queue::capacity`], and then
-//! compacts instead of dropping what matters. Data events go first (a realtime channel's
+//! Bounded twice: by the bytes of the data it holds (`--redis-queue-bytes`: past it the
+//! oldest data events go, nothing else), and by count: while Redis is unreachable the
+//! queue grows until [`Queue::capacity`], and then compacts instead of dropping what
+//! matters. Data events go first (a realtime channel's
 //! data is worthless hours late), then sessions that began and ended while Redis was away
 //! (their online and offline cancel out: Redis never saw them, and nobody is told either).
 //! What remains is at most a login per live session and an end per session Redis knows:
 //! twice the connections at most, so the ends that keep Redis honest are never dropped.
+//!
+//! Dropped data events are counted, and the next batch tells Redis how many: the stream
+//! skips that many event numbers, so every consumer sees a gap of exactly that size.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -38,14 +43,39 @@ impl Op {
             Op::Online { session, .. } | Op::Offline { session, .. } | Op::Data { session, .. } => *session,
         }
     }
+
+    fn payload_len(&self) -> usize {
+        match self {
+            Op::Data { payload, .. } => payload.len(),
+            _ => 0,
+        }
+    }
 }
 
 /// The queue; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct Queue {
-    ops: Mutex<VecDeque<Op>>,
+    inner: Mutex<Inner>,
     ready: Notify,
     capacity: usize,
+    max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    ops: VecDeque<Op>,
+    /// Payload bytes of the data events held.
+    bytes: usize,
+    /// Data events dropped since the last batch was taken.
+    dropped: u64,
+}
+
+/// A batch taken off the queue.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub ops: Vec<Op>,
+    /// Data events dropped before these changes, which the stream skips.
+    pub dropped: u64,
 }
 
 /// What one compaction removed.
@@ -58,32 +88,57 @@ pub(crate) struct Compacted {
 // === impl Queue ===
 
 impl Queue {
-    /// A queue that compacts beyond `capacity` changes.
-    pub(crate) fn new(capacity: usize) -> Queue {
-        Queue { ops: Mutex::new(VecDeque::new()), ready: Notify::new(), capacity: capacity.max(1) }
+    /// A queue that compacts beyond `capacity` changes and drops data beyond `max_bytes`
+    /// of payload.
+    pub(crate) fn new(capacity: usize, max_bytes: usize) -> Queue {
+        Queue { inner: Mutex::default(), ready: Notify::new(), capacity: capacity.max(1), max_bytes }
     }
 
     /// Appends `op`; returns the depth after it and what a compaction removed, if one ran.
     pub(crate) fn push(&self, op: Op) -> (usize, Option<Compacted>) {
-        let mut ops = self.lock();
-        ops.push_back(op);
-        let compacted = (ops.len() > self.capacity).then(|| compact(&mut ops));
-        let depth = ops.len();
-        drop(ops);
+        let mut inner = self.lock();
+        inner.bytes += op.payload_len();
+        inner.ops.push_back(op);
+        let mut compacted = None;
+        if inner.ops.len() > self.capacity {
+            compacted = Some(compact(&mut inner));
+        } else if inner.bytes > self.max_bytes {
+            compacted = Some(shed_data(&mut inner, self.max_bytes / 2));
+        }
+        if let Some(c) = &compacted {
+            inner.dropped += c.data as u64;
+        }
+        let depth = inner.ops.len();
+        drop(inner);
         self.ready.notify_one();
         (depth, compacted)
     }
 
-    /// Takes up to `max` changes from the front.
-    pub(crate) fn take(&self, max: usize) -> Vec<Op> {
-        let mut ops = self.lock();
-        let n = ops.len().min(max);
-        ops.drain(..n).collect()
+    /// Takes up to `max` changes from the front, with the count of data events dropped
+    /// before them.
+    pub(crate) fn take(&self, max: usize) -> Taken {
+        let mut inner = self.lock();
+        let n = inner.ops.len().min(max);
+        let ops: Vec<Op> = inner.ops.drain(..n).collect();
+        inner.bytes -= ops.iter().map(Op::payload_len).sum::<usize>();
+        Taken { ops, dropped: std::mem::take(&mut inner.dropped) }
     }
 
     /// Changes waiting now.
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().ops.len()
+    }
+
+    /// Whether nothing waits, not even a count of dropped data events to report.
+    pub(crate) fn is_drained(&self) -> bool {
+        let inner = self.lock();
+        inner.ops.is_empty() && inner.dropped == 0
+    }
+
+    /// Payload bytes of the data events waiting now.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// Resolves once a change may be waiting.
@@ -96,16 +151,35 @@ impl Queue {
         self.capacity
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Op>> {
-        self.ops.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Drops the oldest data events until at most `keep` payload bytes are held: half the
+/// bound, so a stream of large frames sheds in few passes instead of one per frame.
+fn shed_data(inner: &mut Inner, keep: usize) -> Compacted {
+    let mut data = 0;
+    let mut bytes = inner.bytes;
+    inner.ops.retain(|op| {
+        if bytes <= keep || !matches!(op, Op::Data { .. }) {
+            return true;
+        }
+        bytes -= op.payload_len();
+        data += 1;
+        false
+    });
+    inner.bytes = bytes;
+    Compacted { data, sessions: 0 }
 }
 
 /// Drops data events, then the online and offline of each session whose online is still
 /// waiting here (Redis never saw it begin, so it need not see it end).
-fn compact(ops: &mut VecDeque<Op>) -> Compacted {
+fn compact(inner: &mut Inner) -> Compacted {
+    let ops = &mut inner.ops;
     let before = ops.len();
     ops.retain(|op| !matches!(op, Op::Data { .. }));
+    inner.bytes = 0;
     let data = before - ops.len();
     let unseen: HashSet<u64> = ops.iter().filter(|op| matches!(op, Op::Online { .. })).map(Op::session).collect();
     let ended: HashSet<u64> = ops
@@ -133,7 +207,7 @@ mod tests {
 
     #[test]
     fn compaction_keeps_every_end_redis_needs_and_every_live_login() {
-        let q = Queue::new(5);
+        let q = Queue::new(5, usize::MAX);
         // Session 1 reached Redis before the outage: only its end is here.
         assert_eq!(q.push(offline(1, 1)), (1, None));
         q.push(online(2, 2));
@@ -142,17 +216,33 @@ mod tests {
         q.push(online(3, 3));
         let (depth, compacted) = q.push(online(4, 4));
         assert_eq!((depth, compacted), (3, Some(Compacted { data: 1, sessions: 1 })));
-        assert_eq!(q.take(10), vec![offline(1, 1), online(3, 3), online(4, 4)]);
+        assert_eq!(q.take(10), Taken { ops: vec![offline(1, 1), online(3, 3), online(4, 4)], dropped: 1 });
     }
 
     #[test]
     fn batches_come_off_the_front_in_order() {
-        let q = Queue::new(100);
+        let q = Queue::new(100, usize::MAX);
         q.push(online(1, 1));
         q.push(online(2, 2));
         q.push(online(3, 3));
-        assert_eq!(q.take(2), vec![online(1, 1), online(2, 2)]);
-        assert_eq!(q.take(10), vec![online(3, 3)]);
+        assert_eq!(q.take(2).ops, vec![online(1, 1), online(2, 2)]);
+        assert_eq!(q.take(10).ops, vec![online(3, 3)]);
         assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn data_beyond_the_byte_bound_goes_first_and_is_counted() {
+        let data = |n: u8| Op::Data { uid: 1, session: 1, payload: Bytes::from(vec![n; 100]), at_ms: 0 };
+        let q = Queue::new(100, 250);
+        q.push(online(1, 1));
+        q.push(data(1));
+        q.push(data(2));
+        let (_, compacted) = q.push(data(3));
+        // 300 bytes > 250: the oldest data goes until at most half the bound is held.
+        assert_eq!(compacted, Some(Compacted { data: 2, sessions: 0 }));
+        assert_eq!(q.bytes(), 100);
+        q.push(offline(1, 1));
+        assert_eq!(q.take(10), Taken { ops: vec![online(1, 1), data(3), offline(1, 1)], dropped: 2 });
+        assert!(q.is_drained());
     }
 }

@@ -3,35 +3,91 @@
 //! Scripts on the control slot (`{idlegate}`) change a session hash and append to the event
 //! stream in one step, and only when the hash changes: that is what makes every online and
 //! offline event exactly-once, whoever sends it (the node itself, a node taking a uid over,
-//! or the reaper of a dead node), and however often a batch is retried. Route scripts work
-//! on one route key each, so they run on whichever master holds it.
+//! or the reaper of a dead node), and however often a batch is retried. Every script that
+//! writes under a member first checks that member's reaped marker: a reaped member is
+//! fenced off for good. Route scripts work on one route key each, so they run on whichever
+//! master holds it.
 
 use redis::Script;
 
-/// Appends events with ids `<ms>-<n>`, `n` counting every event ever logged (kept in
-/// `KEYS[3]` of the script that includes it, the stream being `KEYS[2]` and `ARGV[maxlen_at]`
-/// its cap). `ms` never goes back, so ids only grow even if Redis's clock steps back.
+/// The event stream's writer, included by every script that logs events.
+///
+/// Ids are `<ms>-<n>`, `n` counting every event ever logged (kept in the hash `last_key`
+/// with the stream's byte count and its epoch). `ms` never goes back, so ids only grow
+/// even if Redis's clock steps back. The stream is trimmed to `maxlen` entries and
+/// `maxbytes` bytes (field names and values plus 32 per entry), oldest first; the byte
+/// count is kept exactly because this writer trims by itself instead of `XADD MAXLEN`.
+///
+/// The epoch names one unbroken history of the stream. When the hash is missing (Redis
+/// restarted empty, or a failover lost it) or a caller saw other signs of lost writes
+/// (`e.renew()`), a new epoch begins with an entry `t=epoch`: readers report it to their
+/// consumers as a gap of unknown size (`earlier_stream`), never as an unbroken sequence.
 const EMIT: &str = r#"
-local function emitter(stream, last_key, maxlen)
+local function emitter(stream, last_key, maxlen, maxbytes)
+  maxlen, maxbytes = tonumber(maxlen), tonumber(maxbytes)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local last = redis.call('HMGET', last_key, 'ms', 'n')
-  local ms, n = tonumber(last[1] or '0'), tonumber(last[2] or '0')
-  if n == 0 then
+  local last = redis.call('HMGET', last_key, 'ms', 'n', 'bytes', 'epoch')
+  local ms, n, bytes = tonumber(last[1] or '0'), tonumber(last[2] or '0'), tonumber(last[3] or '0')
+  local epoch = last[4]
+  local function size(fields)
+    local s = 32
+    for i = 1, #fields do s = s + #fields[i] end
+    return s
+  end
+  local function add(fields)
+    n = n + 1
+    if now > ms then ms = now end
+    bytes = bytes + size(fields)
+    redis.call('XADD', stream, string.format('%d-%d', ms, n), unpack(fields))
+  end
+  local e = {}
+  local renewed = false
+  function e.renew()
+    if renewed then return end
+    renewed = true
+    -- A new epoch must differ from the one it replaces even within one millisecond.
+    local fresh = now
+    if tonumber(epoch or '0') >= fresh then fresh = tonumber(epoch) + 1 end
+    epoch = string.format('%d', fresh)
+    add({'t', 'epoch', 'e', epoch})
+  end
+  if not epoch then
     local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
     if top[1] then
       local a, b = string.match(top[1][1], '^(%d+)-(%d+)$')
-      ms, n = tonumber(a), tonumber(b)
+      ms, n = math.max(ms, tonumber(a)), math.max(n, tonumber(b))
     end
+    e.renew()
   end
-  local e = {}
   function e.emit(...)
-    n = n + 1
-    if now > ms then ms = now end
-    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, string.format('%d-%d', ms, n), ...)
+    add({...})
+  end
+  function e.skip(k)
+    n = n + k
+  end
+  function e.epoch()
+    return epoch
   end
   function e.save()
-    redis.call('HSET', last_key, 'ms', ms, 'n', n)
+    local len = redis.call('XLEN', stream)
+    while len > maxlen or bytes > maxbytes do
+      local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', 128)
+      if #old == 0 then
+        bytes = 0
+        break
+      end
+      local ids = {}
+      for _, entry in ipairs(old) do
+        if len <= maxlen and bytes <= maxbytes then break end
+        ids[#ids + 1] = entry[1]
+        bytes = bytes - size(entry[2])
+        len = len - 1
+      end
+      redis.call('XDEL', stream, unpack(ids))
+    end
+    if bytes < 0 then bytes = 0 end
+    redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch)
   end
   return e
 end
@@ -39,26 +95,39 @@ end
 
 /// Applies one batch of a member's session changes, in order.
 ///
-/// KEYS: sessions of the member, the stream, the stream's last id, the member's applied
-/// batch. ARGV: member, node name, batch number, stream cap, then five per change:
+/// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
+/// the member's reaped marker. ARGV: member, node name, batch number, the number of the
+/// member's batch applied before it (0 for none), stream cap, stream byte cap, data events
+/// dropped before this batch, then five per change:
 /// - `L uid session replaced at`: a login; `replaced` is `<member>|<session>` the route
 ///   named before (or empty): if that session is in its member's hash it ends as kicked;
 ///   if its member has not announced it yet (two logins raced), it is marked taken, so
-///   the announcement never comes; either way its member is told through its inbox;
+///   the announcement never comes; either way its member is told through its inbox.
+///   `replaced` is `!` for a login the route says a newer login superseded: not announced;
 /// - `E uid session reason at`: a session ended;
 /// - `D uid session payload at`: a DATA frame, logged only while its session is held.
 ///
-/// Returns 0 for a batch already applied (a retry after a lost reply), else 1.
+/// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
+/// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
+/// applied marker was behind what the member had applied: Redis lost writes.
 const APPLY: &str = r#"
-local seq = tonumber(ARGV[3])
-if seq <= tonumber(redis.call('GET', KEYS[4]) or '0') then return 0 end
+if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
+local seq, prev = tonumber(ARGV[3]), tonumber(ARGV[4])
+local applied = tonumber(redis.call('GET', KEYS[4]) or '0')
+if seq <= applied then return {0, redis.call('HGET', KEYS[3], 'epoch') or ''} end
 redis.call('SET', KEYS[4], seq)
-local ev = emitter(KEYS[2], KEYS[3], ARGV[4])
+local ev = emitter(KEYS[2], KEYS[3], ARGV[5], ARGV[6])
+local status = 1
+if applied < prev then
+  status = 2
+  ev.renew()
+end
+ev.skip(tonumber(ARGV[7]))
 local me, node = ARGV[1], ARGV[2]
-for i = 5, #ARGV, 5 do
+for i = 8, #ARGV, 5 do
   local kind, uid, s, x, at = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if kind == 'L' then
-    if x ~= '' then
+    if x ~= '' and x ~= '!' then
       local m, ps = string.match(x, '^(.*)|([^|]*)$')
       if m and m ~= me then
         local key = '{idlegate}:sessions:' .. m
@@ -77,7 +146,7 @@ for i = 5, #ARGV, 5 do
       -- Taken over by a login elsewhere before this login reached Redis: nobody hears of
       -- it, and its node has been told to end it.
       redis.call('HDEL', taken, uid)
-    elseif redis.call('HGET', KEYS[1], uid) ~= s then
+    elseif x ~= '!' and redis.call('HGET', KEYS[1], uid) ~= s then
       redis.call('HSET', KEYS[1], uid, s)
       ev.emit('t', 'online', 'uid', uid, 's', s, 'node', node, 'at', at)
     end
@@ -93,67 +162,93 @@ for i = 5, #ARGV, 5 do
   end
 end
 ev.save()
+return {status, ev.epoch()}
+"#;
+
+/// Claims the reaping of a member whose lease ran out, or renews this node's claim, and
+/// fences the member off (its reaped marker) in the same step, so no write of the member
+/// lands between the claim and the reaping.
+///
+/// KEYS: the member's lease, its reaping claim, its reaped marker. ARGV: this member,
+/// claim in ms, marker in seconds. Returns 1 if this node holds the claim.
+const CLAIM: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[3], 1, 'EX', ARGV[3])
 return 1
 "#;
 
-/// Ends one session of another member as kicked, for the API's kick of a uid held
-/// elsewhere: the event and the member's notice in one step, or nothing if it is gone.
+/// One bounded step of reaping a dead member: up to about ARGV[2] sessions from the hash
+/// cursor ARGV[1] on, each logged offline as `node_lost` and moved into the member's
+/// unroute hash, from which the reaper deletes its route (and which a reaper taking over
+/// finishes first). A session is logged only by the call whose `HDEL` removed it, so two
+/// reapers can never log one twice.
 ///
-/// KEYS: the member's sessions, the stream, its last id, the member's inbox. ARGV: uid,
-/// session, stream cap, unix ms. Returns 1 if it ended the session.
-const KICK: &str = r#"
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-local ev = emitter(KEYS[2], KEYS[3], ARGV[3])
-ev.emit('t', 'offline', 'uid', ARGV[1], 's', ARGV[2], 'r', 'kicked', 'at', ARGV[4])
-ev.save()
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', ARGV[1], 's', ARGV[2])
-return 1
-"#;
-
-/// Takes up to ARGV[1] sessions out of a dead member's hash, logging each offline as
-/// `node_lost`; returns them as uid, session, uid, session, ...
-///
-/// KEYS: the member's sessions, the stream, its last id. ARGV: count, stream cap, unix ms.
+/// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash.
+/// ARGV: cursor, count, stream cap, stream byte cap, unix ms. Returns `{next cursor,
+/// sessions left, sessions reaped, epoch}`.
 const REAP: &str = r#"
-local scan = redis.call('HSCAN', KEYS[1], 0, 'COUNT', ARGV[1])
+local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local found = scan[2]
-if #found == 0 then return {} end
-local ev = emitter(KEYS[2], KEYS[3], ARGV[2])
+local ev = nil
+local reaped = 0
 for i = 1, #found, 2 do
-  redis.call('HDEL', KEYS[1], found[i])
-  ev.emit('t', 'offline', 'uid', found[i], 's', found[i + 1], 'r', 'node_lost', 'at', ARGV[3])
+  if redis.call('HDEL', KEYS[1], found[i]) == 1 then
+    ev = ev or emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+    ev.emit('t', 'offline', 'uid', found[i], 's', found[i + 1], 'r', 'node_lost', 'at', ARGV[5])
+    redis.call('HSET', KEYS[4], found[i], found[i + 1])
+    reaped = reaped + 1
+  end
 end
-ev.save()
-return found
+local epoch = ''
+if ev then
+  ev.save()
+  epoch = ev.epoch()
+end
+return {scan[1], redis.call('HLEN', KEYS[1]), reaped, epoch}
 "#;
 
 /// Refreshes a member's lease, unless the member was reaped meanwhile.
 ///
-/// KEYS: the lease, the members set, the member's reaped marker. ARGV: member, value, lease
-/// in ms. Returns 1, or 0 if the member was reaped.
+/// KEYS: the lease, the members set, the member's reaped marker, the stream's last-id
+/// hash. ARGV: member, value, lease in ms. Returns `{1 or 0 if the member was reaped,
+/// epoch or ''}`.
 const LEASE: &str = r#"
-if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+local epoch = redis.call('HGET', KEYS[4], 'epoch') or ''
+if redis.call('EXISTS', KEYS[3]) == 1 then return {0, epoch} end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[1])
-return 1
+return {1, epoch}
 "#;
 
-/// Points a route at a new login.
+/// Points a route at a new login, unless a newer login of another member holds it.
 ///
-/// KEYS: the route. ARGV: `<member>|<session>`, since_ms. Returns `<member>|<session>` of
-/// the session it replaced, or nil. Retried for the same login, it returns what the first
-/// call replaced, kept in the route's last field.
+/// KEYS: the route. ARGV: `<member>|<session>`, since_ms, member. Logins compare by
+/// `since_ms`, then by owner text: a retried batch can never point the route back at an
+/// older login. A route of this member's own older session is always replaced (a member
+/// applies its logins in order). Returns `<member>|<session>` of the session it replaced,
+/// `!` if a newer login holds the route, or nil. Retried for the same login, it returns
+/// what the first call replaced, kept in the route's last field.
 const ROUTE_SET: &str = r#"
 local old = redis.call('GET', KEYS[1])
-local mine = ARGV[1] .. '|'
-if old and string.sub(old, 1, #mine) == mine then
-  local replaced = string.match(old, '^[^|]*|[^|]*|[^|]*|(.*)$')
-  if replaced and replaced ~= '' then return replaced end
-  return false
-end
 local replaced = ''
-if old then replaced = string.match(old, '^([^|]*|[^|]*)|') or '' end
+if old then
+  local om, os, since, prior = string.match(old, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  if om then
+    local owner = om .. '|' .. os
+    if owner == ARGV[1] then
+      if prior ~= '' then return prior end
+      return false
+    end
+    if om ~= ARGV[3] then
+      local theirs, mine = tonumber(since) or 0, tonumber(ARGV[2])
+      if theirs > mine or (theirs == mine and owner > ARGV[1]) then return '!' end
+    end
+    replaced = owner
+  end
+end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2] .. '|' .. replaced)
 if replaced == '' then return false end
 return replaced
@@ -174,7 +269,7 @@ return 0
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub apply: Script,
-    pub kick: Script,
+    pub claim: Script,
     pub reap: Script,
     pub lease: Script,
     pub route_set: Script,
@@ -188,7 +283,7 @@ impl Scripts {
         let with_emit = |body: &str| Script::new(&format!("{EMIT}\n{body}"));
         Scripts {
             apply: with_emit(APPLY),
-            kick: with_emit(KICK),
+            claim: Script::new(CLAIM),
             reap: with_emit(REAP),
             lease: Script::new(LEASE),
             route_set: Script::new(ROUTE_SET),
@@ -198,6 +293,6 @@ impl Scripts {
 
     /// Every script, for `SCRIPT LOAD` on every master before pipelines call them by hash.
     pub(crate) fn all(&self) -> [&Script; 6] {
-        [&self.apply, &self.kick, &self.reap, &self.lease, &self.route_set, &self.route_del]
+        [&self.apply, &self.claim, &self.reap, &self.lease, &self.route_set, &self.route_del]
     }
 }

@@ -92,6 +92,8 @@ pub(crate) enum StoreError {
     NotConnected,
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    #[error("{acked} of the {want} replicas asked for hold the batch")]
+    Replicas { acked: i64, want: u32 },
 }
 
 /// A connection to one server or to a cluster.

@@ -5,6 +5,10 @@
 //! on the local signal the inbox reader raises (one blocking read per node, however many
 //! consumers). Ids are `<ms>-<n>` with `n` counting every event ever logged, so a consumer
 //! whose position was trimmed away learns exactly how many it missed.
+//!
+//! When Redis lost writes, `n` may count again from a lower number, and a new epoch entry
+//! marks where the stream's history broke: a consumer meeting either gets a `gap` with
+//! `earlier_stream` (how many it missed is unknown), never a silent hole.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +20,7 @@ use redis::Value;
 use crate::client::CloseReason;
 use crate::cluster::inbox::newest_event;
 use crate::cluster::keys;
-use crate::cluster::node::Cluster;
+use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{Batch, Event, EventId, What, READ_BATCH};
 
@@ -48,9 +52,9 @@ pub(crate) fn follow(cluster: Arc<Cluster>, after: Option<EventId>) -> BoxStream
             };
             tail.mark_unchanged();
             match read(cluster, from).await {
-                Ok(batch) if !batch.events.is_empty() => {
-                    let last = batch.events.last().map(|e| e.id);
-                    return Some((batch, (guard, tail, last)));
+                Ok(batch) if !batch.events.is_empty() || batch.has_gap() => {
+                    let last = batch.events.last().map_or(batch.gap_id, |e| e.id);
+                    return Some((batch, (guard, tail, Some(last))));
                 }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "reading the event stream failed"),
@@ -85,18 +89,56 @@ async fn read(cluster: &Cluster, after: EventId) -> Result<Batch, StoreError> {
                 .map_err(StoreError::from)
         })
         .await?;
-    let events: Vec<Event> = entries.into_iter().filter_map(|(id, fields)| parse(&id, fields)).collect();
-    let (missed, gap_id) = match events.first() {
-        Some(first) if first.id.seq > after.seq + 1 => {
-            (first.id.seq - after.seq - 1, EventId { ms: first.id.ms, seq: first.id.seq - 1 })
-        }
-        _ => (0, after),
-    };
-    Ok(Batch { missed, earlier_process: false, gap_id, events })
+    Ok(batch_after(after, entries.into_iter().filter_map(|(id, fields)| parse(&id, fields)).collect()))
 }
 
-/// One stream entry as an event; `None` for an entry this version does not understand.
-fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Event> {
+/// The batch a consumer at `after` gets from `entries`, the stream's next entries.
+fn batch_after(after: EventId, entries: Vec<Entry>) -> Batch {
+    let mut batch = Batch { missed: 0, earlier_process: false, earlier_stream: false, gap_id: after, events: Vec::new() };
+    let mut entries = entries.into_iter().peekable();
+    match entries.peek() {
+        // The epoch a stream begins with, read by a consumer that asked for everything:
+        // nothing it had is lost.
+        Some(Entry::Epoch(_)) if after.seq == 0 => {
+            entries.next();
+        }
+        // A new epoch: the gap is reported at the marker, and resuming goes on after it.
+        Some(Entry::Epoch(id)) => {
+            batch.earlier_stream = true;
+            batch.gap_id = *id;
+            return batch;
+        }
+        // Numbers counted again from lower down: events after `after` were lost.
+        Some(Entry::Event(first)) if first.id.seq <= after.seq => {
+            batch.earlier_stream = true;
+            batch.gap_id = EventId { ms: first.id.ms, seq: first.id.seq - 1 };
+        }
+        Some(Entry::Event(first)) if first.id.seq > after.seq + 1 => {
+            batch.missed = first.id.seq - after.seq - 1;
+            batch.gap_id = EventId { ms: first.id.ms, seq: first.id.seq - 1 };
+        }
+        _ => {}
+    }
+    // A batch stops before an epoch marker, which the next read reports.
+    for entry in entries {
+        match entry {
+            Entry::Event(event) => batch.events.push(event),
+            Entry::Epoch(_) => break,
+        }
+    }
+    batch
+}
+
+/// One stream entry.
+#[derive(Debug, PartialEq)]
+enum Entry {
+    Event(Event),
+    /// Where a new epoch began.
+    Epoch(EventId),
+}
+
+/// One stream entry; `None` for an entry this version does not understand.
+fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let id: EventId = id.parse().ok()?;
     let mut kind = None;
     let (mut uid, mut session, mut at_ms) = (None, None, 0);
@@ -119,9 +161,10 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Event> {
         "online" => What::Online { session: session?, node },
         "offline" => What::Offline { session: session?, reason: reason? },
         "data" => What::Data(payload.unwrap_or_default()),
+        "epoch" => return Some(Entry::Epoch(id)),
         _ => return None,
     };
-    Some(Event { id, at_ms, uid: uid?, what })
+    Some(Entry::Event(Event { id, at_ms, uid: uid?, what }))
 }
 
 #[cfg(test)]
@@ -141,7 +184,7 @@ mod tests {
             ("node".into(), bulk("a")),
             ("at".into(), bulk("7")),
         ];
-        let event = parse("5-9", online).unwrap();
+        let Some(Entry::Event(event)) = parse("5-9", online) else { panic!("an event") };
         assert_eq!(event.id, EventId { ms: 5, seq: 9 });
         assert_eq!(event.what, What::Online { session: 255, node: Some("a".into()) });
         let lost = vec![
@@ -150,7 +193,32 @@ mod tests {
             ("s".into(), bulk("ff")),
             ("r".into(), bulk("node_lost")),
         ];
-        assert_eq!(parse("5-10", lost).unwrap().what, What::Offline { session: 255, reason: CloseReason::NodeLost });
+        let Some(Entry::Event(event)) = parse("5-10", lost) else { panic!("an event") };
+        assert_eq!(event.what, What::Offline { session: 255, reason: CloseReason::NodeLost });
         assert!(parse("5-11", vec![("t".into(), bulk("other"))]).is_none());
+        assert_eq!(parse("5-12", vec![("t".into(), bulk("epoch"))]), Some(Entry::Epoch(EventId { ms: 5, seq: 12 })));
+    }
+
+    fn event(ms: u64, seq: u64) -> Entry {
+        Entry::Event(Event { id: EventId { ms, seq }, at_ms: 0, uid: 1, what: What::Data(Bytes::new()) })
+    }
+
+    #[test]
+    fn gaps_are_exact_and_lost_history_is_never_silent() {
+        let at = |ms, seq| EventId { ms, seq };
+        // Unbroken.
+        let b = batch_after(at(5, 9), vec![event(5, 10), event(6, 11)]);
+        assert!(!b.has_gap() && b.events.len() == 2);
+        // Trimmed away, or data the node's queue dropped: an exact count.
+        let b = batch_after(at(5, 9), vec![event(6, 13)]);
+        assert_eq!((b.missed, b.earlier_stream, b.gap_id), (3, false, at(6, 12)));
+        // Numbers counted again from lower down (a failover to a lagging replica).
+        let b = batch_after(at(5, 9), vec![event(7, 4), event(7, 5)]);
+        assert_eq!((b.earlier_stream, b.gap_id, b.events.len()), (true, at(7, 3), 2));
+        // A new epoch: reported alone at the marker; the batch before it stops there.
+        let b = batch_after(at(5, 9), vec![event(5, 10), Entry::Epoch(at(8, 11)), event(8, 12)]);
+        assert_eq!((b.has_gap(), b.events.len()), (false, 1));
+        let b = batch_after(at(5, 10), vec![Entry::Epoch(at(8, 11)), event(8, 12)]);
+        assert_eq!((b.earlier_stream, b.gap_id, b.events.len()), (true, at(8, 11), 0));
     }
 }

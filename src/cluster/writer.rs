@@ -8,21 +8,24 @@
 //! Routes change before events, so presence never shows a uid online after its offline
 //! event. A failed batch is retried as it was, under the same number, and `APPLY` skips a
 //! number it has already applied: a lost reply never duplicates an event.
+//!
+//! A batch counts as written once `APPLY` answered and (with `--redis-min-replicas N`)
+//! `WAIT` says N replicas hold it. `APPLY` answering "fenced" means this member was reaped:
+//! the node rejoins under a new name, and the routes the batch set are taken back.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::try_join_all;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::CloseReason;
 use crate::cluster::keys;
-use crate::cluster::node::{evalsha, Cluster};
-use crate::cluster::queue::Op;
-use crate::cluster::store::{Conn, StoreError};
+use crate::cluster::queue::{Op, Taken};
+use crate::cluster::shared::{evalsha, Cluster};
+use crate::cluster::store::StoreError;
 
 /// Most changes in one batch: a mass expiry of this many uids still goes in one batch,
 /// and one script call stays well under a second of Redis time.
@@ -36,14 +39,47 @@ const BATCH_LINGER: Duration = Duration::from_millis(2);
 const RETRY_BACKOFF: [Duration; 4] =
     [Duration::from_millis(50), Duration::from_millis(200), Duration::from_millis(500), Duration::from_secs(1)];
 
+/// How long one `WAIT` for `--redis-min-replicas` may hold the command connection (every
+/// call of this node queues behind it): short, and tried again while replicas lag.
+const REPLICA_WAIT: Duration = Duration::from_millis(100);
+
 /// How often an idle writer checks whether a reconcile is due.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
 
+/// What the writer remembers between batches.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The number of the last batch taken; grows for the whole run, across members.
+    seq: u64,
+    /// The member the last batch was applied under, and that batch's number: `APPLY`
+    /// compares it with its applied marker to notice writes Redis lost.
+    member: Option<Arc<str>>,
+    prev: u64,
+}
+
+/// How one batch ended.
+#[derive(Debug)]
+enum Applied {
+    /// In Redis; the logins a newer login elsewhere had superseded, to end here.
+    Written { superseded: Vec<(u64, u64)> },
+    /// The member was reaped: nothing of the batch reached Redis but the routes it set.
+    Fenced { routes: Vec<(u64, u64)> },
+}
+
+/// `APPLY`'s answer for a member that was reaped.
+const FENCED: i64 = -1;
+
+/// `APPLY`'s answer when its applied marker was behind the member's last batch.
+const LOST_WRITES: i64 = 2;
+
+/// `ROUTE_SET`'s answer for a login a newer one superseded.
+const SUPERSEDED: &str = "!";
+
 /// Runs until `stop`.
 pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
-    let mut seq: u64 = 0;
+    let mut progress = Progress::default();
     loop {
-        if cluster.queue.len() == 0 {
+        if cluster.queue.is_drained() {
             tokio::select! {
                 _ = cluster.queue.ready() => {}
                 _ = tokio::time::sleep(IDLE_CHECK) => {}
@@ -56,7 +92,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 cluster.health.needs_reconcile.store(true, Ordering::Release);
             }
         }
-        if cluster.queue.len() == 0 {
+        if cluster.queue.is_drained() {
             continue;
         }
         if cluster.queue.len() < MAX_BATCH {
@@ -65,11 +101,19 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         cluster.health.writing.store(true, Ordering::Release);
         let batch = cluster.queue.take(MAX_BATCH);
         cluster.metrics.redis_queue_depth.set(cluster.queue.len() as i64);
-        seq += 1;
+        progress.seq += 1;
+        let member = cluster.member();
+        if progress.member.as_deref() != Some(&*member) {
+            progress.prev = 0;
+        }
         let mut attempt = 0;
-        while let Err(e) = apply(&cluster, &batch, seq).await {
-            if attempt == 0 {
-                tracing::warn!(error = %e, changes = batch.len(), "a batch did not reach Redis; retrying");
+        let outcome = loop {
+            match apply(&cluster, &member, &batch, progress.seq, progress.prev).await {
+                Ok(outcome) => break outcome,
+                Err(e) if attempt == 0 => {
+                    tracing::warn!(error = %e, changes = batch.ops.len(), "a batch did not reach Redis; retrying")
+                }
+                Err(_) => {}
             }
             let pause = RETRY_BACKOFF[attempt.min(RETRY_BACKOFF.len() - 1)];
             attempt += 1;
@@ -80,75 +124,134 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                     return;
                 }
             }
+        };
+        match outcome {
+            Applied::Written { superseded } => {
+                progress.member = Some(member);
+                progress.prev = progress.seq;
+                let registry = cluster.registry();
+                for (uid, session) in superseded {
+                    registry.kick_session(uid, session);
+                }
+            }
+            Applied::Fenced { routes } => {
+                cluster.rejoin(&member);
+                unroute(&cluster, &member, &routes, &stop).await;
+            }
         }
         cluster.health.writing.store(false, Ordering::Release);
     }
 }
 
-/// Applies one batch: routes, then the control slot.
-async fn apply(cluster: &Cluster, batch: &[Op], seq: u64) -> Result<(), StoreError> {
-    let member = cluster.member();
-    let routes: Vec<redis::Cmd> = batch.iter().filter_map(|op| route_cmd(cluster, &member, op)).collect();
-    let logins = batch.iter().any(|op| matches!(op, Op::Online { .. }));
-    let single = !cluster.target.is_cluster();
-    if !logins && single {
-        // Ends and data only, on one server: routes and events in one round trip, in order.
-        let control = apply_cmd(cluster, &member, batch, seq, &[]);
-        let n = routes.len() as u64 + 1;
-        return cluster
-            .call(n, |mut conn| async move {
-                let mut pipe = redis::pipe();
-                for cmd in routes {
-                    pipe.add_command(cmd).ignore();
-                }
-                pipe.add_command(control).ignore();
-                pipe.query_async::<()>(&mut conn).await.map_err(StoreError::from)
+/// Deletes the routes a fenced batch pointed at `member`'s sessions: nothing else ever
+/// would, as no reaper looks at a member again once it was reaped.
+async fn unroute(cluster: &Cluster, member: &str, routes: &[(u64, u64)], stop: &CancellationToken) {
+    let cmds = || {
+        routes
+            .iter()
+            .map(|&(uid, session)| {
+                let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(uid)]);
+                cmd.arg(keys::owner_prefix(member, &keys::session_hex(session)));
+                cmd
             })
-            .await;
-    }
-    let replaced: Vec<Value> = if routes.is_empty() {
-        Vec::new()
-    } else {
-        let n = routes.len() as u64;
-        cluster.call(n, |conn| send_all(conn, routes, single)).await?
+            .collect::<Vec<_>>()
     };
-    // Each login's answer: the owner it replaced, if any.
-    let mut answers = replaced.into_iter();
-    let mut replaced_by_login = Vec::new();
-    for op in batch {
-        match op {
-            Op::Online { .. } => replaced_by_login.push(match answers.next() {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-                _ => String::new(),
-            }),
-            Op::Offline { .. } => {
-                answers.next();
-            }
-            Op::Data { .. } => {}
+    let mut attempt = 0;
+    while !routes.is_empty() && cluster.send_all(cmds()).await.is_err() {
+        let pause = RETRY_BACKOFF[attempt.min(RETRY_BACKOFF.len() - 1)];
+        attempt += 1;
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.cancelled() => return,
         }
     }
-    let control = apply_cmd(cluster, &member, batch, seq, &replaced_by_login);
-    cluster
-        .call(1, |mut conn| async move { control.query_async::<()>(&mut conn).await.map_err(StoreError::from) })
-        .await
 }
 
-/// Sends `cmds` together: a pipeline on one server, concurrent commands (each routed to
-/// its key's master) on a cluster. Answers come back in order.
-pub(crate) async fn send_all(conn: Conn, cmds: Vec<redis::Cmd>, single: bool) -> Result<Vec<Value>, StoreError> {
-    if single {
-        let mut conn = conn;
-        let mut pipe = redis::pipe();
-        for cmd in cmds {
-            pipe.add_command(cmd);
+/// Applies one batch under `member`: routes, then the control slot, then (with
+/// `--redis-min-replicas`) waits for the replicas.
+async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64) -> Result<Applied, StoreError> {
+    let ops = &batch.ops;
+    let routes: Vec<redis::Cmd> = ops.iter().filter_map(|op| route_cmd(cluster, member, op)).collect();
+    let logins = ops.iter().any(|op| matches!(op, Op::Online { .. }));
+    let mut replaced_by_login = Vec::new();
+    let answer = if !logins && !cluster.is_redis_cluster() {
+        // Ends and data only, on one server: routes and events in one round trip, in order.
+        let mut cmds = routes;
+        cmds.push(apply_cmd(cluster, member, batch, seq, prev, &[]));
+        cluster.send_all(cmds).await?.pop().unwrap_or(Value::Nil)
+    } else {
+        // Each login's answer: the owner it replaced, `!` if superseded, or nothing.
+        let mut answers = cluster.send_all(routes).await?.into_iter();
+        for op in ops {
+            match op {
+                Op::Online { .. } => replaced_by_login.push(match answers.next() {
+                    Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+                    _ => String::new(),
+                }),
+                Op::Offline { .. } => {
+                    answers.next();
+                }
+                Op::Data { .. } => {}
+            }
         }
-        return pipe.query_async(&mut conn).await.map_err(StoreError::from);
+        let control = apply_cmd(cluster, member, batch, seq, prev, &replaced_by_login);
+        cluster.send_all(vec![control]).await?.pop().unwrap_or(Value::Nil)
+    };
+    let logins = logins_of(ops).zip(replaced_by_login.iter().map(String::as_str).chain(std::iter::repeat("")));
+    if status_of(&answer).0 == FENCED {
+        let routes = logins.filter(|(_, x)| *x != SUPERSEDED).map(|(login, _)| login).collect();
+        return Ok(Applied::Fenced { routes });
     }
-    try_join_all(cmds.into_iter().map(|cmd| {
-        let mut conn = conn.clone();
-        async move { cmd.query_async::<Value>(&mut conn).await.map_err(StoreError::from) }
-    }))
-    .await
+    let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
+    finish(cluster, &answer).await?;
+    Ok(Applied::Written { superseded })
+}
+
+/// `(uid, session)` of each login in `ops`, in order.
+fn logins_of(ops: &[Op]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    ops.iter().filter_map(|op| match op {
+        Op::Online { uid, session, .. } => Some((*uid, *session)),
+        _ => None,
+    })
+}
+
+/// `APPLY`'s `{status, epoch}`.
+fn status_of(answer: &Value) -> (i64, u64) {
+    let Value::Array(parts) = answer else { return (0, 0) };
+    let status = match parts.first() {
+        Some(Value::Int(n)) => *n,
+        _ => 0,
+    };
+    (status, parts.get(1).map_or(0, keys::epoch_of))
+}
+
+/// After an applied batch: notes signs of lost writes, then waits for
+/// `--redis-min-replicas` replicas to hold it.
+async fn finish(cluster: &Cluster, answer: &Value) -> Result<(), StoreError> {
+    let (status, epoch) = status_of(answer);
+    if status == LOST_WRITES {
+        cluster.lost_writes("the applied marker was behind this node's last batch");
+    }
+    cluster.saw_epoch(epoch);
+    let want = cluster.settings.min_replicas;
+    if want == 0 {
+        return Ok(());
+    }
+    let acked: i64 = cluster
+        .call(1, |mut conn| async move {
+            redis::cmd("WAIT")
+                .arg(want)
+                .arg(REPLICA_WAIT.as_millis() as u64)
+                .query_async(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })
+        .await?;
+    if acked < i64::from(want) {
+        cluster.metrics.redis_replica_waits.inc();
+        return Err(StoreError::Replicas { acked, want });
+    }
+    Ok(())
 }
 
 /// The route step of `op`, if it has one.
@@ -156,7 +259,7 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
     match op {
         Op::Online { uid, session, since_ms, .. } => {
             let mut cmd = evalsha(&cluster.scripts.route_set, &[&keys::route(*uid)]);
-            cmd.arg(format!("{member}|{}", keys::session_hex(*session))).arg(*since_ms);
+            cmd.arg(format!("{member}|{}", keys::session_hex(*session))).arg(*since_ms).arg(member);
             Some(cmd)
         }
         Op::Offline { uid, session, .. } => {
@@ -169,12 +272,14 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
-fn apply_cmd(cluster: &Cluster, member: &str, batch: &[Op], seq: u64, replaced: &[String]) -> redis::Cmd {
-    let (sessions, applied) = (keys::sessions(member), keys::applied(member));
-    let mut cmd = evalsha(&cluster.scripts.apply, &[&sessions, keys::EVENTS, keys::EVENTS_LAST, &applied]);
-    cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(cluster.settings.stream_cap);
+fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
+    let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
+    let keys = [&*sessions, keys::EVENTS, keys::EVENTS_LAST, &applied, &reaped];
+    let mut cmd = evalsha(&cluster.scripts.apply, &keys);
+    cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
+    cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes).arg(batch.dropped);
     let mut replaced = replaced.iter();
-    for op in batch {
+    for op in &batch.ops {
         match op {
             Op::Online { uid, session, at_ms, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
@@ -223,9 +328,7 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
     }
     // Sessions Redis holds: their routes may have been lost or left naming a dead member.
     let cmds: Vec<redis::Cmd> = routes_checked.iter().map(|s| redis::Cmd::get(keys::route(s.uid()))).collect();
-    let single = !cluster.target.is_cluster();
-    let n = cmds.len() as u64;
-    let values = if cmds.is_empty() { Vec::new() } else { cluster.call(n, |c| send_all(c, cmds, single)).await? };
+    let values = cluster.send_all(cmds).await?;
     let mut rerouted = 0usize;
     for (session, value) in routes_checked.iter().zip(values) {
         let route = match value {

@@ -120,9 +120,19 @@ pub struct Batch {
     pub missed: u64,
     /// The position asked for predates this process: events of an earlier run are gone.
     pub earlier_process: bool,
+    /// The shared stream lost events after the position asked for (Redis lost writes: it
+    /// restarted empty, or failed over to a replica that lagged); how many is unknown.
+    pub earlier_stream: bool,
     /// The position just before the first event returned, for the gap's own id.
     pub gap_id: EventId,
     pub events: Vec<Event>,
+}
+
+impl Batch {
+    /// Whether the consumer is told of a gap before these events.
+    pub fn has_gap(&self) -> bool {
+        self.missed > 0 || self.earlier_process || self.earlier_stream
+    }
 }
 
 /// The log; see the module documentation.
@@ -262,6 +272,7 @@ impl EventLog {
         Batch {
             missed: from - after_seq - 1,
             earlier_process,
+            earlier_stream: false,
             gap_id: self.id(from - 1),
             events: inner.events.range(skip..).take(READ_BATCH).cloned().collect(),
         }
@@ -303,7 +314,7 @@ impl EventLog {
                 if let Some(last) = batch.events.last().map(|e| e.id) {
                     return Some((batch, (guard, last)));
                 }
-                if batch.missed > 0 || batch.earlier_process {
+                if batch.has_gap() {
                     let next = batch.gap_id;
                     return Some((batch, (guard, next)));
                 }

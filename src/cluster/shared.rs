@@ -1,0 +1,330 @@
+//! What every cluster task shares: this node's member name and the fence around it, the
+//! connection to Redis and how healthy it is, and the one way scripts are called.
+//!
+//! The writer, the membership task, the inbox and the stream reader all use this file and
+//! never each other, so the arrows point one way: `node` starts them, they use `shared`.
+//!
+//! The fence: a member that was reaped (cut off from Redis for longer than its lease) may
+//! never change Redis again under that name. Every script that writes under a member
+//! checks the member's reaped marker atomically and answers "fenced" instead; whoever
+//! meets that answer calls [`Cluster::rejoin`], which is idempotent: the node takes a new
+//! member name once and ends every session it held under the old one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::try_join_all;
+use redis::{Cmd, Script, Value};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use crate::backend::Metrics;
+use crate::client::CloseReason;
+use crate::cluster::keys;
+use crate::cluster::queue::Queue;
+use crate::cluster::scripts::Scripts;
+use crate::cluster::store::{Conn, RedisTarget, Store, StoreError};
+use crate::presence::{Clock, EventId, Registry};
+
+/// A Redis call slower than this counts as Redis being away: a paused or overloaded Redis
+/// must not look healthy to the reaper, which would then reap nodes that only waited.
+const SLOW_CALL: Duration = Duration::from_millis(500);
+
+/// What the cluster needs to know of this gateway's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub node: String,
+    pub lease: Duration,
+    pub tick: Duration,
+    /// Most events the shared stream keeps (`--event-log-capacity`).
+    pub stream_cap: usize,
+    /// Most bytes the shared stream keeps (`--event-log-bytes`).
+    pub stream_bytes: usize,
+    /// Bytes of pushes a client may leave unread (`Config::max_queued_bytes`).
+    pub max_queued: usize,
+    /// Replicas that must hold a batch before it counts as written
+    /// (`--redis-min-replicas`); 0 does not wait.
+    pub min_replicas: u32,
+}
+
+/// This node in the cluster; see the module documentation.
+pub(crate) struct Cluster {
+    pub(crate) target: RedisTarget,
+    pub(crate) store: Store,
+    pub(crate) scripts: Scripts,
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) settings: Settings,
+    pub(crate) metrics: Arc<Metrics>,
+    member: RwLock<Arc<str>>,
+    registry: OnceLock<(Arc<Registry>, Clock)>,
+    pub(crate) health: Health,
+    /// The stream epoch the scripts last answered with; 0 before the first answer.
+    epoch: AtomicU64,
+    /// Requests to other nodes waiting for their replies, by request id.
+    pub(crate) pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
+    next_request: AtomicU64,
+    /// The newest event id the blocking reader has seen: consumers wait on it.
+    pub(crate) tail: watch::Sender<EventId>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("target", &self.target).field("member", &self.member()).finish()
+    }
+}
+
+// === impl Cluster ===
+
+impl Cluster {
+    /// A node with a queue of at most `queue_capacity` changes and `queue_bytes` of data.
+    pub(crate) fn new(
+        target: RedisTarget,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        queue_capacity: usize,
+        queue_bytes: usize,
+    ) -> Cluster {
+        let member = keys::new_member(&settings.node);
+        Cluster {
+            target,
+            store: Store::default(),
+            scripts: Scripts::new(),
+            queue: Arc::new(Queue::new(queue_capacity, queue_bytes)),
+            settings,
+            metrics,
+            member: RwLock::new(member.into()),
+            registry: OnceLock::new(),
+            health: Health::default(),
+            epoch: AtomicU64::new(0),
+            pending: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(u64::from(keys::rand_u32()) << 32),
+            tail: watch::Sender::new(EventId { ms: 0, seq: 0 }),
+        }
+    }
+
+    /// Hands the cluster the registry it mirrors and the clock of its ring; once, before
+    /// it runs.
+    pub(crate) fn attach(&self, registry: Arc<Registry>, clock: Clock) {
+        let _ = self.registry.set((registry, clock));
+    }
+
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.registry.get().expect("the cluster is attached to its registry before it runs").0
+    }
+
+    /// Whether Redis is a Redis Cluster (commands on several slots cannot share a pipeline).
+    pub(crate) fn is_redis_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
+    /// Hands one PUSH of `payload` to each of `uids` held here; for each, whether it was
+    /// handed over. What a push through this node and a push request from another do.
+    pub(crate) fn push_here(&self, uids: impl IntoIterator<Item = u64>, payload: &Bytes) -> Vec<bool> {
+        let registry = self.registry();
+        uids.into_iter().map(|uid| registry.push(uid, payload, self.settings.max_queued)).collect()
+    }
+
+    /// `(since_ms, silent_ms)` of `uid`'s session on this node, if it has one.
+    pub(crate) fn locate_here(&self, uid: u64) -> Option<(u64, u64)> {
+        let (registry, clock) = self.registry.get()?;
+        let sighting = registry.sighting(uid)?;
+        Some((sighting.session.since_ms(), clock.since(sighting.last_heard_tick).as_millis() as u64))
+    }
+
+    /// This run's member name.
+    pub(crate) fn member(&self) -> Arc<str> {
+        self.member.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The member `old` was reaped while this node was cut off: takes a new member name and
+    /// ends every session held here with BYE(shutdown) and its retry hint (their offline
+    /// events were logged by the reaper as `node_lost`; their clients come back under the
+    /// new name). Idempotent: only the first caller for `old` does anything. Returns the
+    /// member name to use from now on.
+    pub(crate) fn rejoin(&self, old: &str) -> Arc<str> {
+        let mut member = self.member.write().unwrap_or_else(PoisonError::into_inner);
+        if **member != *old {
+            return member.clone();
+        }
+        let fresh: Arc<str> = keys::new_member(&self.settings.node).into();
+        *member = fresh.clone();
+        drop(member);
+        self.metrics.redis_fenced.inc();
+        tracing::error!(
+            %old,
+            %fresh,
+            "this node was reaped while cut off from Redis; ending its sessions and rejoining"
+        );
+        self.registry().end_all(CloseReason::Shutdown);
+        fresh
+    }
+
+    /// Notes the stream epoch a script answered with. A change means Redis lost the
+    /// cluster's state (restarted empty, or failed over to a replica that lacked it): this
+    /// node then reconciles its sessions with Redis.
+    pub(crate) fn saw_epoch(&self, epoch: u64) {
+        if epoch == 0 {
+            return;
+        }
+        let before = self.epoch.swap(epoch, Ordering::AcqRel);
+        if before != 0 && before != epoch {
+            self.lost_writes("the event stream's epoch changed");
+        }
+    }
+
+    /// A script found no epoch although this node has seen one: the stream's state is gone.
+    pub(crate) fn saw_no_epoch(&self) {
+        if self.epoch.swap(0, Ordering::AcqRel) != 0 {
+            self.lost_writes("the event stream's epoch is gone");
+        }
+    }
+
+    /// Redis has lost writes it had acknowledged: reconcile before the next batch.
+    pub(crate) fn lost_writes(&self, why: &str) {
+        self.metrics.redis_lost_writes.inc();
+        tracing::warn!(why, "Redis lost acknowledged writes; reconciling this node's sessions");
+        self.health.needs_reconcile.store(true, Ordering::Release);
+    }
+
+    /// The command connection, timing and counting the call `f` makes with it.
+    pub(crate) async fn call<T, F, Fut>(&self, commands: u64, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let conn = self.store.conn()?;
+        let started = Instant::now();
+        let result = f(conn).await;
+        let took = started.elapsed();
+        self.metrics.redis_round_trips.inc();
+        self.metrics.redis_commands.inc_by(commands);
+        self.metrics.redis_rtt.observe(took.as_secs_f64());
+        match &result {
+            Ok(_) => self.health.ok(took, &self.metrics),
+            Err(StoreError::NotConnected) => {}
+            Err(e) => {
+                self.health.failed(&self.metrics);
+                tracing::debug!(error = %e, "redis call failed");
+            }
+        }
+        if let Err(StoreError::Redis(e)) = &result {
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+                self.load_scripts().await;
+            }
+        }
+        result
+    }
+
+    /// Sends `cmds` together and returns their answers in order: see [`send_all`].
+    pub(crate) async fn send_all(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, StoreError> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = cmds.len() as u64;
+        let single = !self.is_redis_cluster();
+        self.call(n, |conn| send_all(conn, cmds, single)).await
+    }
+
+    /// Sends control-slot commands as one pipeline: they share a slot even on a cluster.
+    pub(crate) async fn send_control(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, StoreError> {
+        let n = cmds.len() as u64;
+        self.call(n, |conn| send_all(conn, cmds, true)).await
+    }
+
+    /// Loads every script on every master, so pipelines can call them by hash.
+    pub(crate) async fn load_scripts(&self) {
+        let Ok(mut conn) = self.store.conn() else { return };
+        for script in self.scripts.all() {
+            if let Err(e) = script.load_async(&mut conn).await {
+                tracing::warn!(error = %e, "loading a script into Redis failed");
+            }
+        }
+    }
+
+    /// A request id for the inbox.
+    pub(crate) fn request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// `EVALSHA` of `script` on `keys`, for pipelines (scripts are loaded first); the caller
+/// adds the arguments.
+pub(crate) fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    cmd
+}
+
+/// Sends `cmds` together: a pipeline on one server, concurrent commands (each routed to
+/// its key's master) on a cluster. Answers come back in order.
+async fn send_all(conn: Conn, cmds: Vec<Cmd>, single: bool) -> Result<Vec<Value>, StoreError> {
+    if single {
+        let mut conn = conn;
+        let mut pipe = redis::pipe();
+        for cmd in cmds {
+            pipe.add_command(cmd);
+        }
+        return pipe.query_async(&mut conn).await.map_err(StoreError::from);
+    }
+    try_join_all(cmds.into_iter().map(|cmd| {
+        let mut conn = conn.clone();
+        async move { cmd.query_async::<Value>(&mut conn).await.map_err(StoreError::from) }
+    }))
+    .await
+}
+
+/// Whether Redis answers, and since when without a failure or a slow call.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    up: AtomicBool,
+    healthy_since: Mutex<Option<Instant>>,
+    /// Set by a failure or by a sign of lost writes, taken by the writer: it reconciles.
+    pub(crate) needs_reconcile: AtomicBool,
+    /// The writer has a batch in flight.
+    pub(crate) writing: AtomicBool,
+}
+
+// === impl Health ===
+
+impl Health {
+    fn ok(&self, took: Duration, metrics: &Metrics) {
+        let mut since = self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner);
+        if took > SLOW_CALL {
+            *since = None;
+            return;
+        }
+        if since.is_none() {
+            *since = Some(Instant::now());
+        }
+        if !self.up.swap(true, Ordering::AcqRel) {
+            metrics.redis_up.set(1);
+            tracing::info!("Redis answers again");
+        }
+    }
+
+    fn failed(&self, metrics: &Metrics) {
+        metrics.redis_errors.inc();
+        *self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.needs_reconcile.store(true, Ordering::Release);
+        if self.up.swap(false, Ordering::AcqRel) {
+            metrics.redis_up.set(0);
+            tracing::warn!("Redis unreachable: serving clients alone, queueing presence changes");
+        }
+    }
+
+    /// Whether the last call to Redis worked.
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Whether Redis has answered every call, promptly, for at least `d`.
+    pub(crate) fn stable_for(&self, d: Duration) -> bool {
+        self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner).is_some_and(|t| t.elapsed() >= d)
+    }
+}
