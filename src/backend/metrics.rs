@@ -238,7 +238,8 @@ impl Metrics {
             "idlegate_redis_replica_waits_total",
             "WAITs answered by fewer replicas than --redis-min-replicas (the batch is retried)",
         );
-        let redis_reaped = counter("idlegate_redis_reaped_total", "sessions of dead nodes this node ended as node_lost");
+        let redis_reaped =
+            counter("idlegate_redis_reaped_total", "sessions of dead nodes this node ended as node_lost");
 
         let build =
             IntGaugeVec::new(Opts::new("idlegate_build_info", "build of the running gateway; value 1"), &["version"])

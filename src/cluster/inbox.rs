@@ -205,9 +205,12 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
             reply(cluster, member, &from, req, answer.into_bytes()).await;
         }
         Some(b"end") => {
-            let (Some(from), Some(req), Some(uid), Some(session)) =
-                (text_field(entry, "from"), number_field(entry, "req"), number_field(entry, "uid"), text_field(entry, "s"))
-            else {
+            let (Some(from), Some(req), Some(uid), Some(session)) = (
+                text_field(entry, "from"),
+                number_field(entry, "req"),
+                number_field(entry, "uid"),
+                text_field(entry, "s"),
+            ) else {
                 return;
             };
             let ended = u64::from_str_radix(&session, 16).is_ok_and(|s| registry.kick_session(uid, s));

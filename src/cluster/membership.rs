@@ -220,8 +220,7 @@ async fn unroute(cluster: &Cluster, member: &str) -> Result<(), StoreError> {
     loop {
         let scan = redis::cmd("HSCAN").arg(&key).arg(&cursor).arg("COUNT").arg(REAP_STEP).clone();
         let mut answers = cluster.send_control(vec![scan, redis::Cmd::hlen(&key)]).await?.into_iter();
-        let (next, pairs): (String, Vec<(String, String)>) =
-            decode(answers.next())?;
+        let (next, pairs): (String, Vec<(String, String)>) = decode(answers.next())?;
         if !pairs.is_empty() {
             let cmds: Vec<redis::Cmd> = pairs
                 .iter()

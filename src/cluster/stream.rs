@@ -94,7 +94,8 @@ async fn read(cluster: &Cluster, after: EventId) -> Result<Batch, StoreError> {
 
 /// The batch a consumer at `after` gets from `entries`, the stream's next entries.
 fn batch_after(after: EventId, entries: Vec<Entry>) -> Batch {
-    let mut batch = Batch { missed: 0, earlier_process: false, earlier_stream: false, gap_id: after, events: Vec::new() };
+    let mut batch =
+        Batch { missed: 0, earlier_process: false, earlier_stream: false, gap_id: after, events: Vec::new() };
     let mut entries = entries.into_iter().peekable();
     match entries.peek() {
         // The epoch a stream begins with, read by a consumer that asked for everything:

@@ -72,6 +72,42 @@ impl RedisServer {
         }
     }
 
+    /// Sends the server process `signal` (`STOP`, `CONT`) with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server runs").id().to_string();
+        let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().expect("kill runs").success();
+        assert!(ok, "kill -{signal} {pid}");
+    }
+
+    /// The event stream as Redis holds it, oldest first.
+    pub fn events(&self) -> Vec<StreamEvent> {
+        const SUMMARY: &str = "local out = {} \
+            for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+              local f = {} \
+              for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end \
+              out[#out + 1] = e[1] .. ' ' .. (f.t or '-') .. ' ' .. (f.uid or '-') .. ' ' .. (f.s or '-') .. ' ' .. (f.r or f.node or '-') \
+            end \
+            return out";
+        self.cli(&["EVAL", SUMMARY, "1", "{idlegate}:events"])
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                (f.len() == 5).then(|| StreamEvent {
+                    id: f[0].into(),
+                    kind: f[1].into(),
+                    uid: f[2].parse().unwrap_or(0),
+                    session: f[3].into(),
+                    detail: f[4].into(),
+                })
+            })
+            .collect()
+    }
+
+    /// Keys matching `pattern` (`SCAN`, so a big keyspace does not block the server).
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.cli(&["--scan", "--pattern", pattern]).lines().map(String::from).collect()
+    }
+
     /// Runs `redis-cli` against this server; returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.addr, args)
@@ -81,6 +117,40 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// One entry of the cluster's event stream: `detail` is an offline's reason or an
+/// online's node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEvent {
+    pub id: String,
+    pub kind: String,
+    pub uid: u64,
+    pub session: String,
+    pub detail: String,
+}
+
+/// Checks the promise: every session's `online` has exactly one `offline` after it, and
+/// no `offline` ends a session that was never online.
+pub fn assert_paired(events: &[StreamEvent]) {
+    use std::collections::HashMap;
+    let mut sessions: HashMap<(u64, &str), (usize, usize)> = HashMap::new();
+    for e in events {
+        let entry = sessions.entry((e.uid, e.session.as_str())).or_default();
+        match e.kind.as_str() {
+            "online" => {
+                assert_eq!(entry.1, 0, "online after its offline: {e:?}");
+                entry.0 += 1;
+            }
+            "offline" => entry.1 += 1,
+            _ => {}
+        }
+    }
+    for ((uid, session), (on, off)) in sessions {
+        if (on, off) != (0, 0) {
+            assert_eq!((on, off), (1, 1), "uid {uid} session {session}: {on} online, {off} offline in {events:#?}");
+        }
     }
 }
 

@@ -1,0 +1,348 @@
+//! The cluster's promise under faults, on a real `redis-server`: every session's `online`
+//! gets exactly one `offline` when a big node dies, when a node is cut off for longer
+//! than its lease, when a batch's reply is lost and retried, when a node shuts down while
+//! Redis is away, and when Redis loses writes; and what Redis holds stays bounded in bytes.
+//!
+//! Network faults come from a pausable TCP proxy between a gateway and Redis
+//! (`common::proxy`). Deadlines here are against hangs, except where the promise itself is
+//! a time (a shutdown within `--drain-timeout` plus 2 s, an answer within 3 s).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::cluster::*;
+use common::proxy::Proxy;
+use common::redis::{assert_paired, RedisServer, StreamEvent};
+use common::*;
+use idlegate::{CloseReason, Config, Frame};
+use tokio::time::Instant;
+
+/// Waits up to `limit` for `check`; panics naming `what` after.
+async fn within<F: FnMut() -> bool>(limit: Duration, what: &str, mut check: F) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count(events: &[StreamEvent], kind: &str, detail: &str) -> usize {
+    events.iter().filter(|e| e.kind == kind && e.detail == detail).count()
+}
+
+/// The member names Redis knows now.
+fn members(redis: &RedisServer) -> Vec<String> {
+    redis.cli(&["SMEMBERS", "{idlegate}:members"]).lines().filter(|l| !l.is_empty()).map(String::from).collect()
+}
+
+/// A dead member's session hash of 100,000 entries, far past where `HSCAN` from cursor 0
+/// stops yielding, must give one `node_lost` per session and leave no route behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_logs_every_session_of_a_big_dead_node_once() {
+    let Some(redis) = RedisServer::start().await else { return };
+    const N: &str = "100000";
+    const FILL: &str = "local m = ARGV[1] \
+        for i = 1, tonumber(ARGV[2]) do \
+          local s = string.format('%016x', i) \
+          redis.call('HSET', '{idlegate}:sessions:' .. m, i, s) \
+          redis.call('SET', 'idlegate:route:' .. i, m .. '|' .. s .. '|1|') \
+        end \
+        redis.call('SADD', '{idlegate}:members', m) \
+        return 1";
+    assert_eq!(redis.cli(&["EVAL", FILL, "0", "dead#00000001", N]).trim(), "1");
+    let mut gw = TestServer::start(cluster_config(&redis.url(), "a")).await;
+    within(Duration::from_secs(120), "the dead member is reaped", || {
+        !members(&redis).contains(&"dead#00000001".into())
+    })
+    .await;
+    let events = redis.events();
+    let lost: HashSet<u64> = events.iter().filter(|e| e.detail == "node_lost").map(|e| e.uid).collect();
+    assert_eq!(count(&events, "offline", "node_lost"), 100_000, "one node_lost per session");
+    assert_eq!(lost.len(), 100_000, "each session once");
+    assert!(redis.keys("idlegate:route:*").is_empty(), "every route removed");
+    let left = redis.keys("{idlegate}:*dead#00000001");
+    assert_eq!(left, vec!["{idlegate}:reaped:dead#00000001".to_string()], "nothing but its fence left");
+    gw.shutdown().await;
+}
+
+/// A reaper that stops half way (its claim left to run out) is taken over by another
+/// node, which neither repeats nor skips a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaper_that_dies_half_way_is_taken_over_without_repeats() {
+    let Some(redis) = RedisServer::start().await else { return };
+    // Half done: 3,000 sessions still in the hash, 500 logged but their routes still set
+    // (in the unroute hash), and a claim by a reaper that died.
+    const FILL: &str = "local m = ARGV[1] \
+        for i = 1, 3500 do \
+          local s = string.format('%016x', i) \
+          if i <= 500 then redis.call('HSET', '{idlegate}:unroute:' .. m, i, s) \
+          else redis.call('HSET', '{idlegate}:sessions:' .. m, i, s) end \
+          redis.call('SET', 'idlegate:route:' .. i, m .. '|' .. s .. '|1|') \
+        end \
+        redis.call('SADD', '{idlegate}:members', m) \
+        redis.call('SET', '{idlegate}:reaping:' .. m, 'gone#00000000', 'PX', 1500) \
+        return 1";
+    assert_eq!(redis.cli(&["EVAL", FILL, "0", "dead#00000002"]).trim(), "1");
+    let mut gw = TestServer::start(cluster_config(&redis.url(), "a")).await;
+    within(Duration::from_secs(60), "the dead member is reaped", || !members(&redis).contains(&"dead#00000002".into()))
+        .await;
+    let events = redis.events();
+    let lost: HashSet<u64> = events.iter().filter(|e| e.detail == "node_lost").map(|e| e.uid).collect();
+    assert_eq!(count(&events, "offline", "node_lost"), 3_000);
+    assert_eq!(lost, (501..=3500).collect::<HashSet<u64>>());
+    assert!(redis.keys("idlegate:route:*").is_empty(), "the half-done routes too");
+    gw.shutdown().await;
+}
+
+/// Gateway A is cut off from Redis for longer than its lease while a client logs in on
+/// it; B reaps A. Once the link heals, A never writes under its dead name: its clients
+/// are told to come back, every online in the stream has one offline, and Redis holds
+/// nothing of the dead member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reaped_while_cut_off_never_writes_under_its_old_name() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await;
+    let mut a = TestServer::start(cluster_config(&proxy.url(), "a")).await;
+    wait_ready(&a).await;
+    let mut b = TestServer::start(cluster_config(&redis.url(), "b")).await;
+    wait_ready(&b).await;
+    let mut first = a.client().await;
+    assert!(matches!(first.login(1).await, Frame::Welcome { .. }));
+    eventually("B sees uid 1 on A", || async { presence(&b, 1).await["node"] == "a" }).await;
+    let old: Vec<String> = members(&redis).into_iter().filter(|m| m.starts_with("a#")).collect();
+    assert_eq!(old.len(), 1);
+
+    proxy.pause();
+    let mut during = a.client().await;
+    assert!(matches!(during.login(2).await, Frame::Welcome { .. }), "A serves alone while cut off");
+    within(PATIENCE, "B reaps A", || count(&redis.events(), "offline", "node_lost") == 1).await;
+    proxy.resume();
+
+    // A learns it was reaped and ends what it held under the old name, with a retry hint.
+    first.expect_bye(CloseReason::Shutdown).await;
+    during.expect_bye(CloseReason::Shutdown).await;
+    // It serves on under a new name.
+    wait_ready(&a).await;
+    let mut after = a.client().await;
+    assert!(matches!(after.login(3).await, Frame::Welcome { .. }));
+    eventually("B sees uid 3 on A", || async { presence(&b, 3).await["node"] == "a" }).await;
+    assert_eq!(presence(&b, 2).await["online"], false);
+    drop(after);
+    within(PATIENCE, "uid 3's session ends", || count(&redis.events(), "offline", "disconnect") == 1).await;
+
+    a.shutdown().await;
+    b.shutdown().await;
+    let events = redis.events();
+    assert_paired(&events);
+    assert!(!events.iter().any(|e| e.uid == 2 && e.kind == "online"), "the login during the cut was never announced");
+    assert!(redis.keys(&format!("*{}*", old[0])).iter().all(|k| k.contains(":reaped:")), "only its fence is left");
+    assert!(redis.keys("idlegate:route:*").is_empty());
+}
+
+/// A's login reaches Redis but its replies are lost (held past the 2 s command timeout),
+/// and B logs the same uid in meanwhile. A retries its batch: the retry must not point
+/// the route back at A's older login, nor kick B's newer session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_login_never_undoes_a_newer_login_elsewhere() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await;
+    // A lease longer than the fault, so nobody is reaped: this is about the retry alone.
+    let lease = |url: &str, node| Config { node_lease: Duration::from_secs(30), ..cluster_config(url, node) };
+    let mut a = TestServer::start(lease(&proxy.url(), "a")).await;
+    let mut b = TestServer::start(lease(&redis.url(), "b")).await;
+    wait_ready(&a).await;
+    wait_ready(&b).await;
+    proxy.hold_replies();
+    let mut older = a.client().await;
+    assert!(matches!(older.login(7).await, Frame::Welcome { .. }));
+    within(PATIENCE, "A's route step ran", || redis.cli(&["GET", "idlegate:route:7"]).starts_with("a#")).await;
+    let mut newer = b.client().await;
+    assert!(matches!(newer.login(7).await, Frame::Welcome { .. }));
+    within(PATIENCE, "B's login is announced", || redis.events().iter().any(|e| e.kind == "online")).await;
+    // A's first attempt timed out and it retried at least once, all behind held replies.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.resume();
+
+    older.expect_bye(CloseReason::Kicked).await;
+    eventually("both nodes name B", || async {
+        presence(&a, 7).await["node"] == "b" && presence(&b, 7).await["node"] == "b"
+    })
+    .await;
+    // The newer session lives on: it answers, and stays reachable.
+    newer.ping(b"still").await;
+    let (status, pushed) = api_json(&a, "POST", "/v1/push", r#"{"uids":[7],"payload":"aGk="}"#).await;
+    assert_eq!((status, pushed["sent"].clone()), (200, serde_json::json!([7])));
+    assert_eq!(newer.recv().await, Some(Frame::Push(Bytes::from_static(b"hi"))));
+    newer.send(Frame::Logout).await;
+    newer.expect_bye(CloseReason::Logout).await;
+    within(PATIENCE, "the newer session's end is logged", || count(&redis.events(), "offline", "logout") == 1).await;
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_paired(&redis.events());
+    assert!(redis.keys("idlegate:route:*").is_empty());
+}
+
+/// A node that shuts down while its changes cannot reach Redis must not leave the
+/// members: its lease runs out and the reaper ends the sessions Redis still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_shutdown_with_unwritten_ends_leaves_them_to_the_reaper() {
+    let Some(redis) = RedisServer::start().await else { return };
+    redis.cli(&["ACL", "SETUSER", "gw-a", "on", ">pw", "~*", "&*", "+@all"]);
+    let url = format!("redis://gw-a:pw@{}", redis.addr);
+    // A lease longer than the drain: only a node that did not leave is reaped.
+    let mut a = TestServer::start(Config { node_lease: Duration::from_secs(4), ..cluster_config(&url, "a") }).await;
+    wait_ready(&a).await;
+    let mut b = TestServer::start(cluster_config(&redis.url(), "b")).await;
+    wait_ready(&b).await;
+    let mut c = a.client().await;
+    assert!(matches!(c.login(11).await, Frame::Welcome { .. }));
+    within(PATIENCE, "uid 11 is online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    // A may still answer pings and leave the members, but no script of its runs any more.
+    redis.cli(&["ACL", "SETUSER", "gw-a", "-evalsha", "-eval"]);
+    let started = Instant::now();
+    a.shutdown().await;
+    assert!(started.elapsed() < Duration::from_secs(4), "shutdown took {:?}", started.elapsed());
+    within(PATIENCE, "uid 11's session ends", || count(&redis.events(), "offline", "node_lost") == 1).await;
+    b.shutdown().await;
+    assert_paired(&redis.events());
+}
+
+/// Redis gone and an event consumer attached: shutdown still ends within
+/// `--drain-timeout` plus 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_to_the_drain_timeout_when_redis_is_gone() {
+    let Some(mut redis) = RedisServer::start().await else { return };
+    let mut gw = TestServer::start(cluster_config(&redis.url(), "a")).await;
+    wait_ready(&gw).await;
+    let (_, _sse) = Sse::open(gw.api, "/v1/events", &[]).await;
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(5).await, Frame::Welcome { .. }));
+    redis.stop();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let drain = cluster_config("redis://x", "x").drain_timeout;
+    let started = Instant::now();
+    let done = tokio::time::timeout(drain + Duration::from_secs(2), gw.shutdown()).await;
+    assert!(done.is_ok(), "shutdown overran --drain-timeout plus 2 s: {:?}", started.elapsed());
+}
+
+/// A node that holds a lease but stopped refreshing it is not asked: presence answers at
+/// once without `silent_ms`, a push counts as not sent, and a kick answers 503 instead of
+/// logging a `kicked` its client never saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_is_not_waited_on_and_its_kicks_say_so() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await;
+    let long = |url: &str, node| Config { node_lease: Duration::from_secs(30), ..cluster_config(url, node) };
+    let mut a = TestServer::start(long(&proxy.url(), "a")).await;
+    let mut b = TestServer::start(long(&redis.url(), "b")).await;
+    wait_ready(&a).await;
+    wait_ready(&b).await;
+    let mut c = a.client().await;
+    assert!(matches!(c.login(9).await, Frame::Welcome { .. }));
+    eventually("B sees uid 9 on A", || async { presence(&b, 9).await["node"] == "a" }).await;
+    proxy.pause();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let started = Instant::now();
+    let seen = presence(&b, 9).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "presence took {:?}", started.elapsed());
+    assert_eq!((&seen["online"], &seen["node"]), (&true.into(), &"a".into()), "{seen}");
+    assert!(seen.get("silent_ms").is_none(), "{seen}");
+    let started = Instant::now();
+    let (status, pushed) = api_json(&b, "POST", "/v1/push", r#"{"uids":[9],"payload":"aGk="}"#).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "push took {:?}", started.elapsed());
+    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [], "offline": [9]})));
+    let started = Instant::now();
+    let (status, body) = api_json(&b, "DELETE", "/v1/sessions/9", "").await;
+    assert!(started.elapsed() < Duration::from_secs(3), "kick took {:?}", started.elapsed());
+    assert_eq!(status, 503, "{body}");
+    assert!(!redis.events().iter().any(|e| e.detail == "kicked"), "no kicked that no client saw");
+
+    proxy.resume();
+    c.ping(b"here").await;
+    let (status, _) = api_json(&b, "DELETE", "/v1/sessions/9", "").await;
+    assert_eq!(status, 204);
+    c.expect_bye(CloseReason::Kicked).await;
+    within(PATIENCE, "the kick is logged", || count(&redis.events(), "offline", "kicked") == 1).await;
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_paired(&redis.events());
+}
+
+/// `--event-log-bytes` bounds the shared stream in Redis too: a client sending large
+/// DATA frames cannot fill it, and a consumer from the start learns what it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_stream_is_bounded_in_bytes() {
+    let Some(redis) = RedisServer::start().await else { return };
+    const BOUND: usize = 1 << 20;
+    let mut gw = TestServer::start(Config { event_log_bytes: BOUND, ..cluster_config(&redis.url(), "a") }).await;
+    wait_ready(&gw).await;
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(3).await, Frame::Welcome { .. }));
+    let payload = Bytes::from(vec![b'x'; 60_000]);
+    for _ in 0..100 {
+        c.send(Frame::Data(payload.clone())).await;
+    }
+    c.ping(b"sync").await;
+    within(PATIENCE, "the last frame is logged", || {
+        redis.cli(&["HGET", "{idlegate}:events:last", "n"]).trim().parse::<u64>().unwrap_or(0) >= 101
+    })
+    .await;
+    let bytes: usize = redis.cli(&["HGET", "{idlegate}:events:last", "bytes"]).trim().parse().unwrap();
+    assert!(bytes <= BOUND, "{bytes} bytes held");
+    let held: usize = redis.cli(&["MEMORY", "USAGE", "{idlegate}:events"]).trim().parse().unwrap();
+    assert!(held < 2 * BOUND, "the stream takes {held} bytes of Redis");
+    let (_, mut sse) = Sse::open(gw.api, "/v1/events?after=0-1", &[]).await;
+    let gap = sse.next().await.unwrap();
+    assert_eq!(gap.event, "gap", "{gap:?}");
+    assert!(gap.data["missed"].as_u64().unwrap() > 80, "{gap:?}");
+    gw.shutdown().await;
+}
+
+/// While Redis is away, a node's queue holds at most `--redis-queue-bytes` of data: the
+/// oldest data goes (never a login or an end), and consumers see a gap of exactly the
+/// number dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await;
+    let config = Config { redis_queue_bytes: 256 * 1024, ..cluster_config(&proxy.url(), "a") };
+    let mut gw = TestServer::start(config).await;
+    wait_ready(&gw).await;
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(4).await, Frame::Welcome { .. }));
+    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    let online = redis.events().into_iter().find(|e| e.kind == "online").unwrap();
+    proxy.pause();
+    let payload = Bytes::from(vec![b'y'; 60_000]);
+    for _ in 0..20 {
+        c.send(Frame::Data(payload.clone())).await;
+    }
+    c.ping(b"sync").await;
+    proxy.resume();
+    c.send(Frame::Data(Bytes::from_static(b"last"))).await;
+    c.send(Frame::Logout).await;
+    c.expect_bye(CloseReason::Logout).await;
+    within(PATIENCE, "the logout is logged", || count(&redis.events(), "offline", "logout") == 1).await;
+    let dropped = sample(&http_get(gw.admin, "/metrics").await.1, "idlegate_redis_compacted_total").unwrap() as u64;
+    let kept = redis.events().iter().filter(|e| e.kind == "data").count() as u64;
+    assert!(dropped > 0, "nothing dropped");
+    assert_eq!(kept + dropped, 21);
+    let (_, mut sse) = Sse::open(gw.api, &format!("/v1/events?after={}", online.id), &[]).await;
+    let mut missed = 0;
+    let mut data = 0;
+    while data < kept {
+        let event = sse.next().await.unwrap();
+        match event.event.as_str() {
+            "gap" => missed += event.data["missed"].as_u64().unwrap(),
+            "data" => data += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(missed, dropped, "the gap says exactly what was dropped");
+    gw.shutdown().await;
+    assert_paired(&redis.events());
+}

@@ -1,0 +1,65 @@
+//! Gateways in a cluster for the tests: a config for loopback, gateways started on one
+//! Redis, and the small waits and API calls every cluster test makes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use idlegate::{Config, RedisTarget};
+use serde_json::Value;
+
+use super::{http, TestServer, PATIENCE};
+
+pub fn cluster_config(url: &str, node: &str) -> Config {
+    Config {
+        timeout: Duration::from_secs(10),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_secs(2),
+        max_connections: 1_000,
+        drain_timeout: Duration::from_secs(2),
+        node_id: node.into(),
+        redis: Some(RedisTarget::parse(url, false).unwrap()),
+        node_lease: Duration::from_secs(1),
+        ..Config::default()
+    }
+}
+
+pub async fn gateways(url: &str, names: &[&str]) -> Vec<TestServer> {
+    gateways_with(url, names, Duration::from_secs(10)).await
+}
+
+pub async fn gateways_with(url: &str, names: &[&str], timeout: Duration) -> Vec<TestServer> {
+    let mut out = Vec::new();
+    for name in names {
+        let gw = TestServer::start(Config { timeout, ..cluster_config(url, name) }).await;
+        wait_ready(&gw).await;
+        out.push(gw);
+    }
+    out
+}
+
+/// Waits until the gateway says ready (connected to Redis).
+pub async fn wait_ready(gw: &TestServer) {
+    eventually("the gateway connects to Redis", || async { gw.admin_get("/readyz").await.1 == "ready\n" }).await;
+}
+
+/// Polls `check` until it holds; panics after [`PATIENCE`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub async fn api_json(gw: &TestServer, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let (status, text) = http(gw.api, method, path, &[], body).await;
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+pub async fn presence(gw: &TestServer, uid: u64) -> Value {
+    api_json(gw, "GET", &format!("/v1/presence/{uid}"), "").await.1
+}

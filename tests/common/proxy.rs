@@ -1,0 +1,129 @@
+//! A TCP proxy the test controls, for network faults without root: `pause` stops carrying
+//! bytes both ways (a partition: connections stay open, nothing arrives), `hold_replies`
+//! only the server's answers (commands run, their replies are lost to the client's
+//! timeout), `resume` heals both, and `switch` points new connections at another server
+//! and cuts the old ones (a failover behind a stable address).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The proxy; stops when dropped.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    paused: watch::Sender<bool>,
+    replies: watch::Sender<bool>,
+    target: Arc<Mutex<(SocketAddr, CancellationToken)>>,
+    stop: CancellationToken,
+}
+
+impl Proxy {
+    /// A proxy on a loopback port to `target`.
+    pub async fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (paused, _) = watch::channel(false);
+        let (replies, _) = watch::channel(false);
+        let target = Arc::new(Mutex::new((target, CancellationToken::new())));
+        let stop = CancellationToken::new();
+        let (p, r, t, s) = (paused.clone(), replies.clone(), target.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = s.cancelled() => return,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                let (to, cut) = t.lock().unwrap().clone();
+                let (paused, replies) = (p.subscribe(), r.subscribe());
+                tokio::spawn(async move {
+                    // A paused proxy does not connect either: the far side is out of reach.
+                    let mut waiting = paused.clone();
+                    let _ = waiting.wait_for(|p| !*p).await;
+                    let Ok(server) = TcpStream::connect(to).await else { return };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::select! {
+                        _ = pipe(cr, sw, vec![paused.clone()]) => {}
+                        _ = pipe(sr, cw, vec![paused, replies]) => {}
+                        _ = cut.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Proxy { addr, paused, replies, target, stop }
+    }
+
+    /// `redis://` URL through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Stops carrying bytes, both ways, on every connection.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    /// Stops carrying the server's answers; commands still reach it.
+    pub fn hold_replies(&self) {
+        self.replies.send_replace(true);
+    }
+
+    /// Carries bytes again, both ways.
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+        self.replies.send_replace(false);
+    }
+
+    /// Sends new connections to `target` and closes every open one.
+    pub fn switch(&self, target: SocketAddr) {
+        let mut t = self.target.lock().unwrap();
+        t.1.cancel();
+        *t = (target, CancellationToken::new());
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.target.lock().unwrap().1.cancel();
+    }
+}
+
+/// Waits until no gate is closed; false once the proxy is gone.
+async fn open(gates: &mut [watch::Receiver<bool>]) -> bool {
+    for gate in gates {
+        if gate.wait_for(|closed| !*closed).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+async fn pipe(
+    mut from: impl AsyncReadExt + Unpin,
+    mut to: impl AsyncWriteExt + Unpin,
+    mut gates: Vec<watch::Receiver<bool>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if !open(&mut gates).await {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Bytes read just as the pause began are held until it ends, like a cut link.
+        if !open(&mut gates).await {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
