@@ -11,9 +11,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Metrics;
 use crate::cluster::{Cluster, ClusterDirectory, Settings};
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::presence::{Clock, Directory, EventLog, Local, Registry};
 
 /// One gateway's shared state; see the module documentation.

@@ -13,9 +13,11 @@
 //! - `presence/`: who is online. `ring` (pure: ticks in, expired uids out), `clock` (the one
 //!   place time becomes ticks), `registry`, `ticker`, `events`, and `directory`, the trait the
 //!   API asks.
-//! - `backend/`: what servers and operators use: `api`, `admin`, `metrics`.
+//! - `backend/`: what servers and operators use over HTTP: `api`, `admin`, `status`.
 //! - `cluster/`: several gateways sharing presence, events, pushes and kicks through Redis
-//!   (with `--redis`); the `Directory` the API asks when not alone.
+//!   (with `--redis`); the `Directory` the API asks when not alone. It and `backend/` never
+//!   use each other (`tests/layout.rs`).
+//! - `metrics/`: what is measured, below every side that counts something.
 //! - `gateway.rs` is the state all of them share; `config`, `auth`, `error` and
 //!   `descriptors` (running out of file descriptors without going silent) serve all.
 
@@ -27,10 +29,10 @@ mod config;
 mod descriptors;
 mod error;
 mod gateway;
+mod metrics;
 mod presence;
 
 pub use auth::Auth;
-pub use backend::Metrics;
 pub use client::{
     kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES,
     HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
@@ -41,6 +43,7 @@ pub use config::{
     FD_HEADROOM,
 };
 pub use error::{AuthError, ConfigError, FrameError};
+pub use metrics::Metrics;
 pub use presence::{
     unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Touch, What,
     DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,

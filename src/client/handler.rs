@@ -15,13 +15,13 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep;
 
-use crate::backend::Metrics;
 use crate::client::codec::put_frame;
 use crate::client::connection::{Close, Connection};
 use crate::client::frame::{CloseReason, Frame};
 use crate::client::retry::{jittered_ms, retry_text, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD};
 use crate::client::session::Session;
 use crate::gateway::Gateway;
+use crate::metrics::Metrics;
 use crate::presence::{unix_now, Liveness};
 
 /// Serves one accepted connection until it closes, holding `permit` (its place under

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{serve_admin, serve_api, Metrics};
+use crate::backend::{serve_admin, serve_api};
 use crate::client::codec::put_frame;
 use crate::client::frame::{CloseReason, Frame};
 use crate::client::handler;
@@ -22,6 +22,7 @@ use crate::client::retry::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_
 use crate::config::Config;
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::gateway::Gateway;
+use crate::metrics::Metrics;
 use crate::presence::Ticker;
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a

@@ -13,11 +13,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Metrics;
 use crate::client::{CloseReason, Session};
 use crate::cluster::keys;
 use crate::cluster::queue::{Op, Queue};
 use crate::cluster::shared::Cluster;
+use crate::metrics::Metrics;
 use crate::presence::EventSink;
 
 /// How often `leave` looks whether the writer has finished.

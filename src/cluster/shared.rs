@@ -21,12 +21,12 @@ use redis::{Cmd, Script, Value};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::backend::Metrics;
 use crate::client::CloseReason;
 use crate::cluster::keys;
 use crate::cluster::queue::Queue;
 use crate::cluster::scripts::Scripts;
 use crate::cluster::store::{Conn, RedisTarget, Store, StoreError};
+use crate::metrics::Metrics;
 use crate::presence::{Clock, EventId, Registry};
 
 /// A Redis call slower than this counts as Redis being away: a paused or overloaded Redis

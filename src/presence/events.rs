@@ -25,8 +25,8 @@ use bytes::Bytes;
 use futures_util::stream::{self, Stream};
 use tokio::sync::Notify;
 
-use crate::backend::Metrics;
 use crate::client::{CloseReason, Session};
+use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 
 /// Default `--event-log-capacity`: a minute of a busy gateway's events, about 64 MB of

@@ -24,8 +24,8 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use crate::backend::Metrics;
 use crate::client::{CloseReason, Outboxes, Pushed, Session};
+use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::events::EventLog;
 use crate::presence::ring::{Ring, Touch};

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Metrics;
 use crate::client::Session;
+use crate::metrics::Metrics;
 use crate::presence::clock::Clock;
 use crate::presence::registry::Registry;
 

@@ -6,6 +6,9 @@
 //! live in one process. Scraping walks no sessions: the silence picture is refreshed by the
 //! ticker from the ring's slot sizes, once a tick.
 
+#[cfg(target_os = "linux")]
+mod process;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -263,7 +266,7 @@ impl Metrics {
         );
 
         #[cfg(target_os = "linux")]
-        reg(Box::new(super::process::ProcessCollector::new()));
+        reg(Box::new(process::ProcessCollector::new()));
 
         Metrics {
             registry,
