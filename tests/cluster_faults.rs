@@ -346,3 +346,100 @@ async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
     gw.shutdown().await;
     assert_paired(&redis.events());
 }
+
+/// Redis loses writes it acknowledged: the master dies while its replica lags (its
+/// replication link paused in a proxy), and the replica is promoted. Consumers are told (`earlier_stream`), never handed a
+/// silent hole; the nodes notice and reconcile, so presence is right again and every
+/// session still ends with one offline after its (re-)announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_lost_writes_is_reported_and_repaired() {
+    let Some(mut master) = RedisServer::start().await else { return };
+    let link = Proxy::start(master.addr).await;
+    let port = link.addr.port().to_string();
+    let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
+    within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
+        .await;
+    let proxy = Proxy::start(master.addr).await;
+    let mut nodes = gateways_with(&proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
+    let (_, mut sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
+    let mut clients = Vec::new();
+    for uid in 1..=3u64 {
+        let mut c = nodes[(uid % 2) as usize].client().await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+        clients.push(c);
+    }
+    within(PATIENCE, "the replica holds 3 logins", || {
+        replica.events().iter().filter(|e| e.kind == "online").count() == 3
+    })
+    .await;
+    link.pause();
+    for uid in 4..=6u64 {
+        let mut c = nodes[(uid % 2) as usize].client().await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+        clients.push(c);
+    }
+    within(PATIENCE, "the master acknowledged 6 logins", || {
+        master.events().iter().filter(|e| e.kind == "online").count() == 6
+    })
+    .await;
+    for _ in 1..=6 {
+        assert_eq!(sse.next().await.unwrap().event, "online");
+    }
+    // The master dies with writes its replica never got; the replica takes over.
+    master.stop();
+    link.switch(master.addr);
+    assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    proxy.switch(replica.addr);
+
+    let gap = sse.next().await.unwrap();
+    assert_eq!((gap.event.as_str(), &gap.data["earlier_stream"]), ("gap", &true.into()), "{gap:?}");
+    for gw in &nodes {
+        eventually("presence is right again", || async {
+            let (_, q) = api_json(gw, "POST", "/v1/presence/query", r#"{"uids":[1,2,3,4,5,6]}"#).await;
+            q["online"] == serde_json::json!([1, 2, 3, 4, 5, 6])
+        })
+        .await;
+    }
+    for c in &mut clients {
+        c.send(Frame::Logout).await;
+        c.expect_bye(CloseReason::Logout).await;
+    }
+    within(PATIENCE, "every logout is logged", || count(&replica.events(), "offline", "logout") == 6).await;
+    for gw in &mut nodes {
+        gw.shutdown().await;
+    }
+    let events = replica.events();
+    assert_paired(&events);
+    assert!(events.iter().any(|e| e.kind == "epoch"), "the stream marks where its history broke");
+    assert!(replica.keys("idlegate:route:*").is_empty());
+    assert!(replica.keys("{idlegate}:sessions:*").is_empty());
+}
+
+/// With `--redis-min-replicas 1` a batch counts as written only once a replica holds it:
+/// while the replica is cut off the node keeps retrying (and would not leave the cluster),
+/// and once it is back the batch completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_holds_a_batch_until_a_replica_has_it() {
+    let Some(master) = RedisServer::start().await else { return };
+    let link = Proxy::start(master.addr).await;
+    let port = link.addr.port().to_string();
+    let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
+    within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
+        .await;
+    let mut gw = TestServer::start(Config { redis_min_replicas: 1, ..cluster_config(&master.url(), "a") }).await;
+    wait_ready(&gw).await;
+    link.pause();
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(21).await, Frame::Welcome { .. }));
+    let waits = || async { sample(&http_get(gw.admin, "/metrics").await.1, "idlegate_redis_replica_waits_total") };
+    eventually("the batch waits for a replica", || async { waits().await.unwrap_or(0.0) >= 2.0 }).await;
+    let queued = sample(&http_get(gw.admin, "/metrics").await.1, "idlegate_redis_queue_depth");
+    assert_eq!(queued, Some(0.0), "the batch left the queue and is held by the writer");
+    link.resume();
+    within(PATIENCE, "the replica has the login", || replica.events().iter().any(|e| e.kind == "online")).await;
+    c.send(Frame::Logout).await;
+    c.expect_bye(CloseReason::Logout).await;
+    gw.shutdown().await;
+    assert!(members(&master).is_empty(), "a node whose every batch is written leaves the cluster");
+    assert_paired(&master.events());
+}

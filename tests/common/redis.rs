@@ -72,13 +72,6 @@ impl RedisServer {
         }
     }
 
-    /// Sends the server process `signal` (`STOP`, `CONT`) with `kill`.
-    pub fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("the server runs").id().to_string();
-        let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().expect("kill runs").success();
-        assert!(ok, "kill -{signal} {pid}");
-    }
-
     /// The event stream as Redis holds it, oldest first.
     pub fn events(&self) -> Vec<StreamEvent> {
         const SUMMARY: &str = "local out = {} \
