@@ -9,7 +9,10 @@
 #   DURATION [60s]  PING [10s]  SILENT [0.25]  TOGETHER [0: silent at random moments;
 #   1: all silent at once, so one sweep expires them]  PUSH_RATE [0]  FOLLOW [0: 1 follows
 #   and checks the event stream]  PAUSE_AT, PAUSE_FOR [none, 10: SIGSTOP Redis PAUSE_AT
-#   seconds into the run, SIGCONT PAUSE_FOR seconds later]
+#   seconds into the run, SIGCONT PAUSE_FOR seconds later]  KILL_AT [none: kill -9 the
+#   last gateway KILL_AT seconds into the run; every client then connects to that one,
+#   the others serve the admin and event checks, and loadtest runs with --node-loss, so
+#   with FOLLOW=1 each of its sessions must end with one node_lost]
 #
 # Writes into <out dir>: part-*.json/.txt and merged.json/.txt/.svg (the loadtest reports),
 # samples.csv (one line every 250 ms: Redis's own command count, and the gateways' summed
@@ -35,6 +38,7 @@ PUSH_RATE=${PUSH_RATE:-0}
 FOLLOW=${FOLLOW:-0}
 PAUSE_AT=${PAUSE_AT:-}
 PAUSE_FOR=${PAUSE_FOR:-10}
+KILL_AT=${KILL_AT:-}
 REDIS_PORT=${REDIS_PORT:-17379}
 BASE_PORT=17400
 
@@ -60,13 +64,14 @@ redis_pid=$!
 pids+=("$redis_pid")
 for _ in $(seq 1 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
-targets=() admins=() apis=()
+targets=() admins=() apis=() gw_pids=()
 for n in $(seq 1 "$NODES"); do
   port=$((BASE_PORT + 10 * n))
   target/release/idlegate serve --node-id "gw$n" --redis "redis://127.0.0.1:$REDIS_PORT" \
     --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" --api-listen "127.0.0.1:$((port + 2))" \
     >"$WORK/gw$n.log" 2>&1 &
   pids+=($!)
+  gw_pids+=($!)
   targets+=("127.0.0.1:$port") admins+=("127.0.0.1:$((port + 1))") apis+=("127.0.0.1:$((port + 2))")
 done
 join() { local IFS=,; echo "$*"; }
@@ -113,11 +118,27 @@ if [ -n "$PAUSE_AT" ]; then
   pids+=($!)
 fi
 
-flags=(--target "$(join "${targets[@]}")" --admin "$(join "${admins[@]}")" --connect-rate "$CONNECT_RATE"
+if [ -n "$KILL_AT" ]; then
+  # Clients all on the last gateway, which dies; the others watch.
+  victim=${gw_pids[-1]}
+  (
+    sleep "$KILL_AT"
+    kill -KILL "$victim"
+    echo "killed gw$NODES (pid $victim) $(date +%s.%N)" >>"$OUT/kill.txt"
+  ) &
+  pids+=($!)
+  client_targets=("${targets[-1]}")
+  admins=("${admins[@]:0:$((NODES - 1))}")
+  apis=("${apis[@]:0:$((NODES - 1))}")
+else
+  client_targets=("${targets[@]}")
+fi
+flags=(--target "$(join "${client_targets[@]}")" --admin "$(join "${admins[@]}")" --connect-rate "$CONNECT_RATE"
   --duration "$DURATION" --ping-interval "$PING" --silent-fraction "$SILENT" --check)
 [ "$TOGETHER" = 1 ] && flags+=(--silent-together)
 [ "$PUSH_RATE" != 0 ] && flags+=(--api "$(join "${apis[@]}")" --push-rate "$PUSH_RATE")
 [ "$FOLLOW" = 1 ] && flags+=(--api "$(join "${apis[@]}")" --follow-events)
+[ -n "$KILL_AT" ] && flags+=(--node-loss)
 echo "start $(date +%s.%N) nodes $NODES processes $PROCESSES connections $CONNECTIONS flags ${flags[*]}" >"$OUT/run.txt"
 verdict=0
 loadtest/multi.sh "$PROCESSES" "$CONNECTIONS" "$OUT" "${flags[@]}" || verdict=$?
@@ -139,6 +160,9 @@ kill "$sampler" 2>/dev/null || true
   done
   echo "redis_sessions $sessions"
   echo "redis_events $(redis-cli -p "$REDIS_PORT" xlen '{idlegate}:events')"
+  echo "redis_members $(redis-cli -p "$REDIS_PORT" smembers '{idlegate}:members' | tr '\n' ' ')"
+  echo "redis_leases $(redis-cli -p "$REDIS_PORT" --scan --pattern '{idlegate}:lease:*' | grep -c . || true)"
+  echo "redis_node_lost $(redis-cli -p "$REDIS_PORT" eval "local n = 0 for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do for i = 1, #e[2], 2 do if e[2][i] == 'r' and e[2][i + 1] == 'node_lost' then n = n + 1 end end end return n" 1 '{idlegate}:events')"
 } >"$OUT/after.txt"
 redis-cli -p "$REDIS_PORT" info commandstats >"$OUT/commandstats-end.txt"
 python3 loadtest/cluster-summary.py "$OUT" | tee "$OUT/summary.txt"

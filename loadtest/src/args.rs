@@ -66,6 +66,11 @@ pub struct Args {
     /// data event per DATA frame with the same bytes, in order.
     #[arg(long)]
     pub follow_events: bool,
+    /// A gateway dies during the run (loadtest/cluster.sh KILL_AT): a client whose
+    /// connection is cut without a BYE is expected, and with --follow-events its session's
+    /// offline must say node_lost (the report counts them).
+    #[arg(long)]
+    pub node_loss: bool,
     /// Clients sent away (BYE(shutdown), BYE(server_full)) or cut off come back: they wait
     /// the retry hint the gateway gave (or 1-3 s), reconnect and log in again. For reconnect
     /// storms and restarts: the report gives re-login latency and the time until everyone

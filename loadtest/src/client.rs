@@ -62,6 +62,8 @@ pub struct Ctx {
     /// Reconnect after BYE(shutdown), BYE(server_full), a refused connect or a dropped
     /// connection, waiting the server's retry hint (or [`DEFAULT_RETRY`]), and log in again.
     pub reconnect: bool,
+    /// `--node-loss`: a connection cut without a BYE is expected.
+    pub node_loss: bool,
     /// With `--churn`: the mean life of a session, after which it meets its fate.
     pub churn_life: Option<Duration>,
 }
@@ -291,7 +293,7 @@ impl Client {
                 return Next::Done;
             }
             Ok(None) => {
-                self.record_close(CloseReason::Disconnect, ctx.reconnect);
+                self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
                 return Next::Retry(retry_after(None, retry_rng));
             }
             Err(_) => {
@@ -377,7 +379,7 @@ impl Client {
                     }
                     // A reset is the connection dropping (the server died), not bad bytes.
                     Some(Err(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
-                        self.record_close(CloseReason::Disconnect, ctx.reconnect);
+                        self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
                         self.cut_off(&ctx);
                         return Next::Retry(retry_after(None, retry_rng));
                     }
@@ -391,7 +393,7 @@ impl Client {
                         return Next::Done;
                     }
                     None => {
-                        self.record_close(CloseReason::Disconnect, ctx.reconnect);
+                        self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
                         self.cut_off(&ctx);
                         return Next::Retry(retry_after(None, retry_rng));
                     }
@@ -588,6 +590,7 @@ pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
         cells: (0..clients).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: false,
+        node_loss: false,
         churn_life: None,
     }
 }

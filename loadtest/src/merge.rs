@@ -62,6 +62,7 @@ pub fn combine(reports: Vec<Report>) -> Result<Report, String> {
     merged.pushes_unexpected = sum(|r| r.pushes_unexpected);
     merged.events_missed = sum(|r| r.events_missed);
     merged.event_mismatches = sum(|r| r.event_mismatches);
+    merged.events_node_lost = sum(|r| r.events_node_lost);
     merged.reconnects = sum(|r| r.reconnects);
     merged.connect_retries = sum(|r| r.connect_retries);
     merged.shutdown_byes = sum(|r| r.shutdown_byes);

@@ -91,6 +91,8 @@ pub struct Report {
     pub events_seen: Option<u64>,
     pub events_missed: u64,
     pub event_mismatches: u64,
+    /// Offline events with reason `node_lost` (with `--node-loss`).
+    pub events_node_lost: u64,
     /// A few of the mismatches, described.
     pub event_mismatch_examples: Vec<String>,
     /// With `--reconnect`: reconnects, refused connects while reconnecting, re-login latency
@@ -183,6 +185,7 @@ impl Report {
             events_seen: None,
             events_missed: 0,
             event_mismatches: 0,
+            events_node_lost: 0,
             event_mismatch_examples: Vec::new(),
             online_equal_seconds: 0,
             online_compared_seconds: 0,
@@ -388,8 +391,8 @@ impl Report {
         if let Some(seen) = self.events_seen {
             let _ = writeln!(
                 s,
-                "events       seen {seen}, missed {}, mismatches {}",
-                self.events_missed, self.event_mismatches
+                "events       seen {seen}, missed {}, mismatches {}, node_lost {}",
+                self.events_missed, self.event_mismatches, self.events_node_lost
             );
         }
         let _ = writeln!(s, "closes       {:?}; unexpected {:?}", self.closes, self.unexpected_closes);

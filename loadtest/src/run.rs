@@ -104,6 +104,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         cells: (0..args.connections).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: args.reconnect || args.churn,
+        node_loss: args.node_loss,
         churn_life: args.churn.then_some(args.churn_life),
     });
 
@@ -244,6 +245,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         report.events_seen = Some(ledger.events.load(Ordering::Relaxed));
         report.events_missed = ledger.missed.load(Ordering::Relaxed) + ledger.malformed.load(Ordering::Relaxed);
         report.event_mismatches = mismatches;
+        report.events_node_lost = ledger.node_lost.load(Ordering::Relaxed);
         report.event_mismatch_examples = examples;
     }
     report.reconnects = Stats::get(&stats.reconnects);
