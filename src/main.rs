@@ -231,7 +231,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 args.api_listen
             ));
         }
-        tracing::warn!("no --api-token: the backend API on loopback needs no token");
+        // The admin listener serves the event stream and the status page too: every uid,
+        // session and DATA payload. The same rule as for the API.
+        if !args.admin_listen.ip().is_loopback() {
+            usage_error(format!(
+                "--admin-listen {} is not a loopback address and no --api-token is set: anyone could read every \
+                 uid and DATA payload from its /v1/events and status page; set --api-token, or keep \
+                 --admin-listen on loopback",
+                args.admin_listen
+            ));
+        }
+        tracing::warn!("no --api-token: the backend API and the admin listener on loopback need no token");
     }
     let room = default_max_connections(nofile);
     if config.max_connections > room {

@@ -36,6 +36,7 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["serve", "--log-format", "xml"], "--log-format"),
         (&["serve", "--listen", "0.0.0.0:0"], "--auth-secret"),
         (&["serve", "--api-listen", "0.0.0.0:0"], "--api-token"),
+        (&["serve", "--admin-listen", "0.0.0.0:0"], "--admin-listen"),
         (&["serve", "--api-listen", "nowhere"], "--api-listen"),
         (&["serve", "--event-log-capacity", "0"], "--event-log-capacity"),
         (&["serve", "--event-log-capacity", "many"], "--event-log-capacity"),
