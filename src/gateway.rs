@@ -8,6 +8,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +32,15 @@ pub(crate) struct Gateway {
     pub(crate) expiry_stopped: AtomicBool,
     /// This node's place in a cluster, with `--redis`.
     pub(crate) cluster: Option<Arc<Cluster>>,
+    /// Bytes of event-stream chunks held for consumers across both HTTP listeners, in
+    /// permits of one byte: a consumer whose next chunk does not fit waits (it is behind,
+    /// not lost), so slow consumers together hold at most [`EVENT_STREAMS_BYTES`].
+    pub(crate) event_stream_bytes: Arc<Semaphore>,
 }
+
+/// Most bytes of event-stream chunks all consumers together hold: 64 consumers' worth of
+/// the largest chunk. Past it, consumers take turns instead of adding memory.
+pub(crate) const EVENT_STREAMS_BYTES: usize = 64 * 1024 * 1024;
 
 // === impl Gateway ===
 
@@ -82,6 +91,7 @@ impl Gateway {
             directory,
             expiry_stopped: AtomicBool::new(false),
             cluster,
+            event_stream_bytes: Arc::new(Semaphore::new(EVENT_STREAMS_BYTES)),
         })
     }
 }

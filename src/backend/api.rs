@@ -7,7 +7,8 @@
 //!
 //! `GET /v1/events` is Server-Sent Events: each consumer follows the event log from its own
 //! position, in batches written as one chunk each, so a consumer that reads slowly holds no
-//! more than the batch it is being sent, and one that stops reading holds nothing at all.
+//! more than the chunk it is being sent (about 1 MiB at most), and all consumers together
+//! at most [`EVENT_STREAMS_BYTES`]: past it, consumers wait their turn.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,10 +28,11 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
 use crate::presence::{Batch, DirectoryError, Event, EventId, NodeCount, What};
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
@@ -296,7 +298,8 @@ async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Requ
     }
     let node = state.gateway.config.node_id.clone();
     let batches = state.gateway.directory.follow(after);
-    let body = sse_body(batches, types, node).take_until(state.stop.cancelled_owned());
+    let budget = state.gateway.event_stream_bytes.clone();
+    let body = sse_body(batches, types, node, budget).take_until(state.stop.cancelled_owned());
     let headers = [
         (header::CONTENT_TYPE, "text/event-stream"),
         (header::CACHE_CONTROL, "no-cache"),
@@ -306,21 +309,33 @@ async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Requ
 }
 
 /// Each batch as one chunk of SSE text; a comment when nothing happened for a while.
+///
+/// A chunk holds its size in permits of `budget` until the connection has written it and
+/// dropped it; the next batch is not even read before its permits are free. So a consumer
+/// holds at most one chunk (about 1 MiB, see [`crate::presence::READ_BATCH_BYTES`]), and
+/// all consumers together at most the budget.
 fn sse_body(
     batches: BoxStream<'static, Batch>,
     types: Types,
     node: String,
+    budget: Arc<Semaphore>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
     let node = Value::String(node).to_string();
-    stream::unfold((batches, node), move |(mut batches, node)| async move {
-        loop {
-            match tokio::time::timeout(SSE_KEEPALIVE, batches.next()).await {
-                Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), (batches, node))),
-                Ok(None) => return None,
-                Ok(Some(batch)) => {
-                    let chunk = format_batch(&batch, types, &node);
-                    if !chunk.is_empty() {
-                        return Some((Ok(chunk), (batches, node)));
+    stream::unfold((batches, node), move |(mut batches, node)| {
+        let budget = budget.clone();
+        async move {
+            loop {
+                match tokio::time::timeout(SSE_KEEPALIVE, batches.next()).await {
+                    Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), (batches, node))),
+                    Ok(None) => return None,
+                    Ok(Some(batch)) => {
+                        let chunk = format_batch(&batch, types, &node);
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                        let want = u32::try_from(chunk.len().min(EVENT_STREAMS_BYTES)).unwrap_or(u32::MAX);
+                        let Ok(permit) = budget.acquire_many_owned(want).await else { return None };
+                        return Some((Ok(Bytes::from_owner(Held { chunk, _permit: permit })), (batches, node)));
                     }
                 }
             }
@@ -328,9 +343,21 @@ fn sse_body(
     })
 }
 
+/// A chunk on its way to a consumer, with its share of the budget.
+struct Held {
+    chunk: String,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        self.chunk.as_bytes()
+    }
+}
+
 /// SSE text of a batch: a `gap` first if the consumer missed events, then every event of a
 /// wanted type. `node` is the node id already JSON-quoted.
-fn format_batch(batch: &Batch, types: Types, node: &str) -> Bytes {
+fn format_batch(batch: &Batch, types: Types, node: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(batch.events.len() * 128);
     if batch.has_gap() {
@@ -346,7 +373,7 @@ fn format_batch(batch: &Batch, types: Types, node: &str) -> Bytes {
     for event in batch.events.iter().filter(|e| types.wants(&e.what)) {
         format_event(&mut out, event, node);
     }
-    Bytes::from(out)
+    out
 }
 
 fn format_event(out: &mut String, event: &Event, node: &str) {

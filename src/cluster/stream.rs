@@ -22,11 +22,17 @@ use crate::cluster::inbox::newest_event;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{Batch, Event, EventId, What, READ_BATCH};
+use crate::presence::{within_batch_budget, Batch, Event, EventId, What, READ_BATCH};
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
 /// may itself be reconnecting.
 const POLL_FALLBACK: Duration = Duration::from_secs(1);
+
+/// Entries a consumer's first read asks Redis for. Redis cannot bound a reply in bytes, so
+/// each consumer adapts its count: what fitted the batch budget last time, doubling (up to
+/// [`READ_BATCH`]) while everything fits. A first read of the largest DATA frames then
+/// holds a few MiB for a moment, not a thousand frames.
+const FIRST_READ: usize = 64;
 
 /// Every event after `after` the stream still holds (or, with `None`, every event from now
 /// on), then the live tail, in batches.
@@ -34,7 +40,7 @@ pub(crate) fn follow(cluster: Arc<Cluster>, after: Option<EventId>) -> BoxStream
     let tail = cluster.tail.subscribe();
     cluster.metrics.event_consumers.inc();
     let guard = ConsumerGuard(cluster.clone());
-    stream::unfold((guard, tail, after), |(guard, mut tail, mut cursor)| async move {
+    stream::unfold((guard, tail, after, FIRST_READ), |(guard, mut tail, mut cursor, mut count)| async move {
         let cluster = &guard.0;
         loop {
             let from = match cursor {
@@ -51,12 +57,12 @@ pub(crate) fn follow(cluster: Arc<Cluster>, after: Option<EventId>) -> BoxStream
                 },
             };
             tail.mark_unchanged();
-            match read(cluster, from).await {
-                Ok(batch) if !batch.events.is_empty() || batch.has_gap() => {
+            match read(cluster, from, count).await {
+                Ok((batch, next)) if !batch.events.is_empty() || batch.has_gap() => {
                     let last = batch.events.last().map_or(batch.gap_id, |e| e.id);
-                    return Some((batch, (guard, tail, Some(last))));
+                    return Some((batch, (guard, tail, Some(last), next)));
                 }
-                Ok(_) => {}
+                Ok((_, next)) => count = next,
                 Err(e) => tracing::debug!(error = %e, "reading the event stream failed"),
             }
             let _ = tokio::time::timeout(POLL_FALLBACK, tail.changed()).await;
@@ -74,8 +80,9 @@ impl Drop for ConsumerGuard {
     }
 }
 
-/// The next batch after `after`.
-async fn read(cluster: &Cluster, after: EventId) -> Result<Batch, StoreError> {
+/// The next batch after `after`, asking Redis for `count` entries, and the count to ask
+/// for next time.
+async fn read(cluster: &Cluster, after: EventId, count: usize) -> Result<(Batch, usize), StoreError> {
     let entries: Vec<(String, Vec<(String, Value)>)> = cluster
         .call(1, |mut conn| async move {
             redis::cmd("XRANGE")
@@ -83,13 +90,18 @@ async fn read(cluster: &Cluster, after: EventId) -> Result<Batch, StoreError> {
                 .arg(format!("({after}"))
                 .arg("+")
                 .arg("COUNT")
-                .arg(READ_BATCH)
+                .arg(count)
                 .query_async(&mut conn)
                 .await
                 .map_err(StoreError::from)
         })
         .await?;
-    Ok(batch_after(after, entries.into_iter().filter_map(|(id, fields)| parse(&id, fields)).collect()))
+    let mut batch = batch_after(after, entries.into_iter().filter_map(|(id, fields)| parse(&id, fields)).collect());
+    let fetched = batch.events.len();
+    let kept = within_batch_budget(batch.events.iter()).count();
+    batch.events.truncate(kept);
+    let next = if kept < fetched { kept.max(1) } else { (count * 2).min(READ_BATCH) };
+    Ok((batch, next))
 }
 
 /// The batch a consumer at `after` gets from `entries`, the stream's next entries.

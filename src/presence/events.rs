@@ -41,6 +41,26 @@ pub const DEFAULT_EVENT_LOG_BYTES: usize = 256 * 1024 * 1024;
 /// the lock is held for microseconds.
 pub const READ_BATCH: usize = 1024;
 
+/// DATA payload bytes one read hands a consumer (at least one event, whatever its size).
+/// A batch becomes one chunk of SSE text (base64 and JSON make it about 1.4 times this),
+/// and a consumer holds at most the chunk being written to it: about 1 MiB however slowly
+/// it reads, instead of a thousand of the largest frames.
+pub const READ_BATCH_BYTES: usize = 512 * 1024;
+
+/// Takes events from the front of `events` while they fit [`READ_BATCH`] and
+/// [`READ_BATCH_BYTES`] (always the first one).
+pub fn within_batch_budget<'a>(events: impl Iterator<Item = &'a Event>) -> impl Iterator<Item = &'a Event> {
+    let mut bytes = 0usize;
+    events
+        .take(READ_BATCH)
+        .enumerate()
+        .take_while(move |(i, event)| {
+            bytes += event.what.payload_len();
+            *i == 0 || bytes <= READ_BATCH_BYTES
+        })
+        .map(|(_, event)| event)
+}
+
 /// Where an event stands in its log, as `<ms>-<seq>`: the shape of a Redis Stream entry id,
 /// so one API serves this process's log and a cluster's stream alike. Here `ms` is when this
 /// process started, so an id from an earlier run of the gateway sorts before all of this
@@ -109,6 +129,14 @@ impl What {
             What::Online { .. } => "online",
             What::Offline { .. } => "offline",
             What::Data(_) => "data",
+        }
+    }
+
+    /// Payload bytes a consumer is sent for this event.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            What::Data(payload) => payload.len(),
+            _ => 0,
         }
     }
 }
@@ -274,7 +302,7 @@ impl EventLog {
             earlier_process,
             earlier_stream: false,
             gap_id: self.id(from - 1),
-            events: inner.events.range(skip..).take(READ_BATCH).cloned().collect(),
+            events: within_batch_budget(inner.events.range(skip..)).cloned().collect(),
         }
     }
 

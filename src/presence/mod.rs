@@ -16,7 +16,8 @@ pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::{unix_now, Clock};
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
 pub use events::{
-    Batch, Event, EventId, EventLog, EventSink, What, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
+    within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, DEFAULT_EVENT_LOG_BYTES,
+    DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
 };
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};

@@ -1,0 +1,52 @@
+//! The release-shaped gateway as a process of its own, for what only a process shows: its
+//! resident memory, its exit status, its behaviour under a flood of sockets.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+
+use super::{free_addr, http_get, wait_listening};
+
+/// An `idlegate serve` process on loopback ports; killed when dropped.
+pub struct GatewayProcess {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub api: SocketAddr,
+    child: Child,
+}
+
+impl GatewayProcess {
+    /// Starts `idlegate serve` with `extra` flags and waits until `/healthz` answers.
+    pub async fn start(extra: &[&str]) -> GatewayProcess {
+        let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
+        let child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
+            .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
+            .args(["--api-listen", &api.to_string(), "--node-id", "proc"])
+            .args(extra)
+            .env_remove("IDLEGATE_AUTH_SECRET")
+            .env_remove("IDLEGATE_API_TOKEN")
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("idlegate starts");
+        wait_listening(admin).await;
+        assert_eq!(http_get(admin, "/healthz").await.0, 200);
+        GatewayProcess { listen, admin, api, child }
+    }
+
+    /// Resident memory in bytes, from `/proc/<pid>/status`.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("procfs");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kb * 1024
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
