@@ -49,3 +49,48 @@ async fn a_consumer_that_never_reads_holds_about_a_mib() {
     }
     assert_eq!(first.event, "online");
 }
+
+/// `GET path` answered within a second, the promise under a flood.
+async fn answers_within_a_second(addr: std::net::SocketAddr, path: &str) {
+    let started = tokio::time::Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(1), http_get(addr, path)).await;
+    assert!(matches!(answer, Ok((200, _))), "{path} on {addr}: {answer:?} after {:?}", started.elapsed());
+}
+
+/// A thousand idle sockets on each HTTP port, and sockets trickling a request head a byte
+/// a second, cannot keep liveness probes, scrapes or the API out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_sockets_cannot_lock_the_http_listeners_out() {
+    let gw = GatewayProcess::start(&[]).await;
+    let mut idle = Vec::new();
+    for addr in [gw.admin, gw.api] {
+        for _ in 0..1_000 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+    }
+    // Slowloris: a request head that never ends, a byte a second, on both ports.
+    let stop = tokio_util::sync::CancellationToken::new();
+    for addr in [gw.admin, gw.api] {
+        for _ in 0..100 {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = TcpStream::connect(addr).await else { return };
+                for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ".iter().cycle() {
+                    if stop.is_cancelled() || s.write_all(&[*byte]).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for _ in 0..5 {
+        answers_within_a_second(gw.admin, "/healthz").await;
+        answers_within_a_second(gw.admin, "/readyz").await;
+        answers_within_a_second(gw.admin, "/metrics").await;
+        answers_within_a_second(gw.api, "/v1/online").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    stop.cancel();
+}
