@@ -25,6 +25,13 @@ const MAX_QUEUED_BYTES: usize = 64 * 1024;
 /// room to spare; a reconnect storm beyond it is told to come back instead of timing out.
 pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
 
+/// Default `--max-pending-logins-per-ip`: connections from one source address waiting to
+/// log in. A carrier NAT puts thousands of users behind one address; even when they all
+/// reconnect within a few seconds (the retry hints spread them), a LOGIN takes a round trip,
+/// so a few hundred wait at once. This leaves room for that, while one address can hold at
+/// most an eighth of the default global bound.
+pub const DEFAULT_MAX_PENDING_LOGINS_PER_IP: usize = 512;
+
 /// Most file descriptors kept back from clients (`--max-connections` is clamped to the
 /// open-file limit minus this, or minus a quarter of the limit when that is less): the three
 /// listeners and their reserves, the admin endpoint's and the API's connections (256 each at
@@ -65,6 +72,9 @@ pub struct Config {
     /// and a retry hint: when the gateway cannot keep up, it refuses early and explicitly
     /// instead of failing clients late.
     pub max_pending_logins: usize,
+    /// Connections from one source address waiting to log in beyond which that address's
+    /// next ones are refused with BYE(server_full), so one source cannot lock others out.
+    pub max_pending_logins_per_ip: usize,
     /// Largest frame length accepted (kind byte plus payload).
     pub max_frame_bytes: u32,
     /// Token checking; `None` accepts any token.
@@ -98,6 +108,7 @@ impl Default for Config {
             login_timeout: Duration::from_secs(10),
             max_connections: 10_000,
             max_pending_logins: DEFAULT_MAX_PENDING_LOGINS,
+            max_pending_logins_per_ip: DEFAULT_MAX_PENDING_LOGINS_PER_IP,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             auth: None,
             drain_timeout: Duration::from_secs(5),
@@ -151,6 +162,9 @@ impl Config {
         }
         if self.max_pending_logins == 0 {
             return Err(ConfigError::new("--max-pending-logins", "must be at least 1"));
+        }
+        if self.max_pending_logins_per_ip == 0 {
+            return Err(ConfigError::new("--max-pending-logins-per-ip", "must be at least 1"));
         }
         if self.max_frame_bytes < MIN_FRAME_BYTES {
             return Err(ConfigError::new(

@@ -54,10 +54,20 @@ struct ServeArgs {
     /// limit, raised to its hard limit, minus headroom].
     #[arg(long, env = "IDLEGATE_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
-    /// Connections waiting to log in beyond which new ones are refused with BYE(server_full)
-    /// and a retry hint, so an overloaded gateway sheds load early instead of timing out.
+    /// Connections waiting to log in beyond which the oldest of them is shed with
+    /// BYE(server_full) and a retry hint to make room, so an overloaded gateway sheds load
+    /// early and sockets that never log in cannot keep the door shut.
     #[arg(long, env = "IDLEGATE_MAX_PENDING_LOGINS", default_value_t = idlegate::DEFAULT_MAX_PENDING_LOGINS)]
     max_pending_logins: usize,
+    /// Connections from one source address waiting to log in beyond which that address's
+    /// next ones are refused with BYE(server_full), so one source cannot lock others out.
+    /// The default leaves room for a carrier NAT's users reconnecting together.
+    #[arg(
+        long,
+        env = "IDLEGATE_MAX_PENDING_LOGINS_PER_IP",
+        default_value_t = idlegate::DEFAULT_MAX_PENDING_LOGINS_PER_IP
+    )]
+    max_pending_logins_per_ip: usize,
     /// Largest frame length accepted, kind byte included.
     #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: u32,
@@ -194,6 +204,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         login_timeout: args.login_timeout,
         max_connections: args.max_connections.unwrap_or_else(|| default_max_connections(nofile)),
         max_pending_logins: args.max_pending_logins,
+        max_pending_logins_per_ip: args.max_pending_logins_per_ip,
         max_frame_bytes: args.max_frame_bytes,
         auth: args.auth_secret.as_deref().map(Auth::new),
         drain_timeout: args.drain_timeout,

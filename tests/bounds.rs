@@ -94,3 +94,42 @@ async fn idle_and_slow_sockets_cannot_lock_the_http_listeners_out() {
     }
     stop.cancel();
 }
+
+/// `count` connections to `addr` from the source address `source`, which never send a byte.
+async fn idle_from(source: &str, addr: std::net::SocketAddr, count: usize) -> Vec<TcpStream> {
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        out.push(socket.connect(addr).await.unwrap());
+    }
+    out
+}
+
+/// One address holding 5,000 sockets that never log in cannot keep clients from another
+/// address out: past `--max-pending-logins-per-ip` its own are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_of_idle_sockets_cannot_lock_other_clients_out() {
+    let gw = GatewayProcess::start(&["--login-timeout", "60s"]).await;
+    let _idle = idle_from("127.0.0.2", gw.listen, 5_000).await;
+    for uid in 0..200 {
+        let mut c = Client::connect(gw.listen).await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }), "uid {uid}");
+    }
+}
+
+/// With the per-address bound lifted, a full table of waiting logins sheds its oldest, not
+/// the newcomer: a flood renewed faster than the login timeout still cannot shut the door.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pending_table_sheds_its_oldest_connection() {
+    let gw = GatewayProcess::start(&["--login-timeout", "60s", "--max-pending-logins-per-ip", "100000"]).await;
+    let mut idle = idle_from("127.0.0.2", gw.listen, 5_000).await;
+    for uid in 0..200 {
+        let mut c = Client::connect(gw.listen).await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }), "uid {uid}");
+    }
+    // The very first idle socket was shed with a retry hint.
+    let mut oldest = Client::from_stream(idle.swap_remove(0));
+    let text = oldest.expect_bye(idlegate::CloseReason::ServerFull).await;
+    assert!(text.contains("retry_after_ms="), "{text}");
+}

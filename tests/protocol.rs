@@ -304,24 +304,24 @@ fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
 }
 
 #[tokio::test]
-async fn too_many_waiting_to_log_in_are_shed_with_a_retry_hint() {
+async fn when_too_many_wait_to_log_in_the_oldest_is_shed_with_a_retry_hint() {
     let mut server = TestServer::start(Config { max_pending_logins: 2, ..Config::default() }).await;
     let mut online = server.client().await;
     online.login(1).await;
     let mut waiting_a = server.client().await;
-    let _waiting_b = server.client().await;
-    // Two wait to log in: the third is turned away at once, told when to come back.
-    let mut shed = server.client().await;
-    let text = shed.expect_bye(CloseReason::ServerFull).await;
+    let mut waiting_b = server.client().await;
+    // Two wait to log in: a third makes the oldest give way, told when to come back, so
+    // sockets that never log in cannot keep the door shut.
+    let mut newcomer = server.client().await;
+    let text = waiting_a.expect_bye(CloseReason::ServerFull).await;
     assert!(text.contains("waiting to log in"), "{text}");
     assert!(idlegate::retry_hint(&text).is_some(), "{text}");
-    // A LOGIN makes room; the logged-in client was never affected.
+    // The logged-in client was never affected; the others log in.
     online.ping(b"fine").await;
-    assert!(matches!(waiting_a.login(2).await, Frame::Welcome { .. }));
-    let mut next = server.client().await;
-    assert!(matches!(next.login(3).await, Frame::Welcome { .. }));
+    assert!(matches!(newcomer.login(2).await, Frame::Welcome { .. }));
+    assert!(matches!(waiting_b.login(3).await, Frame::Welcome { .. }));
     let (_, body) = server.admin_get("/metrics").await;
     assert_eq!(sample(&body, "idlegate_connections_shed_total{why=\"pending_logins\"}"), Some(1.0));
-    assert_eq!(sample(&body, "idlegate_pending_logins"), Some(1.0));
+    assert_eq!(sample(&body, "idlegate_pending_logins"), Some(0.0));
     server.shutdown().await;
 }

@@ -11,6 +11,7 @@ mod connection;
 mod frame;
 mod handler;
 mod outbox;
+mod pending;
 mod retry;
 mod server;
 mod session;

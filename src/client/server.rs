@@ -18,6 +18,7 @@ use crate::backend::{serve_admin, serve_api};
 use crate::client::codec::put_frame;
 use crate::client::frame::{CloseReason, Frame};
 use crate::client::handler;
+use crate::client::pending::{Pending, Refused};
 use crate::client::retry::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::config::Config;
 use crate::descriptors::{is_out_of_descriptors, Reserve};
@@ -174,11 +175,12 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
     let config = &gateway.config;
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut reserve = Reserve::open();
+    let pending = Arc::new(Pending::new(config.max_pending_logins, config.max_pending_logins_per_ip));
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _peer)) => {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
                 backoff = ACCEPT_BACKOFF_MIN;
-                stream
+                accepted
             }
             Err(e) if is_out_of_descriptors(&e) && reserve.release() => {
                 // The reserve descriptor, given up, takes one waiting client: it is told
@@ -202,20 +204,22 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
         let _ = stream.set_nodelay(true);
         gateway.metrics.connections_accepted.inc();
         let metrics = &gateway.metrics;
-        if metrics.pending_logins.get() >= config.max_pending_logins as i64 {
-            // Overloaded: more clients wait to log in than the gateway gets through. Refused
-            // now, with a time to come back, rather than left to time out.
-            metrics.shed_pending_logins.inc();
-            metrics.closed(CloseReason::ServerFull);
-            let waiting = format!("{} connections waiting to log in", config.max_pending_logins);
-            refuse(stream, &waiting);
-            continue;
-        }
+        // Too many from this source waiting to log in: refused now, with a time to come
+        // back. When all places are taken, the oldest waiting connection makes room.
+        let ticket = match pending.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(Refused::Source(n)) => {
+                metrics.shed_pending_logins.inc();
+                metrics.closed(CloseReason::ServerFull);
+                refuse(stream, &format!("{n} connections from this address waiting to log in"));
+                continue;
+            }
+        };
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
                 metrics.connections_open.inc();
                 metrics.pending_logins.inc();
-                tokio::spawn(handler::serve(stream, gateway.clone(), permit));
+                tokio::spawn(handler::serve(stream, gateway.clone(), permit, ticket));
             }
             Err(_) => {
                 metrics.shed_max_connections.inc();

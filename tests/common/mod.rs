@@ -167,7 +167,11 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).await.unwrap();
+        Client::from_stream(TcpStream::connect(addr).await.unwrap())
+    }
+
+    /// A client on a connection made elsewhere (from another source address, say).
+    pub fn from_stream(stream: TcpStream) -> Client {
         stream.set_nodelay(true).unwrap();
         Client { stream, buf: BytesMut::new(), codec: FrameCodec::new(u32::MAX) }
     }
