@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::Pending;
 use crate::cluster::{Cluster, ClusterDirectory, Settings};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -36,6 +37,8 @@ pub(crate) struct Gateway {
     /// permits of one byte: a consumer whose next chunk does not fit waits (it is behind,
     /// not lost), so slow consumers together hold at most [`EVENT_STREAMS_BYTES`].
     pub(crate) event_stream_bytes: Arc<Semaphore>,
+    /// Connections waiting to log in, bounded in all and per source address.
+    pub(crate) pending: Arc<Pending>,
 }
 
 /// Most bytes of event-stream chunks all consumers together hold: 64 consumers' worth of
@@ -69,6 +72,7 @@ impl Gateway {
         }
         let registry = Arc::new(Registry::new(config.window(), Arc::new(events), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
+        let pending = Arc::new(Pending::new(config.max_pending_logins, config.max_pending_logins_per_ip));
         let directory: Arc<dyn Directory> = match &cluster {
             Some(cluster) => {
                 cluster.attach(registry.clone(), clock);
@@ -92,6 +96,7 @@ impl Gateway {
             expiry_stopped: AtomicBool::new(false),
             cluster,
             event_stream_bytes: Arc::new(Semaphore::new(EVENT_STREAMS_BYTES)),
+            pending,
         })
     }
 }

@@ -88,6 +88,11 @@ impl Connection {
         }
     }
 
+    /// The socket's descriptor number: the connection's key among those waiting to log in.
+    pub(crate) fn fd(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
+    }
+
     /// Resolves when the socket is readable, or writable while replies wait.
     ///
     /// Polled, not awaited through `TcpStream::ready`: that future keeps a waiter node of its

@@ -18,7 +18,6 @@ use tokio::time::sleep;
 use crate::client::codec::put_frame;
 use crate::client::connection::{Close, Connection};
 use crate::client::frame::{CloseReason, Frame};
-use crate::client::pending::Ticket;
 use crate::client::retry::{
     jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
@@ -32,19 +31,14 @@ use crate::presence::{unix_now, Liveness};
 ///
 /// This future is the connection's task: everything it keeps across an await is memory every
 /// open connection costs (`footprint` below).
-pub(crate) async fn serve(
-    stream: TcpStream,
-    gateway: Arc<Gateway>,
-    permit: OwnedSemaphorePermit,
-    ticket: Ticket,
-) -> CloseReason {
+pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>, permit: OwnedSemaphorePermit) -> CloseReason {
     let mut conn = Connection::new(stream, gateway.config.max_frame_bytes);
     let mut handler = Handler { gateway, session: None, last_tick: 0 };
     // The future every connection keeps for its whole life holds only the logged-in phase.
     // The login phase (with its deadline timer) and the close (with its write deadline) are
     // boxed: allocated while they run, freed after, instead of widening every connection's
     // future by their size for as long as it lives.
-    let logged_in = Box::pin(handler.until_login(&mut conn, ticket)).await;
+    let logged_in = Box::pin(handler.until_login(&mut conn)).await;
     handler.gateway.metrics.pending_logins.dec();
     let (reason, text) = match logged_in {
         Ok(()) => handler.until_end(&mut conn).await,
@@ -67,8 +61,16 @@ struct Handler {
 
 impl Handler {
     /// Serves the connection until a LOGIN succeeds (`self.session` is then set); its
-    /// `ticket` among the connections waiting to log in goes back when this returns.
-    async fn until_login(&mut self, conn: &mut Connection, ticket: Ticket) -> Result<(), Close> {
+    /// ticket among the connections waiting to log in goes back when this returns.
+    async fn until_login(&mut self, conn: &mut Connection) -> Result<(), Close> {
+        let ticket = self.gateway.pending.claim(conn.fd());
+        let shed = async {
+            match &ticket {
+                Some(ticket) => ticket.shed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(shed);
         let deadline = sleep(self.gateway.config.login_timeout);
         tokio::pin!(deadline);
         loop {
@@ -78,7 +80,7 @@ impl Handler {
             tokio::select! {
                 biased;
                 _ = self.gateway.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
-                _ = ticket.shed() => {
+                _ = &mut shed => {
                     self.gateway.metrics.shed_pending_logins.inc();
                     let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
                     let why = "the oldest connection waiting to log in, shed to make room for newer ones";

@@ -19,6 +19,7 @@ mod session;
 pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES};
 pub use frame::{kind, CloseReason, Frame};
 pub use outbox::{Outboxes, Pushed};
+pub(crate) use pending::Pending;
 pub use retry::{retry_hint, retry_text};
 pub use server::{Listeners, Server};
 pub use session::Session;

@@ -9,7 +9,10 @@
 //! never log in cannot keep the door shut however fast they are renewed.
 //!
 //! The state is touched at accept and at login, never on the per-frame path; a logged-in
-//! connection holds nothing of it.
+//! connection holds nothing of it. A connection's [`Ticket`] waits here under the
+//! connection's descriptor number from its accept until its login phase takes it
+//! ([`Pending::claim`]), so the connection's task (whose size every open connection pays
+//! for its whole life) carries no extra argument.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -34,6 +37,8 @@ pub(crate) struct Pending {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Tickets of accepted connections whose login phase has not taken them yet.
+    unclaimed: HashMap<i32, Ticket>,
     next: u64,
     /// By accept order, oldest first: what to shed when full.
     order: BTreeMap<u64, CancellationToken>,
@@ -41,9 +46,12 @@ struct Inner {
 }
 
 /// One connection's place among the pending; gives it back when dropped (at login, or at
-/// close before one).
+/// close before one). One pointer wide: the connection's task carries it into the login.
 #[derive(Debug)]
-pub(crate) struct Ticket {
+pub(crate) struct Ticket(Box<Place>);
+
+#[derive(Debug)]
+struct Place {
     pending: Arc<Pending>,
     id: u64,
     source: IpAddr,
@@ -57,6 +65,23 @@ impl Pending {
     pub(crate) fn new(max: usize, per_source: usize) -> Pending {
         debug_assert!(max > 0 && per_source > 0, "max={max}; per_source={per_source}");
         Pending { max, per_source, inner: Mutex::default() }
+    }
+
+    /// Admits the connection on descriptor `fd` from `source` (see [`Pending::admit`]); its
+    /// login phase takes the ticket with [`Pending::claim`].
+    pub(crate) fn admit_fd(self: &Arc<Self>, source: IpAddr, fd: i32) -> Result<(), Refused> {
+        let ticket = self.admit(source)?;
+        // A ticket left by an earlier connection on the same descriptor number (its task
+        // never began) is dropped after the lock is released: dropping takes the lock.
+        let stale = self.lock().unclaimed.insert(fd, ticket);
+        drop(stale);
+        Ok(())
+    }
+
+    /// The ticket of the connection on descriptor `fd`, admitted with [`Pending::admit_fd`].
+    pub(crate) fn claim(&self, fd: i32) -> Option<Ticket> {
+        let ticket = self.lock().unclaimed.remove(&fd);
+        ticket
     }
 
     /// Admits a connection from `source`, shedding the oldest pending one if all places are
@@ -78,7 +103,7 @@ impl Pending {
         let shed = CancellationToken::new();
         inner.order.insert(id, shed.clone());
         *inner.by_source.entry(source).or_default() += 1;
-        Ok(Ticket { pending: self.clone(), id, source, shed })
+        Ok(Ticket(Box::new(Place { pending: self.clone(), id, source, shed })))
     }
 
     /// Connections waiting now (shed ones that have not closed yet included).
@@ -97,11 +122,11 @@ impl Pending {
 impl Ticket {
     /// Resolves if this connection was shed to make room for a newer one.
     pub(crate) fn shed(&self) -> WaitForCancellationFuture<'_> {
-        self.shed.cancelled()
+        self.0.shed.cancelled()
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Place {
     fn drop(&mut self) {
         let mut inner = self.pending.lock();
         inner.order.remove(&self.id);
@@ -135,13 +160,28 @@ mod tests {
     }
 
     #[test]
+    fn tickets_wait_under_their_descriptor_until_claimed() {
+        let pending = Arc::new(Pending::new(10, 10));
+        pending.admit_fd(ip(2), 7).unwrap();
+        assert_eq!(pending.len(), 1);
+        let ticket = pending.claim(7).expect("admitted");
+        assert!(pending.claim(7).is_none());
+        drop(ticket);
+        assert_eq!(pending.len(), 0);
+        // A descriptor number reused before its ticket was claimed replaces it.
+        pending.admit_fd(ip(2), 8).unwrap();
+        pending.admit_fd(ip(3), 8).unwrap();
+        assert_eq!(pending.len(), 1);
+    }
+
+    #[test]
     fn when_full_the_oldest_is_shed_not_the_newcomer() {
         let pending = Arc::new(Pending::new(2, 10));
         let first = pending.admit(ip(2)).unwrap();
         let second = pending.admit(ip(2)).unwrap();
         let third = pending.admit(ip(3)).unwrap();
-        assert!(first.shed.is_cancelled(), "the oldest makes room");
-        assert!(!second.shed.is_cancelled() && !third.shed.is_cancelled());
+        assert!(first.0.shed.is_cancelled(), "the oldest makes room");
+        assert!(!second.0.shed.is_cancelled() && !third.0.shed.is_cancelled());
         // A shed connection counts against its source until it has closed.
         assert_eq!(pending.len(), 3);
         drop(first);

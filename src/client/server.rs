@@ -18,7 +18,7 @@ use crate::backend::{serve_admin, serve_api};
 use crate::client::codec::put_frame;
 use crate::client::frame::{CloseReason, Frame};
 use crate::client::handler;
-use crate::client::pending::{Pending, Refused};
+use crate::client::pending::Refused;
 use crate::client::retry::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::config::Config;
 use crate::descriptors::{is_out_of_descriptors, Reserve};
@@ -175,7 +175,6 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
     let config = &gateway.config;
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut reserve = Reserve::open();
-    let pending = Arc::new(Pending::new(config.max_pending_logins, config.max_pending_logins_per_ip));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => {
@@ -206,20 +205,21 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
         let metrics = &gateway.metrics;
         // Too many from this source waiting to log in: refused now, with a time to come
         // back. When all places are taken, the oldest waiting connection makes room.
-        let ticket = match pending.admit(peer.ip()) {
-            Ok(ticket) => ticket,
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        match gateway.pending.admit_fd(peer.ip(), fd) {
+            Ok(()) => {}
             Err(Refused::Source(n)) => {
                 metrics.shed_pending_logins.inc();
                 metrics.closed(CloseReason::ServerFull);
                 refuse(stream, &format!("{n} connections from this address waiting to log in"));
                 continue;
             }
-        };
+        }
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
                 metrics.connections_open.inc();
                 metrics.pending_logins.inc();
-                tokio::spawn(handler::serve(stream, gateway.clone(), permit, ticket));
+                tokio::spawn(handler::serve(stream, gateway.clone(), permit));
             }
             Err(_) => {
                 metrics.shed_max_connections.inc();
