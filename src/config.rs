@@ -32,6 +32,17 @@ pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
 /// most an eighth of the default global bound.
 pub const DEFAULT_MAX_PENDING_LOGINS_PER_IP: usize = 512;
 
+/// Default `--max-data-rate`: DATA frames a second one session may send. Far above a chat
+/// client or a telemetry device (a few a second); low enough that one client cannot fill
+/// the event log for everyone.
+pub const DEFAULT_MAX_DATA_RATE: u32 = 100;
+
+/// Default `--max-data-burst`: DATA frames a session may send at once above the rate.
+pub const DEFAULT_MAX_DATA_BURST: u32 = 200;
+
+/// Largest `--max-data-burst`: the bucket keeps its tokens in 32 bits.
+const MAX_DATA_BURST: u32 = 4_000_000;
+
 /// Most file descriptors kept back from clients (`--max-connections` is clamped to the
 /// open-file limit minus this, or minus a quarter of the limit when that is less): the three
 /// listeners and their reserves, the admin endpoint's and the API's connections (256 each at
@@ -77,6 +88,11 @@ pub struct Config {
     pub max_pending_logins_per_ip: usize,
     /// Largest frame length accepted (kind byte plus payload).
     pub max_frame_bytes: u32,
+    /// DATA frames a second one session may send (0: no limit); over it the session ends
+    /// with BYE(protocol_error) saying so.
+    pub max_data_rate: u32,
+    /// DATA frames a session may send at once above `max_data_rate`.
+    pub max_data_burst: u32,
     /// Token checking; `None` accepts any token.
     pub auth: Option<Auth>,
     /// Time shutdown waits for connections to take their BYE and close.
@@ -110,6 +126,8 @@ impl Default for Config {
             max_pending_logins: DEFAULT_MAX_PENDING_LOGINS,
             max_pending_logins_per_ip: DEFAULT_MAX_PENDING_LOGINS_PER_IP,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_data_rate: DEFAULT_MAX_DATA_RATE,
+            max_data_burst: DEFAULT_MAX_DATA_BURST,
             auth: None,
             drain_timeout: Duration::from_secs(5),
             node_id: "idlegate".into(),
@@ -163,6 +181,9 @@ impl Config {
         if self.max_pending_logins == 0 {
             return Err(ConfigError::new("--max-pending-logins", "must be at least 1"));
         }
+        if self.max_data_rate > 0 && !(1..=MAX_DATA_BURST).contains(&self.max_data_burst) {
+            return Err(ConfigError::new("--max-data-burst", format!("must be 1 to {MAX_DATA_BURST}")));
+        }
         if self.max_pending_logins_per_ip == 0 {
             return Err(ConfigError::new("--max-pending-logins-per-ip", "must be at least 1"));
         }
@@ -208,6 +229,17 @@ impl Config {
     /// Session changes held for Redis while it is away before the queue compacts.
     pub fn redis_queue_capacity(&self) -> usize {
         (self.max_connections * REDIS_QUEUE_PER_CONNECTION).max(REDIS_QUEUE_MIN)
+    }
+
+    /// `--max-data-rate` as `(tokens a tick, burst)` in the session bucket's units; `None`
+    /// without a limit.
+    pub(crate) fn data_bucket(&self) -> Option<(u64, u64)> {
+        use crate::client::TOKEN;
+        if self.max_data_rate == 0 {
+            return None;
+        }
+        let per_tick = (u128::from(self.max_data_rate) * u128::from(TOKEN) * self.tick.as_micros() / 1_000_000) as u64;
+        Some((per_tick.max(1), u64::from(self.max_data_burst) * TOKEN))
     }
 
     /// Bytes of replies and pushes a client may leave unread; see [`MAX_QUEUED_BYTES`].

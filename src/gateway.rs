@@ -39,6 +39,8 @@ pub(crate) struct Gateway {
     pub(crate) event_stream_bytes: Arc<Semaphore>,
     /// Connections waiting to log in, bounded in all and per source address.
     pub(crate) pending: Arc<Pending>,
+    /// `--max-data-rate` in the session bucket's units, worked out once.
+    pub(crate) data_bucket: Option<(u64, u64)>,
 }
 
 /// Most bytes of event-stream chunks all consumers together hold: 64 consumers' worth of
@@ -72,6 +74,7 @@ impl Gateway {
         }
         let registry = Arc::new(Registry::new(config.window(), Arc::new(events), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
+        let data_bucket = config.data_bucket();
         let pending = Arc::new(Pending::new(config.max_pending_logins, config.max_pending_logins_per_ip));
         let directory: Arc<dyn Directory> = match &cluster {
             Some(cluster) => {
@@ -97,6 +100,7 @@ impl Gateway {
             cluster,
             event_stream_bytes: Arc::new(Semaphore::new(EVENT_STREAMS_BYTES)),
             pending,
+            data_bucket,
         })
     }
 }

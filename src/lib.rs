@@ -39,8 +39,8 @@ pub use client::{
 };
 pub use cluster::RedisTarget;
 pub use config::{
-    default_max_connections, Config, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_NODE_LEASE,
-    DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
+    default_max_connections, Config, DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_PENDING_LOGINS,
+    DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
 };
 pub use error::{AuthError, ConfigError, FrameError};
 pub use metrics::Metrics;

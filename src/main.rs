@@ -68,6 +68,13 @@ struct ServeArgs {
         default_value_t = idlegate::DEFAULT_MAX_PENDING_LOGINS_PER_IP
     )]
     max_pending_logins_per_ip: usize,
+    /// DATA frames a second one session may send; over it (past the burst) the session ends
+    /// with BYE(protocol_error) saying so. 0: no limit.
+    #[arg(long, env = "IDLEGATE_MAX_DATA_RATE", default_value_t = idlegate::DEFAULT_MAX_DATA_RATE)]
+    max_data_rate: u32,
+    /// DATA frames a session may send at once above --max-data-rate.
+    #[arg(long, env = "IDLEGATE_MAX_DATA_BURST", default_value_t = idlegate::DEFAULT_MAX_DATA_BURST)]
+    max_data_burst: u32,
     /// Largest frame length accepted, kind byte included.
     #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: u32,
@@ -206,6 +213,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_pending_logins: args.max_pending_logins,
         max_pending_logins_per_ip: args.max_pending_logins_per_ip,
         max_frame_bytes: args.max_frame_bytes,
+        max_data_rate: args.max_data_rate,
+        max_data_burst: args.max_data_burst,
         auth: args.auth_secret.as_deref().map(Auth::new),
         drain_timeout: args.drain_timeout,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),

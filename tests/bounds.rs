@@ -18,7 +18,8 @@ const MIB: u64 = 1024 * 1024;
 /// never read hold about one chunk each (1 MiB), not a thousand events each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_never_reads_holds_about_a_mib() {
-    let gw = GatewayProcess::start(&[]).await;
+    // The flood of DATA below is the point: no rate limit.
+    let gw = GatewayProcess::start(&["--max-data-rate", "0"]).await;
     let mut client = Client::connect(gw.listen).await;
     assert!(matches!(client.login(1).await, Frame::Welcome { .. }));
     let payload = Bytes::from(vec![b'p'; 60_000]);

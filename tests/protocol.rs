@@ -325,3 +325,27 @@ async fn when_too_many_wait_to_log_in_the_oldest_is_shed_with_a_retry_hint() {
     assert_eq!(sample(&body, "idlegate_pending_logins"), Some(0.0));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_over_the_data_rate_is_ended_and_says_why() {
+    let config = Config { max_data_rate: 10, max_data_burst: 5, ..Config::default() };
+    let mut server = TestServer::start(config).await;
+    let mut polite = server.client().await;
+    polite.login(1).await;
+    let mut flood = server.client().await;
+    flood.login(2).await;
+    for _ in 0..3 {
+        polite.send(Frame::Data(bytes::Bytes::from_static(b"ok"))).await;
+    }
+    for _ in 0..100 {
+        flood.send(Frame::Data(bytes::Bytes::from_static(b"flood"))).await;
+    }
+    let text = flood.expect_bye(CloseReason::ProtocolError).await;
+    assert!(text.contains("--max-data-rate") && text.contains("10 frames a second"), "{text}");
+    // The polite client, under the rate, is served on.
+    polite.ping(b"fine").await;
+    let (_, body) = server.admin_get("/metrics").await;
+    let logged = sample(&body, "idlegate_events_total{type=\"data\"}").unwrap();
+    assert!((3.0..=3.0 + 5.0 + 10.0 * 2.0).contains(&logged), "the flood logged {logged} data events");
+    server.shutdown().await;
+}

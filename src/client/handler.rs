@@ -138,6 +138,7 @@ impl Handler {
             }
             (Some(_), Frame::Data(payload)) => {
                 self.activity()?;
+                self.data_allowed()?;
                 if let Some(session) = &self.session {
                     // Copied to a buffer of its own size: the frame's bytes live in the
                     // worker's read buffer, which the log must not keep alive.
@@ -190,6 +191,25 @@ impl Handler {
             // close ends the session as expired unless something else ended it first.
             Liveness::Gone => Err((session.end_reason().unwrap_or(CloseReason::IdleTimeout), String::new())),
         }
+    }
+
+    /// Takes a DATA frame's token from the session's bucket (`--max-data-rate`); a client
+    /// over the rate is ended, so one client cannot flood the event log for everyone.
+    fn data_allowed(&self) -> Result<(), Close> {
+        let (Some(session), Some((per_tick, burst))) = (&self.session, self.gateway.data_bucket) else {
+            return Ok(());
+        };
+        if session.take_data_token(self.gateway.clock.now(), per_tick, burst) {
+            return Ok(());
+        }
+        let config = &self.gateway.config;
+        Err((
+            CloseReason::ProtocolError,
+            format!(
+                "DATA over --max-data-rate: more than {} frames a second with a burst of {}",
+                config.max_data_rate, config.max_data_burst
+            ),
+        ))
     }
 
     /// Ends the session (the first reason given wins), sends the BYE within a deadline, and

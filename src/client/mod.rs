@@ -23,3 +23,4 @@ pub(crate) use pending::Pending;
 pub use retry::{retry_hint, retry_text};
 pub use server::{Listeners, Server};
 pub use session::Session;
+pub(crate) use session::TOKEN;

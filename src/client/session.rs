@@ -7,7 +7,7 @@
 //! wake-up. Every open connection holds one, so it stays small: four words (the ring handle,
 //! the ending and the wake-up flag share one) and an `AtomicWaker`.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
@@ -41,7 +41,19 @@ pub struct Session {
     /// rather than a `Notify`: waiting on a `Notify` takes a waiter node in the waiting
     /// future (80 bytes in every open connection's task), this takes a reference.
     waker: AtomicWaker,
+    /// The DATA token bucket (`--max-data-rate`): the tick of the last refill in the high
+    /// half, tokens in [`TOKEN`]ths of a frame in the low half; [`FRESH`] before the first
+    /// DATA frame. Only the connection's task touches it. It fits the padding the session's
+    /// allocation had anyway.
+    data_bucket: AtomicU64,
 }
+
+/// One DATA frame's worth of tokens: fractions let a rate below one frame per tick refill
+/// a little every tick.
+pub const TOKEN: u64 = 1024;
+
+/// The bucket before the first DATA frame: full.
+const FRESH: u64 = u64::MAX;
 
 // === impl Session ===
 
@@ -55,7 +67,29 @@ impl Session {
             end: AtomicU8::new(LIVE),
             woken: AtomicBool::new(false),
             waker: AtomicWaker::new(),
+            data_bucket: AtomicU64::new(FRESH),
         }
+    }
+
+    /// Takes one DATA frame's token at tick `now`, refilling `per_tick` tokens a tick up to
+    /// `burst` (both in [`TOKEN`]ths); false if the bucket is empty (the client is over
+    /// `--max-data-rate`).
+    pub(crate) fn take_data_token(&self, now: u64, per_tick: u64, burst: u64) -> bool {
+        debug_assert!(burst >= TOKEN && burst <= u64::from(u32::MAX), "burst={burst}");
+        let packed = self.data_bucket.load(Ordering::Relaxed);
+        let mut tokens = if packed == FRESH {
+            burst
+        } else {
+            // Ticks since the last refill, wrapping with the 32 bits the tick is kept in.
+            let elapsed = u64::from((now as u32).wrapping_sub((packed >> 32) as u32));
+            ((packed & 0xffff_ffff) + elapsed.saturating_mul(per_tick)).min(burst)
+        };
+        let allowed = tokens >= TOKEN;
+        if allowed {
+            tokens -= TOKEN;
+        }
+        self.data_bucket.store((u64::from(now as u32) << 32) | tokens, Ordering::Relaxed);
+        allowed
     }
 
     /// Its uid's place in the ring shard.
@@ -172,6 +206,22 @@ mod tests {
         assert!(!s.mark_reported());
         assert_eq!(s.end_reason(), Some(CloseReason::Kicked));
         assert!(!s.is_live());
+    }
+
+    #[test]
+    fn the_data_bucket_allows_a_burst_then_the_rate() {
+        let s = Session::new(1, 1, 0, Handle::NONE);
+        // 2 frames a tick, a burst of 4.
+        let (per_tick, burst) = (2 * TOKEN, 4 * TOKEN);
+        let taken = (0..10).filter(|_| s.take_data_token(7, per_tick, burst)).count();
+        assert_eq!(taken, 4, "the burst, then nothing more in the same tick");
+        assert_eq!((0..10).filter(|_| s.take_data_token(8, per_tick, burst)).count(), 2, "a tick refills the rate");
+        assert_eq!((0..10).filter(|_| s.take_data_token(100, per_tick, burst)).count(), 4, "never past the burst");
+        // A rate under one frame a tick refills in fractions.
+        let slow = Session::new(2, 2, 0, Handle::NONE);
+        assert!(slow.take_data_token(0, TOKEN / 2, TOKEN));
+        assert!(!slow.take_data_token(1, TOKEN / 2, TOKEN));
+        assert!(slow.take_data_token(2, TOKEN / 2, TOKEN));
     }
 
     #[test]
