@@ -2,6 +2,12 @@
 //!
 //! Stateless, so any number of gateways sharing a secret accept the same tokens and an
 //! application backend can mint them without talking to the gateway.
+//!
+//! Several secrets may be active at once, newest first, for rotation: tokens are minted
+//! with the newest and accepted under any. A token's expiry may lie at most the maximum
+//! lifetime ahead (`--max-token-ttl`), so a leaked secret's tokens cannot outlive a
+//! rotation by years. Each token has one spelling: the expiry in decimal without leading
+//! zeros, the MAC in lowercase hex.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -13,10 +19,16 @@ type HmacSha256 = Hmac<Sha256>;
 /// Hex digits of a SHA-256 MAC.
 const MAC_HEX_LEN: usize = 64;
 
-/// The shared secret; mints and checks tokens.
+/// Default `--max-token-ttl`: a day, the longest a session token of a mobile app usually
+/// lives before it is refreshed.
+pub const DEFAULT_MAX_TOKEN_TTL_SECS: u64 = 24 * 3600;
+
+/// The shared secrets; mints and checks tokens.
 #[derive(Clone)]
 pub struct Auth {
-    secret: Vec<u8>,
+    /// Newest first; never empty.
+    secrets: Vec<Vec<u8>>,
+    max_ttl_secs: u64,
 }
 
 impl std::fmt::Debug for Auth {
@@ -28,14 +40,28 @@ impl std::fmt::Debug for Auth {
 // === impl Auth ===
 
 impl Auth {
-    /// Tokens signed with `secret`.
+    /// Tokens signed with `secret`, living at most [`DEFAULT_MAX_TOKEN_TTL_SECS`].
     pub fn new(secret: impl Into<Vec<u8>>) -> Auth {
-        Auth { secret: secret.into() }
+        Auth { secrets: vec![secret.into()], max_ttl_secs: DEFAULT_MAX_TOKEN_TTL_SECS }
     }
 
-    /// A token for `uid` valid until `expiry_unix` (seconds since the Unix epoch).
+    /// Tokens minted with the first of `secrets` and accepted under any (newest first, for
+    /// rotation); `None` if there is none.
+    pub fn rotating(secrets: impl IntoIterator<Item = Vec<u8>>) -> Option<Auth> {
+        let secrets: Vec<Vec<u8>> = secrets.into_iter().collect();
+        (!secrets.is_empty()).then_some(Auth { secrets, max_ttl_secs: DEFAULT_MAX_TOKEN_TTL_SECS })
+    }
+
+    /// Refuses tokens whose expiry lies more than `secs` ahead.
+    pub fn with_max_ttl(mut self, secs: u64) -> Auth {
+        self.max_ttl_secs = secs;
+        self
+    }
+
+    /// A token for `uid` valid until `expiry_unix` (seconds since the Unix epoch), signed
+    /// with the newest secret.
     pub fn mint(&self, uid: u64, expiry_unix: u64) -> String {
-        let mac = self.mac(uid, expiry_unix).finalize().into_bytes();
+        let mac = mac(&self.secrets[0], uid, expiry_unix).finalize().into_bytes();
         format!("{expiry_unix}.{}", hex::encode(mac))
     }
 
@@ -47,24 +73,35 @@ impl Auth {
         if mac_hex.len() != MAC_HEX_LEN || !is_lower_hex(mac_hex) {
             return Err(AuthError::Malformed);
         }
-        if expiry.is_empty() || !expiry.bytes().all(|b| b.is_ascii_digit()) {
+        // One spelling per token: no sign, no leading zeros.
+        if expiry.is_empty() || !expiry.bytes().all(|b| b.is_ascii_digit()) || expiry.starts_with('0') {
             return Err(AuthError::Malformed);
         }
         let expiry: u64 = expiry.parse().map_err(|_| AuthError::Malformed)?;
         let claimed = hex::decode(mac_hex).map_err(|_| AuthError::Malformed)?;
         // Signature first: an expiry is only worth reading once it is known to be genuine.
-        self.mac(uid, expiry).verify_slice(&claimed).map_err(|_| AuthError::BadSignature)?;
+        // Every secret is tried, so the time taken says nothing about which one matched.
+        let genuine = self
+            .secrets
+            .iter()
+            .fold(false, |found, secret| mac(secret, uid, expiry).verify_slice(&claimed).is_ok() | found);
+        if !genuine {
+            return Err(AuthError::BadSignature);
+        }
         if expiry <= now_unix {
             return Err(AuthError::Expired { expiry, now: now_unix });
         }
+        if expiry - now_unix > self.max_ttl_secs {
+            return Err(AuthError::TooLong { expiry, max_ttl_secs: self.max_ttl_secs });
+        }
         Ok(())
     }
+}
 
-    fn mac(&self, uid: u64, expiry_unix: u64) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
-        mac.update(format!("{uid}.{expiry_unix}").as_bytes());
-        mac
-    }
+fn mac(secret: &[u8], uid: u64, expiry_unix: u64) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(format!("{uid}.{expiry_unix}").as_bytes());
+    mac
 }
 
 #[cfg(test)]
@@ -77,6 +114,9 @@ mod tests {
         let token = auth.mint(42, 1_000);
         assert!(token.starts_with("1000."));
         assert_eq!(auth.verify(42, token.as_bytes(), 999), Ok(()));
+        // Another spelling of the same expiry is not the same token.
+        let padded = format!("0{token}");
+        assert_eq!(auth.verify(42, padded.as_bytes(), 999), Err(AuthError::Malformed));
         assert_eq!(auth.verify(42, token.as_bytes(), 1_000), Err(AuthError::Expired { expiry: 1_000, now: 1_000 }));
     }
 
@@ -97,5 +137,27 @@ mod tests {
         for bad in ["", "1000", "1000.", "x.00", &upper, "-1.aa", "\u{ff}"] {
             assert_eq!(auth.verify(42, bad.as_bytes(), 0), Err(AuthError::Malformed), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_token_may_live_at_most_the_maximum_lifetime() {
+        let auth = Auth::new("s3cret").with_max_ttl(3600);
+        assert_eq!(auth.verify(1, auth.mint(1, 1_000 + 3600).as_bytes(), 1_000), Ok(()));
+        let far = auth.mint(1, u64::MAX);
+        assert_eq!(
+            auth.verify(1, far.as_bytes(), 1_000),
+            Err(AuthError::TooLong { expiry: u64::MAX, max_ttl_secs: 3600 })
+        );
+    }
+
+    #[test]
+    fn rotation_mints_with_the_newest_and_accepts_any() {
+        let old = Auth::new("old");
+        let both = Auth::rotating([b"new".to_vec(), b"old".to_vec()]).unwrap();
+        assert_eq!(both.verify(5, old.mint(5, 2_000).as_bytes(), 1_000), Ok(()), "tokens of the older secret");
+        let minted = both.mint(5, 2_000);
+        assert_eq!(minted, Auth::new("new").mint(5, 2_000), "minted with the newest");
+        assert_eq!(old.verify(5, minted.as_bytes(), 1_000), Err(AuthError::BadSignature));
+        assert!(Auth::rotating(Vec::<Vec<u8>>::new()).is_none());
     }
 }

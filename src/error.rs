@@ -38,9 +38,12 @@ pub enum AuthError {
     /// The expiry has passed.
     #[error("token expired at {expiry}, now is {now}")]
     Expired { expiry: u64, now: u64 },
-    /// The MAC does not match the uid and expiry.
+    /// The MAC does not match the uid and expiry under any secret.
     #[error("token signature does not match")]
     BadSignature,
+    /// The expiry lies further ahead than the maximum lifetime.
+    #[error("token expiry {expiry} lies more than --max-token-ttl ({max_ttl_secs} s) ahead")]
+    TooLong { expiry: u64, max_ttl_secs: u64 },
 }
 
 /// A configuration the gateway refuses to start with; names the flag at fault.

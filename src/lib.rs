@@ -32,7 +32,7 @@ mod gateway;
 mod metrics;
 mod presence;
 
-pub use auth::Auth;
+pub use auth::{Auth, DEFAULT_MAX_TOKEN_TTL_SECS};
 pub use client::{
     kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES,
     HEADER_LEN, MAX_LOGIN_FRAME_BYTES,

@@ -78,9 +78,19 @@ struct ServeArgs {
     /// Largest frame length accepted, kind byte included.
     #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: u32,
-    /// Secret for LOGIN tokens; without it any token is accepted.
-    #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
+    /// Secrets for LOGIN tokens, comma-separated, newest first: tokens signed with any are
+    /// accepted, so a secret can be rotated without logging anyone out. Without one any
+    /// token is accepted.
+    #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true, conflicts_with = "auth_secret_file")]
     auth_secret: Option<String>,
+    /// A file of secrets for LOGIN tokens, one a line, newest first (instead of
+    /// --auth-secret, so no secret shows in `ps`).
+    #[arg(long, env = "IDLEGATE_AUTH_SECRET_FILE")]
+    auth_secret_file: Option<std::path::PathBuf>,
+    /// Longest a token may still be valid for: a token whose expiry lies further ahead is
+    /// refused (BYE(auth_failed) saying so).
+    #[arg(long, env = "IDLEGATE_MAX_TOKEN_TTL", default_value = "1d", value_parser = humantime::parse_duration)]
+    max_token_ttl: Duration,
     /// Allow running without --auth-secret on a non-loopback --listen address.
     #[arg(long, env = "IDLEGATE_ALLOW_ANONYMOUS")]
     allow_anonymous: bool,
@@ -139,7 +149,7 @@ enum LogFormat {
 
 #[derive(Debug, Args)]
 struct TokenArgs {
-    /// The gateway's --auth-secret.
+    /// The gateway's --auth-secret (of a comma-separated list, the first, the newest, signs).
     #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
     secret: String,
     /// The uid the token logs in.
@@ -150,12 +160,35 @@ struct TokenArgs {
     ttl: Duration,
 }
 
+/// The token checker `serve` runs with, from --auth-secret or --auth-secret-file.
+fn auth(args: &ServeArgs) -> Option<Auth> {
+    if args.max_token_ttl.as_secs() == 0 {
+        usage_error("--max-token-ttl: must be at least a second");
+    }
+    let list = match (&args.auth_secret, &args.auth_secret_file) {
+        (Some(list), _) => list.clone(),
+        (None, Some(path)) => match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) => usage_error(format!("--auth-secret-file {}: {e}", path.display())),
+        },
+        (None, None) => return None,
+    };
+    match secrets(&list) {
+        Some(auth) => Some(auth.with_max_ttl(args.max_token_ttl.as_secs())),
+        None => usage_error("--auth-secret: no secret given"),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Token(args) => {
+            if args.ttl.as_secs() == 0 {
+                usage_error("--ttl: a token must live at least a second");
+            }
+            let Some(auth) = secrets(&args.secret) else { usage_error("--secret: no secret given") };
             let expiry = unix_now().saturating_add(args.ttl.as_secs());
-            println!("{}", Auth::new(args.secret).mint(args.uid, expiry));
+            println!("{}", auth.mint(args.uid, expiry));
             ExitCode::SUCCESS
         }
         Command::Serve(args) => match tune_malloc().and_then(|()| serve(*args)) {
@@ -166,6 +199,11 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// The secrets of a comma-separated list (or lines of a file), newest first.
+fn secrets(list: &str) -> Option<Auth> {
+    Auth::rotating(list.split([',', '\n']).map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()))
 }
 
 /// Exits with status 2 and a usage error naming `flag`, as clap does for its own errors.
@@ -215,7 +253,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes,
         max_data_rate: args.max_data_rate,
         max_data_burst: args.max_data_burst,
-        auth: args.auth_secret.as_deref().map(Auth::new),
+        auth: auth(&args),
         drain_timeout: args.drain_timeout,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
         api_token: args.api_token.clone(),

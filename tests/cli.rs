@@ -42,6 +42,9 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["serve", "--event-log-capacity", "many"], "--event-log-capacity"),
         (&["serve", "--node-id", ""], "--node-id"),
         (&["token", "--uid", "1"], "--secret"),
+        (&["token", "--uid", "1", "--secret", "s", "--ttl", "0s"], "--ttl"),
+        (&["serve", "--max-token-ttl", "0s"], "--max-token-ttl"),
+        (&["serve", "--auth-secret-file", "/nonexistent/secrets"], "--auth-secret-file"),
     ];
     for (args, flag) in cases {
         let out = idlegate(args);

@@ -349,3 +349,31 @@ async fn a_client_over_the_data_rate_is_ended_and_says_why() {
     assert!((3.0..=3.0 + 5.0 + 10.0 * 2.0).contains(&logged), "the flood logged {logged} data events");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn tokens_rotate_have_a_lifetime_and_refusals_say_why() {
+    let (new, old) = (idlegate::Auth::new("new"), idlegate::Auth::new("old"));
+    let auth = idlegate::Auth::rotating([b"new".to_vec(), b"old".to_vec()]).unwrap().with_max_ttl(3600);
+    let mut server = TestServer::start(Config { auth: Some(auth), ..Config::default() }).await;
+    let now = idlegate::unix_now();
+    // Both secrets are accepted while one rotates out.
+    for (uid, minter) in [(1, &new), (2, &old)] {
+        let mut c = server.client().await;
+        let token = minter.mint(uid, now + 600);
+        assert!(matches!(c.login_with(uid, token.as_bytes()).await, Frame::Welcome { .. }), "uid {uid}");
+    }
+    let cases = [
+        (new.mint(3, now - 1), "token expired"),
+        (idlegate::Auth::new("other").mint(3, now + 600), "token did not verify"),
+        (new.mint(3, now + 7 * 24 * 3600), "--max-token-ttl"),
+        (format!("0{}", new.mint(3, now + 600)), "token malformed"),
+    ];
+    for (token, why) in cases {
+        let mut c = server.client().await;
+        c.send(Frame::Login { uid: 3, token: bytes::Bytes::from(token) }).await;
+        let text = c.expect_bye(CloseReason::AuthFailed).await;
+        assert!(text.contains(why), "{why}: {text}");
+        assert!(!text.contains("new") && !text.contains("old"), "no secret in {text}");
+    }
+    server.shutdown().await;
+}

@@ -22,6 +22,7 @@ use crate::client::retry::{
     jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
 use crate::client::session::Session;
+use crate::error::AuthError;
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use crate::presence::{unix_now, Liveness};
@@ -161,7 +162,15 @@ impl Handler {
         if let Some(auth) = &gateway.config.auth {
             if let Err(e) = auth.verify(uid, token, unix_now()) {
                 tracing::debug!(uid, error = %e, "login refused");
-                return Err((CloseReason::AuthFailed, "token refused".into()));
+                // Says what to do about it (refresh, or fix the minting), never what the
+                // secret is.
+                let why = match e {
+                    AuthError::Expired { .. } => "token expired",
+                    AuthError::BadSignature => "token did not verify",
+                    AuthError::Malformed => "token malformed: expected <expiry>.<64 lowercase hex>",
+                    AuthError::TooLong { .. } => "token expiry too far ahead (--max-token-ttl)",
+                };
+                return Err((CloseReason::AuthFailed, why.into()));
             }
         }
         let now = gateway.clock.now();
