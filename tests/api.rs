@@ -143,8 +143,31 @@ async fn a_token_guards_every_route() {
             assert_error((status, serde_json::from_str(&body).unwrap()), 401, "token");
         }
     }
-    let (status, body) = http(server.api, "GET", "/v1/online", &["Authorization: Bearer s3cret"], "").await;
-    assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()["online"].clone()), (200, json!(0)));
+    // The scheme is case-insensitive (RFC 9110).
+    for header in ["Authorization: Bearer s3cret", "Authorization: bearer s3cret", "Authorization: BEARER s3cret"] {
+        let (status, body) = http(server.api, "GET", "/v1/online", &[header], "").await;
+        assert_eq!(
+            (status, serde_json::from_str::<Value>(&body).unwrap()["online"].clone()),
+            (200, json!(0)),
+            "{header}"
+        );
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn request_counters_exist_at_zero_before_any_request() {
+    let mut server = TestServer::start(config()).await;
+    let (_, body) = server.admin_get("/metrics").await;
+    for (route, code) in
+        [("/v1/presence/{uid}", 200), ("/v1/push", 200), ("/v1/sessions/{uid}", 204), ("unmatched", 404)]
+    {
+        let series = format!("idlegate_api_requests_total{{code=\"{code}\",route=\"{route}\"}}");
+        assert_eq!(sample(&body, &series), Some(0.0), "{series}");
+    }
+    for series in ["idlegate_connections_closed_total{reason=\"kicked\"}", "idlegate_pushes_total{result=\"sent\"}"] {
+        assert_eq!(sample(&body, series), Some(0.0), "{series}");
+    }
     server.shutdown().await;
 }
 

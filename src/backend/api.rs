@@ -107,7 +107,24 @@ struct ApiState {
     stop: CancellationToken,
 }
 
+/// Every route with the status it answers when all goes well, and the two catch-alls: their
+/// request counters exist at 0 from the start, so a dashboard's `rate()` shows 0, not "no
+/// data", on a gateway whose API has not been called yet.
+const COUNTED: [(&str, u16); 8] = [
+    ("/v1/presence/{uid}", 200),
+    ("/v1/presence/query", 200),
+    ("/v1/online", 200),
+    ("/v1/push", 200),
+    ("/v1/sessions/{uid}", 204),
+    ("/v1/events", 200),
+    ("unauthorized", 401),
+    ("unmatched", 404),
+];
+
 fn router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
+    for (route, code) in COUNTED {
+        gateway.metrics.api_request_series(route, code);
+    }
     let state = ApiState { gateway, stop };
     Router::new()
         .route("/v1/presence/{uid}", get(presence))
@@ -138,12 +155,8 @@ pub(crate) fn events_router(gateway: Arc<Gateway>, stop: CancellationToken) -> R
 /// Refuses requests without the `--api-token` bearer token, comparing in constant time.
 async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.gateway.config.api_token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
+        let given =
+            request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).unwrap_or("");
         if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
             state.gateway.metrics.api_request("unauthorized", 401);
             let error = ApiError {
@@ -154,6 +167,12 @@ async fn require_token(State(state): State<ApiState>, request: Request, next: Ne
         }
     }
     next.run(request).await
+}
+
+/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 9110).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim_start())
 }
 
 /// Counts every routed request by its route pattern and status.

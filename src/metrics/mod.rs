@@ -348,6 +348,11 @@ impl Metrics {
     }
 
     /// Counts a backend API request by its route pattern and status code.
+    /// Creates the series of `route` answering `code` at 0, before any request.
+    pub(crate) fn api_request_series(&self, route: &str, code: u16) {
+        let _ = self.api_requests.with_label_values(&[route, &code.to_string()]);
+    }
+
     pub fn api_request(&self, route: &str, code: u16) {
         self.api_requests.with_label_values(&[route, &code.to_string()]).inc();
     }
