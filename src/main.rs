@@ -36,10 +36,10 @@ enum Command {
 #[derive(Debug, Args)]
 struct ServeArgs {
     /// Address clients connect to.
-    #[arg(long, env = "IDLEGATE_LISTEN", default_value = "127.0.0.1:7070")]
+    #[arg(long, env = "IDLEGATE_LISTEN", default_value = "127.0.0.1:7070", value_parser = resolve)]
     listen: SocketAddr,
     /// Address of the admin HTTP endpoint (the status page at /, /healthz, /readyz, /metrics).
-    #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071")]
+    #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071", value_parser = resolve)]
     admin_listen: SocketAddr,
     /// Silence after which a uid goes offline; a whole multiple of --tick.
     #[arg(long, env = "IDLEGATE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -98,7 +98,7 @@ struct ServeArgs {
     #[arg(long, env = "IDLEGATE_DRAIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
     /// Address of the backend API (presence, push, kicks, events).
-    #[arg(long, env = "IDLEGATE_API_LISTEN", default_value = "127.0.0.1:7072")]
+    #[arg(long, env = "IDLEGATE_API_LISTEN", default_value = "127.0.0.1:7072", value_parser = resolve)]
     api_listen: SocketAddr,
     /// Bearer token the backend API requires; without it the API only listens on loopback.
     #[arg(long, env = "IDLEGATE_API_TOKEN", hide_env_values = true)]
@@ -122,9 +122,10 @@ struct ServeArgs {
     #[arg(long, env = "IDLEGATE_REDIS_CLUSTER", requires = "redis")]
     redis_cluster: bool,
     /// How long this node's lease in Redis lasts: if the node dies without a goodbye, its
-    /// uids look offline after at most this, and go offline as node_lost within it plus a tick.
-    #[arg(long, env = "IDLEGATE_NODE_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
-    node_lease: Duration,
+    /// uids look offline after at most this, and go offline as node_lost within it plus a tick
+    /// [default: 10s; only with --redis].
+    #[arg(long, env = "IDLEGATE_NODE_LEASE", value_parser = humantime::parse_duration, requires = "redis")]
+    node_lease: Option<Duration>,
     /// Most DATA payload bytes this node holds for Redis while Redis is away; past it the
     /// oldest data events are dropped (never a login or an end), counted in
     /// idlegate_redis_compacted_total and shown to event consumers as a gap.
@@ -206,9 +207,28 @@ fn secrets(list: &str) -> Option<Auth> {
     Auth::rotating(list.split([',', '\n']).map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()))
 }
 
-/// Exits with status 2 and a usage error naming `flag`, as clap does for its own errors.
+/// Exits with status 2 and a usage error naming `flag`, as clap does for its own errors,
+/// with the usage of the subcommand at fault.
 fn usage_error(message: impl std::fmt::Display) -> ! {
-    Cli::command().error(ErrorKind::ValueValidation, message).exit()
+    let mut cli = Cli::command();
+    let serving = std::env::args().nth(1).is_none_or(|a| a != "token");
+    let name = if serving { "serve" } else { "token" };
+    let command = cli.find_subcommand_mut(name).expect("both subcommands exist");
+    let mut command = command.clone().bin_name(format!("idlegate {name}"));
+    command.error(ErrorKind::ValueValidation, message).exit()
+}
+
+/// An address to listen on: `ip:port`, or `host:port` resolved (its first address), so
+/// `localhost:7070` works.
+fn resolve(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    use std::net::ToSocketAddrs;
+    match text.to_socket_addrs() {
+        Ok(mut addrs) => addrs.next().ok_or_else(|| format!("{text} resolves to no address")),
+        Err(e) => Err(format!("{text} is not ip:port or host:port ({e})")),
+    }
 }
 
 /// Sets glibc's allocator for a process that holds thousands of long-lived connections,
@@ -264,7 +284,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Some(Ok(target)) => Some(target),
             None => None,
         },
-        node_lease: args.node_lease,
+        node_lease: args.node_lease.unwrap_or(idlegate::DEFAULT_NODE_LEASE),
         redis_queue_bytes: args.redis_queue_bytes,
         redis_min_replicas: args.redis_min_replicas,
     };

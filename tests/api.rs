@@ -498,3 +498,17 @@ async fn a_hundred_open_status_pages_are_all_served() {
     assert_eq!(server.metrics.event_consumers.get(), PAGES as i64);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn uids_may_be_strings_for_javascript_and_come_back_as_strings() {
+    let mut server = TestServer::start(config()).await;
+    let big = u64::MAX - 1;
+    let mut c = server.client().await;
+    c.login(big).await;
+    let asked = json!({"uids": [big.to_string(), "42"]});
+    let want = json!({"online": [big.to_string()], "offline": ["42"]});
+    assert_eq!(post(&server, "/v1/presence/query", &asked).await, (200, want));
+    let (status, body) = post(&server, "/v1/presence/query", &json!({"uids": ["4x"]})).await;
+    assert_error((status, body), 400, "uids[0]");
+    server.shutdown().await;
+}

@@ -44,6 +44,8 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["token", "--uid", "1"], "--secret"),
         (&["token", "--uid", "1", "--secret", "s", "--ttl", "0s"], "--ttl"),
         (&["serve", "--max-token-ttl", "0s"], "--max-token-ttl"),
+        (&["serve", "--node-lease", "5s"], "--redis"),
+        (&["serve", "--listen", "no-such-host.invalid:7070"], "--listen"),
         (&["serve", "--auth-secret-file", "/nonexistent/secrets"], "--auth-secret-file"),
     ];
     for (args, flag) in cases {
@@ -51,6 +53,8 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(flag), "{args:?} should name {flag}: {stderr}");
+        // A usage shown is the subcommand's, not the bare `idlegate <COMMAND>`.
+        assert!(!stderr.contains("Usage:") || stderr.contains(&format!("idlegate {}", args[0])), "{args:?}: {stderr}");
     }
 }
 

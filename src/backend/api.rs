@@ -216,10 +216,10 @@ async fn presence_query(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(&body?)?;
-    let uids = uid_list(&body)?;
+    let (uids, form) = uid_list(&body)?;
     let online = state.gateway.directory.query(&uids).await?;
     let (on, off) = split_by(uids, online);
-    Ok(Json(json!({ "online": on, "offline": off })))
+    Ok(Json(json!({ "online": form.render(on), "offline": form.render(off) })))
 }
 
 /// `GET /v1/online`: the cluster's totals (this node's alone when it runs alone), this
@@ -238,7 +238,7 @@ async fn online(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
 /// `POST /v1/push` with `{"uids": [...], "payload": "<base64>"}`: one PUSH per listed uid.
 async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let body = json_body(&body?)?;
-    let mut uids = uid_list(&body)?;
+    let (mut uids, form) = uid_list(&body)?;
     // One PUSH per uid, however often it is listed.
     let mut seen = std::collections::HashSet::with_capacity(uids.len());
     uids.retain(|uid| seen.insert(*uid));
@@ -261,7 +261,7 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
     let metrics = &state.gateway.metrics;
     metrics.pushes_sent.inc_by(sent.len() as u64);
     metrics.pushes_offline.inc_by(offline.len() as u64);
-    Ok(Json(json!({ "sent": sent, "offline": offline })))
+    Ok(Json(json!({ "sent": form.render(sent), "offline": form.render(offline) })))
 }
 
 /// `DELETE /v1/sessions/{uid}`: BYE(kicked) to the uid's connection.
@@ -429,8 +429,27 @@ fn json_body(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("body: not valid JSON: {e}")))
 }
 
-/// The `uids` field: an array of at most [`MAX_UIDS`] unsigned 64-bit integers.
-fn uid_list(body: &Value) -> Result<Vec<u64>, ApiError> {
+/// How a request spelled its uids, so the answer spells them the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UidForm {
+    Numbers,
+    /// Decimal strings: JavaScript's numbers lose precision above 2^53, so a client there
+    /// sends (and gets back) uids as strings.
+    Strings,
+}
+
+impl UidForm {
+    fn render(self, uids: Vec<u64>) -> Value {
+        match self {
+            UidForm::Numbers => json!(uids),
+            UidForm::Strings => json!(uids.iter().map(u64::to_string).collect::<Vec<_>>()),
+        }
+    }
+}
+
+/// The `uids` field: an array of at most [`MAX_UIDS`] unsigned 64-bit integers, as numbers
+/// or as decimal strings (any string makes the answer use strings).
+fn uid_list(body: &Value) -> Result<(Vec<u64>, UidForm), ApiError> {
     let list = match body.get("uids") {
         Some(Value::Array(list)) => list,
         Some(_) => return Err(ApiError::bad_request("uids: must be an array of unsigned 64-bit integers")),
@@ -439,10 +458,16 @@ fn uid_list(body: &Value) -> Result<Vec<u64>, ApiError> {
     if list.len() > MAX_UIDS {
         return Err(ApiError::bad_request(format!("uids: {} listed, over the limit of {MAX_UIDS}", list.len())));
     }
-    list.iter()
+    let form = if list.iter().any(Value::is_string) { UidForm::Strings } else { UidForm::Numbers };
+    let uids = list
+        .iter()
         .enumerate()
-        .map(|(i, v)| v.as_u64().ok_or_else(|| ApiError::bad_request(format!("uids[{i}]: {v} is not a u64"))))
-        .collect()
+        .map(|(i, v)| match v {
+            Value::String(text) => parse_uid(&format!("uids[{i}]"), text),
+            _ => v.as_u64().ok_or_else(|| ApiError::bad_request(format!("uids[{i}]: {v} is not a u64"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((uids, form))
 }
 
 fn parse_uid(field: &str, text: &str) -> Result<u64, ApiError> {

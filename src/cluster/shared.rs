@@ -283,6 +283,8 @@ async fn send_all(conn: Conn, cmds: Vec<Cmd>, single: bool) -> Result<Vec<Value>
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     up: AtomicBool,
+    /// A call failed since the last time Redis answered: the next answer is news.
+    was_down: AtomicBool,
     healthy_since: Mutex<Option<Instant>>,
     /// Set by a failure or by a sign of lost writes, taken by the writer: it reconciles.
     pub(crate) needs_reconcile: AtomicBool,
@@ -304,7 +306,10 @@ impl Health {
         }
         if !self.up.swap(true, Ordering::AcqRel) {
             metrics.redis_up.set(1);
-            tracing::info!("Redis answers again");
+            // The first answer after connecting is logged by the store as "connected".
+            if self.was_down.swap(false, Ordering::AcqRel) {
+                tracing::info!("Redis answers again");
+            }
         }
     }
 
@@ -312,6 +317,7 @@ impl Health {
         metrics.redis_errors.inc();
         *self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.needs_reconcile.store(true, Ordering::Release);
+        self.was_down.store(true, Ordering::Release);
         if self.up.swap(false, Ordering::AcqRel) {
             metrics.redis_up.set(0);
             tracing::warn!("Redis unreachable: serving clients alone, queueing presence changes");
