@@ -512,3 +512,21 @@ async fn uids_may_be_strings_for_javascript_and_come_back_as_strings() {
     assert_error((status, body), 400, "uids[0]");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn tail_starts_a_stream_at_the_last_events() {
+    let mut server = TestServer::start(config()).await;
+    let mut clients = Vec::new();
+    for uid in 1..=5 {
+        let mut c = server.client().await;
+        c.login(uid).await;
+        clients.push(c);
+    }
+    let (status, mut sse) = Sse::open(server.api, "/v1/events?tail=2", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(sse.expect("online", 4).await.event, "online");
+    assert_eq!(sse.expect("online", 5).await.event, "online");
+    let (status, _) = http(server.api, "GET", "/v1/events?tail=many", &[], "").await;
+    assert_eq!(status, 400);
+    server.shutdown().await;
+}

@@ -1,8 +1,9 @@
 //! The status page in a real browser: Debian's `chromium`, headless, driven over the DevTools
 //! protocol against a gateway with clients connected and falling silent. The test reads the
 //! page's DOM after its script has run and checks that the online count shown is the
-//! gateway's, that the silence picture has one bar per second of the timeout, and that an
-//! expiry appears in the event tail.
+//! gateway's, that the silence picture has one bar per second of the timeout with its count
+//! on it, that expiries appear in the event tail and as a close rate, and that a page opened
+//! afterwards still shows them.
 //!
 //! On a machine without chromium the test skips with a message; under CI (`CI` set) it fails
 //! instead, so CI can never pass without running it.
@@ -142,6 +143,8 @@ const READ_PAGE: &str = r#"JSON.stringify({
   timeoutMark: !!document.getElementById('timeout-mark'),
   events: [...document.querySelectorAll('#events li')].map(li => [li.dataset.type, li.dataset.uid, li.dataset.reason || '']),
   node: document.getElementById('node').textContent,
+  barCounts: [...document.querySelectorAll('#silence text.count')].map(t => Number(t.textContent)),
+  closeRates: Object.fromEntries([...document.querySelectorAll('#closes tr')].map(tr => [tr.dataset.reason, Number(tr.children[1].textContent)])),
 })"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,6 +209,36 @@ async fn the_page_shows_the_gateway_live_in_a_real_browser() {
     assert_eq!(shown["timeoutMark"], json!(true));
     let onlines = shown["events"].as_array().unwrap().iter().filter(|e| e[0] == "online").count();
     assert_eq!(onlines, (SILENT + ACTIVE) as usize, "{shown}");
+
+    // The bars carry their counts: together every uid online.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let shown: Value = serde_json::from_str(page.eval(READ_PAGE).await.as_str().unwrap_or("{}")).unwrap();
+        let counted: u64 = shown["barCounts"].as_array().map_or(0, |c| c.iter().filter_map(Value::as_u64).sum());
+        // The expiries of the last 10 s show as a rate, as rate() over /metrics would.
+        let rate = shown["closeRates"]["idle_timeout"].as_f64().unwrap_or(0.0);
+        if counted == ACTIVE && rate > 0.0 {
+            assert!(rate <= SILENT as f64 / 0.5, "{shown}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no counts on the bars or no close rate: {shown}");
+        sleep(Duration::from_millis(200)).await;
+    }
+
+    // A page opened after the fact still shows what happened: the log's last events.
+    let mut later = Page::open(&browser_http, &format!("http://{}/", server.admin)).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let shown: Value = serde_json::from_str(later.eval(READ_PAGE).await.as_str().unwrap_or("{}")).unwrap();
+        let expiries = shown["events"]
+            .as_array()
+            .map_or(0, |e| e.iter().filter(|e| e[0] == "offline" && e[2] == "idle_timeout").count());
+        if expiries == SILENT as usize {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a page opened later shows none of the past: {shown}");
+        sleep(Duration::from_millis(200)).await;
+    }
 
     // The picture follows the gateway: one more client, one more online on the page.
     let mut late = Client::connect(server.addr).await;

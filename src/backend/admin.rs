@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,7 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .layer(Extension(Arc::new(status::CloseRates::default())))
         .with_state(gateway.clone())
         .merge(api::events_router(gateway, stop.clone()));
     let listener = Bounded::new(listener, ADMIN_CONNECTIONS, HTTP_IDLE);

@@ -301,12 +301,14 @@ impl Types {
 /// `GET /v1/events`: Server-Sent Events, resumable with `Last-Event-ID` or `?after=`.
 async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Request) -> Result<Response, ApiError> {
     let mut after = None;
+    let mut tail = None;
     let mut types = Types([true; 3]);
     for (key, value) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
         match &*key {
             "after" => after = Some(parse_event_id("after", &value)?),
+            "tail" => tail = Some(parse_tail(&value)?),
             "types" => types = Types::parse(&value)?,
-            _ => return Err(ApiError::bad_request(format!("{key}: unknown parameter; expected after, types"))),
+            _ => return Err(ApiError::bad_request(format!("{key}: unknown parameter; expected after, tail, types"))),
         }
     }
     if after.is_none() {
@@ -314,6 +316,9 @@ async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Requ
             let last = last.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID: not text"))?;
             after = Some(parse_event_id("Last-Event-ID", last)?);
         }
+    }
+    if let (None, Some(n)) = (after, tail) {
+        after = Some(state.gateway.directory.recent(n).await?);
     }
     let node = state.gateway.config.node_id.clone();
     let batches = state.gateway.directory.follow(after);
@@ -472,6 +477,16 @@ fn uid_list(body: &Value) -> Result<(Vec<u64>, UidForm), ApiError> {
 
 fn parse_uid(field: &str, text: &str) -> Result<u64, ApiError> {
     text.parse().map_err(|_| ApiError::bad_request(format!("{field}: {text:?} is not an unsigned 64-bit integer")))
+}
+
+/// Most events `?tail=` may ask for: what a page shows, not a way around resuming by id.
+const MAX_TAIL: usize = 1000;
+
+fn parse_tail(text: &str) -> Result<usize, ApiError> {
+    match text.parse::<usize>() {
+        Ok(n) if n <= MAX_TAIL => Ok(n),
+        _ => Err(ApiError::bad_request(format!("tail: {text:?} is not a number of events from 0 to {MAX_TAIL}"))),
+    }
 }
 
 fn parse_event_id(field: &str, text: &str) -> Result<EventId, ApiError> {

@@ -3,20 +3,58 @@
 //!
 //! The summary reads only gauges and counters the metrics already keep (the silence picture
 //! is refreshed once a tick by the ticker), so a hundred open pages cost a hundred small
-//! reads a second and nothing on the per-frame path. The page's event tail follows
-//! `/v1/events`, served beside it with the API's token check.
+//! reads a second and nothing on the per-frame path. Close rates are averaged here over the
+//! last 10 s, as `rate()` over `/metrics` would. The page's event tail shows the last 50
+//! events at load (`/v1/events?tail=50`), then follows; it is served beside it with the
+//! API's token check.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
+use axum::Extension;
 use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use crate::client::CloseReason;
 use crate::gateway::Gateway;
+
+/// The window close rates are averaged over: what `rate(...[10s])` over `/metrics` shows.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// Closes by reason at moments the summary was read, for rates over [`RATE_WINDOW`]
+/// computed here rather than by each page from its own polls.
+#[derive(Debug, Default)]
+pub(crate) struct CloseRates {
+    samples: Mutex<VecDeque<(Instant, Vec<u64>)>>,
+}
+
+impl CloseRates {
+    /// Records `totals` now; returns each one's rate a second since the oldest sample in
+    /// the window (0 before there is one).
+    fn rates(&self, totals: &[u64]) -> Vec<f64> {
+        let now = Instant::now();
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        while samples.len() > 1 && samples.front().is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW) {
+            samples.pop_front();
+        }
+        let rates = match samples.front() {
+            Some((then, before)) if now.duration_since(*then) >= Duration::from_millis(500) => {
+                let secs = now.duration_since(*then).as_secs_f64();
+                totals.iter().zip(before).map(|(n, b)| n.saturating_sub(*b) as f64 / secs).collect()
+            }
+            _ => vec![0.0; totals.len()],
+        };
+        if samples.back().is_none_or(|(t, _)| now.duration_since(*t) >= Duration::from_millis(500)) {
+            samples.push_back((now, totals.to_vec()));
+        }
+        rates
+    }
+}
 
 /// The page, as written in `status.html`.
 const PAGE: &str = include_str!("status.html");
@@ -27,7 +65,10 @@ pub(crate) async fn page() -> impl IntoResponse {
 }
 
 /// `GET /status.json`: what the page shows, read off the metrics.
-pub(crate) async fn summary(State(gateway): State<Arc<Gateway>>) -> Json<Value> {
+pub(crate) async fn summary(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(rates): Extension<Arc<CloseRates>>,
+) -> Json<Value> {
     let metrics = &gateway.metrics;
     let config = &gateway.config;
     let online = metrics.online_users.get();
@@ -40,8 +81,15 @@ pub(crate) async fn summary(State(gateway): State<Arc<Gateway>>) -> Json<Value> 
             .collect(),
         Err(_) => vec![json!({ "node": config.node_id, "online": online })],
     };
+    let totals: Vec<u64> = CloseReason::ALL.iter().map(|&r| metrics.closed_count(r)).collect();
+    let per_s = rates.rates(&totals);
     let closes: Map<String, Value> =
-        CloseReason::ALL.iter().map(|&r| (r.label().to_string(), Value::from(metrics.closed_count(r)))).collect();
+        CloseReason::ALL.iter().zip(&totals).map(|(r, &n)| (r.label().to_string(), Value::from(n))).collect();
+    let closes_per_s: Map<String, Value> = CloseReason::ALL
+        .iter()
+        .zip(per_s)
+        .map(|(r, rate)| (r.label().to_string(), Value::from((rate * 10.0).round() / 10.0)))
+        .collect();
     Json(json!({
         "node": config.node_id,
         "version": env!("CARGO_PKG_VERSION"),
@@ -53,6 +101,7 @@ pub(crate) async fn summary(State(gateway): State<Arc<Gateway>>) -> Json<Value> 
         "connections": metrics.connections_open.get(),
         "silence": metrics.silence(),
         "closes": closes,
+        "closes_per_s": closes_per_s,
         "api_token_required": config.api_token.is_some(),
         "nodes": nodes,
     }))

@@ -267,6 +267,10 @@ impl Directory for ClusterDirectory {
         .boxed()
     }
 
+    fn recent(&self, n: usize) -> BoxFuture<'_, Result<EventId, DirectoryError>> {
+        async move { Ok(crate::cluster::stream::recent(&self.cluster, n).await?) }.boxed()
+    }
+
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {
         crate::cluster::stream::follow(self.cluster.clone(), after)
     }

@@ -71,6 +71,28 @@ pub(crate) fn follow(cluster: Arc<Cluster>, after: Option<EventId>) -> BoxStream
     .boxed()
 }
 
+/// The position just before the `n` newest events (`0-0` when the stream holds fewer).
+pub(crate) async fn recent(cluster: &Cluster, n: usize) -> Result<EventId, StoreError> {
+    let top: Vec<(String, Vec<(String, Value)>)> = cluster
+        .call(1, |mut conn| async move {
+            redis::cmd("XREVRANGE")
+                .arg(keys::EVENTS)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(n + 1)
+                .query_async(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })
+        .await?;
+    let zero = EventId { ms: 0, seq: 0 };
+    if top.len() <= n {
+        return Ok(zero);
+    }
+    Ok(top.last().and_then(|(id, _)| id.parse().ok()).unwrap_or(zero))
+}
+
 /// Keeps `idlegate_event_consumers` right while a consumer follows.
 struct ConsumerGuard(Arc<Cluster>);
 

@@ -71,6 +71,9 @@ pub trait Directory: Send + Sync + std::fmt::Debug {
     /// The event stream after `after` (or from now), in batches. Ids have the shape of a
     /// Redis Stream's, so every directory takes and gives the same ones.
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch>;
+    /// The position `n` events before the newest (or before the oldest still held): following
+    /// from it gives the last `n` events, then the live tail.
+    fn recent(&self, n: usize) -> BoxFuture<'_, Result<EventId, DirectoryError>>;
 }
 
 /// The directory of a gateway that runs alone.
@@ -128,6 +131,11 @@ impl Directory for Local {
     fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>> {
         let kicked = self.registry.kick(uid);
         async move { Ok(kicked) }.boxed()
+    }
+
+    fn recent(&self, n: usize) -> BoxFuture<'_, Result<EventId, DirectoryError>> {
+        let at = self.events.recent(n);
+        async move { Ok(at) }.boxed()
     }
 
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {

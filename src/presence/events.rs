@@ -306,6 +306,14 @@ impl EventLog {
         }
     }
 
+    /// The position `n` events before the newest, never before the oldest still held.
+    pub fn recent(&self, n: usize) -> EventId {
+        let inner = self.lock();
+        let oldest = inner.next_seq - inner.events.len() as u64;
+        let newest = inner.next_seq - 1;
+        self.id(newest.saturating_sub(n as u64).max(oldest.saturating_sub(1)))
+    }
+
     /// The id of the newest event, so a consumer starting "from now" begins after it.
     pub fn last_id(&self) -> EventId {
         self.id(self.lock().next_seq - 1)
