@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use crate::auth::Auth;
-use crate::client::DEFAULT_MAX_FRAME_BYTES;
 use crate::cluster::{RedisTarget, FORBIDDEN_IN_NODE_ID};
 use crate::error::ConfigError;
 use crate::presence::{DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};
+use crate::proto::DEFAULT_MAX_FRAME_BYTES;
 
 /// Smallest `--max-frame-bytes` that still fits a LOGIN: a kind byte and the 8-byte uid.
 const MIN_FRAME_BYTES: u32 = 9;
@@ -234,7 +234,7 @@ impl Config {
     /// `--max-data-rate` as `(tokens a tick, burst)` in the session bucket's units; `None`
     /// without a limit.
     pub(crate) fn data_bucket(&self) -> Option<(u64, u64)> {
-        use crate::client::TOKEN;
+        use crate::presence::TOKEN;
         if self.max_data_rate == 0 {
             return None;
         }

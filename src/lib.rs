@@ -22,29 +22,32 @@
 //!   `descriptors` (running out of file descriptors without going silent) serve all.
 
 mod auth;
-mod backend;
 mod client;
 mod cluster;
 mod config;
 mod descriptors;
 mod error;
 mod gateway;
+mod http;
 mod metrics;
 mod presence;
+mod proto;
+mod server;
 
 pub use auth::{Auth, DEFAULT_MAX_TOKEN_TTL_SECS};
-pub use client::{
-    kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, Listeners, Server, Session, DEFAULT_MAX_FRAME_BYTES,
-    HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
-};
 pub use cluster::RedisTarget;
 pub use config::{
     default_max_connections, Config, DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
 };
-pub use error::{AuthError, ConfigError, FrameError};
+pub use error::{AuthError, ConfigError};
 pub use metrics::Metrics;
 pub use presence::{
-    unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Touch, What,
+    unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Session, Touch, What,
     DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
 };
+pub use proto::{
+    kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, FrameError, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN,
+    MAX_LOGIN_FRAME_BYTES,
+};
+pub use server::{Listeners, Server};

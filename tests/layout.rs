@@ -1,6 +1,6 @@
 //! The crate's layout rules that a compiler does not check: inside `src/cluster/` the
 //! files' imports point one way (no file reaches, through others, back to itself), and
-//! `cluster/` and the HTTP side (`backend/`) never use each other.
+//! `cluster/` and the HTTP side (`http/`) never use each other.
 //!
 //! Imports are read from the source text: every `crate::cluster::<file>` path outside a
 //! comment, whether in a `use` line or written out in the code.
@@ -79,7 +79,7 @@ fn the_cluster_s_files_import_one_way() {
 #[test]
 fn the_cluster_and_the_http_side_never_use_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for (dir, other) in [("cluster", "crate::backend"), ("backend", "crate::cluster")] {
+    for (dir, other) in [("cluster", "crate::http"), ("http", "crate::cluster")] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let path = entry.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap();

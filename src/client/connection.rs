@@ -22,9 +22,9 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_util::codec::Decoder;
 
-use crate::client::codec::{put_frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};
-use crate::client::frame::{CloseReason, Frame};
 use crate::config::max_queued_bytes;
+use crate::proto::{put_frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};
+use crate::proto::{CloseReason, Frame};
 
 /// Bytes one read asks the kernel for: a burst of pings, or a whole LOGIN with its token.
 const READ_CHUNK: usize = 4 * 1024;

@@ -15,17 +15,17 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep;
 
-use crate::client::codec::put_frame;
 use crate::client::connection::{Close, Connection};
-use crate::client::frame::{CloseReason, Frame};
-use crate::client::retry::{
-    jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
-};
-use crate::client::session::Session;
 use crate::error::AuthError;
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
+use crate::presence::Session;
 use crate::presence::{unix_now, Liveness};
+use crate::proto::put_frame;
+use crate::proto::{
+    jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+};
+use crate::proto::{CloseReason, Frame};
 
 /// Serves one accepted connection until it closes, holding `permit` (its place under
 /// `--max-connections`) until then; returns why it closed.

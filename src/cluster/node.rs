@@ -13,12 +13,13 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{CloseReason, Session};
 use crate::cluster::keys;
 use crate::cluster::queue::{Op, Queue};
 use crate::cluster::shared::Cluster;
 use crate::metrics::Metrics;
 use crate::presence::EventSink;
+use crate::presence::Session;
+use crate::proto::CloseReason;
 
 /// How often `leave` looks whether the writer has finished.
 const LEAVE_POLL: Duration = Duration::from_millis(10);

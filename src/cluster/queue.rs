@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::client::CloseReason;
+use crate::proto::CloseReason;
 
 /// One session change.
 #[derive(Debug, Clone, PartialEq, Eq)]

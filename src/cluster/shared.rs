@@ -21,13 +21,13 @@ use redis::{Cmd, Script, Value};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::client::CloseReason;
 use crate::cluster::keys;
 use crate::cluster::queue::Queue;
 use crate::cluster::scripts::Scripts;
 use crate::cluster::store::{Conn, RedisTarget, Store, StoreError};
 use crate::metrics::Metrics;
 use crate::presence::{Clock, EventId, Registry};
+use crate::proto::CloseReason;
 
 /// A Redis call slower than this counts as Redis being away: a paused or overloaded Redis
 /// must not look healthy to the reaper, which would then reap nodes that only waited.

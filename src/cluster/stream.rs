@@ -17,12 +17,12 @@ use bytes::Bytes;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use redis::Value;
 
-use crate::client::CloseReason;
 use crate::cluster::inbox::newest_event;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{within_batch_budget, Batch, Event, EventId, What, READ_BATCH};
+use crate::proto::CloseReason;
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
 /// may itself be reconnecting.

@@ -21,11 +21,11 @@ use std::time::Duration;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::CloseReason;
 use crate::cluster::keys;
 use crate::cluster::queue::{Op, Taken};
 use crate::cluster::shared::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
+use crate::proto::CloseReason;
 
 /// Most changes in one batch: a mass expiry of this many uids still goes in one batch,
 /// and one script call stays well under a second of Redis time.

@@ -13,8 +13,8 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::client::{kind, CloseReason, Frame};
 use crate::config::Config;
+use crate::proto::{kind, CloseReason, Frame};
 
 /// Buckets of `idlegate_ring_expired_per_sweep`: decades, from a quiet tick to a mass expiry.
 const EXPIRED_PER_SWEEP_BUCKETS: [f64; 8] = [0.0, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];

@@ -25,9 +25,10 @@ use bytes::Bytes;
 use futures_util::stream::{self, Stream};
 use tokio::sync::Notify;
 
-use crate::client::{CloseReason, Session};
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
+use crate::presence::Session;
+use crate::proto::CloseReason;
 
 /// Default `--event-log-capacity`: a minute of a busy gateway's events, about 64 MB of
 /// entries before payloads.

@@ -2,14 +2,18 @@
 //!
 //! `ring` is the pure slot ring (ticks in, expired uids out); `clock` is the one place time
 //! becomes ticks; `registry` maps uids to sessions and keeps them consistent with the ring;
-//! `ticker` moves the ring; `events` logs every online, offline and data event; `directory`
-//! answers presence questions for the backend API, whether from this process or a cluster.
+//! `ticker` moves the ring; `session` is what a logged-in client shares with the rest of the
+//! gateway and `outbox` holds pushes until its connection takes them; `events` logs every
+//! online, offline and data event; `directory` answers presence questions for the backend
+//! API, whether from this process or a cluster.
 
 mod clock;
 mod directory;
 mod events;
+mod outbox;
 mod registry;
 mod ring;
+mod session;
 mod ticker;
 
 pub(crate) use clock::unix_ms as unix_ms_now;
@@ -19,6 +23,9 @@ pub use events::{
     within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, DEFAULT_EVENT_LOG_BYTES,
     DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
 };
+pub use outbox::{Outboxes, Pushed};
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};
+pub use session::Session;
+pub(crate) use session::TOKEN;
 pub use ticker::Ticker;

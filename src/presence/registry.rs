@@ -24,11 +24,12 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use crate::client::{CloseReason, Outboxes, Pushed, Session};
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::events::EventLog;
 use crate::presence::ring::{Ring, Touch};
+use crate::presence::{Outboxes, Pushed, Session};
+use crate::proto::CloseReason;
 
 /// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
 /// time, so a mass expiry stalls touches on 1/64 of the uids for one chunk at most.

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Session;
 use crate::metrics::Metrics;
 use crate::presence::clock::Clock;
 use crate::presence::registry::Registry;
+use crate::presence::Session;
 
 /// uids expired per chunk before the ticker yields to the runtime. One chunk holds a ring
 /// shard's lock and the worker for well under a millisecond, so even a mass expiry of
@@ -183,10 +183,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::client::CloseReason;
     use crate::config::Config;
     use crate::presence::events::EventLog;
     use crate::presence::registry::Liveness;
+    use crate::proto::CloseReason;
 
     const TICK: Duration = Duration::from_secs(1);
     const TIMEOUT: Duration = Duration::from_secs(30);

@@ -20,8 +20,8 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use crate::client::CloseReason;
 use crate::gateway::Gateway;
+use crate::proto::CloseReason;
 
 /// The window close rates are averaged over: what `rate(...[10s])` over `/metrics` shows.
 const RATE_WINDOW: Duration = Duration::from_secs(10);

@@ -14,17 +14,17 @@ use tokio::sync::Semaphore;
 use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{serve_admin, serve_api};
-use crate::client::codec::put_frame;
-use crate::client::frame::{CloseReason, Frame};
 use crate::client::handler;
 use crate::client::pending::Refused;
-use crate::client::retry::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::config::Config;
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::gateway::Gateway;
+use crate::http::{serve_admin, serve_api};
 use crate::metrics::Metrics;
 use crate::presence::Ticker;
+use crate::proto::put_frame;
+use crate::proto::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
+use crate::proto::{CloseReason, Frame};
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
 /// row, so a full file table costs a few wakeups a second instead of a spinning core.

@@ -7,8 +7,8 @@
 use bytes::{Buf, BufMut, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::client::frame::Frame;
-use crate::error::FrameError;
+use crate::proto::Frame;
+use crate::proto::FrameError;
 
 /// Bytes of the length prefix.
 pub const HEADER_LEN: usize = 4;
@@ -127,7 +127,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::client::kind;
+    use crate::proto::kind;
 
     #[test]
     fn decodes_byte_by_byte_and_in_one_piece() {

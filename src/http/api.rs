@@ -31,8 +31,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
+use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::presence::{Batch, DirectoryError, Event, EventId, NodeCount, What};
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.

@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 
-use crate::client::frame::CloseReason;
 use crate::presence::Handle;
+use crate::proto::CloseReason;
 
 /// Value of `end` while the session is live.
 const LIVE: u8 = 0;

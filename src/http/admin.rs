@@ -11,9 +11,9 @@ use axum::{Extension, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::listener::{Bounded, ADMIN_CONNECTIONS, HTTP_IDLE};
-use crate::backend::{api, status};
 use crate::gateway::Gateway;
+use crate::http::listener::{Bounded, ADMIN_CONNECTIONS, HTTP_IDLE};
+use crate::http::{api, status};
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

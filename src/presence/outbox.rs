@@ -9,7 +9,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use crate::client::session::Session;
+use crate::presence::Session;
 
 /// Bytes a PUSH frame adds around its payload: the length prefix and the kind byte.
 const PUSH_OVERHEAD: usize = 5;
@@ -79,7 +79,7 @@ impl Outboxes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::CloseReason;
+    use crate::proto::CloseReason;
 
     #[test]
     fn queues_exist_only_while_pushes_are_pending() {

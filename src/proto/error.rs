@@ -1,0 +1,30 @@
+//! What can be wrong with bytes on the wire.
+
+use std::io;
+
+/// A frame the gateway cannot accept. Each one closes the connection with
+/// BYE(protocol_error), except [`FrameError::Io`], which is the socket failing.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The length prefix is zero or above `--max-frame-bytes`; caught from the header alone.
+    #[error("frame length {len} outside 1..={max}")]
+    BadLength { len: u32, max: u32 },
+    /// A body with no kind byte (only reachable through [`crate::Frame::parse`] directly).
+    #[error("empty frame body")]
+    Empty,
+    /// A kind byte this protocol version does not define.
+    #[error("unknown frame kind 0x{0:02x}")]
+    UnknownKind(u8),
+    /// A LOGIN whose payload cannot hold the 8-byte uid.
+    #[error("LOGIN payload is {0} bytes; the uid alone takes 8")]
+    ShortLogin(usize),
+    /// A WELCOME whose payload is not two u32 values.
+    #[error("WELCOME payload is {0} bytes, not 8")]
+    BadWelcome(usize),
+    /// A BYE with no reason byte, or one this version does not define.
+    #[error("BYE with reason {0:?}")]
+    BadBye(Option<u8>),
+    /// The socket failed or closed in the middle of a frame.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
