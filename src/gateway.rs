@@ -12,11 +12,11 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Pending;
 use crate::cluster::{Cluster, ClusterDirectory, Settings};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::presence::{Clock, Directory, EventLog, Local, Registry};
+use crate::protocol::Pending;
 
 /// One gateway's shared state; see the module documentation.
 #[derive(Debug)]

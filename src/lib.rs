@@ -22,7 +22,6 @@
 //!   `descriptors` (running out of file descriptors without going silent) serve all.
 
 mod auth;
-mod client;
 mod cluster;
 mod config;
 mod descriptors;
@@ -32,7 +31,9 @@ mod http;
 mod metrics;
 mod presence;
 mod proto;
+mod protocol;
 mod server;
+mod transport;
 
 pub use auth::{Auth, DEFAULT_MAX_TOKEN_TTL_SECS};
 pub use cluster::RedisTarget;

@@ -14,8 +14,6 @@ use tokio::sync::Semaphore;
 use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::handler;
-use crate::client::pending::Refused;
 use crate::config::Config;
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::gateway::Gateway;
@@ -25,6 +23,8 @@ use crate::presence::Ticker;
 use crate::proto::put_frame;
 use crate::proto::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::proto::{CloseReason, Frame};
+use crate::protocol::Refused;
+use crate::transport::tcp;
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
 /// row, so a full file table costs a few wakeups a second instead of a spinning core.
@@ -219,7 +219,7 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
             Ok(permit) => {
                 metrics.connections_open.inc();
                 metrics.pending_logins.inc();
-                tokio::spawn(handler::serve(stream, gateway.clone(), permit));
+                tokio::spawn(tcp::serve(stream, gateway.clone(), permit));
             }
             Err(_) => {
                 metrics.shed_max_connections.inc();

@@ -9,6 +9,7 @@
 //!
 //! What the frames mean is the handler's business (`handler.rs`); this file only moves them.
 
+use crate::protocol::Close;
 use std::cell::RefCell;
 use std::future::Future;
 use std::io;
@@ -41,9 +42,6 @@ thread_local! {
     /// The worker's write buffer, lent to one connection while it answers one read.
     static WRITE_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
-
-/// How a connection ends: the reason, and a text for the BYE.
-pub(crate) type Close = (CloseReason, String);
 
 fn disconnect() -> Close {
     (CloseReason::Disconnect, String::new())

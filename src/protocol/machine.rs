@@ -1,0 +1,239 @@
+//! The protocol's state machine for one connection, with no IO: frames and wake-ups in,
+//! frames to send and a close out. Every transport drives the same machine, so the rules
+//! (LOGIN first and in time, activity, DATA to the event log and its rate, pushes, every
+//! BYE and its reason) are written once.
+//!
+//! Before LOGIN only a LOGIN is accepted; after it, PING, DATA and LOGOUT count as activity
+//! (one ring touch per tick at most), DATA goes to the event log, and pushes from backends go
+//! out as PUSH frames. The session ends when the client leaves or misbehaves, or when
+//! someone else ends it: an expiry, a kick, shutdown.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::AuthError;
+use crate::gateway::Gateway;
+use crate::metrics::Metrics;
+use crate::presence::{unix_now, Liveness, Session};
+use crate::proto::{
+    jittered_ms, put_frame, retry_text, CloseReason, Frame, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
+    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+};
+
+/// Why a connection closes: the reason its BYE carries, and the BYE's text.
+pub(crate) type Close = (CloseReason, String);
+
+/// Where the machine's frames go: a transport's output.
+pub(crate) trait Out {
+    fn frame(&mut self, frame: &Frame);
+}
+
+/// A stream transport's output buffer: frames length-prefixed, back to back.
+impl Out for BytesMut {
+    fn frame(&mut self, frame: &Frame) {
+        put_frame(frame, self);
+    }
+}
+
+/// What a wake-up of the session means for its connection.
+#[derive(Debug)]
+pub(crate) enum Wake {
+    /// Someone ended the session (an expiry, a kick, shutdown): close with this reason.
+    End(CloseReason),
+    /// Pushes to send.
+    Push(Vec<Bytes>),
+}
+
+/// The protocol state of one connection.
+pub(crate) struct Machine {
+    gateway: Arc<Gateway>,
+    session: Option<Arc<Session>>,
+    /// The tick of this session's last ring touch: a frame on the same tick skips the ring.
+    last_tick: u64,
+}
+
+// === impl Machine ===
+
+impl Machine {
+    pub(crate) fn new(gateway: Arc<Gateway>) -> Machine {
+        Machine { gateway, session: None, last_tick: 0 }
+    }
+
+    pub(crate) fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// The session, once logged in.
+    pub(crate) fn session(&self) -> Option<&Session> {
+        self.session.as_deref()
+    }
+
+    /// The close of a connection shed from the connections waiting to log in.
+    pub(crate) fn shed(&self) -> Close {
+        self.gateway.metrics.shed_pending_logins.inc();
+        let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
+        let why = "the oldest connection waiting to log in, shed to make room for newer ones";
+        (CloseReason::ServerFull, retry_text(hint, why))
+    }
+
+    /// At the login deadline, after the transport read what had arrived: logged in, or the
+    /// close for a client that did not log in in time.
+    pub(crate) fn login_deadline(&self) -> Result<(), Close> {
+        match &self.session {
+            Some(_) => Ok(()),
+            None => Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
+        }
+    }
+
+    /// Called as the logged-in phase begins: shutdown ends every session in the registry,
+    /// and one that logged in as it began is ended here, so none is missed either way.
+    pub(crate) fn begin(&self) {
+        if let Some(session) = self.session.as_deref().filter(|_| self.gateway.shutdown.is_cancelled()) {
+            session.end(CloseReason::Shutdown);
+        }
+    }
+
+    /// What the session's wake-up means.
+    pub(crate) fn on_wake(&self) -> Option<Wake> {
+        let session = self.session.as_deref()?;
+        Some(match session.end_reason() {
+            Some(reason) => Wake::End(reason),
+            None => Wake::Push(self.gateway.registry.take_pushes(session)),
+        })
+    }
+
+    /// Acts on one frame from the client; replies go to `out`. An error closes the
+    /// connection with that reason and text.
+    pub(crate) fn on_frame(&mut self, frame: Frame, out: &mut impl Out) -> Result<(), Close> {
+        let metrics: &Metrics = &self.gateway.metrics;
+        metrics.frame(&frame);
+        match (&self.session, frame) {
+            (None, Frame::Login { uid, token }) => self.login(uid, &token, out),
+            (Some(_), Frame::Login { .. }) => Err((CloseReason::ProtocolError, "second LOGIN".into())),
+            (Some(_), Frame::Ping(payload)) => {
+                self.activity()?;
+                out.frame(&Frame::Pong(payload));
+                Ok(())
+            }
+            (Some(_), Frame::Data(payload)) => {
+                self.activity()?;
+                self.data_allowed()?;
+                if let Some(session) = &self.session {
+                    // Copied to a buffer of its own size: the frame's bytes live in the
+                    // worker's read buffer, which the log must not keep alive.
+                    self.gateway.registry.events().data(session, Bytes::copy_from_slice(&payload));
+                }
+                Ok(())
+            }
+            (Some(_), Frame::Logout) => Err((CloseReason::Logout, String::new())),
+            (None, Frame::Ping(_) | Frame::Data(_) | Frame::Logout) => {
+                Err((CloseReason::ProtocolError, "LOGIN must be the first frame".into()))
+            }
+            (_, Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Bye { .. }) => {
+                Err((CloseReason::ProtocolError, "gateway-to-client frame kind sent by a client".into()))
+            }
+        }
+    }
+
+    fn login(&mut self, uid: u64, token: &[u8], out: &mut impl Out) -> Result<(), Close> {
+        let gateway = &self.gateway;
+        if let Some(auth) = &gateway.config.auth {
+            if let Err(e) = auth.verify(uid, token, unix_now()) {
+                tracing::debug!(uid, error = %e, "login refused");
+                // Says what to do about it (refresh, or fix the minting), never what the
+                // secret is.
+                let why = match e {
+                    AuthError::Expired { .. } => "token expired",
+                    AuthError::BadSignature => "token did not verify",
+                    AuthError::Malformed => "token malformed: expected <expiry>.<64 lowercase hex>",
+                    AuthError::TooLong { .. } => "token expiry too far ahead (--max-token-ttl)",
+                };
+                return Err((CloseReason::AuthFailed, why.into()));
+            }
+        }
+        let now = gateway.clock.now();
+        self.session = Some(gateway.registry.login(uid, now));
+        self.last_tick = now;
+        let config = &gateway.config;
+        out.frame(&Frame::Welcome { timeout_ms: config.timeout_ms(), tick_ms: config.tick_ms() });
+        tracing::debug!(uid, "logged in");
+        Ok(())
+    }
+
+    /// Counts a frame as activity of the session: ring work only when the tick changed.
+    fn activity(&mut self) -> Result<(), Close> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let now = self.gateway.clock.now();
+        if now == self.last_tick {
+            return Ok(());
+        }
+        match self.gateway.registry.touch(session, now) {
+            Liveness::Alive => {
+                self.last_tick = now;
+                Ok(())
+            }
+            // Swept (or kicked) before this frame was read: the frame is dropped, and the
+            // close ends the session as expired unless something else ended it first.
+            Liveness::Gone => Err((session.end_reason().unwrap_or(CloseReason::IdleTimeout), String::new())),
+        }
+    }
+
+    /// Takes a DATA frame's token from the session's bucket (`--max-data-rate`); a client
+    /// over the rate is ended, so one client cannot flood the event log for everyone.
+    fn data_allowed(&self) -> Result<(), Close> {
+        let (Some(session), Some((per_tick, burst))) = (&self.session, self.gateway.data_bucket) else {
+            return Ok(());
+        };
+        if session.take_data_token(self.gateway.clock.now(), per_tick, burst) {
+            return Ok(());
+        }
+        let config = &self.gateway.config;
+        Err((
+            CloseReason::ProtocolError,
+            format!(
+                "DATA over --max-data-rate: more than {} frames a second with a burst of {}",
+                config.max_data_rate, config.max_data_burst
+            ),
+        ))
+    }
+
+    /// Ends the session (the first reason given wins) and says what to send last: the pushes
+    /// a backend was told were sent, then the BYE (with a retry hint for shutdown). Returns
+    /// the reason the connection closes with.
+    pub(crate) fn goodbye(&self, reason: CloseReason, text: String) -> (CloseReason, Vec<Frame>) {
+        let reason = match &self.session {
+            Some(session) => self.gateway.registry.leave(session, reason),
+            None => reason,
+        };
+        // Counted before the client can see the close, so whoever watches both never sees
+        // an end of stream the counters do not know of yet.
+        self.gateway.metrics.closed(reason);
+        let pushes = self.session.as_ref().map(|s| self.gateway.registry.take_pushes(s)).unwrap_or_default();
+        // Told when to come back, each at a different moment, so a fleet does not return at
+        // once to a restarted gateway.
+        let text = match reason {
+            CloseReason::Shutdown => retry_text(jittered_ms(SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD), &text),
+            _ => text,
+        };
+        let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
+        (reason, pushes.into_iter().map(Frame::Push).chain(bye).collect())
+    }
+
+    /// After the connection closed with `reason`.
+    pub(crate) fn closed(&self, reason: CloseReason) {
+        if reason == CloseReason::IdleTimeout && self.session.is_some() {
+            // Swept on the tick its last touch fell due: window ticks after that touch.
+            let gateway = &self.gateway;
+            let swept_at = gateway.clock.instant_of(self.last_tick + gateway.config.window());
+            gateway.metrics.expiry_bye_delay.observe(swept_at.elapsed().as_secs_f64());
+        }
+        match &self.session {
+            Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
+            None => tracing::debug!(%reason, "connection closed before login"),
+        }
+        self.gateway.metrics.connections_open.dec();
+    }
+}
