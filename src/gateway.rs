@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::{Cluster, ClusterDirectory, Settings};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::presence::Pending;
 use crate::presence::{Clock, Directory, EventLog, Local, Registry};
-use crate::protocol::Pending;
 
 /// One gateway's shared state; see the module documentation.
 #[derive(Debug)]
@@ -74,7 +74,7 @@ impl Gateway {
         }
         let registry = Arc::new(Registry::new(config.window(), Arc::new(events), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
-        let data_bucket = config.data_bucket();
+        let data_bucket = crate::presence::data_bucket(config.max_data_rate, config.max_data_burst, config.tick);
         let pending = Arc::new(Pending::new(config.max_pending_logins, config.max_pending_logins_per_ip));
         let directory: Arc<dyn Directory> = match &cluster {
             Some(cluster) => {

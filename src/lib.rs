@@ -8,18 +8,26 @@
 //!
 //! # Layout
 //!
-//! - `client/`: the client side. A frame's path: socket -> `codec` -> `connection` ->
-//!   `handler` -> the registry, and replies, pushes and BYEs back the same way.
+//! Folders by concern, imports pointing one way (`tests/layout.rs` checks the arrows):
+//!
+//! - `proto/`: the wire vocabulary: `frame`, `codec` (bytes to frames, no IO), `retry`
+//!   hints, `FrameError`. Imports nothing of the gateway.
+//! - `config`, `metrics/`: low; everyone may use them; they own their defaults.
 //! - `presence/`: who is online. `ring` (pure: ticks in, expired uids out), `clock` (the one
-//!   place time becomes ticks), `registry`, `ticker`, `events`, and `directory`, the trait the
-//!   API asks.
-//! - `backend/`: what servers and operators use over HTTP: `api`, `admin`, `status`.
+//!   place time becomes ticks), `registry`, `session` and its push `outbox`, `pending` (the
+//!   connections waiting to log in), `ticker`, `events`, and `directory`, the trait the API
+//!   asks.
+//! - `protocol/`: the state machine every door drives, with no IO (`machine`).
+//! - `transport/`: the doors: `tcp` over the buffered socket of `connection`.
+//! - `http/`: what servers and operators use over HTTP: `api`, `admin`, `status`, and the
+//!   bounded `listener`.
 //! - `cluster/`: several gateways sharing presence, events, pushes and kicks through Redis
-//!   (with `--redis`); the `Directory` the API asks when not alone. It and `backend/` never
-//!   use each other (`tests/layout.rs`).
-//! - `metrics/`: what is measured, below every side that counts something.
-//! - `gateway.rs` is the state all of them share; `config`, `auth`, `error` and
-//!   `descriptors` (running out of file descriptors without going silent) serve all.
+//!   (with `--redis`); the `Directory` the API asks when not alone. It and `http/` never use
+//!   each other.
+//! - `gateway.rs`: the state every task shares (above presence and cluster, below the
+//!   protocol and the doors); `server.rs` accepts connections and runs everything: the one
+//!   place that wires the gateway together. `auth`, `error` and `descriptors` (running out
+//!   of file descriptors without going silent) serve all.
 
 mod auth;
 mod cluster;
@@ -36,16 +44,16 @@ mod server;
 mod transport;
 
 pub use auth::{Auth, DEFAULT_MAX_TOKEN_TTL_SECS};
-pub use cluster::RedisTarget;
 pub use config::{
-    default_max_connections, Config, DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_PENDING_LOGINS,
-    DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
+    default_max_connections, Config, RedisTarget, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY,
+    DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
 };
 pub use error::{AuthError, ConfigError};
 pub use metrics::Metrics;
 pub use presence::{
     unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Session, Touch, What,
-    DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
+    READ_BATCH,
 };
 pub use proto::{
     kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, FrameError, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN,

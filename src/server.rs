@@ -19,11 +19,11 @@ use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::gateway::Gateway;
 use crate::http::{serve_admin, serve_api};
 use crate::metrics::Metrics;
+use crate::presence::Refused;
 use crate::presence::Ticker;
 use crate::proto::put_frame;
 use crate::proto::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::proto::{CloseReason, Frame};
-use crate::protocol::Refused;
 use crate::transport::tcp;
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a

@@ -89,6 +89,79 @@ fn the_cluster_and_the_http_side_never_use_each_other() {
     }
 }
 
+/// Each top-level module's layer: a module may import only modules of a lower layer.
+const LAYERS: [(&str, u32); 15] = [
+    ("proto", 0),
+    ("error", 0),
+    ("descriptors", 0),
+    ("auth", 1),
+    ("config", 2),
+    ("metrics", 3),
+    ("presence", 4),
+    ("cluster", 5),
+    ("gateway", 6),
+    ("protocol", 7),
+    ("transport", 8),
+    ("http", 8),
+    ("server", 9),
+    ("lib", 10),
+    ("main", 10),
+];
+
+/// `module -> modules of the crate it names` for the top-level modules of `src/`, read from
+/// every `crate::<module>` path outside comments in the module's file or folder.
+fn top_level_imports() -> BTreeMap<String, BTreeSet<String>> {
+    fn files(path: &Path, out: &mut Vec<std::path::PathBuf>) {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(path).unwrap() {
+                files(&entry.unwrap().path(), out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.to_path_buf());
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut imports = BTreeMap::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_stem().map(|n| n.to_string_lossy().into_owned()) else { continue };
+        if !(path.is_dir() || path.extension().is_some_and(|e| e == "rs")) {
+            continue;
+        }
+        let mut all = Vec::new();
+        files(&path, &mut all);
+        let mut uses = BTreeSet::new();
+        for file in all {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for line in text.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+                for (at, _) in line.match_indices("crate::") {
+                    let used: String =
+                        line[at + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    if !used.is_empty() && used != name && used.chars().all(|c| c.is_lowercase() || c == '_') {
+                        uses.insert(used);
+                    }
+                }
+            }
+        }
+        imports.insert(name, uses);
+    }
+    imports
+}
+
+#[test]
+fn the_crate_s_modules_import_downward_only() {
+    let layer = |m: &str| LAYERS.iter().find(|(n, _)| *n == m).map(|(_, l)| *l);
+    let imports = top_level_imports();
+    assert!(imports.contains_key("proto") && imports.contains_key("server"), "read {imports:?}");
+    for (module, uses) in &imports {
+        let own = layer(module).unwrap_or_else(|| panic!("src/{module} has no layer in LAYERS: give it one"));
+        for used in uses {
+            let theirs = layer(used).unwrap_or_else(|| panic!("{module} uses crate::{used}, which has no layer"));
+            assert!(theirs < own, "{module} (layer {own}) imports {used} (layer {theirs}): imports point downward");
+        }
+    }
+}
+
 #[test]
 fn a_circle_is_found() {
     let g = |edges: &[(&str, &str)]| {

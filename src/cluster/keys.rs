@@ -23,10 +23,6 @@ pub(crate) const EVENTS_LAST: &str = "{idlegate}:events:last";
 /// Set of members that have announced themselves and not yet left or been reaped.
 pub(crate) const MEMBERS: &str = "{idlegate}:members";
 
-/// Characters a node id may not contain in a cluster: the separators of member names and
-/// route values.
-pub(crate) const FORBIDDEN_IN_NODE_ID: [char; 2] = ['|', '#'];
-
 /// The route of `uid`.
 pub(crate) fn route(uid: u64) -> String {
     format!("idlegate:route:{uid}")

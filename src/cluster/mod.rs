@@ -27,6 +27,4 @@ mod stream;
 mod writer;
 
 pub(crate) use directory::ClusterDirectory;
-pub(crate) use keys::FORBIDDEN_IN_NODE_ID;
 pub(crate) use shared::{Cluster, Settings};
-pub use store::RedisTarget;

@@ -16,6 +16,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use crate::config::RedisTarget;
+
 /// How long a command may take before it counts as failed: long enough for a batch of
 /// thousands, short enough that a paused Redis shows as down within a couple of seconds.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -31,59 +33,6 @@ const CONNECT_BACKOFF: [Duration; 5] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
 ];
-
-/// Where the cluster's Redis is: `--redis` and `--redis-cluster`.
-#[derive(Clone)]
-pub struct RedisTarget {
-    urls: Vec<String>,
-    cluster: bool,
-}
-
-// === impl RedisTarget ===
-
-impl RedisTarget {
-    /// Parses `--redis`: one `redis://` or `rediss://` URL, or several comma-separated seeds
-    /// of a Redis Cluster. `cluster` forces cluster mode for a single seed.
-    pub fn parse(text: &str, cluster: bool) -> Result<RedisTarget, String> {
-        let urls: Vec<String> = text.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
-        if urls.is_empty() {
-            return Err("no URL given; expected redis://host:port[/db]".into());
-        }
-        for url in &urls {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(format!("{} is not a redis:// or rediss:// URL", redact(url)));
-            }
-            redis::Client::open(url.as_str()).map_err(|e| format!("{}: {e}", redact(url)))?;
-        }
-        let cluster = cluster || urls.len() > 1;
-        Ok(RedisTarget { urls, cluster })
-    }
-
-    /// Whether the target is a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        self.cluster
-    }
-
-    /// The seeds with any password left out, for logs.
-    pub fn redacted(&self) -> String {
-        self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
-    }
-}
-
-/// Never prints a password: the URLs may carry one.
-impl std::fmt::Debug for RedisTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisTarget").field("urls", &self.redacted()).field("cluster", &self.cluster).finish()
-    }
-}
-
-/// A URL with its user information (and so any password) replaced by `***`.
-fn redact(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, _)), Some(at)) => format!("{scheme}://***@{}", &url[at + 1..]),
-        _ => url.to_string(),
-    }
-}
 
 /// Why a call to Redis failed.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +113,7 @@ impl Store {
             match open(target).await {
                 Ok(conns) => {
                     let _ = self.inner.set(conns);
-                    tracing::info!(redis = %target.redacted(), cluster = target.cluster, "connected to Redis");
+                    tracing::info!(redis = %target.redacted(), cluster = target.is_cluster(), "connected to Redis");
                     return;
                 }
                 Err(e) => {
@@ -185,9 +134,9 @@ impl Store {
 
 /// Opens the command and blocking connections.
 async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
-    if target.cluster {
+    if target.is_cluster() {
         let client = |timeout: Duration| {
-            ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
+            ClusterClientBuilder::new(target.urls().iter().map(String::as_str))
                 .connection_timeout(RESPONSE_TIMEOUT)
                 .response_timeout(timeout)
                 .build()
@@ -196,7 +145,7 @@ async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
         let blocking = client(BLOCK + RESPONSE_TIMEOUT)?.get_async_connection().await?;
         Ok((Conn::Cluster(commands), Conn::Cluster(blocking)))
     } else {
-        let client = redis::Client::open(target.urls[0].as_str())?;
+        let client = redis::Client::open(target.urls()[0].as_str())?;
         let config = |timeout: Duration| {
             ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(RESPONSE_TIMEOUT))
@@ -206,23 +155,5 @@ async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
         let commands = ConnectionManager::new_with_config(client.clone(), config(RESPONSE_TIMEOUT)).await?;
         let blocking = ConnectionManager::new_with_config(client, config(BLOCK + RESPONSE_TIMEOUT)).await?;
         Ok((Conn::Single(commands), Conn::Single(blocking)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets_parse_and_never_show_passwords() {
-        let one = RedisTarget::parse("redis://:s3cret@127.0.0.1:6379/2", false).unwrap();
-        assert!(!one.is_cluster());
-        assert_eq!(one.redacted(), "redis://***@127.0.0.1:6379/2");
-        assert!(!format!("{one:?}").contains("s3cret"));
-        let seeds = RedisTarget::parse("redis://a:7000, redis://b:7001", false).unwrap();
-        assert!(seeds.is_cluster());
-        assert!(RedisTarget::parse("redis://a:7000", true).unwrap().is_cluster());
-        assert!(RedisTarget::parse("http://x", false).is_err());
-        assert!(RedisTarget::parse(" , ", false).is_err());
     }
 }

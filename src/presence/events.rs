@@ -30,14 +30,6 @@ use crate::presence::clock::unix_ms;
 use crate::presence::Session;
 use crate::proto::CloseReason;
 
-/// Default `--event-log-capacity`: a minute of a busy gateway's events, about 64 MB of
-/// entries before payloads.
-pub const DEFAULT_EVENT_LOG_CAPACITY: usize = 1_000_000;
-
-/// Default `--event-log-bytes`: DATA payloads can be large, so the count alone does not bound
-/// memory; the oldest events go once their payloads pass this.
-pub const DEFAULT_EVENT_LOG_BYTES: usize = 256 * 1024 * 1024;
-
 /// Events one read hands a consumer: large enough to amortize the lock, small enough that
 /// the lock is held for microseconds.
 pub const READ_BATCH: usize = 1024;

@@ -3,7 +3,8 @@
 //! `ring` is the pure slot ring (ticks in, expired uids out); `clock` is the one place time
 //! becomes ticks; `registry` maps uids to sessions and keeps them consistent with the ring;
 //! `ticker` moves the ring; `session` is what a logged-in client shares with the rest of the
-//! gateway and `outbox` holds pushes until its connection takes them; `events` logs every
+//! gateway and `outbox` holds pushes until its connection takes them; `pending` bounds the
+//! connections waiting to log in; `events` logs every
 //! online, offline and data event; `directory` answers presence questions for the backend
 //! API, whether from this process or a cluster.
 
@@ -11,6 +12,7 @@ mod clock;
 mod directory;
 mod events;
 mod outbox;
+mod pending;
 mod registry;
 mod ring;
 mod session;
@@ -19,13 +21,11 @@ mod ticker;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::{unix_now, Clock};
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
-pub use events::{
-    within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, DEFAULT_EVENT_LOG_BYTES,
-    DEFAULT_EVENT_LOG_CAPACITY, READ_BATCH,
-};
+pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, READ_BATCH};
 pub use outbox::{Outboxes, Pushed};
+pub(crate) use pending::{Pending, Refused};
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};
+pub(crate) use session::data_bucket;
 pub use session::Session;
-pub(crate) use session::TOKEN;
 pub use ticker::Ticker;

@@ -52,6 +52,16 @@ pub struct Session {
 /// a little every tick.
 pub const TOKEN: u64 = 1024;
 
+/// `--max-data-rate` and `--max-data-burst` as `(tokens a tick, burst)` in [`TOKEN`]ths for
+/// [`Session::take_data_token`] at ticks of `tick`; `None` without a limit (rate 0).
+pub(crate) fn data_bucket(rate: u32, burst: u32, tick: std::time::Duration) -> Option<(u64, u64)> {
+    if rate == 0 {
+        return None;
+    }
+    let per_tick = (u128::from(rate) * u128::from(TOKEN) * tick.as_micros() / 1_000_000) as u64;
+    Some((per_tick.max(1), u64::from(burst) * TOKEN))
+}
+
 /// The bucket before the first DATA frame: full.
 const FRESH: u64 = u64::MAX;
 

@@ -4,10 +4,12 @@
 use std::time::Duration;
 
 use crate::auth::Auth;
-use crate::cluster::{RedisTarget, FORBIDDEN_IN_NODE_ID};
+mod redis_target;
+
 use crate::error::ConfigError;
-use crate::presence::{DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY};
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
+pub use redis_target::RedisTarget;
+pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 
 /// Smallest `--max-frame-bytes` that still fits a LOGIN: a kind byte and the 8-byte uid.
 const MIN_FRAME_BYTES: u32 = 9;
@@ -62,6 +64,14 @@ const REDIS_QUEUE_PER_CONNECTION: usize = 2;
 /// The floor of that queue, so a small gateway rides out a burst of short sessions during
 /// an outage without compacting.
 const REDIS_QUEUE_MIN: usize = 65_536;
+
+/// Default `--event-log-capacity`: a minute of a busy gateway's events, about 64 MB of
+/// entries before payloads.
+pub const DEFAULT_EVENT_LOG_CAPACITY: usize = 1_000_000;
+
+/// Default `--event-log-bytes`: DATA payloads can be large, so the count alone does not bound
+/// memory; the oldest events go once their payloads pass this.
+pub const DEFAULT_EVENT_LOG_BYTES: usize = 256 * 1024 * 1024;
 
 /// Default `--redis-queue-bytes`: DATA payload a node holds for Redis while Redis is away
 /// or slow. A second of a busy node's data at 64 MiB/s; beyond it data is worth less than
@@ -229,17 +239,6 @@ impl Config {
     /// Session changes held for Redis while it is away before the queue compacts.
     pub fn redis_queue_capacity(&self) -> usize {
         (self.max_connections * REDIS_QUEUE_PER_CONNECTION).max(REDIS_QUEUE_MIN)
-    }
-
-    /// `--max-data-rate` as `(tokens a tick, burst)` in the session bucket's units; `None`
-    /// without a limit.
-    pub(crate) fn data_bucket(&self) -> Option<(u64, u64)> {
-        use crate::presence::TOKEN;
-        if self.max_data_rate == 0 {
-            return None;
-        }
-        let per_tick = (u128::from(self.max_data_rate) * u128::from(TOKEN) * self.tick.as_micros() / 1_000_000) as u64;
-        Some((per_tick.max(1), u64::from(self.max_data_burst) * TOKEN))
     }
 
     /// Bytes of replies and pushes a client may leave unread; see [`MAX_QUEUED_BYTES`].
