@@ -11,7 +11,6 @@ use idlegate::{kind, Auth, Config, Frame, FrameCodec, FrameError, HEADER_LEN};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::codec::Decoder;
 
 /// Frame limit the fuzzed codec runs with: small, so random lengths often cross it.
 const MAX: u32 = 300;

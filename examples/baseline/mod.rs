@@ -12,7 +12,7 @@ use idlegate::{CloseReason, Frame, FrameCodec};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep, Instant};
-use tokio_util::codec::{Encoder, FramedRead};
+use tokio_util::codec::FramedRead;
 
 /// Same initial read buffer as idlegate's connections.
 const READ_BUFFER: usize = 256;
@@ -52,7 +52,7 @@ async fn connection(mut stream: TcpStream, idle: Option<Duration>) {
     loop {
         tokio::select! {
             _ = async { timer.as_mut().expect("guarded by the branch condition").await }, if timer.is_some() => {
-                let _ = codec.encode(Frame::Bye { reason: CloseReason::IdleTimeout, text: String::new() }, &mut out);
+                let _ = codec.encode(&Frame::Bye { reason: CloseReason::IdleTimeout, text: String::new() }, &mut out);
                 let _ = tokio::time::timeout(Duration::from_secs(1), write_half.write_all_buf(&mut out)).await;
                 return;
             }
@@ -72,7 +72,7 @@ async fn connection(mut stream: TcpStream, idle: Option<Duration>) {
                     timer.as_mut().reset(Instant::now() + d);
                 }
                 if let Some(reply) = reply {
-                    let _ = codec.encode(reply, &mut out);
+                    let _ = codec.encode(&reply, &mut out);
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use idlegate::{CloseReason, Frame, FrameCodec};
-use tokio_util::codec::{Decoder, Encoder};
+use tokio_util::codec::Decoder;
 
 use crate::args::Protocol;
 
@@ -128,7 +128,7 @@ impl Wire {
 
     fn frame(&mut self, frame: Frame, out: &mut BytesMut) {
         // Client frames are tiny; the u32 length cannot overflow.
-        let _ = self.codec.encode(frame, out);
+        let _ = self.codec.encode(&frame, out);
     }
 }
 

@@ -12,7 +12,7 @@ use idlegate::{Auth, CloseReason, Config, Frame, FrameCodec, Listeners, Server};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
-use tokio_util::codec::{Encoder, FramedRead};
+use tokio_util::codec::FramedRead;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const TICK: Duration = Duration::from_millis(100);
@@ -68,7 +68,7 @@ async fn serve_wrongly(mut stream: tokio::net::TcpStream, wrong: Wrong) {
     let (read, mut write) = stream.split();
     let mut frames = FramedRead::new(read, FrameCodec::default());
     let mut out = BytesMut::new();
-    let send = |frame: Frame, out: &mut BytesMut| FrameCodec::default().encode(frame, out).unwrap();
+    let send = |frame: Frame, out: &mut BytesMut| FrameCodec::default().encode(&frame, out).unwrap();
     let Some(Ok(Frame::Login { .. })) = frames.next().await else { return };
     let welcome = Frame::Welcome { timeout_ms: TIMEOUT.as_millis() as u32, tick_ms: TICK.as_millis() as u32 };
     send(welcome, &mut out);

@@ -1,11 +1,11 @@
 //! Length-prefixed framing: a 4-byte big-endian length `N`, then `N` bytes of frame body.
 //!
-//! A tokio-util [`Decoder`]/[`Encoder`] with no IO of its own. The length is checked against
+//! Plain functions over buffers, with no IO and no runtime of their own (the tokio-util
+//! codec traits are implemented on top, in `transport/framed.rs`). The length is checked against
 //! the limit before a single byte of the body is buffered, so a header that claims 4 GiB
 //! costs nothing but its own four bytes.
 
 use bytes::{Buf, BufMut, BytesMut};
-use tokio_util::codec::{Decoder, Encoder};
 
 use crate::proto::Frame;
 use crate::proto::FrameError;
@@ -63,11 +63,11 @@ impl Default for FrameCodec {
     }
 }
 
-impl Decoder for FrameCodec {
-    type Item = Frame;
-    type Error = FrameError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+impl FrameCodec {
+    /// The next whole frame at the front of `src`, taken off it; `None` until one has
+    /// arrived (the buffer then grows by what is missing, doubling, never by what a header
+    /// promises).
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         let Some(header) = src.first_chunk::<HEADER_LEN>() else {
             return Ok(None);
         };
@@ -101,24 +101,15 @@ pub(crate) fn put_frame(frame: &Frame, dst: &mut BytesMut) {
     frame.encode(dst);
 }
 
-impl Encoder<&Frame> for FrameCodec {
-    type Error = FrameError;
-
-    fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
+impl FrameCodec {
+    /// Appends `frame` with its length prefix; an error for a body a length prefix cannot say.
+    pub fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
         let body = frame.body_len();
         if u32::try_from(body).is_err() {
             return Err(FrameError::BadLength { len: u32::MAX, max: self.max_frame_bytes });
         }
         put_frame(frame, dst);
         Ok(())
-    }
-}
-
-impl Encoder<Frame> for FrameCodec {
-    type Error = FrameError;
-
-    fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
-        self.encode(&frame, dst)
     }
 }
 
@@ -198,8 +189,8 @@ mod tests {
         big_first.put_u32(MAX_LOGIN_FRAME_BYTES + 1);
         assert!(matches!(codec.decode(&mut big_first), Err(FrameError::BadLength { max: MAX_LOGIN_FRAME_BYTES, .. })));
         let mut wire = BytesMut::new();
-        codec.encode(Frame::Login { uid: 1, token: Bytes::from(vec![b'x'; 512]) }, &mut wire).unwrap();
-        codec.encode(Frame::Data(Bytes::from(vec![0u8; 60_000])), &mut wire).unwrap();
+        codec.encode(&Frame::Login { uid: 1, token: Bytes::from(vec![b'x'; 512]) }, &mut wire).unwrap();
+        codec.encode(&Frame::Data(Bytes::from(vec![0u8; 60_000])), &mut wire).unwrap();
         assert!(matches!(codec.decode(&mut wire), Ok(Some(Frame::Login { .. }))));
         assert!(matches!(codec.decode(&mut wire), Ok(Some(Frame::Data(p))) if p.len() == 60_000));
     }
@@ -207,7 +198,7 @@ mod tests {
     #[test]
     fn encoder_writes_the_length_prefix() {
         let mut dst = BytesMut::new();
-        FrameCodec::default().encode(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 }, &mut dst).unwrap();
+        FrameCodec::default().encode(&Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 }, &mut dst).unwrap();
         assert_eq!(&dst[..], &[0, 0, 0, 9, 0x81, 0, 0, 0x75, 0x30, 0, 0, 0x03, 0xe8]);
     }
 }

@@ -21,7 +21,6 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncWriteExt, Interest, Ready};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use tokio_util::codec::Decoder;
 
 use crate::config::max_queued_bytes;
 use crate::proto::{put_frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};

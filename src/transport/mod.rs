@@ -2,4 +2,5 @@
 //! plain TCP (`tcp`, over the buffered socket of `connection`).
 
 mod connection;
+mod framed;
 pub(crate) mod tcp;

@@ -16,7 +16,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_util::codec::{Decoder, Encoder};
 
 /// How long a test waits for a frame before calling the gateway hung. A deadline against a
 /// hang, never a speed assertion: generous on a loaded machine.
@@ -182,7 +181,7 @@ impl Client {
 
     pub async fn send(&mut self, frame: Frame) {
         let mut out = BytesMut::new();
-        self.codec.encode(frame, &mut out).unwrap();
+        self.codec.encode(&frame, &mut out).unwrap();
         self.send_raw(&out).await;
     }
 
