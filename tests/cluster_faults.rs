@@ -33,6 +33,18 @@ fn count(events: &[StreamEvent], kind: &str, detail: &str) -> usize {
     events.iter().filter(|e| e.kind == kind && e.detail == detail).count()
 }
 
+/// Gateway `a` reaching `redis` through a pausable proxy and `b` directly, both with
+/// `lease`, both ready.
+async fn a_behind_a_proxy(redis: &RedisServer, lease: Duration) -> (Proxy, TestServer, TestServer) {
+    let proxy = Proxy::start(redis.addr).await;
+    let config = |url: &str, node| Config { node_lease: lease, ..cluster_config(url, node) };
+    let a = TestServer::start(config(&proxy.url(), "a")).await;
+    wait_ready(&a).await;
+    let b = TestServer::start(config(&redis.url(), "b")).await;
+    wait_ready(&b).await;
+    (proxy, a, b)
+}
+
 /// The member names Redis knows now.
 fn members(redis: &RedisServer) -> Vec<String> {
     redis.cli(&["SMEMBERS", "{idlegate}:members"]).lines().filter(|l| !l.is_empty()).map(String::from).collect()
@@ -104,11 +116,7 @@ async fn a_reaper_that_dies_half_way_is_taken_over_without_repeats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_reaped_while_cut_off_never_writes_under_its_old_name() {
     let Some(redis) = RedisServer::start().await else { return };
-    let proxy = Proxy::start(redis.addr).await;
-    let mut a = TestServer::start(cluster_config(&proxy.url(), "a")).await;
-    wait_ready(&a).await;
-    let mut b = TestServer::start(cluster_config(&redis.url(), "b")).await;
-    wait_ready(&b).await;
+    let (proxy, mut a, mut b) = a_behind_a_proxy(&redis, cluster_config("redis://x", "x").node_lease).await;
     let mut first = a.client().await;
     assert!(matches!(first.login(1).await, Frame::Welcome { .. }));
     eventually("B sees uid 1 on A", || async { presence(&b, 1).await["node"] == "a" }).await;
@@ -148,13 +156,8 @@ async fn a_node_reaped_while_cut_off_never_writes_under_its_old_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_login_never_undoes_a_newer_login_elsewhere() {
     let Some(redis) = RedisServer::start().await else { return };
-    let proxy = Proxy::start(redis.addr).await;
     // A lease longer than the fault, so nobody is reaped: this is about the retry alone.
-    let lease = |url: &str, node| Config { node_lease: Duration::from_secs(30), ..cluster_config(url, node) };
-    let mut a = TestServer::start(lease(&proxy.url(), "a")).await;
-    let mut b = TestServer::start(lease(&redis.url(), "b")).await;
-    wait_ready(&a).await;
-    wait_ready(&b).await;
+    let (proxy, mut a, mut b) = a_behind_a_proxy(&redis, Duration::from_secs(30)).await;
     proxy.hold_replies();
     let mut older = a.client().await;
     assert!(matches!(older.login(7).await, Frame::Welcome { .. }));
@@ -234,12 +237,7 @@ async fn shutdown_keeps_to_the_drain_timeout_when_redis_is_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_node_is_not_waited_on_and_its_kicks_say_so() {
     let Some(redis) = RedisServer::start().await else { return };
-    let proxy = Proxy::start(redis.addr).await;
-    let long = |url: &str, node| Config { node_lease: Duration::from_secs(30), ..cluster_config(url, node) };
-    let mut a = TestServer::start(long(&proxy.url(), "a")).await;
-    let mut b = TestServer::start(long(&redis.url(), "b")).await;
-    wait_ready(&a).await;
-    wait_ready(&b).await;
+    let (proxy, mut a, mut b) = a_behind_a_proxy(&redis, Duration::from_secs(30)).await;
     let mut c = a.client().await;
     assert!(matches!(c.login(9).await, Frame::Welcome { .. }));
     eventually("B sees uid 9 on A", || async { presence(&b, 9).await["node"] == "a" }).await;
