@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use idlegate::{default_max_connections, unix_now, Auth, Config, Listeners, RedisTarget, Server};
+use idlegate::{default_max_connections, unix_now, Auth, Config, Listeners, RedisTarget, Server, TlsIdentity};
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Pending-connection queue of the client listener. The kernel caps it at
@@ -137,6 +137,20 @@ struct ServeArgs {
     /// 100 ms per try.
     #[arg(long, env = "IDLEGATE_REDIS_MIN_REPLICAS", default_value_t = 0, requires = "redis")]
     redis_min_replicas: u32,
+    /// PEM certificate chain TLS listeners present (with --tls-key). Re-read on SIGHUP, so a
+    /// renewed certificate is served to new handshakes without a restart.
+    #[arg(long, env = "IDLEGATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "IDLEGATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Serve the backend API over HTTPS with --tls-cert and --tls-key.
+    #[arg(long, env = "IDLEGATE_API_TLS")]
+    api_tls: bool,
+    /// Serve the admin listener (status page, /healthz, /readyz, /metrics) over HTTPS with
+    /// --tls-cert and --tls-key.
+    #[arg(long, env = "IDLEGATE_ADMIN_TLS")]
+    admin_tls: bool,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, env = "IDLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -287,6 +301,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         node_lease: args.node_lease.unwrap_or(idlegate::DEFAULT_NODE_LEASE),
         redis_queue_bytes: args.redis_queue_bytes,
         redis_min_replicas: args.redis_min_replicas,
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => match TlsIdentity::load(cert, key) {
+                Ok(identity) => Some(identity),
+                Err(e) => usage_error(e),
+            },
+            _ => None,
+        },
+        api_tls: args.api_tls,
+        admin_tls: args.admin_tls,
     };
     if let Err(e) = config.validate() {
         usage_error(e);
@@ -355,6 +378,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_connections = config.max_connections,
             "idlegate serving"
         );
+        if let Some(identity) = config.tls.clone() {
+            tokio::spawn(reload_on_sighup(identity));
+        }
         let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
         Server::new(config).run(listeners, shutdown_signal()).await.context("serving")
     })
@@ -377,6 +403,26 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// Reads `--tls-cert` and `--tls-key` again on every SIGHUP; a bad pair is logged and the
+/// one served stays.
+async fn reload_on_sighup(identity: std::sync::Arc<TlsIdentity>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; the TLS certificate is read only at start");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match identity.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key read again; new handshakes present them"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the TLS certificate served until now"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = identity;
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -1,15 +1,18 @@
 //! What the gateway runs with, checked once at start so a bad value fails loudly and names
 //! its flag instead of misbehaving later.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::Auth;
 mod redis_target;
+mod tls;
 
 use crate::error::ConfigError;
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
 pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
+pub use tls::TlsIdentity;
 
 /// Smallest `--max-frame-bytes` that still fits a LOGIN: a kind byte and the 8-byte uid.
 const MIN_FRAME_BYTES: u32 = 9;
@@ -124,6 +127,12 @@ pub struct Config {
     pub redis_queue_bytes: usize,
     /// Replicas that must acknowledge a batch (`WAIT`) before it counts as written.
     pub redis_min_replicas: u32,
+    /// The certificate and key TLS listeners present (`--tls-cert`, `--tls-key`).
+    pub tls: Option<Arc<TlsIdentity>>,
+    /// Serve the backend API over HTTPS (`--api-tls`).
+    pub api_tls: bool,
+    /// Serve the admin listener over HTTPS (`--admin-tls`).
+    pub admin_tls: bool,
 }
 
 impl Default for Config {
@@ -148,6 +157,9 @@ impl Default for Config {
             node_lease: DEFAULT_NODE_LEASE,
             redis_queue_bytes: DEFAULT_REDIS_QUEUE_BYTES,
             redis_min_replicas: 0,
+            tls: None,
+            api_tls: false,
+            admin_tls: false,
         }
     }
 }
@@ -193,6 +205,10 @@ impl Config {
         }
         if self.max_data_rate > 0 && !(1..=MAX_DATA_BURST).contains(&self.max_data_burst) {
             return Err(ConfigError::new("--max-data-burst", format!("must be 1 to {MAX_DATA_BURST}")));
+        }
+        if (self.api_tls || self.admin_tls) && self.tls.is_none() {
+            let flag = if self.api_tls { "--api-tls" } else { "--admin-tls" };
+            return Err(ConfigError::new("--tls-cert", format!("{flag} needs --tls-cert and --tls-key")));
         }
         if self.max_pending_logins_per_ip == 0 {
             return Err(ConfigError::new("--max-pending-logins-per-ip", "must be at least 1"));

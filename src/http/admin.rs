@@ -21,6 +21,8 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Serves `/healthz`, `/readyz`, `/metrics`, and the status page (`/`, `/status.json`, and
 /// `/v1/events` with the API's token check) on `listener` until `stop` is cancelled.
 pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
+    let config = &gateway.config;
+    let listener = Bounded::new(listener, ADMIN_CONNECTIONS, HTTP_IDLE).with_tls(config.tls.as_ref(), config.admin_tls);
     let app = Router::new()
         .route("/", get(status::page))
         .route("/status.json", get(status::summary))
@@ -30,7 +32,7 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
         .layer(Extension(Arc::new(status::CloseRates::default())))
         .with_state(gateway.clone())
         .merge(api::events_router(gateway, stop.clone()));
-    let listener = Bounded::new(listener, ADMIN_CONNECTIONS, HTTP_IDLE);
+
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "admin endpoint failed");
     }

@@ -94,8 +94,9 @@ impl From<BytesRejection> for ApiError {
 /// Serves the backend API on `listener` until `stop` is cancelled; open event streams end
 /// then too.
 pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
+    let config = &gateway.config;
+    let listener = Bounded::new(listener, API_CONNECTIONS, HTTP_IDLE).with_tls(config.tls.as_ref(), config.api_tls);
     let app = router(gateway, stop.clone());
-    let listener = Bounded::new(listener, API_CONNECTIONS, HTTP_IDLE);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "backend API failed");
     }

@@ -26,8 +26,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use crate::config::TlsIdentity;
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 
 /// Connections the admin endpoint serves at once: probes, scrapes, and status pages, each of
@@ -61,6 +63,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// documentation.
 pub(crate) struct Bounded {
     listener: TcpListener,
+    /// With `--api-tls` or `--admin-tls`: each connection's TLS handshake, run inside the
+    /// connection's own task (so a slow handshake delays nobody else) and within its
+    /// first-request deadline.
+    tls: Option<TlsAcceptor>,
     permits: Arc<Semaphore>,
     reserve: Reserve,
     idle: Duration,
@@ -125,12 +131,20 @@ impl Bounded {
         let places = Places { epoch: Instant::now(), next: AtomicU64::new(0), held: Mutex::default() };
         Bounded {
             listener,
+            tls: None,
             permits: Arc::new(Semaphore::new(max)),
             reserve: Reserve::open(),
             idle,
             first_request,
             places: Arc::new(places),
         }
+    }
+
+    /// Serves HTTPS with the identity of `--tls-cert` and `--tls-key` when `on` (and the
+    /// identity is there, which the configuration's validation ensured).
+    pub(crate) fn with_tls(mut self, identity: Option<&Arc<TlsIdentity>>, on: bool) -> Bounded {
+        self.tls = identity.filter(|_| on).map(|id| TlsAcceptor::from(id.server_config(&[b"http/1.1"])));
+        self
     }
 
     /// A free place, taking one from the quietest connection when none is free.
@@ -176,6 +190,10 @@ impl axum::serve::Listener for Bounded {
         let id = self.places.next.fetch_add(1, Ordering::Relaxed);
         let place = Arc::new(Place { last_ms: AtomicU64::new(self.places.now_ms()), evict: CancellationToken::new() });
         self.places.held.lock().unwrap_or_else(PoisonError::into_inner).insert(id, place.clone());
+        let stream = match &self.tls {
+            Some(acceptor) => Stream::Handshake(acceptor.accept(stream)),
+            None => Stream::Plain(stream),
+        };
         let io = BoundedIo {
             stream,
             _permit: permit,
@@ -195,9 +213,93 @@ impl axum::serve::Listener for Bounded {
     }
 }
 
+/// A connection's bytes: plain, or TLS (its handshake first).
+enum Stream {
+    Plain(TcpStream),
+    Handshake(tokio_rustls::Accept<TcpStream>),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+// === impl Stream ===
+
+impl Stream {
+    /// Drives a TLS handshake to its end; ready at once for a plain or finished stream.
+    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Stream::Handshake(accept) = self {
+            match Pin::new(accept).poll(cx) {
+                Poll::Ready(Ok(tls)) => *self = Stream::Tls(Box::new(tls)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_handshake(cx))?;
+        match &mut *self {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Handshake(_) => unreachable!("the handshake finished above"),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.poll_handshake(cx))?;
+        match &mut *self {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Handshake(_) => unreachable!("the handshake finished above"),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.poll_handshake(cx))?;
+        match &mut *self {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Stream::Handshake(_) => unreachable!("the handshake finished above"),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+            Stream::Handshake(_) => false,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_handshake(cx))?;
+        match &mut *self {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Handshake(_) => unreachable!("the handshake finished above"),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_handshake(cx))?;
+        match &mut *self {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Handshake(_) => unreachable!("the handshake finished above"),
+        }
+    }
+}
+
 /// An accepted HTTP connection; its place goes back when it closes.
 pub(crate) struct BoundedIo {
-    stream: TcpStream,
+    stream: Stream,
     _permit: OwnedSemaphorePermit,
     /// Fires after `idle_for` without traffic; pushed back by every read and write.
     idle: Pin<Box<tokio::time::Sleep>>,

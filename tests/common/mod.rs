@@ -96,6 +96,23 @@ pub async fn wait_listening(addr: SocketAddr) {
     }
 }
 
+/// The status of a plain HTTP GET, or 0 when no HTTP answer came within a second (a TLS
+/// listener, say).
+pub async fn http_get_status(addr: SocketAddr, path: &str) -> (u16, String) {
+    match tokio::time::timeout(Duration::from_secs(1), async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.ok()?;
+        Some(String::from_utf8_lossy(&raw).into_owned())
+    })
+    .await
+    {
+        Ok(Some(text)) => (text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), text),
+        _ => (0, String::new()),
+    }
+}
+
 /// A minimal HTTP/1.1 GET, enough for the admin endpoint and Prometheus's API.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     http(addr, "GET", path, &[], "").await

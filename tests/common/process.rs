@@ -17,6 +17,20 @@ pub struct GatewayProcess {
 impl GatewayProcess {
     /// Starts `idlegate serve` with `extra` flags and waits until `/healthz` answers.
     pub async fn start(extra: &[&str]) -> GatewayProcess {
+        let gw = GatewayProcess::spawn(extra).await;
+        assert_eq!(http_get(gw.admin, "/healthz").await.0, 200);
+        gw
+    }
+
+    /// Starts `idlegate serve` with `extra` flags whose HTTP listeners speak TLS: waits until
+    /// both accept connections.
+    pub async fn start_https(extra: &[&str]) -> GatewayProcess {
+        let gw = GatewayProcess::spawn(extra).await;
+        wait_listening(gw.api).await;
+        gw
+    }
+
+    async fn spawn(extra: &[&str]) -> GatewayProcess {
         let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
         let child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
             .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
@@ -28,8 +42,14 @@ impl GatewayProcess {
             .spawn()
             .expect("idlegate starts");
         wait_listening(admin).await;
-        assert_eq!(http_get(admin, "/healthz").await.0, 200);
         GatewayProcess { listen, admin, api, child }
+    }
+
+    /// Sends the process `signal` (`HUP`, `TERM`) with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().expect("kill runs").success();
+        assert!(ok, "kill -{signal} {pid}");
     }
 
     /// Resident memory in bytes, from `/proc/<pid>/status`.

@@ -1,0 +1,123 @@
+//! HTTPS on the backend API and the admin listener (`--api-tls`, `--admin-tls` with
+//! `--tls-cert` and `--tls-key`): real certificates made by `openssl`, real clients (`curl`
+//! and `openssl s_client`), the gateway as a process of its own so SIGHUP can reach it.
+//!
+//! On a machine without openssl or curl the test skips with a message; under CI it fails
+//! instead.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::process::GatewayProcess;
+use common::{find_on_path, skip_without};
+
+const INSTALL: &str = "apt-get install openssl curl";
+
+/// A self-signed ECDSA certificate for 127.0.0.1 in `dir`: `<name>.pem` and `<name>.key`.
+fn certificate(dir: &Path, name: &str) -> (String, String) {
+    let (cert, key) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", &format!("/CN={name}"), "-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    (cert.display().to_string(), key.display().to_string())
+}
+
+/// `curl` of `url` trusting `ca`: (exit status, body).
+fn curl(ca: &str, url: &str) -> (i32, String) {
+    let out = Command::new("curl").args(["-sS", "--max-time", "5", "--cacert", ca, url]).output().expect("curl runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The subject of the certificate the server at `addr` presents, and the TLS version it
+/// negotiated with `version` (`-tls1_3`, `-tls1_2`, `-tls1_1`), or `None` if it refused.
+fn handshake(addr: std::net::SocketAddr, version: &str) -> Option<(String, String)> {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), version, "-brief"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl runs");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let protocol =
+        text.lines().find_map(|l| l.trim().strip_prefix("Protocol version:").map(|v| v.trim().to_string()))?;
+    let subject =
+        text.lines().find_map(|l| l.trim().strip_prefix("Peer certificate:").map(|v| v.trim().to_string()))?;
+    Some((subject, protocol))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_and_admin_listener_speak_https_and_take_a_new_certificate_on_sighup() {
+    if find_on_path(&["openssl"]).is_none() || find_on_path(&["curl"]).is_none() {
+        return skip_without("openssl and curl", INSTALL);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "first");
+    let gw = GatewayProcess::start_https(&["--api-tls", "--admin-tls", "--tls-cert", &cert, "--tls-key", &key]).await;
+
+    let (code, body) = curl(&cert, &format!("https://{}/healthz", gw.admin));
+    assert_eq!((code, body.as_str()), (0, "ok\n"));
+    let (code, body) = curl(&cert, &format!("https://{}/v1/online", gw.api));
+    assert_eq!(code, 0, "{body}");
+    assert!(body.contains("\"online\":0"), "{body}");
+    // Plain HTTP gets no answer from a TLS listener.
+    let (code, _) = common::http_get_status(gw.api, "/v1/online").await;
+    assert_ne!(code, 200);
+
+    // TLS 1.3 and 1.2, nothing older.
+    let (subject, protocol) = handshake(gw.api, "-tls1_3").expect("a TLS 1.3 handshake");
+    assert!(subject.contains("first") && protocol == "TLSv1.3", "{subject} {protocol}");
+    assert_eq!(handshake(gw.api, "-tls1_2").map(|(_, p)| p).as_deref(), Some("TLSv1.2"));
+    assert_eq!(handshake(gw.api, "-tls1_1"), None, "TLS 1.1 is refused");
+
+    // A renewed pair in the same files, and SIGHUP: new handshakes present it.
+    let (second_cert, second_key) = certificate(dir.path(), "second");
+    std::fs::copy(&second_cert, &cert).unwrap();
+    std::fs::copy(&second_key, &key).unwrap();
+    gw.signal("HUP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if handshake(gw.api, "-tls1_3").is_some_and(|(subject, _)| subject.contains("second")) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the new certificate is never presented");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, body) = curl(&second_cert, &format!("https://{}/healthz", gw.admin));
+    assert_eq!((code, body.as_str()), (0, "ok\n"));
+}
+
+#[test]
+fn a_missing_or_mismatched_pair_exits_2_naming_the_flag() {
+    if find_on_path(&["openssl"]).is_none() {
+        return skip_without("openssl", INSTALL);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, _) = certificate(dir.path(), "one");
+    let (_, other_key) = certificate(dir.path(), "two");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--api-tls"], "--tls-cert"),
+        (&["--admin-tls"], "--tls-cert"),
+        (&["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
+        (&["--tls-cert", &cert, "--tls-key", &other_key], "--tls-key"),
+    ];
+    for (args, flag) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_idlegate"))
+            .arg("serve")
+            .args(*args)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?} should name {flag}: {stderr}");
+    }
+}
