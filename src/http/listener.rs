@@ -191,7 +191,7 @@ impl axum::serve::Listener for Bounded {
         let place = Arc::new(Place { last_ms: AtomicU64::new(self.places.now_ms()), evict: CancellationToken::new() });
         self.places.held.lock().unwrap_or_else(PoisonError::into_inner).insert(id, place.clone());
         let stream = match &self.tls {
-            Some(acceptor) => Stream::Handshake(acceptor.accept(stream)),
+            Some(acceptor) => Stream::Handshake(Box::new(acceptor.accept(stream))),
             None => Stream::Plain(stream),
         };
         let io = BoundedIo {
@@ -216,7 +216,7 @@ impl axum::serve::Listener for Bounded {
 /// A connection's bytes: plain, or TLS (its handshake first).
 enum Stream {
     Plain(TcpStream),
-    Handshake(tokio_rustls::Accept<TcpStream>),
+    Handshake(Box<tokio_rustls::Accept<TcpStream>>),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
@@ -226,7 +226,7 @@ impl Stream {
     /// Drives a TLS handshake to its end; ready at once for a plain or finished stream.
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if let Stream::Handshake(accept) = self {
-            match Pin::new(accept).poll(cx) {
+            match Pin::new(accept.as_mut()).poll(cx) {
                 Poll::Ready(Ok(tls)) => *self = Stream::Tls(Box::new(tls)),
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
