@@ -222,6 +222,8 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
                 tokio::spawn(tcp::serve(stream, gateway.clone(), permit));
             }
             Err(_) => {
+                // Not served: its place among the waiting logins goes back at once.
+                drop(gateway.pending.claim(fd));
                 metrics.shed_max_connections.inc();
                 metrics.closed(CloseReason::ServerFull);
                 refuse(stream, &format!("{} connections open", config.max_connections));
