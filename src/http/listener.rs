@@ -7,9 +7,10 @@
 //! - a connection must finish its first request within [`FIRST_REQUEST`] of being
 //!   accepted, however it trickles bytes (slowloris): until the server first answers, only
 //!   that deadline counts, not activity;
-//! - when every place is taken, the next connection takes the place of the one that has
-//!   been quiet longest (no byte either way for at least [`EVICTABLE_AFTER`]), which is
-//!   closed; only when every connection is busy does a new one wait in the backlog;
+//! - when every place is taken, the next connection takes the place of one quiet for at
+//!   least [`EVICTABLE_AFTER`]: of those that never got an answer (idle or slow sockets),
+//!   the quietest; only if there is none, the quietest of the rest (an event stream
+//!   between keep-alives); only when every connection is busy does a new one wait;
 //! - a connection with no byte read or written for [`HTTP_IDLE`] is closed.
 
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -86,6 +87,10 @@ struct Places {
 #[derive(Debug)]
 struct Place {
     last_ms: AtomicU64,
+    /// Whether the server has answered a request on it: a connection that never sent a
+    /// whole request (an idle or slow socket of a flood) goes before one that did (an event
+    /// stream between keep-alives, a pooled backend connection).
+    answered: AtomicBool,
     evict: CancellationToken,
 }
 
@@ -107,7 +112,7 @@ impl Places {
         }
         let quietest = held
             .values()
-            .min_by_key(|p| p.last_ms.load(Ordering::Relaxed))
+            .min_by_key(|p| (p.answered.load(Ordering::Relaxed), p.last_ms.load(Ordering::Relaxed)))
             .filter(|p| now.saturating_sub(p.last_ms.load(Ordering::Relaxed)) >= EVICTABLE_AFTER.as_millis() as u64);
         match quietest {
             Some(place) => {
@@ -188,7 +193,11 @@ impl axum::serve::Listener for Bounded {
         };
         let permit = self.place().await;
         let id = self.places.next.fetch_add(1, Ordering::Relaxed);
-        let place = Arc::new(Place { last_ms: AtomicU64::new(self.places.now_ms()), evict: CancellationToken::new() });
+        let place = Arc::new(Place {
+            last_ms: AtomicU64::new(self.places.now_ms()),
+            answered: AtomicBool::new(false),
+            evict: CancellationToken::new(),
+        });
         self.places.held.lock().unwrap_or_else(PoisonError::into_inner).insert(id, place.clone());
         let stream = match &self.tls {
             Some(acceptor) => Stream::Handshake(Box::new(acceptor.accept(stream))),
@@ -351,7 +360,9 @@ impl BoundedIo {
 
     /// The server answers: the first request is in.
     fn answered(&mut self) {
-        self.first_request = None;
+        if self.first_request.take().is_some() {
+            self.place.answered.store(true, Ordering::Relaxed);
+        }
         self.active();
     }
 }
@@ -504,5 +515,38 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(10), "never cut");
         };
         assert!(cut);
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_never_sent_a_request_goes_before_one_that_did() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Answers each read with "ok", as a server answers a request.
+        tokio::spawn(async move {
+            let mut bounded = Bounded::new(listener, 2, Duration::from_secs(60));
+            loop {
+                let (mut io, _) = axum::serve::Listener::accept(&mut bounded).await;
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {
+                        if io.write_all(b"ok").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let mut served = TcpStream::connect(addr).await.unwrap();
+        served.write_all(b"GET").await.unwrap();
+        let mut buf = [0u8; 2];
+        served.read_exact(&mut buf).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Newer than the served one, but it never sent a request.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(EVICTABLE_AFTER).await;
+        let _newcomer = TcpStream::connect(addr).await.unwrap();
+        assert!(closed(&mut idle).await, "the socket that never asked anything makes room");
+        served.write_all(b"GET").await.unwrap();
+        assert!(served.read_exact(&mut buf).await.is_ok(), "the connection that was served keeps its place");
     }
 }
