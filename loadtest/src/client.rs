@@ -48,6 +48,10 @@ pub struct Ctx {
     pub stats: Arc<Stats>,
     /// Cancelled when the run ends (or is interrupted): every client closes.
     pub stop: CancellationToken,
+    /// Cancelled just before the end's counts are taken under `--churn`: no session meets a
+    /// new fate and no churned client comes back, so the harness and the gateway count the
+    /// same still picture instead of two moments of a moving one.
+    pub settle: CancellationToken,
     /// Zero of the timestamps carried in PINGs.
     pub epoch: Instant,
     /// How long past `timeout + tick` a silent client waits before it counts as missed.
@@ -164,6 +168,11 @@ pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
                 tokio::select! {
                     _ = tokio::time::sleep(after) => {}
                     _ = ctx.stop.cancelled() => break,
+                }
+                if ctx.churn_life.is_some() && ctx.settle.is_cancelled() {
+                    // Counting: a churned client stays away until the run ends.
+                    ctx.stop.cancelled().await;
+                    break;
                 }
                 client.plan.connect_at = Instant::now();
             }
@@ -433,6 +442,14 @@ impl Client {
                     stats.missed_offline.fetch_add(1, Ordering::Relaxed);
                     return Next::Done;
                 }
+                _ = ctx.settle.cancelled(), if fate.is_some() && !logging_out => {
+                    // Counting: this session keeps what it is doing now. A silent one whose
+                    // silence has not begun keeps pinging.
+                    if matches!(fate, Some((Fate::Silent, _))) && missed_at.is_none() {
+                        silent_at = None;
+                    }
+                    fate = None;
+                }
                 _ = sleep_until(fate.map_or(next_send, |(_, at)| at)), if !logging_out && matches!(fate, Some((Fate::Logout | Fate::Drop | Fate::Kicked, at)) if at <= next_send) => {
                     let Some((what, _)) = fate else { unreachable!("guarded") };
                     match what {
@@ -583,6 +600,7 @@ pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
         data_interval: None,
         stats: Arc::new(Stats::new(0)),
         stop: CancellationToken::new(),
+        settle: CancellationToken::new(),
         epoch: Instant::now(),
         missed_grace: Duration::from_secs(1),
         learned: OnceLock::new(),

@@ -24,6 +24,10 @@ use crate::wire::Wire;
 
 /// File descriptors kept for the harness itself beyond one per connection (runtime, stdio,
 /// the admin scrapes).
+/// How long a churning run holds still before the end's counts: a logout's BYE or a kick's
+/// second login under way when it began lands in a few milliseconds on loopback.
+const CHURN_SETTLE: Duration = Duration::from_millis(1500);
+
 const FD_RESERVE: u64 = 64;
 
 /// Longest the harness waits to reach the target before calling it unreachable.
@@ -97,6 +101,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         data_interval: (args.data_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.data_rate)),
         stats: stats.clone(),
         stop: CancellationToken::new(),
+        settle: CancellationToken::new(),
         epoch,
         missed_grace: args.missed_grace,
         learned: OnceLock::new(),
@@ -211,6 +216,12 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     if let Some(pusher) = pusher {
         let _ = pusher.await;
         tokio::time::sleep(PUSH_ARRIVAL_GRACE).await;
+    }
+    // Under --churn sessions come and go until told to hold still; what was under way then
+    // (a logout's BYE, a kick's second login) lands within this, and both counts see it.
+    if ctx.churn_life.is_some() {
+        ctx.settle.cancel();
+        tokio::time::sleep(CHURN_SETTLE).await;
     }
     // The end, while the active clients are still connected: compare counts. In a shared
     // run, once every process has reached its end, and before any closes its clients.
