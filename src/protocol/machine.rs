@@ -211,6 +211,13 @@ impl Machine {
         // Counted before the client can see the close, so whoever watches both never sees
         // an end of stream the counters do not know of yet.
         self.gateway.metrics.closed(reason);
+        if reason == CloseReason::IdleTimeout && self.session.is_some() {
+            // From the tick that swept it (window ticks after its last touch) to its BYE,
+            // which goes out next.
+            let gateway = &self.gateway;
+            let swept_at = gateway.clock.instant_of(self.last_tick + gateway.config.window());
+            gateway.metrics.expiry_bye_delay.observe(swept_at.elapsed().as_secs_f64());
+        }
         let pushes = self.session.as_ref().map(|s| self.gateway.registry.take_pushes(s)).unwrap_or_default();
         // Told when to come back, each at a different moment, so a fleet does not return at
         // once to a restarted gateway.
@@ -224,12 +231,6 @@ impl Machine {
 
     /// After the connection closed with `reason`.
     pub(crate) fn closed(&self, reason: CloseReason) {
-        if reason == CloseReason::IdleTimeout && self.session.is_some() {
-            // Swept on the tick its last touch fell due: window ticks after that touch.
-            let gateway = &self.gateway;
-            let swept_at = gateway.clock.instant_of(self.last_tick + gateway.config.window());
-            gateway.metrics.expiry_bye_delay.observe(swept_at.elapsed().as_secs_f64());
-        }
         match &self.session {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),
