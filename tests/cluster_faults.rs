@@ -45,6 +45,17 @@ async fn a_behind_a_proxy(redis: &RedisServer, lease: Duration) -> (Proxy, TestS
     (proxy, a, b)
 }
 
+/// Clients logged in as `uids`, each on one of `nodes` in turn.
+async fn log_in(nodes: &[TestServer], uids: std::ops::RangeInclusive<u64>) -> Vec<Client> {
+    let mut clients = Vec::new();
+    for uid in uids {
+        let mut c = nodes[uid as usize % nodes.len()].client().await;
+        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }), "uid {uid}");
+        clients.push(c);
+    }
+    clients
+}
+
 /// The member names Redis knows now.
 fn members(redis: &RedisServer) -> Vec<String> {
     redis.cli(&["SMEMBERS", "{idlegate}:members"]).lines().filter(|l| !l.is_empty()).map(String::from).collect()
@@ -360,22 +371,13 @@ async fn a_failover_that_lost_writes_is_reported_and_repaired() {
     let proxy = Proxy::start(master.addr).await;
     let mut nodes = gateways_with(&proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
     let (_, mut sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
-    let mut clients = Vec::new();
-    for uid in 1..=3u64 {
-        let mut c = nodes[(uid % 2) as usize].client().await;
-        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
-        clients.push(c);
-    }
+    let mut clients = log_in(&nodes, 1..=3).await;
     within(PATIENCE, "the replica holds 3 logins", || {
         replica.events().iter().filter(|e| e.kind == "online").count() == 3
     })
     .await;
     link.pause();
-    for uid in 4..=6u64 {
-        let mut c = nodes[(uid % 2) as usize].client().await;
-        assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
-        clients.push(c);
-    }
+    clients.extend(log_in(&nodes, 4..=6).await);
     within(PATIENCE, "the master acknowledged 6 logins", || {
         master.events().iter().filter(|e| e.kind == "online").count() == 6
     })

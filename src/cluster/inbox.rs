@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::{StoreError, BLOCK};
+use crate::cluster::stream::recent;
 use crate::presence::EventId;
 
 /// Entries one read takes from the inbox and the event stream.
@@ -59,7 +60,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         } else {
             match &events_last {
                 Some(id) => Some(id.clone()),
-                None => match newest_event(&cluster).await {
+                None => match recent(&cluster, 0).await.map(|id| id.to_string()) {
                     Ok(id) => {
                         // Events logged before this position never come through the
                         // read: consumers waiting since before it re-read now instead.
@@ -119,23 +120,6 @@ async fn pause(stop: &CancellationToken) {
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         _ = stop.cancelled() => {}
     }
-}
-
-/// The id of the newest event, or `0-0` for an empty stream.
-pub(crate) async fn newest_event(cluster: &Cluster) -> Result<String, StoreError> {
-    cluster
-        .call(1, |mut conn| async move {
-            let top: Vec<(String, Vec<(String, Value)>)> = redis::cmd("XREVRANGE")
-                .arg(keys::EVENTS)
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut conn)
-                .await?;
-            Ok(top.into_iter().next().map(|(id, _)| id).unwrap_or_else(|| "0-0".into()))
-        })
-        .await
 }
 
 /// Drops what this node has read from its inbox.

@@ -11,7 +11,8 @@
 //! it. `node` starts the tasks and is the only file that knows them all.
 //!
 //! Imports point one way: `node` -> `writer`, `membership`, `inbox` -> `shared` -> `store`,
-//! `scripts`, `keys`, `queue`; `directory` -> `inbox`, `membership`, `stream`, `shared`.
+//! `scripts`, `keys`, `queue`; `inbox` -> `stream` (the stream's newest position);
+//! `directory` -> `inbox`, `membership`, `stream`, `shared`.
 //! A test (`tests/layout.rs`) fails on any circle.
 
 mod directory;

@@ -17,7 +17,6 @@ use bytes::Bytes;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use redis::Value;
 
-use crate::cluster::inbox::newest_event;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
@@ -45,8 +44,8 @@ pub(crate) fn follow(cluster: Arc<Cluster>, after: Option<EventId>) -> BoxStream
         loop {
             let from = match cursor {
                 Some(id) => id,
-                None => match newest_event(cluster).await.map(|id| id.parse::<EventId>()) {
-                    Ok(Ok(id)) => {
+                None => match recent(cluster, 0).await {
+                    Ok(id) => {
                         cursor = Some(id);
                         id
                     }
@@ -71,7 +70,8 @@ pub(crate) fn follow(cluster: Arc<Cluster>, after: Option<EventId>) -> BoxStream
     .boxed()
 }
 
-/// The position just before the `n` newest events (`0-0` when the stream holds fewer).
+/// The position just before the `n` newest events (`0-0` when the stream holds fewer):
+/// with `n` 0, the newest event's id, where a consumer "from now" starts.
 pub(crate) async fn recent(cluster: &Cluster, n: usize) -> Result<EventId, StoreError> {
     let top: Vec<(String, Vec<(String, Value)>)> = cluster
         .call(1, |mut conn| async move {

@@ -231,9 +231,14 @@ enum Stream {
 
 // === impl Stream ===
 
+/// What a finished stream is, plain or TLS, to read and write through.
+trait Io: AsyncRead + AsyncWrite + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
+
 impl Stream {
-    /// Drives a TLS handshake to its end; ready at once for a plain or finished stream.
-    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// The stream to read and write, once a TLS handshake has come to its end.
+    fn ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&mut dyn Io>> {
         if let Stream::Handshake(accept) = self {
             match Pin::new(accept.as_mut()).poll(cx) {
                 Poll::Ready(Ok(tls)) => *self = Stream::Tls(Box::new(tls)),
@@ -241,29 +246,25 @@ impl Stream {
                 Poll::Pending => return Poll::Pending,
             }
         }
-        Poll::Ready(Ok(()))
+        Poll::Ready(Ok(match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.as_mut(),
+            Stream::Handshake(_) => unreachable!("the handshake finished above"),
+        }))
     }
 }
 
 impl AsyncRead for Stream {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_handshake(cx))?;
-        match &mut *self {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Stream::Handshake(_) => unreachable!("the handshake finished above"),
-        }
+        let io = std::task::ready!(self.ready(cx))?;
+        Pin::new(io).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Stream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        std::task::ready!(self.poll_handshake(cx))?;
-        match &mut *self {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Stream::Handshake(_) => unreachable!("the handshake finished above"),
-        }
+        let io = std::task::ready!(self.ready(cx))?;
+        Pin::new(io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -271,12 +272,8 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        std::task::ready!(self.poll_handshake(cx))?;
-        match &mut *self {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Stream::Handshake(_) => unreachable!("the handshake finished above"),
-        }
+        let io = std::task::ready!(self.ready(cx))?;
+        Pin::new(io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -288,21 +285,13 @@ impl AsyncWrite for Stream {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_handshake(cx))?;
-        match &mut *self {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Stream::Handshake(_) => unreachable!("the handshake finished above"),
-        }
+        let io = std::task::ready!(self.ready(cx))?;
+        Pin::new(io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_handshake(cx))?;
-        match &mut *self {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Stream::Handshake(_) => unreachable!("the handshake finished above"),
-        }
+        let io = std::task::ready!(self.ready(cx))?;
+        Pin::new(io).poll_shutdown(cx)
     }
 }
 

@@ -117,8 +117,8 @@ impl Machine {
                 Ok(())
             }
             (Some(_), Frame::Data(payload)) => {
-                self.activity()?;
-                self.data_allowed()?;
+                let now = self.activity()?;
+                self.data_allowed(now)?;
                 if let Some(session) = &self.session {
                     // Copied to a buffer of its own size: the frame's bytes live in the
                     // worker's read buffer, which the log must not keep alive.
@@ -162,18 +162,19 @@ impl Machine {
     }
 
     /// Counts a frame as activity of the session: ring work only when the tick changed.
-    fn activity(&mut self) -> Result<(), Close> {
-        let Some(session) = &self.session else {
-            return Ok(());
-        };
+    /// Returns the tick now, for the frame's other checks.
+    fn activity(&mut self) -> Result<u64, Close> {
         let now = self.gateway.clock.now();
+        let Some(session) = &self.session else {
+            return Ok(now);
+        };
         if now == self.last_tick {
-            return Ok(());
+            return Ok(now);
         }
         match self.gateway.registry.touch(session, now) {
             Liveness::Alive => {
                 self.last_tick = now;
-                Ok(())
+                Ok(now)
             }
             // Swept (or kicked) before this frame was read: the frame is dropped, and the
             // close ends the session as expired unless something else ended it first.
@@ -181,13 +182,13 @@ impl Machine {
         }
     }
 
-    /// Takes a DATA frame's token from the session's bucket (`--max-data-rate`); a client
+    /// Takes a DATA frame's token at tick `now` from the session's bucket (`--max-data-rate`); a client
     /// over the rate is ended, so one client cannot flood the event log for everyone.
-    fn data_allowed(&self) -> Result<(), Close> {
+    fn data_allowed(&self, now: u64) -> Result<(), Close> {
         let (Some(session), Some((per_tick, burst))) = (&self.session, self.gateway.data_bucket) else {
             return Ok(());
         };
-        if session.take_data_token(self.gateway.clock.now(), per_tick, burst) {
+        if session.take_data_token(now, per_tick, burst) {
             return Ok(());
         }
         let config = &self.gateway.config;
