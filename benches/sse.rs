@@ -32,7 +32,7 @@ fn main() {
         let config = Config { event_log_capacity: EVENTS as usize + 1_000, ..Config::default() };
         let server = Server::new(config);
         let metrics = server.metrics();
-        let listeners = Listeners { clients, admin: None, api: Some(api) };
+        let listeners = Listeners { api: Some(api), ..Listeners::clients(clients) };
         tokio::spawn(server.run(listeners, std::future::pending::<()>()));
 
         let fill = Instant::now();

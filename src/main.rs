@@ -38,6 +38,21 @@ struct ServeArgs {
     /// Address clients connect to.
     #[arg(long, env = "IDLEGATE_LISTEN", default_value = "127.0.0.1:7070", value_parser = resolve)]
     listen: SocketAddr,
+    /// Address clients connect to over TLS (the same protocol inside TLS 1.3 or 1.2); needs
+    /// --tls-cert and --tls-key.
+    #[arg(long, env = "IDLEGATE_TLS_LISTEN", value_parser = resolve, requires = "tls_cert")]
+    tls_listen: Option<SocketAddr>,
+    /// Address browsers and WebSocket clients connect to (upgrade on /v1/ws; one protocol
+    /// frame per binary message).
+    #[arg(long, env = "IDLEGATE_WS_LISTEN", value_parser = resolve)]
+    ws_listen: Option<SocketAddr>,
+    /// Address for WebSocket inside TLS (wss://); needs --tls-cert and --tls-key.
+    #[arg(long, env = "IDLEGATE_WSS_LISTEN", value_parser = resolve, requires = "tls_cert")]
+    wss_listen: Option<SocketAddr>,
+    /// Comma-separated origins a WebSocket upgrade may come from (default: any). An upgrade
+    /// with another Origin gets 403; one with no Origin (not a browser) is allowed.
+    #[arg(long, env = "IDLEGATE_WS_ALLOWED_ORIGINS", value_delimiter = ',')]
+    ws_allowed_origins: Option<Vec<String>>,
     /// Address of the admin HTTP endpoint (the status page at /, /healthz, /readyz, /metrics).
     #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071", value_parser = resolve)]
     admin_listen: SocketAddr,
@@ -310,17 +325,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         api_tls: args.api_tls,
         admin_tls: args.admin_tls,
+        ws_allowed_origins: args.ws_allowed_origins.clone().map(|list| {
+            list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()
+        }),
     };
     if let Err(e) = config.validate() {
         usage_error(e);
     }
     if config.auth.is_none() {
-        if !args.listen.ip().is_loopback() && !args.allow_anonymous {
-            usage_error(format!(
-                "--listen {} is not a loopback address and no --auth-secret is set: anyone could log in as any uid; \
-                 set --auth-secret, or pass --allow-anonymous if that is what you want",
-                args.listen
-            ));
+        let doors = [
+            ("--listen", Some(args.listen)),
+            ("--tls-listen", args.tls_listen),
+            ("--ws-listen", args.ws_listen),
+            ("--wss-listen", args.wss_listen),
+        ];
+        for (flag, addr) in doors {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !args.allow_anonymous) {
+                usage_error(format!(
+                    "{flag} {addr} is not a loopback address and no --auth-secret is set: anyone could log in as \
+                     any uid; set --auth-secret, or pass --allow-anonymous if that is what you want",
+                ));
+            }
         }
         tracing::warn!("no --auth-secret: any LOGIN token is accepted");
     }
@@ -372,16 +397,26 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             listen = %args.listen,
             admin = %args.admin_listen,
             api = %args.api_listen,
+            tls = ?args.tls_listen,
+            ws = ?args.ws_listen,
+            wss = ?args.wss_listen,
             node = %config.node_id,
             timeout = ?config.timeout,
             tick = ?config.tick,
             max_connections = config.max_connections,
             "idlegate serving"
         );
-        if let Some(identity) = config.tls.clone() {
-            tokio::spawn(reload_on_sighup(identity));
-        }
-        let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
+        let door = |flag: &'static str, addr: Option<SocketAddr>| {
+            addr.map(|addr| listen(addr).with_context(|| format!("binding {flag} {addr}"))).transpose()
+        };
+        let listeners = Listeners {
+            clients: listener,
+            tls: door("--tls-listen", args.tls_listen)?,
+            ws: door("--ws-listen", args.ws_listen)?,
+            wss: door("--wss-listen", args.wss_listen)?,
+            admin: Some(admin),
+            api: Some(api),
+        };
         Server::new(config).run(listeners, shutdown_signal()).await.context("serving")
     })
 }
@@ -403,26 +438,6 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-}
-
-/// Reads `--tls-cert` and `--tls-key` again on every SIGHUP; a bad pair is logged and the
-/// one served stays.
-async fn reload_on_sighup(identity: std::sync::Arc<TlsIdentity>) {
-    #[cfg(unix)]
-    {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP; the TLS certificate is read only at start");
-            return;
-        };
-        while hup.recv().await.is_some() {
-            match identity.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key read again; new handshakes present them"),
-                Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the TLS certificate served until now"),
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = identity;
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, TlsIdentity};
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::gateway::Gateway;
 use crate::http::{serve_admin, serve_api};
@@ -23,8 +23,8 @@ use crate::presence::Refused;
 use crate::presence::Ticker;
 use crate::proto::put_frame;
 use crate::proto::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
-use crate::proto::{CloseReason, Frame};
-use crate::transport::tcp;
+use crate::proto::{CloseReason, Frame, Transport};
+use crate::transport::Doors;
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
 /// row, so a full file table costs a few wakeups a second instead of a spinning core.
@@ -36,8 +36,14 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// The sockets a gateway serves, bound by the caller.
 #[derive(Debug)]
 pub struct Listeners {
-    /// Where clients connect.
+    /// Where clients connect over plain TCP.
     pub clients: TcpListener,
+    /// Where clients connect over TLS (`--tls-listen`); needs [`Config::tls`].
+    pub tls: Option<TcpListener>,
+    /// Where clients connect over WebSocket (`--ws-listen`).
+    pub ws: Option<TcpListener>,
+    /// Where clients connect over WebSocket in TLS (`--wss-listen`); needs [`Config::tls`].
+    pub wss: Option<TcpListener>,
     /// `/healthz`, `/readyz`, `/metrics`, if wanted.
     pub admin: Option<TcpListener>,
     /// The backend API, if wanted.
@@ -49,7 +55,7 @@ pub struct Listeners {
 impl Listeners {
     /// Clients only, no HTTP.
     pub fn clients(clients: TcpListener) -> Listeners {
-        Listeners { clients, admin: None, api: None }
+        Listeners { clients, tls: None, ws: None, wss: None, admin: None, api: None }
     }
 }
 
@@ -78,6 +84,20 @@ impl Server {
     /// drain timeout for them to close.
     pub async fn run(self, listeners: Listeners, shutdown: impl Future) -> io::Result<()> {
         let gateway = self.gateway;
+        let wanted = [
+            (Some(listeners.clients), Transport::Tcp),
+            (listeners.tls, Transport::Tls),
+            (listeners.ws, Transport::Ws),
+            (listeners.wss, Transport::Wss),
+        ];
+        let mut open = Vec::new();
+        for (listener, transport) in wanted {
+            let Some(listener) = listener else { continue };
+            if transport.is_tls() && gateway.config.tls.is_none() {
+                return Err(io::Error::other(format!("a {transport} listener needs --tls-cert and --tls-key")));
+            }
+            open.push((listener, transport));
+        }
         let background = CancellationToken::new();
         let ticker =
             Ticker::new(gateway.registry.clone(), gateway.metrics.clone(), gateway.clock, gateway.config.window());
@@ -99,16 +119,22 @@ impl Server {
         let max = gateway.config.max_connections;
         let connections = Arc::new(Semaphore::new(max));
 
-        let listener = listeners.clients;
+        if let Some(identity) = gateway.config.tls.clone() {
+            http.push(tokio::spawn(reload_on_sighup(identity, gateway.clone(), background.clone())));
+        }
+        let doors = Doors::new(&gateway);
+        let loops = open.iter().map(|(listener, transport)| {
+            Box::pin(accept_loop(listener, *transport, &gateway, &connections, &doors))
+        });
         let mut ticker = ticker;
         let mut failure = None;
         tokio::select! {
-            res = accept_loop(&listener, &gateway, &connections) => res?,
+            res = futures_util::future::try_join_all(loops) => { res?; }
             _ = shutdown => {}
             ended = &mut ticker => failure = Some(ticker_stopped(&gateway, ended)),
         }
 
-        drop(listener);
+        drop(open);
         // One deadline for the whole shutdown, whatever Redis or a consumer does: a
         // supervisor waiting `--drain-timeout` (plus its own margin) never has to kill us.
         let deadline = Instant::now() + gateway.config.drain_timeout;
@@ -171,7 +197,13 @@ fn ticker_stopped(gateway: &Gateway, ended: Result<(), tokio::task::JoinError>) 
 }
 
 /// Accepts until the listener fails for good; never spins on a failing accept.
-async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc<Semaphore>) -> io::Result<()> {
+async fn accept_loop(
+    listener: &TcpListener,
+    transport: Transport,
+    gateway: &Arc<Gateway>,
+    limit: &Arc<Semaphore>,
+    doors: &Doors,
+) -> io::Result<()> {
     let config = &gateway.config;
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut reserve = Reserve::open();
@@ -187,7 +219,7 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
                 if let Ok((stream, _)) = listener.accept().await {
                     gateway.metrics.shed_max_connections.inc();
                     gateway.metrics.closed(CloseReason::ServerFull);
-                    refuse(stream, "out of file descriptors");
+                    refuse(stream, transport, "out of file descriptors");
                 }
                 reserve = Reserve::open();
                 continue;
@@ -211,22 +243,26 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
             Err(Refused::Source(n)) => {
                 metrics.shed_pending_logins.inc();
                 metrics.closed(CloseReason::ServerFull);
-                refuse(stream, &format!("{n} connections from this address waiting to log in"));
+                refuse(stream, transport, &format!("{n} connections from this address waiting to log in"));
                 continue;
             }
         }
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
-                metrics.connections_open.inc();
+                metrics.opened_on(transport);
                 metrics.pending_logins.inc();
-                tokio::spawn(tcp::serve(stream, gateway.clone(), permit));
+                if !doors.spawn(transport, stream, gateway, permit) {
+                    metrics.closed_on(transport);
+                    metrics.pending_logins.dec();
+                    drop(gateway.pending.claim(fd));
+                }
             }
             Err(_) => {
                 // Not served: its place among the waiting logins goes back at once.
                 drop(gateway.pending.claim(fd));
                 metrics.shed_max_connections.inc();
                 metrics.closed(CloseReason::ServerFull);
-                refuse(stream, &format!("{} connections open", config.max_connections));
+                refuse(stream, transport, &format!("{} connections open", config.max_connections));
             }
         }
     }
@@ -235,12 +271,15 @@ async fn accept_loop(listener: &TcpListener, gateway: &Arc<Gateway>, limit: &Arc
 /// Tells a client there is no room (BYE(server_full) with a jittered retry hint and `why`)
 /// and closes at once, holding no descriptor and spawning nothing: a fresh socket's send
 /// buffer always takes a BYE of a few dozen bytes, so a connect storm beyond the limit costs
-/// a write and a close per client.
-fn refuse(stream: TcpStream, why: &str) {
-    let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
-    let mut bye = bytes::BytesMut::new();
-    put_frame(&Frame::Bye { reason: CloseReason::ServerFull, text: retry_text(hint, why) }, &mut bye);
-    let _ = stream.try_write(&bye);
+/// a write and a close per client. Doors with a handshake cannot be answered before it, so
+/// their clients get the close alone (and retry with their own backoff).
+fn refuse(stream: TcpStream, transport: Transport, why: &str) {
+    if !transport.has_handshake() {
+        let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
+        let mut bye = bytes::BytesMut::new();
+        put_frame(&Frame::Bye { reason: CloseReason::ServerFull, text: retry_text(hint, why) }, &mut bye);
+        let _ = stream.try_write(&bye);
+    }
     // What the client already sent is read and dropped: closing a socket with unread data
     // resets the connection, and a reset can destroy the BYE before the client reads it.
     let mut sink = [0u8; 512];
@@ -248,6 +287,39 @@ fn refuse(stream: TcpStream, why: &str) {
     if let Ok(stream) = stream.into_std() {
         let _ = stream.shutdown(std::net::Shutdown::Write);
     }
+}
+
+/// Reads `--tls-cert` and `--tls-key` again on every SIGHUP; a bad pair is logged, counted
+/// and the one served stays. Connections open keep the session they have.
+async fn reload_on_sighup(identity: Arc<TlsIdentity>, gateway: Arc<Gateway>, stop: CancellationToken) {
+    let metrics = &gateway.metrics;
+    metrics.tls_cert_expiry.set(identity.not_after());
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; the TLS certificate is read only at start");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            match identity.reload() {
+                Ok(()) => {
+                    metrics.tls_reloads_ok.inc();
+                    metrics.tls_cert_expiry.set(identity.not_after());
+                    tracing::info!("SIGHUP: TLS certificate and key read again; new handshakes present them");
+                }
+                Err(e) => {
+                    metrics.tls_reloads_error.inc();
+                    tracing::error!(error = %e, "SIGHUP: keeping the TLS certificate served until now");
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = stop;
 }
 
 #[cfg(test)]

@@ -73,6 +73,10 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
         "idlegate_api_requests_total",
         "idlegate_connections_shed_total",
         "idlegate_pending_logins",
+        "idlegate_handshakes_total",
+        "idlegate_handshake_duration_seconds_bucket",
+        "idlegate_tls_reloads_total",
+        "idlegate_tls_cert_expiry_timestamp_seconds",
     ] {
         assert!(exported.contains(required), "{required} is not exported");
     }
@@ -85,7 +89,8 @@ fn dashboard_has_the_panels_operators_need() {
     let all = queries.iter().map(|(_, e)| e.as_str()).collect::<Vec<_>>().join("\n");
     for needle in [
         "sum(idlegate_online_users",
-        "idlegate_connections_open",
+        "sum by (instance, transport) (idlegate_connections_open",
+        "sum by (transport, result) (rate(idlegate_handshakes_total",
         "rate(idlegate_logins_total",
         "sum by (reason) (rate(idlegate_connections_closed_total",
         "sum by (age_seconds) (idlegate_ring_silence_uids",

@@ -76,6 +76,9 @@ async fn gauges_return_to_zero_under_concurrent_logins_kicks_and_expiries() {
     let (_, body) = server.admin_get("/metrics").await;
     assert_eq!(sample(&body, "idlegate_ring_tracked_uids"), Some(0.0));
     assert_eq!(sample(&body, "idlegate_online_users"), Some(0.0));
-    assert_eq!(sample(&body, "idlegate_connections_open"), Some(0.0));
+    for transport in ["tcp", "tls", "ws", "wss"] {
+        let series = format!("idlegate_connections_open{{transport=\"{transport}\"}}");
+        assert_eq!(sample(&body, &series), Some(0.0), "{series}");
+    }
     server.shutdown().await;
 }

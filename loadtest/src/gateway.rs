@@ -65,7 +65,7 @@ impl Snapshot {
     fn of(body: &str) -> Snapshot {
         Snapshot {
             online_users: sample(body, "idlegate_online_users"),
-            connections_open: sample(body, "idlegate_connections_open"),
+            connections_open: total(body, "idlegate_connections_open"),
             rss_bytes: sample(body, "process_resident_memory_bytes"),
             cpu_seconds: sample(body, "process_cpu_seconds_total"),
             open_fds: sample(body, "process_open_fds"),
@@ -85,6 +85,20 @@ impl Snapshot {
     }
 }
 
+/// The sum of every series of `name` (labelled or not) in a Prometheus text body: the
+/// gateway counts open connections by door.
+fn total(body: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = body
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let rest = if rest.starts_with('{') { &rest[rest.find('}')? + 1..] } else { rest };
+            rest.strip_prefix(' ')?.trim().parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 /// The value of the unlabelled sample `name` in a Prometheus text body.
 fn sample(body: &str, name: &str) -> Option<f64> {
     body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
@@ -93,6 +107,14 @@ fn sample(body: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn totals_sum_every_label() {
+        let body = "idlegate_connections_open{transport=\"tcp\"} 3\nidlegate_connections_open{transport=\"ws\"} 4\n\
+                    idlegate_connections_open_total 9\n";
+        assert_eq!(total(body, "idlegate_connections_open"), Some(7.0));
+        assert_eq!(total(body, "idlegate_online_users"), None);
+    }
 
     #[test]
     fn reads_unlabelled_samples_only() {

@@ -133,6 +133,9 @@ pub struct Config {
     pub api_tls: bool,
     /// Serve the admin listener over HTTPS (`--admin-tls`).
     pub admin_tls: bool,
+    /// Origins a WebSocket upgrade may come from (`--ws-allowed-origins`); `None` allows any.
+    /// An upgrade without an `Origin` header (not a browser) is always allowed.
+    pub ws_allowed_origins: Option<Vec<String>>,
 }
 
 impl Default for Config {
@@ -160,6 +163,7 @@ impl Default for Config {
             tls: None,
             api_tls: false,
             admin_tls: false,
+            ws_allowed_origins: None,
         }
     }
 }

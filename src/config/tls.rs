@@ -47,6 +47,17 @@ impl TlsIdentity {
         Ok(())
     }
 
+    /// When the certificate served now expires, in Unix seconds (0 if it cannot be read,
+    /// which loading already refused).
+    pub fn not_after(&self) -> i64 {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner).clone();
+        current
+            .end_entity_cert()
+            .ok()
+            .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
+            .map_or(0, |(_, cert)| cert.validity().not_after.timestamp())
+    }
+
     /// A rustls server configuration presenting this identity (as it is at each handshake),
     /// offering `alpn` protocols.
     pub(crate) fn server_config(self: &Arc<Self>, alpn: &[&[u8]]) -> Arc<ServerConfig> {

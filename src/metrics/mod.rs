@@ -14,7 +14,7 @@ use prometheus::{
 };
 
 use crate::config::Config;
-use crate::proto::{kind, CloseReason, Frame};
+use crate::proto::{kind, CloseReason, Frame, Transport};
 
 /// Buckets of `idlegate_ring_expired_per_sweep`: decades, from a quiet tick to a mass expiry.
 const EXPIRED_PER_SWEEP_BUCKETS: [f64; 8] = [0.0, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
@@ -29,6 +29,15 @@ const SECONDS_BUCKETS: [f64; 19] = [
 const FRAME_KINDS: [(u8, &str); 4] =
     [(kind::LOGIN, "login"), (kind::PING, "ping"), (kind::DATA, "data"), (kind::LOGOUT, "logout")];
 
+/// How a door's handshake (TLS, the WebSocket upgrade, or both) ended, as
+/// `idlegate_handshakes_total{result}` names it: done; refused for a bad or unwanted
+/// handshake; not finished before the login deadline; or the client went away during it.
+pub const HANDSHAKE_RESULTS: [&str; 4] = ["ok", "error", "timeout", "closed"];
+
+/// Buckets of the handshake-duration histogram, in seconds: a loopback handshake takes
+/// about a millisecond, one over a mobile network a few hundred.
+const HANDSHAKE_BUCKETS: [f64; 12] = [5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
 /// Event types counted by `idlegate_events_total`, as the event stream names them.
 const EVENT_TYPES: [&str; 3] = ["online", "offline", "data"];
 
@@ -37,8 +46,17 @@ pub struct Metrics {
     registry: Registry,
     /// uids logged in now.
     pub online_users: IntGauge,
-    /// TCP connections open now, logged in or not.
+    /// Client connections open now on every door, logged in or not (the sum of
+    /// `idlegate_connections_open{transport}`, kept as one figure for the limit's checks).
     pub connections_open: IntGauge,
+    open_by_transport: Vec<IntGauge>,
+    handshakes: Vec<[IntCounter; HANDSHAKE_RESULTS.len()]>,
+    handshake_duration: Vec<Histogram>,
+    /// SIGHUP reloads of `--tls-cert` and `--tls-key`, good and refused.
+    pub tls_reloads_ok: IntCounter,
+    pub tls_reloads_error: IntCounter,
+    /// When the certificate served now stops being valid (Unix seconds).
+    pub tls_cert_expiry: IntGauge,
     /// Connections accepted, including those refused as server_full.
     pub connections_accepted: IntCounter,
     closed: Vec<IntCounter>,
@@ -128,7 +146,51 @@ impl Metrics {
         };
 
         let online_users = gauge("idlegate_online_users", "uids logged in now");
-        let connections_open = gauge("idlegate_connections_open", "TCP connections open now, logged in or not");
+        // The total is not exported under its own name: the labelled series sum to it.
+        let connections_open = IntGauge::new("connections_open", "all doors").expect("valid gauge");
+        let open_vec = IntGaugeVec::new(
+            Opts::new("idlegate_connections_open", "client connections open now, logged in or not, by door"),
+            &["transport"],
+        )
+        .expect("valid gauge vec");
+        let open_by_transport = Transport::ALL.iter().map(|t| open_vec.with_label_values(&[t.label()])).collect();
+        reg(Box::new(open_vec));
+        let handshakes_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_handshakes_total",
+                "TLS and WebSocket handshakes, by door and how they ended (ok, error, timeout, closed)",
+            ),
+            &["transport", "result"],
+        )
+        .expect("valid counter vec");
+        let handshakes = Transport::ALL
+            .iter()
+            .map(|t| HANDSHAKE_RESULTS.map(|r| handshakes_vec.with_label_values(&[t.label(), r])))
+            .collect();
+        reg(Box::new(handshakes_vec));
+        let duration_vec = prometheus::HistogramVec::new(
+            HistogramOpts::new(
+                "idlegate_handshake_duration_seconds",
+                "from accept to a finished TLS handshake or WebSocket upgrade, by door",
+            )
+            .buckets(HANDSHAKE_BUCKETS.to_vec()),
+            &["transport"],
+        )
+        .expect("valid histogram vec");
+        let handshake_duration = Transport::ALL.iter().map(|t| duration_vec.with_label_values(&[t.label()])).collect();
+        reg(Box::new(duration_vec));
+        let reloads_vec = IntCounterVec::new(
+            Opts::new("idlegate_tls_reloads_total", "SIGHUP reloads of --tls-cert and --tls-key, by result"),
+            &["result"],
+        )
+        .expect("valid counter vec");
+        let tls_reloads_ok = reloads_vec.with_label_values(&["ok"]);
+        let tls_reloads_error = reloads_vec.with_label_values(&["error"]);
+        reg(Box::new(reloads_vec));
+        let tls_cert_expiry = gauge(
+            "idlegate_tls_cert_expiry_timestamp_seconds",
+            "when the TLS certificate served now expires (Unix seconds; 0 without TLS)",
+        );
         let connections_accepted = counter(
             "idlegate_connections_accepted_total",
             "TCP connections accepted, including those refused with BYE(server_full)",
@@ -272,6 +334,12 @@ impl Metrics {
             registry,
             online_users,
             connections_open,
+            open_by_transport,
+            handshakes,
+            handshake_duration,
+            tls_reloads_ok,
+            tls_reloads_error,
+            tls_cert_expiry,
             connections_accepted,
             closed,
             logins,
@@ -304,6 +372,41 @@ impl Metrics {
             redis_replica_waits,
             redis_reaped,
         }
+    }
+
+    /// A client connection opened on `transport`.
+    pub fn opened_on(&self, transport: Transport) {
+        self.connections_open.inc();
+        self.open_by_transport[transport.index()].inc();
+    }
+
+    /// A client connection on `transport` closed.
+    pub fn closed_on(&self, transport: Transport) {
+        self.connections_open.dec();
+        self.open_by_transport[transport.index()].dec();
+    }
+
+    /// Connections open now on `transport`.
+    pub fn open_on(&self, transport: Transport) -> i64 {
+        self.open_by_transport[transport.index()].get()
+    }
+
+    /// A handshake on `transport` ended with `result` (one of [`HANDSHAKE_RESULTS`]) after
+    /// `seconds`; only finished ones are timed.
+    pub fn handshake(&self, transport: Transport, result: &str, seconds: f64) {
+        let Some(i) = HANDSHAKE_RESULTS.iter().position(|r| *r == result) else {
+            debug_assert!(false, "unknown handshake result {result}");
+            return;
+        };
+        self.handshakes[transport.index()][i].inc();
+        if i == 0 {
+            self.handshake_duration[transport.index()].observe(seconds);
+        }
+    }
+
+    /// Handshakes on `transport` that ended with `result`.
+    pub fn handshakes(&self, transport: Transport, result: &str) -> u64 {
+        HANDSHAKE_RESULTS.iter().position(|r| *r == result).map_or(0, |i| self.handshakes[transport.index()][i].get())
     }
 
     /// Counts a closed connection.

@@ -29,8 +29,10 @@ const MIN_SPLIT_GROWTH: usize = 64;
 #[derive(Debug, Clone, Copy)]
 pub struct FrameCodec {
     max_frame_bytes: u32,
-    /// Limit of the first frame, while it has not been decoded yet.
-    first_frame_max: Option<u32>,
+    /// Limit of the next frame: lower than `max_frame_bytes` until the first frame was
+    /// decoded, when one was set. Two `u32`s, not an `Option`: every open connection
+    /// carries a codec.
+    limit: u32,
 }
 
 // === impl FrameCodec ===
@@ -38,13 +40,13 @@ pub struct FrameCodec {
 impl FrameCodec {
     /// A codec that refuses frames longer than `max_frame_bytes` (kind byte included).
     pub fn new(max_frame_bytes: u32) -> FrameCodec {
-        FrameCodec { max_frame_bytes, first_frame_max: None }
+        FrameCodec { max_frame_bytes, limit: max_frame_bytes }
     }
 
     /// Also refuses a first frame longer than `max`: a gateway expects a LOGIN first, and a
     /// connection that has not logged in should cost little.
     pub fn first_frame_at_most(self, max: u32) -> FrameCodec {
-        FrameCodec { first_frame_max: Some(max.min(self.max_frame_bytes)), ..self }
+        FrameCodec { limit: max.min(self.max_frame_bytes), ..self }
     }
 
     /// The longest frame it accepts (after the first).
@@ -53,7 +55,7 @@ impl FrameCodec {
     }
 
     fn limit(&self) -> u32 {
-        self.first_frame_max.unwrap_or(self.max_frame_bytes)
+        self.limit
     }
 }
 
@@ -85,7 +87,7 @@ impl FrameCodec {
             src.reserve(missing.min(src.len().max(MIN_SPLIT_GROWTH)));
             return Ok(None);
         }
-        self.first_frame_max = None;
+        self.limit = self.max_frame_bytes;
         src.advance(HEADER_LEN);
         Frame::parse(src.split_to(len as usize).freeze()).map(Some)
     }

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::presence::{unix_now, Liveness, Session};
 use crate::proto::{
     jittered_ms, put_frame, retry_text, CloseReason, Frame, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
-    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD, Transport,
 };
 
 /// Why a connection closes: the reason its BYE carries, and the BYE's text.
@@ -105,7 +105,7 @@ impl Machine {
 
     /// Acts on one frame from the client; replies go to `out`. An error closes the
     /// connection with that reason and text.
-    pub(crate) fn on_frame(&mut self, frame: Frame, out: &mut impl Out) -> Result<(), Close> {
+    pub(crate) fn on_frame(&mut self, frame: Frame, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
         let metrics: &Metrics = &self.gateway.metrics;
         metrics.frame(&frame);
         match (&self.session, frame) {
@@ -136,7 +136,13 @@ impl Machine {
         }
     }
 
-    fn login(&mut self, uid: u64, token: &[u8], out: &mut impl Out) -> Result<(), Close> {
+    /// Something from the client that is not a frame but shows it is there (a WebSocket
+    /// ping or pong): activity of a logged-in session, nothing before LOGIN.
+    pub(crate) fn on_activity(&mut self) -> Result<(), Close> {
+        self.activity().map(|_| ())
+    }
+
+    fn login(&mut self, uid: u64, token: &[u8], out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
         let gateway = &self.gateway;
         if let Some(auth) = &gateway.config.auth {
             if let Err(e) = auth.verify(uid, token, unix_now()) {
@@ -230,12 +236,12 @@ impl Machine {
         (reason, pushes.into_iter().map(Frame::Push).chain(bye).collect())
     }
 
-    /// After the connection closed with `reason`.
-    pub(crate) fn closed(&self, reason: CloseReason) {
+    /// After the connection on `transport` closed with `reason`.
+    pub(crate) fn closed(&self, transport: Transport, reason: CloseReason) {
         match &self.session {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),
         }
-        self.gateway.metrics.connections_open.dec();
+        self.gateway.metrics.closed_on(transport);
     }
 }

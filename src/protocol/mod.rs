@@ -2,4 +2,4 @@
 
 mod machine;
 
-pub(crate) use machine::{Close, Machine, Wake};
+pub(crate) use machine::{Close, Machine, Out, Wake};

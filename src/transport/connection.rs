@@ -7,9 +7,12 @@
 //! the client does not read are bounded; past the bound the connection is closed as a slow
 //! consumer, and nothing ever waits on a client without a deadline.
 //!
-//! What the frames mean is the handler's business (`handler.rs`); this file only moves them.
+//! Every door shares this: what differs is a [`Layer`] under the bytes (nothing for plain
+//! sockets, TLS records for `tls` and `wss`) and a [`Framing`] over them (length-prefixed
+//! frames, or WebSocket messages). Both are generic parameters, so a plain connection pays
+//! nothing for the doors it does not use. What the frames mean is the protocol machine's
+//! business; this file only moves them.
 
-use crate::protocol::Close;
 use std::cell::RefCell;
 use std::future::Future;
 use std::io;
@@ -23,8 +26,8 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use crate::config::max_queued_bytes;
-use crate::proto::{put_frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};
-use crate::proto::{CloseReason, Frame};
+use crate::proto::{CloseReason, Frame, Transport};
+use crate::protocol::{Close, Out};
 
 /// Bytes one read asks the kernel for: a burst of pings, or a whole LOGIN with its token.
 const READ_CHUNK: usize = 4 * 1024;
@@ -40,34 +43,105 @@ thread_local! {
     static READ_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
     /// The worker's write buffer, lent to one connection while it answers one read.
     static WRITE_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    /// Under TLS: the plaintext of the records one read brought.
+    static OPEN_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    /// Under TLS: the plaintext of the replies to one read, before it is sealed.
+    static SEAL_SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
-fn disconnect() -> Close {
+pub(crate) fn disconnect() -> Close {
     (CloseReason::Disconnect, String::new())
 }
 
+/// What lies under a door's bytes: nothing for a plain socket, TLS records for `tls` and `wss`.
+pub(crate) trait Layer {
+    /// The socket's bytes are the framing's bytes: decoded where they were read, no copy.
+    const CLEAR: bool;
+
+    /// Takes the whole records at the front of `raw`, appending their plaintext to `plain`
+    /// and whatever the layer must answer (its handshake) to `wire`. `Ok(true)` once the
+    /// peer closed the layer; a layer error closes the connection.
+    fn open(&mut self, raw: &mut BytesMut, plain: &mut BytesMut, wire: &mut BytesMut) -> Result<bool, Close>;
+
+    /// Appends `plain`, protected, to `wire`.
+    fn seal(&mut self, plain: &[u8], wire: &mut BytesMut) -> Result<(), Close>;
+
+    /// Appends the layer's own goodbye (TLS close_notify) to `wire`.
+    fn finish(&mut self, wire: &mut BytesMut);
+
+    /// Whether the layer's handshake is done.
+    fn ready(&self) -> bool;
+}
+
+/// What one decoded unit from a client is.
+pub(crate) enum Input {
+    /// A protocol frame.
+    Frame(Frame),
+    /// Something that is not a frame but shows the client is there (a WebSocket ping).
+    Activity,
+}
+
+/// How a door's plaintext becomes frames and frames become plaintext.
+pub(crate) trait Framing {
+    /// WebSocket messages (else length-prefixed frames): with the layer, names the door.
+    const WEBSOCKET: bool;
+
+    /// The next unit at the front of `src`, taken off it; `None` until one has arrived.
+    /// Whatever the framing must answer by itself (a WebSocket pong, the upgrade's 101) is
+    /// appended to `out`. An error closes the connection.
+    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close>;
+
+    /// Appends `frame` to `out` as this door sends it.
+    fn encode(&mut self, frame: &Frame, out: &mut BytesMut);
+
+    /// The longest frame it accepts: the bound on unread replies derives from it.
+    fn max_frame_bytes(&self) -> u32;
+
+    /// Whether the framing's own handshake (the WebSocket upgrade) is done.
+    fn ready(&self) -> bool;
+}
+
+/// The machine's replies, written as the door's framing writes them.
+struct Encoded<'a, F> {
+    framing: &'a mut F,
+    out: &'a mut BytesMut,
+}
+
+impl<F: Framing> Out for Encoded<'_, F> {
+    fn frame(&mut self, frame: &Frame) {
+        self.framing.encode(frame, self.out);
+    }
+}
+
 /// A framed client socket; see the module documentation.
-pub(crate) struct Connection {
+pub(crate) struct Connection<L, F> {
     stream: TcpStream,
-    codec: FrameCodec,
+    layer: L,
+    framing: F,
     /// Bytes kept between reads, only while there are any.
     held: Option<Box<Held>>,
 }
 
 /// What a connection keeps between reads: a split frame's start, replies not yet taken.
-/// Boxed and dropped once both are empty, so an idle connection keeps one pointer instead of
-/// two empty buffers (64 bytes in every open connection's task, which tokio rounds up to
+/// Boxed and dropped once all are empty, so an idle connection keeps one pointer instead of
+/// empty buffers (64 bytes in every open connection's task, which tokio rounds up to
 /// 128-byte steps).
 #[derive(Default)]
 struct Held {
-    /// The start of a frame split across reads.
+    /// The start of a frame (or, under TLS, of a record) split across reads.
     pending: BytesMut,
-    /// Replies the socket did not take yet.
+    /// Under TLS: the start of a frame split across records.
+    opened: BytesMut,
+    /// Bytes the socket did not take yet.
     unsent: BytesMut,
 }
 
 fn pending(held: &mut Held) -> &mut BytesMut {
     &mut held.pending
+}
+
+fn opened(held: &mut Held) -> &mut BytesMut {
+    &mut held.opened
 }
 
 fn unsent(held: &mut Held) -> &mut BytesMut {
@@ -76,18 +150,27 @@ fn unsent(held: &mut Held) -> &mut BytesMut {
 
 // === impl Connection ===
 
-impl Connection {
-    pub(crate) fn new(stream: TcpStream, max_frame_bytes: u32) -> Connection {
-        Connection {
-            stream,
-            codec: FrameCodec::new(max_frame_bytes).first_frame_at_most(MAX_LOGIN_FRAME_BYTES),
-            held: None,
-        }
+impl<L: Layer, F: Framing> Connection<L, F> {
+    /// The door this connection came in by: known from its types, so no connection stores it.
+    pub(crate) const TRANSPORT: Transport = match (L::CLEAR, F::WEBSOCKET) {
+        (true, false) => Transport::Tcp,
+        (false, false) => Transport::Tls,
+        (true, true) => Transport::Ws,
+        (false, true) => Transport::Wss,
+    };
+
+    pub(crate) fn new(stream: TcpStream, layer: L, framing: F) -> Self {
+        Connection { stream, layer, framing, held: None }
     }
 
     /// The socket's descriptor number: the connection's key among those waiting to log in.
     pub(crate) fn fd(&self) -> i32 {
         std::os::fd::AsRawFd::as_raw_fd(&self.stream)
+    }
+
+    /// Whether the door's handshakes (TLS, WebSocket upgrade) are done.
+    pub(crate) fn handshaken(&self) -> bool {
+        self.layer.ready() && self.framing.ready()
     }
 
     /// Resolves when the socket is readable, or writable while replies wait.
@@ -96,7 +179,7 @@ impl Connection {
     /// own (152 bytes), while polling keeps the waker in the socket's registration, which has a
     /// slot for it already. Every open connection's task holds this future, and tokio rounds
     /// a task up in 128-byte steps: with the session's wake-up polled the same way, the task
-    /// went from 768 to 384 bytes (`footprint` test in `handler.rs`).
+    /// went from 768 to 384 bytes (`footprint` test in `drive.rs`).
     pub(crate) fn ready(&self) -> impl Future<Output = io::Result<Ready>> + '_ {
         std::future::poll_fn(move |cx| {
             if self.held.as_ref().is_some_and(|held| !held.unsent.is_empty()) {
@@ -108,17 +191,17 @@ impl Connection {
         })
     }
 
-    /// Reads what arrived, hands every whole frame to `on_frame` (which writes its replies
-    /// to the buffer it is given), and writes what the socket takes.
+    /// Reads what arrived, hands every whole unit to `on_input` (which writes its replies
+    /// to the [`Out`] it is given), and writes what the socket takes.
     pub(crate) fn on_ready(
         &mut self,
         ready: io::Result<Ready>,
-        mut on_frame: impl FnMut(Frame, &mut BytesMut) -> Result<(), Close>,
+        mut on_input: impl FnMut(Input, &mut dyn Out) -> Result<(), Close>,
     ) -> Result<(), Close> {
         let ready = ready.map_err(|_| disconnect())?;
-        self.write_with(|conn, out| {
+        self.write_with(|conn, plain, wire| {
             if ready.is_readable() || ready.is_read_closed() {
-                conn.read(out, &mut on_frame)?;
+                conn.read(plain, wire, &mut on_input)?;
             }
             Ok(())
         })
@@ -126,9 +209,9 @@ impl Connection {
 
     /// Queues `frames` after the replies already waiting and writes what the socket takes.
     pub(crate) fn send(&mut self, frames: impl IntoIterator<Item = Frame>) -> Result<(), Close> {
-        self.write_with(|_, out| {
+        self.write_with(|conn, plain, _| {
             for frame in frames {
-                put_frame(&frame, out);
+                conn.framing.encode(&frame, plain);
             }
             Ok(())
         })
@@ -139,8 +222,16 @@ impl Connection {
     /// not our time.
     pub(crate) async fn close(mut self, last: impl IntoIterator<Item = Frame>) {
         let mut out = self.take(unsent);
+        let mut plain = BytesMut::new();
         for frame in last {
-            put_frame(&frame, &mut out);
+            self.framing.encode(&frame, &mut plain);
+        }
+        if L::CLEAR {
+            out.unsplit(plain);
+        } else if self.layer.ready() {
+            // A BYE the handshake never reached has nobody to read it: dropped.
+            let _ = self.layer.seal(&plain, &mut out);
+            self.layer.finish(&mut out);
         }
         write_corked(&self.stream, &mut out);
         let stream = &mut self.stream;
@@ -151,29 +242,47 @@ impl Connection {
         .await;
     }
 
-    /// Runs `f` with a write buffer (the worker's, or the connection's own while replies
-    /// wait), flushes it, and keeps what the socket did not take, up to the bound.
-    fn write_with(&mut self, f: impl FnOnce(&mut Self, &mut BytesMut) -> Result<(), Close>) -> Result<(), Close> {
+    /// Runs `f` with a plaintext buffer for frames and the wire buffer (the worker's, or the
+    /// connection's own while bytes wait), seals the plaintext into the wire, flushes it,
+    /// and keeps what the socket did not take, up to the bound. On a clear layer both are
+    /// the one wire buffer's bytes: frames are written where they are sent from.
+    fn write_with(
+        &mut self,
+        f: impl FnOnce(&mut Self, &mut BytesMut, &mut BytesMut) -> Result<(), Close>,
+    ) -> Result<(), Close> {
         let mut out = self.take(unsent);
-        let result = with_buffer(&WRITE_SCRATCH, &mut out, |out| {
-            f(self, out)?;
-            flush(&self.stream, out)
+        let result = with_buffer(&WRITE_SCRATCH, &mut out, |wire| {
+            if L::CLEAR {
+                f(self, wire, &mut BytesMut::new())?;
+            } else {
+                SEAL_SCRATCH.with(|cell| {
+                    let mut plain = cell.borrow_mut();
+                    plain.clear();
+                    // Replies made before an error still go out, sealed, ahead of the BYE.
+                    let result = f(self, &mut plain, wire);
+                    let sealed = if plain.is_empty() { Ok(()) } else { self.layer.seal(&plain, wire) };
+                    plain.clear();
+                    result.and(sealed)
+                })?;
+            }
+            flush(&self.stream, wire)
         });
         let queued = out.len();
         self.keep(unsent, out);
         // Derived from the frame limit, not stored: every open connection would carry it.
-        let max_queued = max_queued_bytes(self.codec.max_frame_bytes());
+        let max_queued = max_queued_bytes(self.framing.max_frame_bytes());
         if queued > max_queued {
             return Err((CloseReason::SlowConsumer, format!("more than {max_queued} bytes of replies unread")));
         }
         result
     }
 
-    /// One read from the socket, and every whole frame in it.
+    /// One read from the socket, and every whole unit in it.
     fn read(
         &mut self,
-        out: &mut BytesMut,
-        on_frame: &mut impl FnMut(Frame, &mut BytesMut) -> Result<(), Close>,
+        plain_out: &mut BytesMut,
+        wire: &mut BytesMut,
+        on_input: &mut impl FnMut(Input, &mut dyn Out) -> Result<(), Close>,
     ) -> Result<(), Close> {
         let mut start = self.take(pending);
         let result = with_buffer(&READ_SCRATCH, &mut start, |buf| {
@@ -182,13 +291,20 @@ impl Connection {
             buf.reserve(if buf.is_empty() { READ_CHUNK } else { SPLIT_FRAME_READ });
             match read_draining(&self.stream, buf) {
                 Ok(0) => Err(disconnect()),
-                Ok(_) => loop {
-                    match self.codec.decode(buf) {
-                        Ok(Some(frame)) => on_frame(frame, out)?,
-                        Ok(None) => return Ok(()),
-                        Err(e) => return Err((CloseReason::ProtocolError, e.to_string())),
-                    }
-                },
+                Ok(_) if L::CLEAR => self.decode_all(buf, plain_out, on_input),
+                Ok(_) => {
+                    let mut text = self.take(opened);
+                    let result = with_buffer(&OPEN_SCRATCH, &mut text, |text| {
+                        let peer_closed = self.layer.open(buf, text, wire)?;
+                        self.decode_all(text, plain_out, on_input)?;
+                        if peer_closed {
+                            return Err(disconnect());
+                        }
+                        Ok(())
+                    });
+                    self.keep(opened, text);
+                    result
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
                 Err(_) => Err(disconnect()),
             }
@@ -197,19 +313,32 @@ impl Connection {
         result
     }
 
+    /// Hands every whole unit in `src` to `on_input`.
+    fn decode_all(
+        &mut self,
+        src: &mut BytesMut,
+        out: &mut BytesMut,
+        on_input: &mut impl FnMut(Input, &mut dyn Out) -> Result<(), Close>,
+    ) -> Result<(), Close> {
+        while let Some(input) = self.framing.decode(src, out)? {
+            on_input(input, &mut Encoded { framing: &mut self.framing, out })?;
+        }
+        Ok(())
+    }
+
     /// Takes one of the held buffers (empty if nothing is held).
     fn take(&mut self, which: fn(&mut Held) -> &mut BytesMut) -> BytesMut {
         self.held.as_deref_mut().map(|held| std::mem::take(which(held))).unwrap_or_default()
     }
 
-    /// Puts one of the held buffers back; drops the box once both are empty.
+    /// Puts one of the held buffers back; drops the box once all are empty.
     fn keep(&mut self, which: fn(&mut Held) -> &mut BytesMut, bytes: BytesMut) {
         if bytes.is_empty() && self.held.is_none() {
             return;
         }
         let held = self.held.get_or_insert_with(Box::default);
         *which(held) = bytes;
-        if held.pending.is_empty() && held.unsent.is_empty() {
+        if held.pending.is_empty() && held.opened.is_empty() && held.unsent.is_empty() {
             self.held = None;
         }
     }
@@ -311,7 +440,7 @@ mod tests {
     async fn an_idle_connection_holds_no_buffers() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let mut conn = Connection::new(stream, 1024);
+        let mut conn = Connection::new(stream, crate::transport::tcp::Plain, crate::proto::FrameCodec::new(1024));
         conn.keep(unsent, BytesMut::new());
         assert!(conn.held.is_none(), "nothing to hold, nothing allocated");
         conn.keep(pending, BytesMut::from(&b"half a frame"[..]));

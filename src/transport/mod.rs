@@ -1,6 +1,84 @@
-//! The doors clients come in by, each driving the protocol machine over its own bytes:
-//! plain TCP (`tcp`, over the buffered socket of `connection`).
+//! The doors clients come in by, each driving the one protocol machine (`drive`) over a
+//! [`connection::Connection`] with its own layer and framing: plain TCP (`tcp`), TLS
+//! (`tls` under the length-prefixed frames), WebSocket (`ws`), and WebSocket under TLS.
 
 mod connection;
+mod drive;
 mod framed;
-pub(crate) mod tcp;
+mod tcp;
+mod tls;
+mod ws;
+
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::gateway::Gateway;
+use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES};
+pub use ws::WsPolicy;
+
+/// ALPN protocol of the TLS door: the same length-prefixed protocol as plain TCP.
+pub const TLS_ALPN: &[u8] = b"idlegate";
+
+/// What every door but plain TCP needs to open a connection, built once at start.
+#[derive(Debug, Default)]
+pub(crate) struct Doors {
+    /// The TLS door's configuration (`--tls-cert`, `--tls-key`).
+    tls: Option<Arc<ServerConfig>>,
+    /// The WSS door's: the same identity, offering HTTP/1.1 for the upgrade.
+    wss: Option<Arc<ServerConfig>>,
+    /// Who may upgrade to WebSocket.
+    ws: Arc<WsPolicy>,
+}
+
+impl Doors {
+    pub(crate) fn new(gateway: &Gateway) -> Doors {
+        let config = &gateway.config;
+        let identity = config.tls.as_ref();
+        Doors {
+            tls: identity.map(|id| id.server_config(&[TLS_ALPN])),
+            wss: identity.map(|id| id.server_config(&[b"http/1.1"])),
+            ws: Arc::new(WsPolicy { allowed_origins: config.ws_allowed_origins.clone() }),
+        }
+    }
+
+    /// Serves `stream`, accepted on `transport`'s listener, in a task of its own; false (and
+    /// the stream dropped) when the door cannot open, which only a TLS listener without an
+    /// identity can cause (configuration refuses it).
+    pub(crate) fn spawn(
+        &self,
+        transport: Transport,
+        stream: TcpStream,
+        gateway: &Arc<Gateway>,
+        permit: OwnedSemaphorePermit,
+    ) -> bool {
+        let max = gateway.config.max_frame_bytes;
+        let frames = || FrameCodec::new(max).first_frame_at_most(MAX_LOGIN_FRAME_BYTES);
+        let websocket = || ws::WebSocket::new(max, self.ws.clone());
+        let secure = |config: &Option<Arc<ServerConfig>>| {
+            config.clone().and_then(|c| {
+                tls::Tls::new(c).map_err(|e| tracing::warn!(error = %e, "cannot open a TLS session")).ok()
+            })
+        };
+        let gateway = gateway.clone();
+        match transport {
+            Transport::Tcp => {
+                tokio::spawn(drive::serve(stream, tcp::Plain, frames(), gateway, permit));
+            }
+            Transport::Ws => {
+                tokio::spawn(drive::serve(stream, tcp::Plain, websocket(), gateway, permit));
+            }
+            Transport::Tls => {
+                let Some(layer) = secure(&self.tls) else { return false };
+                tokio::spawn(drive::serve(stream, layer, frames(), gateway, permit));
+            }
+            Transport::Wss => {
+                let Some(layer) = secure(&self.wss) else { return false };
+                tokio::spawn(drive::serve(stream, layer, websocket(), gateway, permit));
+            }
+        }
+        true
+    }
+}

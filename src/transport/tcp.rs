@@ -1,135 +1,55 @@
-//! The plain TCP door: one accepted socket driven through the protocol machine, from accept
-//! to BYE.
-//!
-//! The socket's bytes become frames in [`Connection`] (no buffer of its own while idle); the
-//! [`Machine`] decides; this file only waits: for the socket, for the session's wake-ups,
-//! for the login deadline and for shedding.
+//! The plain TCP door: the length-prefixed protocol straight on the socket. No layer under
+//! the bytes ([`Plain`]) and the wire vocabulary's own [`FrameCodec`] over them.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::task::Poll;
+use bytes::BytesMut;
 
-use tokio::io::Ready;
-use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::sleep;
+use crate::proto::{put_frame, Frame, FrameCodec};
+use crate::protocol::Close;
+use crate::transport::connection::{Framing, Input, Layer};
 
-use crate::gateway::Gateway;
-use crate::presence::Session;
-use crate::proto::{CloseReason, Frame};
-use crate::protocol::{Close, Machine, Wake};
-use crate::transport::connection::Connection;
+/// No layer: the socket's bytes are the protocol's.
+pub(crate) struct Plain;
 
-/// Serves one accepted connection until it closes, holding `permit` (its place under
-/// `--max-connections`) until then; returns why it closed.
-///
-/// This future is the connection's task: everything it keeps across an await is memory every
-/// open connection costs (`footprint` below).
-pub(crate) async fn serve(stream: TcpStream, gateway: Arc<Gateway>, permit: OwnedSemaphorePermit) -> CloseReason {
-    let mut conn = Connection::new(stream, gateway.config.max_frame_bytes);
-    let mut machine = Machine::new(gateway);
-    // The future every connection keeps for its whole life holds only the logged-in phase.
-    // The login phase (with its deadline timer) and the close (with its write deadline) are
-    // boxed: allocated while they run, freed after, instead of widening every connection's
-    // future by their size for as long as it lives.
-    let logged_in = Box::pin(until_login(&mut machine, &mut conn)).await;
-    machine.gateway().metrics.pending_logins.dec();
-    let (reason, text) = match logged_in {
-        Ok(()) => until_end(&mut machine, &mut conn).await,
-        Err(close) => close,
-    };
-    let reason = Box::pin(close(&machine, conn, reason, text)).await;
-    drop(permit);
-    reason
-}
+impl Layer for Plain {
+    const CLEAR: bool = true;
 
-/// Serves the connection until a LOGIN succeeds; its ticket among the connections waiting to
-/// log in goes back when this returns.
-async fn until_login(machine: &mut Machine, conn: &mut Connection) -> Result<(), Close> {
-    let gateway = machine.gateway().clone();
-    let ticket = gateway.pending.claim(conn.fd());
-    let shed = async {
-        match &ticket {
-            Some(ticket) => ticket.shed().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(shed);
-    let deadline = sleep(gateway.config.login_timeout);
-    tokio::pin!(deadline);
-    loop {
-        if machine.session().is_some() {
-            return Ok(());
-        }
-        tokio::select! {
-            biased;
-            _ = gateway.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
-            _ = &mut shed => return Err(machine.shed()),
-            _ = &mut deadline => {
-                // Judge what the client sent, not how fast we got to it: a LOGIN that
-                // arrived while the gateway lagged is read now, before giving up.
-                conn.on_ready(Ok(Ready::READABLE), |frame, out| machine.on_frame(frame, out))?;
-                return machine.login_deadline();
-            }
-            ready = conn.ready() => conn.on_ready(ready, |frame, out| machine.on_frame(frame, out))?,
-        }
+    fn open(&mut self, _raw: &mut BytesMut, _plain: &mut BytesMut, _wire: &mut BytesMut) -> Result<bool, Close> {
+        debug_assert!(false, "a clear layer's bytes are decoded where they are read");
+        Ok(false)
+    }
+
+    fn seal(&mut self, plain: &[u8], wire: &mut BytesMut) -> Result<(), Close> {
+        wire.extend_from_slice(plain);
+        Ok(())
+    }
+
+    fn finish(&mut self, _wire: &mut BytesMut) {}
+
+    fn ready(&self) -> bool {
+        true
     }
 }
 
-/// Serves a logged-in connection until it or its session ends.
-async fn until_end(machine: &mut Machine, conn: &mut Connection) -> Close {
-    machine.begin();
-    loop {
-        let step = tokio::select! {
-            biased;
-            _ = woken(machine.session()) => match machine.on_wake() {
-                Some(Wake::End(reason)) => return (reason, String::new()),
-                Some(Wake::Push(pushes)) => conn.send(pushes.into_iter().map(Frame::Push)),
-                None => Ok(()),
-            },
-            ready = conn.ready() => conn.on_ready(ready, |frame, out| machine.on_frame(frame, out)),
-        };
-        if let Err(close) = step {
-            return close;
+/// Length-prefixed frames, as `docs/PROTOCOL.md` describes them.
+impl Framing for FrameCodec {
+    const WEBSOCKET: bool = false;
+
+    fn decode(&mut self, src: &mut BytesMut, _out: &mut BytesMut) -> Result<Option<Input>, Close> {
+        match FrameCodec::decode(self, src) {
+            Ok(frame) => Ok(frame.map(Input::Frame)),
+            Err(e) => Err((crate::proto::CloseReason::ProtocolError, e.to_string())),
         }
     }
-}
 
-/// Ends the session, sends what is left and the BYE within a deadline, and closes.
-async fn close(machine: &Machine, conn: Connection, reason: CloseReason, text: String) -> CloseReason {
-    let (reason, last) = machine.goodbye(reason, text);
-    conn.close(last).await;
-    machine.closed(reason);
-    reason
-}
+    fn encode(&mut self, frame: &Frame, out: &mut BytesMut) {
+        put_frame(frame, out);
+    }
 
-/// Resolves when `session` was woken; never without a session, which `until_end` does not
-/// serve. A poll, not an `async fn`: this future lives in every open connection's task.
-fn woken(session: Option<&Session>) -> impl Future<Output = ()> + '_ {
-    std::future::poll_fn(move |cx| match session {
-        Some(session) => session.poll_woken(cx),
-        None => Poll::Pending,
-    })
-}
+    fn max_frame_bytes(&self) -> u32 {
+        FrameCodec::max_frame_bytes(self)
+    }
 
-#[cfg(test)]
-mod footprint {
-    /// The most the connection's future may take for its task to stay at 384 bytes: tokio's
-    /// task adds 96 bytes (header, scheduler, id, trailer) and rounds up to 128-byte steps.
-    /// At 544 bytes (until this round) each connection's task took 768.
-    const MAX_CONNECTION_FUTURE: usize = 288;
-
-    /// Every open connection keeps this future alive as its task; at 19,000 clients it is
-    /// the largest share of the memory per connection (docs/BENCHMARKS.md). A regression
-    /// guard, not a speed test.
-    #[tokio::test]
-    async fn the_connection_future_stays_small() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let gateway = crate::gateway::Gateway::new(crate::config::Config::default());
-        let permit = std::sync::Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap();
-        let future = super::serve(stream, gateway, permit);
-        let size = std::mem::size_of_val(&future);
-        assert!(size <= MAX_CONNECTION_FUTURE, "the connection future grew to {size} bytes");
+    fn ready(&self) -> bool {
+        true
     }
 }

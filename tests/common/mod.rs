@@ -26,6 +26,11 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     pub api: SocketAddr,
+    /// The WebSocket door (`--ws-listen`).
+    pub ws: SocketAddr,
+    /// The TLS doors, when the config has an identity.
+    pub tls: Option<SocketAddr>,
+    pub wss: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -39,14 +44,39 @@ impl TestServer {
         let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, admin_addr, api_addr) =
             (listener.local_addr().unwrap(), admin.local_addr().unwrap(), api.local_addr().unwrap());
+        // Every door is open: the WebSocket one always, the TLS ones with an identity.
+        let ws = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ws_addr = ws.local_addr().unwrap();
+        let secure = config.tls.is_some();
+        let tls = if secure { Some(TcpListener::bind("127.0.0.1:0").await.unwrap()) } else { None };
+        let wss = if secure { Some(TcpListener::bind("127.0.0.1:0").await.unwrap()) } else { None };
+        let tls_addr = tls.as_ref().map(|l| l.local_addr().unwrap());
+        let wss_addr = wss.as_ref().map(|l| l.local_addr().unwrap());
         let server = Server::new(config);
         let metrics = server.metrics();
         let (stop, stopped) = oneshot::channel::<()>();
-        let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
+        let listeners = Listeners {
+            admin: Some(admin),
+            api: Some(api),
+            tls,
+            ws: Some(ws),
+            wss,
+            ..Listeners::clients(listener)
+        };
         let task = tokio::spawn(server.run(listeners, async move {
             let _ = stopped.await;
         }));
-        TestServer { addr, admin: admin_addr, api: api_addr, metrics, stop: Some(stop), task: Some(task) }
+        TestServer {
+            addr,
+            admin: admin_addr,
+            api: api_addr,
+            ws: ws_addr,
+            tls: tls_addr,
+            wss: wss_addr,
+            metrics,
+            stop: Some(stop),
+            task: Some(task),
+        }
     }
 
     /// Triggers shutdown and waits for `run` to return.

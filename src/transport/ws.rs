@@ -1,0 +1,538 @@
+//! The WebSocket door (`--ws-listen`, `--wss-listen`): RFC 6455 on path `/v1/ws`, one protocol
+//! frame per binary message (the kind byte, then the payload; no length prefix).
+//!
+//! Written here rather than taken from tungstenite: tungstenite keeps a read buffer per
+//! connection (128 KiB by default, tungstenite-rs#480), while this framing keeps four
+//! integers and, for the upgrade only, a pointer. A message arrives in the connection's
+//! read buffer (the worker's while idle, see `connection.rs`); its payload is unmasked where
+//! it lies, and a fragmented message is gathered at the front of that same buffer, so
+//! nothing is held between messages. Permessage-deflate is not offered: its compression
+//! state is tens of KiB per connection, more than the rest of an idle connection together.
+//!
+//! The gateway's BYE is a binary message followed by a close frame with code
+//! `4000 + reason byte` and the reason's name; a text message closes with 1003, a message
+//! over `--max-frame-bytes` with 1009, any other malformed frame with 4004 after its
+//! BYE(protocol_error). Pings are answered with pongs; every frame counts as activity.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::{Buf, BufMut, BytesMut};
+use sha1::{Digest, Sha1};
+
+use crate::proto::{CloseReason, Frame, MAX_LOGIN_FRAME_BYTES};
+use crate::protocol::Close;
+use crate::transport::connection::{disconnect, Framing, Input};
+
+/// The one path that upgrades; any other is 404.
+pub const WS_PATH: &str = "/v1/ws";
+
+/// Longest upgrade request read: browsers send well under 2 KiB, cookies included.
+const MAX_UPGRADE_BYTES: usize = 8 * 1024;
+
+/// Most header lines an upgrade request may have.
+const MAX_UPGRADE_HEADERS: usize = 64;
+
+/// Appended to a client's key before hashing, by RFC 6455 section 4.2.2.
+const ACCEPT_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// Close code of the gateway's BYE: this plus the reason's wire byte (4001 idle_timeout).
+pub const BYE_CLOSE_BASE: u16 = 4000;
+
+/// Close code for a malformed frame: 4000 + BYE(protocol_error)'s byte.
+const MALFORMED: u16 = 4004;
+
+/// Close code for a text message: "unsupported data" (RFC 6455 section 7.4.1).
+const UNSUPPORTED_DATA: u16 = 1003;
+
+/// Close code for a message over `--max-frame-bytes`: "message too big".
+const TOO_BIG: u16 = 1009;
+
+/// Close code answering a close frame whose payload breaks the rules: "protocol error".
+const PROTOCOL_ERROR: u16 = 1002;
+
+/// Close code answering a close reason that is not UTF-8: "invalid frame payload data".
+const INVALID_PAYLOAD: u16 = 1007;
+
+/// Longest control frame payload (RFC 6455 section 5.5).
+const MAX_CONTROL_PAYLOAD: usize = 125;
+
+/// Least a split message's buffer grows by; after that it doubles with what has arrived.
+const MIN_SPLIT_GROWTH: usize = 64;
+
+/// `refusal` after a close frame went out: nothing more may follow it.
+const CLOSED: u16 = u16::MAX;
+
+mod opcode {
+    pub const CONTINUATION: u8 = 0x0;
+    pub const TEXT: u8 = 0x1;
+    pub const BINARY: u8 = 0x2;
+    pub const CLOSE: u8 = 0x8;
+    pub const PING: u8 = 0x9;
+    pub const PONG: u8 = 0xA;
+}
+
+/// Who may upgrade: `--ws-allowed-origins` (none: any origin).
+#[derive(Debug, Default)]
+pub struct WsPolicy {
+    /// Origins allowed, compared without regard to ASCII case; `None` allows any.
+    pub allowed_origins: Option<Vec<String>>,
+}
+
+/// One WebSocket connection's framing; see the module documentation.
+pub(crate) struct WebSocket {
+    max_frame_bytes: u32,
+    /// Bytes of a fragmented message gathered, unmasked, at the front of the buffer.
+    gathered: u32,
+    /// The upgrade's policy, until the upgrade is done.
+    upgrade: Option<Arc<WsPolicy>>,
+    /// A fragmented message is open.
+    fragmented: bool,
+    /// No message decoded yet: the first is a LOGIN and is bounded as one.
+    first: bool,
+    /// The close code (or, before the upgrade, the HTTP status) the next BYE goes out with
+    /// instead of its own; [`CLOSED`] once a close frame went out.
+    refusal: u16,
+}
+
+// === impl WebSocket ===
+
+impl WebSocket {
+    pub(crate) fn new(max_frame_bytes: u32, policy: Arc<WsPolicy>) -> WebSocket {
+        WebSocket { max_frame_bytes, gathered: 0, upgrade: Some(policy), fragmented: false, first: true, refusal: 0 }
+    }
+
+    /// Fails the connection, answering with `code` (a close code, or an HTTP status before
+    /// the upgrade) instead of the BYE's own.
+    fn refuse(&mut self, code: u16, why: impl Into<String>) -> Close {
+        self.refusal = code;
+        (CloseReason::ProtocolError, why.into())
+    }
+
+    /// Reads the upgrade request at the front of `src`; on success answers 101 into `out`.
+    fn upgrade(&mut self, policy: &WsPolicy, src: &mut BytesMut, out: &mut BytesMut) -> Result<bool, Close> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_UPGRADE_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        let consumed = match request.parse(src) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if src.len() >= MAX_UPGRADE_BYTES => {
+                return Err(self.refuse(431, format!("upgrade request over {MAX_UPGRADE_BYTES} bytes")));
+            }
+            Ok(httparse::Status::Partial) => {
+                src.reserve(1024);
+                return Ok(false);
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(self.refuse(431, format!("more than {MAX_UPGRADE_HEADERS} header lines")));
+            }
+            Err(e) => return Err(self.refuse(400, format!("not an HTTP request: {e}"))),
+        };
+        let header = |name: &str| {
+            request.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| String::from_utf8_lossy(h.value))
+        };
+        let has_token = |name: &str, token: &str| {
+            header(name).is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        };
+        if request.method != Some("GET") {
+            return Err(self.refuse(405, "only GET upgrades"));
+        }
+        let path = request.path.unwrap_or("").split('?').next().unwrap_or("");
+        if path != WS_PATH {
+            return Err(self.refuse(404, format!("no WebSocket at {path}: connect to {WS_PATH}")));
+        }
+        if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
+            return Err(self.refuse(426, format!("{WS_PATH} speaks WebSocket only: send an upgrade")));
+        }
+        if header("sec-websocket-version").as_deref() != Some("13") {
+            return Err(self.refuse(426, "WebSocket version 13 only"));
+        }
+        let key = header("sec-websocket-key").unwrap_or_default();
+        let key = key.trim();
+        let decoded = base64::engine::general_purpose::STANDARD.decode(key).unwrap_or_default();
+        if decoded.len() != 16 {
+            return Err(self.refuse(400, "Sec-WebSocket-Key is not 16 bytes in base64"));
+        }
+        if let (Some(allowed), Some(origin)) = (&policy.allowed_origins, header("origin")) {
+            if !allowed.iter().any(|a| a.eq_ignore_ascii_case(origin.trim())) {
+                return Err(self.refuse(403, format!("origin {origin} is not in --ws-allowed-origins")));
+            }
+        }
+        let accept = accept_key(key.as_bytes());
+        src.advance(consumed);
+        out.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n");
+        out.extend_from_slice(b"Sec-WebSocket-Accept: ");
+        out.extend_from_slice(accept.as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
+        Ok(true)
+    }
+
+    /// The longest message accepted now.
+    fn limit(&self) -> u32 {
+        if self.first {
+            self.max_frame_bytes.min(MAX_LOGIN_FRAME_BYTES)
+        } else {
+            self.max_frame_bytes
+        }
+    }
+
+    /// Answers a client's close frame (its code echoed when valid) and ends the connection.
+    fn closed_by_client(&mut self, payload: &[u8], out: &mut BytesMut) -> Close {
+        let code = match payload {
+            [] => None,
+            [_] => Some(PROTOCOL_ERROR),
+            [a, b, reason @ ..] => {
+                let code = u16::from_be_bytes([*a, *b]);
+                let valid = matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999);
+                Some(if std::str::from_utf8(reason).is_err() {
+                    INVALID_PAYLOAD
+                } else if valid {
+                    code
+                } else {
+                    PROTOCOL_ERROR
+                })
+            }
+        };
+        put_close(out, code, "");
+        self.refusal = CLOSED;
+        disconnect()
+    }
+}
+
+/// `Sec-WebSocket-Accept` for a client's `key`.
+pub fn accept_key(key: &[u8]) -> String {
+    let mut sha = Sha1::new();
+    sha.update(key);
+    sha.update(ACCEPT_GUID);
+    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
+}
+
+impl Framing for WebSocket {
+    const WEBSOCKET: bool = true;
+
+    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
+        if let Some(policy) = self.upgrade.clone() {
+            if !self.upgrade(&policy, src, out)? {
+                return Ok(None);
+            }
+            self.upgrade = None;
+        }
+        loop {
+            let g = self.gathered as usize;
+            let Some(head) = Head::parse(&src[g..]).map_err(|why| self.refuse(MALFORMED, why))? else {
+                src.reserve(MIN_SPLIT_GROWTH);
+                return Ok(None);
+            };
+            let len = head.len;
+            match head.opcode {
+                opcode::CLOSE | opcode::PING | opcode::PONG => {
+                    if !head.fin || len > MAX_CONTROL_PAYLOAD {
+                        return Err(self.refuse(MALFORMED, "a control frame fragmented or over 125 bytes"));
+                    }
+                }
+                opcode::TEXT => {
+                    return Err(self.refuse(UNSUPPORTED_DATA, "a text message: send protocol frames as binary messages"));
+                }
+                opcode::BINARY if self.fragmented => {
+                    return Err(self.refuse(MALFORMED, "a new message inside a fragmented one"));
+                }
+                opcode::CONTINUATION if !self.fragmented => {
+                    return Err(self.refuse(MALFORMED, "a continuation frame with no message open"));
+                }
+                opcode::BINARY | opcode::CONTINUATION => {
+                    let limit = self.limit();
+                    if (g as u64 + len as u64) > u64::from(limit) {
+                        let total = g as u64 + len as u64;
+                        return Err(self.refuse(TOO_BIG, format!("a {total}-byte message; at most {limit}")));
+                    }
+                }
+                other => return Err(self.refuse(MALFORMED, format!("unknown opcode {other:#x}"))),
+            }
+            let whole = head.header_len + len;
+            if src.len() - g < whole {
+                // Grows with what has arrived, not with what the header promises.
+                let missing = whole - (src.len() - g);
+                src.reserve(missing.min(src.len().max(MIN_SPLIT_GROWTH)));
+                return Ok(None);
+            }
+            let payload = g + head.header_len..g + whole;
+            unmask(&mut src[payload.clone()], head.mask);
+            if head.opcode >= opcode::CLOSE {
+                let reply = match head.opcode {
+                    opcode::PING => {
+                        if self.refusal != CLOSED {
+                            put_header(out, opcode::PONG, len);
+                            out.extend_from_slice(&src[payload.clone()]);
+                        }
+                        Ok(Input::Activity)
+                    }
+                    opcode::PONG => Ok(Input::Activity),
+                    _ => Err(self.closed_by_client(&src[payload.clone()], out)),
+                };
+                remove(src, g, whole);
+                return reply.map(Some);
+            }
+            if g == 0 && head.fin {
+                // A whole message in one frame: taken where it lies.
+                src.advance(head.header_len);
+                return self.message(src.split_to(len));
+            }
+            // A fragment: its payload moves down over its header, next to what was gathered.
+            src.copy_within(g + head.header_len.., g);
+            src.truncate(src.len() - head.header_len);
+            self.gathered += len as u32;
+            self.fragmented = !head.fin;
+            if head.fin {
+                let message = src.split_to(self.gathered as usize);
+                self.gathered = 0;
+                return self.message(message);
+            }
+        }
+    }
+
+    fn encode(&mut self, frame: &Frame, out: &mut BytesMut) {
+        if self.refusal == CLOSED {
+            return;
+        }
+        if self.upgrade.is_some() {
+            // Before the upgrade only a refusal goes out, as an HTTP answer.
+            if let Frame::Bye { reason, text } = frame {
+                put_http_refusal(out, self.refusal, *reason, text);
+                self.refusal = CLOSED;
+            }
+            return;
+        }
+        put_header(out, opcode::BINARY, frame.body_len());
+        frame.encode(out);
+        if let Frame::Bye { reason, .. } = frame {
+            let code = match self.refusal {
+                0 => BYE_CLOSE_BASE + u16::from(reason.wire_code().unwrap_or(0)),
+                code => code,
+            };
+            put_close(out, Some(code), reason.label());
+            self.refusal = CLOSED;
+        }
+    }
+
+    fn max_frame_bytes(&self) -> u32 {
+        self.max_frame_bytes
+    }
+
+    fn ready(&self) -> bool {
+        self.upgrade.is_none()
+    }
+}
+
+impl WebSocket {
+    /// A whole binary message: one protocol frame.
+    fn message(&mut self, message: BytesMut) -> Result<Option<Input>, Close> {
+        self.first = false;
+        Frame::parse(message.freeze()).map(|f| Some(Input::Frame(f))).map_err(|e| self.refuse(MALFORMED, e.to_string()))
+    }
+}
+
+/// A frame's header, read without taking it.
+struct Head {
+    fin: bool,
+    opcode: u8,
+    len: usize,
+    mask: [u8; 4],
+    header_len: usize,
+}
+
+impl Head {
+    /// The header at the front of `b`; `None` until it has all arrived.
+    fn parse(b: &[u8]) -> Result<Option<Head>, String> {
+        let [b0, b1, ..] = *b else { return Ok(None) };
+        if b0 & 0x70 != 0 {
+            return Err("reserved bits set: no extension was agreed".into());
+        }
+        if b1 & 0x80 == 0 {
+            return Err("an unmasked frame from a client".into());
+        }
+        let (len, at) = match b1 & 0x7f {
+            126 => match b.get(2..4) {
+                Some(l) => (u64::from(u16::from_be_bytes([l[0], l[1]])), 4),
+                None => return Ok(None),
+            },
+            127 => match b.get(2..10).and_then(|l| <[u8; 8]>::try_from(l).ok()) {
+                Some(l) => (u64::from_be_bytes(l), 10),
+                None => return Ok(None),
+            },
+            n => (u64::from(n), 2),
+        };
+        let Some(mask) = b.get(at..at + 4).and_then(|m| <[u8; 4]>::try_from(m).ok()) else {
+            return Ok(None);
+        };
+        // Lengths past what a buffer can say are refused as too big by the caller's limit.
+        let len = usize::try_from(len).unwrap_or(usize::MAX / 2);
+        Ok(Some(Head { fin: b0 & 0x80 != 0, opcode: b0 & 0x0f, len, mask, header_len: at + 4 }))
+    }
+}
+
+/// Takes `len` bytes at `at` out of `src`.
+fn remove(src: &mut BytesMut, at: usize, len: usize) {
+    if at == 0 {
+        src.advance(len);
+    } else {
+        src.copy_within(at + len.., at);
+        src.truncate(src.len() - len);
+    }
+}
+
+/// Unmasks a client's payload in place.
+fn unmask(payload: &mut [u8], mask: [u8; 4]) {
+    let word = u32::from_ne_bytes(mask);
+    let mut chunks = payload.chunks_exact_mut(4);
+    for chunk in &mut chunks {
+        let v = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) ^ word;
+        chunk.copy_from_slice(&v.to_ne_bytes());
+    }
+    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
+        *b ^= mask[i];
+    }
+}
+
+/// A server frame's header (never masked).
+fn put_header(out: &mut BytesMut, opcode: u8, len: usize) {
+    out.reserve(10 + len);
+    out.put_u8(0x80 | opcode);
+    if len < 126 {
+        out.put_u8(len as u8);
+    } else if let Ok(len) = u16::try_from(len) {
+        out.put_u8(126);
+        out.put_u16(len);
+    } else {
+        out.put_u8(127);
+        out.put_u64(len as u64);
+    }
+}
+
+/// A close frame with `code` and `reason` (none without a code).
+fn put_close(out: &mut BytesMut, code: Option<u16>, reason: &str) {
+    let reason = &reason.as_bytes()[..reason.len().min(MAX_CONTROL_PAYLOAD - 2)];
+    match code {
+        Some(code) => {
+            put_header(out, opcode::CLOSE, 2 + reason.len());
+            out.put_u16(code);
+            out.extend_from_slice(reason);
+        }
+        None => put_header(out, opcode::CLOSE, 0),
+    }
+}
+
+/// The HTTP answer to an upgrade that did not happen.
+fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseReason, text: &str) {
+    let status = match (status, reason) {
+        (0, CloseReason::LoginTimeout) => 408,
+        (0, CloseReason::ServerFull | CloseReason::Shutdown) => 503,
+        (0, _) => 400,
+        (status, _) => status,
+    };
+    let phrase = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        426 => "Upgrade Required",
+        431 => "Request Header Fields Too Large",
+        _ => "Service Unavailable",
+    };
+    let body = if text.is_empty() { reason.label() } else { text };
+    let extra = match status {
+        426 => "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n",
+        405 => "Allow: GET\r\n",
+        _ => "",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
+         Connection: close\r\n{extra}\r\n",
+        body.len() + 1
+    );
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(body.as_bytes());
+    out.put_u8(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_key_matches_rfc_6455_example() {
+        assert_eq!(accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    }
+
+    fn masked(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        let mut out = vec![(if fin { 0x80 } else { 0 }) | opcode];
+        if payload.len() < 126 {
+            out.push(0x80 | payload.len() as u8);
+        } else {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    fn open_ws() -> WebSocket {
+        let mut ws = WebSocket::new(1024, Arc::default());
+        ws.upgrade = None;
+        ws.first = false;
+        ws
+    }
+
+    #[test]
+    fn fragments_interleaved_with_a_ping_gather_into_one_frame() {
+        let mut ws = open_ws();
+        let mut src = BytesMut::new();
+        src.extend_from_slice(&masked(false, opcode::BINARY, &[0x02, b'h']));
+        src.extend_from_slice(&masked(true, opcode::PING, b"p"));
+        src.extend_from_slice(&masked(false, opcode::CONTINUATION, b"el"));
+        src.extend_from_slice(&masked(true, opcode::CONTINUATION, b"lo"));
+        let mut out = BytesMut::new();
+        let mut got = Vec::new();
+        // Byte by byte, as a slow network would deliver it.
+        let all = src.split();
+        for b in all {
+            src.put_u8(b);
+            while let Some(input) = ws.decode(&mut src, &mut out).unwrap() {
+                got.push(match input {
+                    Input::Frame(f) => format!("{f:?}"),
+                    Input::Activity => "activity".into(),
+                });
+            }
+        }
+        assert_eq!(got, ["activity".to_string(), format!("{:?}", Frame::Ping(bytes::Bytes::from_static(b"hello")))]);
+        assert_eq!(&out[..], &[0x8a, 0x01, b'p'], "the ping answered with a pong");
+        assert!(src.is_empty());
+    }
+
+    #[test]
+    fn the_bye_is_a_binary_message_then_close_4000_plus_reason() {
+        let mut ws = open_ws();
+        let mut out = BytesMut::new();
+        ws.encode(&Frame::Bye { reason: CloseReason::IdleTimeout, text: String::new() }, &mut out);
+        ws.encode(&Frame::Pong(bytes::Bytes::new()), &mut out);
+        let close = [0x88, 14, 0x0f, 0xa1];
+        assert_eq!(&out[..2], &[0x82, 0x02]);
+        assert_eq!(&out[4..8], &close, "close 4001 after the BYE: {out:?}");
+        assert_eq!(&out[8..], b"idle_timeout", "and nothing after the close");
+    }
+
+    #[test]
+    fn text_and_oversized_messages_get_their_close_codes() {
+        let mut ws = open_ws();
+        let mut out = BytesMut::new();
+        let mut src = BytesMut::from(&masked(true, opcode::TEXT, b"hi")[..]);
+        assert!(ws.decode(&mut src, &mut out).is_err());
+        assert_eq!(ws.refusal, UNSUPPORTED_DATA);
+
+        let mut ws = open_ws();
+        let mut src = BytesMut::from(&masked(true, opcode::BINARY, &[3; 2000])[..8]);
+        assert!(ws.decode(&mut src, &mut out).is_err(), "refused on its header alone");
+        assert_eq!(ws.refusal, TOO_BIG);
+    }
+}
