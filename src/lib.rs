@@ -1,6 +1,6 @@
 //! idlegate: an idle-connection timeout gateway and realtime message channel.
 //!
-//! Clients hold one long-lived TCP connection each, log in with a numeric uid and send
+//! Clients hold one long-lived connection each (TCP, TLS, WebSocket or WebSocket in TLS), log in with a numeric uid and send
 //! keepalive and data frames; a uid silent for the timeout goes offline and its connection is
 //! closed. Idle detection is a sliding slot ring ([`Ring`]) driven by one ticker, not a timer
 //! per connection. Backends ask who is online, follow online/offline/data events and push to
@@ -11,14 +11,17 @@
 //! Folders by concern, imports pointing one way (`tests/layout.rs` checks the arrows):
 //!
 //! - `proto/`: the wire vocabulary: `frame`, `codec` (bytes to frames, no IO), `retry`
-//!   hints, `FrameError`. Imports nothing of the gateway.
+//!   hints, `FrameError`, the `Transport` names of the doors. Imports nothing of the gateway.
 //! - `config`, `metrics/`: low; everyone may use them; they own their defaults.
 //! - `presence/`: who is online. `ring` (pure: ticks in, expired uids out), `clock` (the one
 //!   place time becomes ticks), `registry`, `session` and its push `outbox`, `pending` (the
 //!   connections waiting to log in), `ticker`, `events`, and `directory`, the trait the API
 //!   asks.
 //! - `protocol/`: the state machine every door drives, with no IO (`machine`).
-//! - `transport/`: the doors: `tcp` over the buffered socket of `connection`.
+//! - `transport/`: the doors. `connection` (a socket with no buffer of its own while idle,
+//!   generic over a layer and a framing), `drive` (one connection through the machine),
+//!   `tcp` (no layer, length-prefixed frames), `tls` (rustls's unbuffered API) and `ws`
+//!   (WebSocket messages on `/v1/ws`).
 //! - `http/`: what servers and operators use over HTTP: `api`, `admin`, `status`, and the
 //!   bounded `listener`.
 //! - `cluster/`: several gateways sharing presence, events, pushes and kicks through Redis
@@ -56,7 +59,8 @@ pub use presence::{
     READ_BATCH,
 };
 pub use proto::{
-    kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, FrameError, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN,
-    MAX_LOGIN_FRAME_BYTES,
+    kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, FrameError, Transport, DEFAULT_MAX_FRAME_BYTES,
+    HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
 };
 pub use server::{Listeners, Server};
+pub use transport::{accept_key, BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};

@@ -325,9 +325,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         api_tls: args.api_tls,
         admin_tls: args.admin_tls,
-        ws_allowed_origins: args.ws_allowed_origins.clone().map(|list| {
-            list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()
-        }),
+        ws_allowed_origins: args
+            .ws_allowed_origins
+            .clone()
+            .map(|list| list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
     };
     if let Err(e) = config.validate() {
         usage_error(e);

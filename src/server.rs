@@ -123,9 +123,9 @@ impl Server {
             http.push(tokio::spawn(reload_on_sighup(identity, gateway.clone(), background.clone())));
         }
         let doors = Doors::new(&gateway);
-        let loops = open.iter().map(|(listener, transport)| {
-            Box::pin(accept_loop(listener, *transport, &gateway, &connections, &doors))
-        });
+        let loops = open
+            .iter()
+            .map(|(listener, transport)| Box::pin(accept_loop(listener, *transport, &gateway, &connections, &doors)));
         let mut ticker = ticker;
         let mut failure = None;
         tokio::select! {

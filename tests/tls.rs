@@ -7,51 +7,17 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::process::GatewayProcess;
+use common::tls::{handshake, TestCa, INSTALL};
 use common::{find_on_path, skip_without};
-
-const INSTALL: &str = "apt-get install openssl curl";
-
-/// A self-signed ECDSA certificate for 127.0.0.1 in `dir`: `<name>.pem` and `<name>.key`.
-fn certificate(dir: &Path, name: &str) -> (String, String) {
-    let (cert, key) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
-    let made = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
-        .args(["-subj", &format!("/CN={name}"), "-addext", "subjectAltName=IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl runs");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    (cert.display().to_string(), key.display().to_string())
-}
 
 /// `curl` of `url` trusting `ca`: (exit status, body).
 fn curl(ca: &str, url: &str) -> (i32, String) {
     let out = Command::new("curl").args(["-sS", "--max-time", "5", "--cacert", ca, url]).output().expect("curl runs");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The subject of the certificate the server at `addr` presents, and the TLS version it
-/// negotiated with `version` (`-tls1_3`, `-tls1_2`, `-tls1_1`), or `None` if it refused.
-fn handshake(addr: std::net::SocketAddr, version: &str) -> Option<(String, String)> {
-    let out = Command::new("openssl")
-        .args(["s_client", "-connect", &addr.to_string(), version, "-brief"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("openssl runs");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    let protocol =
-        text.lines().find_map(|l| l.trim().strip_prefix("Protocol version:").map(|v| v.trim().to_string()))?;
-    let subject =
-        text.lines().find_map(|l| l.trim().strip_prefix("Peer certificate:").map(|v| v.trim().to_string()))?;
-    Some((subject, protocol))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,12 +26,13 @@ async fn the_api_and_admin_listener_speak_https_and_take_a_new_certificate_on_si
         return skip_without("openssl and curl", INSTALL);
     }
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate(dir.path(), "first");
+    let ca = TestCa::new(dir.path());
+    let (cert, key) = ca.leaf("first");
     let gw = GatewayProcess::start_https(&["--api-tls", "--admin-tls", "--tls-cert", &cert, "--tls-key", &key]).await;
 
-    let (code, body) = curl(&cert, &format!("https://{}/healthz", gw.admin));
+    let (code, body) = curl(&ca.cert, &format!("https://{}/healthz", gw.admin));
     assert_eq!((code, body.as_str()), (0, "ok\n"));
-    let (code, body) = curl(&cert, &format!("https://{}/v1/online", gw.api));
+    let (code, body) = curl(&ca.cert, &format!("https://{}/v1/online", gw.api));
     assert_eq!(code, 0, "{body}");
     assert!(body.contains("\"online\":0"), "{body}");
     // Plain HTTP gets no answer from a TLS listener.
@@ -79,7 +46,7 @@ async fn the_api_and_admin_listener_speak_https_and_take_a_new_certificate_on_si
     assert_eq!(handshake(gw.api, "-tls1_1"), None, "TLS 1.1 is refused");
 
     // A renewed pair in the same files, and SIGHUP: new handshakes present it.
-    let (second_cert, second_key) = certificate(dir.path(), "second");
+    let (second_cert, second_key) = ca.leaf("second");
     std::fs::copy(&second_cert, &cert).unwrap();
     std::fs::copy(&second_key, &key).unwrap();
     gw.signal("HUP");
@@ -91,7 +58,7 @@ async fn the_api_and_admin_listener_speak_https_and_take_a_new_certificate_on_si
         assert!(tokio::time::Instant::now() < deadline, "the new certificate is never presented");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (code, body) = curl(&second_cert, &format!("https://{}/healthz", gw.admin));
+    let (code, body) = curl(&ca.cert, &format!("https://{}/healthz", gw.admin));
     assert_eq!((code, body.as_str()), (0, "ok\n"));
 }
 
@@ -101,8 +68,9 @@ fn a_missing_or_mismatched_pair_exits_2_naming_the_flag() {
         return skip_without("openssl", INSTALL);
     }
     let dir = tempfile::tempdir().unwrap();
-    let (cert, _) = certificate(dir.path(), "one");
-    let (_, other_key) = certificate(dir.path(), "two");
+    let ca = TestCa::new(dir.path());
+    let (cert, _) = ca.leaf("one");
+    let (_, other_key) = ca.leaf("two");
     let cases: &[(&[&str], &str)] = &[
         (&["--api-tls"], "--tls-cert"),
         (&["--admin-tls"], "--tls-cert"),

@@ -35,7 +35,7 @@ fn gateway_with_api(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr
         let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addrs = (listener.local_addr().unwrap(), admin.local_addr().unwrap(), api.local_addr().unwrap());
         let config = Config { timeout: TIMEOUT, tick: TICK, auth, ..Config::default() };
-        let listeners = Listeners { clients: listener, admin: Some(admin), api: Some(api) };
+        let listeners = Listeners { admin: Some(admin), api: Some(api), ..Listeners::clients(listener) };
         tokio::spawn(Server::new(config).run(listeners, std::future::pending::<()>()));
         addrs
     })

@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use crate::gateway::Gateway;
-use crate::proto::CloseReason;
+use crate::proto::{CloseReason, Transport};
 
 /// The window close rates are averaged over: what `rate(...[10s])` over `/metrics` shows.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -99,6 +99,10 @@ pub(crate) async fn summary(
         "max_connections": config.max_connections,
         "online": online,
         "connections": metrics.connections_open.get(),
+        "connections_by_transport": Transport::ALL
+            .iter()
+            .map(|t| (t.label().to_string(), Value::from(metrics.open_on(*t))))
+            .collect::<Map<String, Value>>(),
         "silence": metrics.silence(),
         "closes": closes,
         "closes_per_s": closes_per_s,

@@ -17,8 +17,8 @@ use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use crate::presence::{unix_now, Liveness, Session};
 use crate::proto::{
-    jittered_ms, put_frame, retry_text, CloseReason, Frame, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
-    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD, Transport,
+    jittered_ms, put_frame, retry_text, CloseReason, Frame, Transport, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
+    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
 
 /// Why a connection closes: the reason its BYE carries, and the BYE's text.

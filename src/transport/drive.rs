@@ -50,10 +50,7 @@ pub(crate) async fn serve<L: Layer, F: Framing>(
 
 /// Serves the connection until a LOGIN succeeds; its ticket among the connections waiting to
 /// log in goes back when this returns.
-async fn until_login<L: Layer, F: Framing>(
-    machine: &mut Machine,
-    conn: &mut Connection<L, F>,
-) -> Result<(), Close> {
+async fn until_login<L: Layer, F: Framing>(machine: &mut Machine, conn: &mut Connection<L, F>) -> Result<(), Close> {
     let gateway = machine.gateway().clone();
     let mut handshake = Handshake::start(Connection::<L, F>::TRANSPORT, conn);
     let result = login(machine, conn, &gateway, &mut handshake).await;

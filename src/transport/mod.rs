@@ -17,7 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::gateway::Gateway;
 use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES};
-pub use ws::WsPolicy;
+pub use ws::{accept_key, WsPolicy, BYE_CLOSE_BASE, WS_PATH};
 
 /// ALPN protocol of the TLS door: the same length-prefixed protocol as plain TCP.
 pub const TLS_ALPN: &[u8] = b"idlegate";

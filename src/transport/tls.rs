@@ -116,7 +116,9 @@ impl Layer for Tls {
 
     fn finish(&mut self, wire: &mut BytesMut) {
         if let Ok(ConnectionState::WriteTraffic(mut traffic)) = self.conn.process_tls_records(&mut []).state {
-            let _ = encode_into(wire, RECORD_OVERHEAD, |room| traffic.queue_close_notify(room).map_err(EncodeFailure::from));
+            let _ = encode_into(wire, RECORD_OVERHEAD, |room| {
+                traffic.queue_close_notify(room).map_err(EncodeFailure::from)
+            });
         }
     }
 

@@ -230,7 +230,9 @@ impl Framing for WebSocket {
                     }
                 }
                 opcode::TEXT => {
-                    return Err(self.refuse(UNSUPPORTED_DATA, "a text message: send protocol frames as binary messages"));
+                    return Err(
+                        self.refuse(UNSUPPORTED_DATA, "a text message: send protocol frames as binary messages")
+                    );
                 }
                 opcode::BINARY if self.fragmented => {
                     return Err(self.refuse(MALFORMED, "a new message inside a fragmented one"));

@@ -5,6 +5,8 @@ pub mod cluster;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tls;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,14 +57,8 @@ impl TestServer {
         let server = Server::new(config);
         let metrics = server.metrics();
         let (stop, stopped) = oneshot::channel::<()>();
-        let listeners = Listeners {
-            admin: Some(admin),
-            api: Some(api),
-            tls,
-            ws: Some(ws),
-            wss,
-            ..Listeners::clients(listener)
-        };
+        let listeners =
+            Listeners { admin: Some(admin), api: Some(api), tls, ws: Some(ws), wss, ..Listeners::clients(listener) };
         let task = tokio::spawn(server.run(listeners, async move {
             let _ = stopped.await;
         }));

@@ -1,0 +1,122 @@
+//! A client for every door: the length-prefixed protocol over TCP or TLS, one frame per
+//! binary message over WebSocket (tokio-tungstenite, a client written by others) or
+//! WebSocket in TLS.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use idlegate::{Frame, FrameCodec, Transport, TLS_ALPN, WS_PATH};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::codec::Framed;
+
+use super::tls::TestCa;
+use super::PATIENCE;
+
+/// A byte stream a door client speaks over: a socket, or TLS over one.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// What a door client saw next.
+#[derive(Debug, PartialEq)]
+pub enum Got {
+    Frame(Frame),
+    /// A WebSocket close frame: its code and reason.
+    Close(u16, String),
+    /// The connection ended with nothing more.
+    End,
+}
+
+enum Inner {
+    Frames(Framed<Box<dyn Io>, FrameCodec>),
+    Ws(Box<WebSocketStream<Box<dyn Io>>>),
+}
+
+/// A protocol client on any door.
+pub struct DoorClient {
+    inner: Inner,
+}
+
+/// The byte stream to `addr`: TLS trusting `ca` for the TLS doors, plain otherwise.
+pub async fn open(transport: Transport, addr: SocketAddr, ca: Option<&TestCa>) -> std::io::Result<Box<dyn Io>> {
+    if transport.is_tls() {
+        let ca = ca.expect("a TLS door needs the test CA");
+        let alpn: &[&[u8]] = if transport == Transport::Tls { &[TLS_ALPN] } else { &[b"http/1.1"] };
+        Ok(Box::new(ca.connect(addr, alpn).await?))
+    } else {
+        Ok(Box::new(TcpStream::connect(addr).await?))
+    }
+}
+
+impl DoorClient {
+    /// Connects to `addr`, a listener of `transport`, and upgrades a WebSocket door.
+    pub async fn connect(transport: Transport, addr: SocketAddr, ca: Option<&TestCa>) -> DoorClient {
+        let io = open(transport, addr, ca).await.expect("connects");
+        match transport {
+            Transport::Tcp | Transport::Tls => {
+                DoorClient { inner: Inner::Frames(Framed::new(io, FrameCodec::default())) }
+            }
+            Transport::Ws | Transport::Wss => {
+                let scheme = if transport == Transport::Wss { "wss" } else { "ws" };
+                let url = format!("{scheme}://{addr}{WS_PATH}");
+                let (ws, response) = tokio_tungstenite::client_async(url, io).await.expect("upgrades");
+                assert_eq!(response.status(), 101);
+                DoorClient { inner: Inner::Ws(Box::new(ws)) }
+            }
+        }
+    }
+
+    pub async fn send(&mut self, frame: Frame) {
+        match &mut self.inner {
+            Inner::Frames(framed) => framed.send(frame).await.expect("sends"),
+            Inner::Ws(ws) => {
+                let mut body = bytes::BytesMut::new();
+                frame.encode(&mut body);
+                ws.send(Message::Binary(body.to_vec())).await.expect("sends");
+            }
+        }
+    }
+
+    /// Sends a raw WebSocket message (a ping, a text message).
+    pub async fn send_ws(&mut self, message: Message) {
+        let Inner::Ws(ws) = &mut self.inner else { panic!("not a WebSocket client") };
+        ws.send(message).await.expect("sends");
+    }
+
+    /// The next frame or close, skipping WebSocket pongs; fails the test after PATIENCE.
+    pub async fn recv(&mut self) -> Got {
+        tokio::time::timeout(PATIENCE, self.next()).await.expect("the gateway answers in time")
+    }
+
+    async fn next(&mut self) -> Got {
+        match &mut self.inner {
+            Inner::Frames(framed) => match framed.next().await {
+                Some(Ok(frame)) => Got::Frame(frame),
+                _ => Got::End,
+            },
+            Inner::Ws(ws) => loop {
+                match ws.next().await {
+                    Some(Ok(Message::Binary(b))) => return Got::Frame(Frame::parse(Bytes::from(b)).expect("a frame")),
+                    Some(Ok(Message::Close(Some(close)))) => {
+                        return Got::Close(u16::from(close.code), close.reason.into_owned())
+                    }
+                    Some(Ok(Message::Pong(_) | Message::Ping(_))) => continue,
+                    Some(Ok(other)) => panic!("unexpected message {other:?}"),
+                    _ => return Got::End,
+                }
+            },
+        }
+    }
+
+    /// LOGIN as `uid` (any token) and its WELCOME.
+    pub async fn login(&mut self, uid: u64) {
+        self.send(Frame::Login { uid, token: Bytes::from_static(b"t") }).await;
+        match self.recv().await {
+            Got::Frame(Frame::Welcome { .. }) => {}
+            other => panic!("expected WELCOME, got {other:?}"),
+        }
+    }
+}
