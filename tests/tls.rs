@@ -1,5 +1,5 @@
-//! HTTPS on the backend API and the admin listener (`--api-tls`, `--admin-tls` with
-//! `--tls-cert` and `--tls-key`): real certificates made by `openssl`, real clients (`curl`
+//! TLS as a process serves it: the client door (`--tls-listen`) and HTTPS on the backend API
+//! and the admin listener (`--api-tls`, `--admin-tls`), with `--tls-cert` and `--tls-key`: real certificates made by `openssl`, real clients (`curl`
 //! and `openssl s_client`), the gateway as a process of its own so SIGHUP can reach it.
 //!
 //! On a machine without openssl or curl the test skips with a message; under CI it fails
@@ -10,7 +10,10 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use bytes::Bytes;
 use common::process::GatewayProcess;
+use common::ws::{DoorClient, Got};
+use idlegate::{Frame, Transport};
 use common::tls::{handshake, TestCa, INSTALL};
 use common::{find_on_path, skip_without};
 
@@ -88,4 +91,75 @@ fn a_missing_or_mismatched_pair_exits_2_naming_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(flag), "{args:?} should name {flag}: {stderr}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_door_offers_1_3_and_1_2_only_and_keeps_every_client_across_a_certificate_reload() {
+    if find_on_path(&["openssl"]).is_none() || find_on_path(&["curl"]).is_none() {
+        return skip_without("openssl and curl", INSTALL);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path());
+    let (cert, key) = ca.leaf("first");
+    let door = common::free_addr();
+    let gw = GatewayProcess::start(&[
+        "--tls-listen",
+        &door.to_string(),
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--timeout",
+        "60s",
+    ])
+    .await;
+    common::wait_listening(door).await;
+
+    let (subject, protocol) = handshake(door, "-tls1_3").expect("a TLS 1.3 handshake");
+    assert!(subject.contains("first") && protocol == "TLSv1.3", "{subject} {protocol}");
+    assert_eq!(handshake(door, "-tls1_2").map(|(_, p)| p).as_deref(), Some("TLSv1.2"));
+    assert_eq!(handshake(door, "-tls1_1"), None, "TLS 1.1 is refused");
+
+    // A hundred clients logged in over TLS.
+    let mut clients = Vec::new();
+    for uid in 0..100 {
+        let mut client = DoorClient::connect(Transport::Tls, door, Some(&ca)).await;
+        client.login(uid).await;
+        clients.push(client);
+    }
+
+    // A renewed pair in the same files, and SIGHUP: new handshakes present it.
+    let (second_cert, second_key) = ca.leaf("second");
+    std::fs::copy(&second_cert, &cert).unwrap();
+    std::fs::copy(&second_key, &key).unwrap();
+    gw.signal("HUP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !handshake(door, "-tls1_3").is_some_and(|(subject, _)| subject.contains("second")) {
+        assert!(tokio::time::Instant::now() < deadline, "the new certificate is never presented");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A broken pair: refused, counted, and the renewed one still served.
+    std::fs::write(&key, "not a key").unwrap();
+    gw.signal("HUP");
+    let metrics = loop {
+        let (_, body) = common::http_get(gw.admin, "/metrics").await;
+        if common::sample(&body, "idlegate_tls_reloads_total{result=\"error\"}") == Some(1.0) {
+            break body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the bad reload is never counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(common::sample(&metrics, "idlegate_tls_reloads_total{result=\"ok\"}"), Some(1.0));
+    assert!(handshake(door, "-tls1_3").is_some_and(|(subject, _)| subject.contains("second")));
+    let expiry = common::sample(&metrics, "idlegate_tls_cert_expiry_timestamp_seconds").unwrap();
+    let in_a_day = idlegate::unix_now() as f64 + 86_400.0;
+    assert!((expiry - in_a_day).abs() < 600.0, "the renewed certificate expires in a day: {expiry}");
+
+    // None of the hundred was dropped: each still answers.
+    for client in &mut clients {
+        client.send(Frame::Ping(Bytes::from_static(b"after"))).await;
+        assert_eq!(client.recv().await, Got::Frame(Frame::Pong(Bytes::from_static(b"after"))));
+    }
+    let (_, body) = common::http_get(gw.admin, "/metrics").await;
+    assert_eq!(common::sample(&body, "idlegate_connections_open{transport=\"tls\"}"), Some(100.0));
 }
