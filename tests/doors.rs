@@ -10,38 +10,13 @@ use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
-use common::tls::{TestCa, INSTALL};
+use common::tls::{doors, server_with};
 use common::ws::{DoorClient, Got};
-use common::{find_on_path, http, short_config, skip_without, Sse, TestServer, PATIENCE};
-use idlegate::{CloseReason, Config, Frame, TlsIdentity, Transport, BYE_CLOSE_BASE};
+use common::{http, short_config, Sse, TestServer, PATIENCE};
+use idlegate::{CloseReason, Config, Frame, Transport, BYE_CLOSE_BASE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-
-/// A gateway with every door open, and the CA its certificate comes from (`None`, and only
-/// the clear doors, on a machine without openssl).
-async fn server_with(config: Config) -> (TestServer, Option<TestCa>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = if find_on_path(&["openssl"]).is_some() {
-        Some(TestCa::new(dir.path()))
-    } else {
-        skip_without("openssl", INSTALL);
-        None
-    };
-    let tls = ca.as_ref().map(|ca| {
-        let (cert, key) = ca.leaf("gateway");
-        TlsIdentity::load(cert.as_ref(), key.as_ref()).unwrap()
-    });
-    (TestServer::start(Config { tls, ..config }).await, ca, dir)
-}
-
-/// The doors `server` has open, with their addresses.
-fn doors(server: &TestServer) -> Vec<(Transport, std::net::SocketAddr)> {
-    let mut doors = vec![(Transport::Tcp, server.addr), (Transport::Ws, server.ws)];
-    doors.extend(server.tls.map(|a| (Transport::Tls, a)));
-    doors.extend(server.wss.map(|a| (Transport::Wss, a)));
-    doors
-}
 
 fn is_ws(transport: Transport) -> bool {
     matches!(transport, Transport::Ws | Transport::Wss)

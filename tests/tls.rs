@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::process::GatewayProcess;
-use common::ws::{DoorClient, Got};
-use idlegate::{Frame, Transport};
 use common::tls::{handshake, TestCa, INSTALL};
+use common::ws::{DoorClient, Got};
 use common::{find_on_path, skip_without};
+use idlegate::{Frame, Transport};
 
 /// `curl` of `url` trusting `ca`: (exit status, body).
 fn curl(ca: &str, url: &str) -> (i32, String) {

@@ -1,6 +1,7 @@
 //! Shared test helpers: a gateway on `127.0.0.1:0` and a raw protocol client.
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod browser;
 pub mod cluster;
 pub mod process;
 pub mod proxy;

@@ -4,8 +4,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use idlegate::{Config, TlsIdentity, Transport};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
+
+use super::{find_on_path, skip_without, TestServer};
 
 /// What tests that make certificates need on the machine.
 pub const INSTALL: &str = "apt-get install openssl curl";
@@ -120,4 +123,29 @@ pub fn handshake(addr: std::net::SocketAddr, version: &str) -> Option<(String, S
     let subject =
         text.lines().find_map(|l| l.trim().strip_prefix("Peer certificate:").map(|v| v.trim().to_string()))?;
     Some((subject, protocol))
+}
+
+/// A gateway with every door open, and the CA its certificate comes from (`None`, and only
+/// the clear doors, on a machine without openssl).
+pub async fn server_with(config: Config) -> (TestServer, Option<TestCa>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = if find_on_path(&["openssl"]).is_some() {
+        Some(TestCa::new(dir.path()))
+    } else {
+        skip_without("openssl", INSTALL);
+        None
+    };
+    let tls = ca.as_ref().map(|ca| {
+        let (cert, key) = ca.leaf("gateway");
+        TlsIdentity::load(cert.as_ref(), key.as_ref()).unwrap()
+    });
+    (TestServer::start(Config { tls, ..config }).await, ca, dir)
+}
+
+/// The doors `server` has open, with their addresses.
+pub fn doors(server: &TestServer) -> Vec<(Transport, std::net::SocketAddr)> {
+    let mut doors = vec![(Transport::Tcp, server.addr), (Transport::Ws, server.ws)];
+    doors.extend(server.tls.map(|a| (Transport::Tls, a)));
+    doors.extend(server.wss.map(|a| (Transport::Wss, a)));
+    doors
 }

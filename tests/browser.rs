@@ -1,0 +1,107 @@
+//! The WebSocket doors in a real browser: Debian's headless `chromium` opens `ws://` and
+//! `wss://` (the gateway's certificate, made by a test CA, trusted for that browser run by
+//! its key), logs in, receives a push from the backend API, falls silent and sees `onclose`
+//! with code 4001 and reason `idle_timeout`, as a web app would.
+//!
+//! On a machine without chromium or openssl the test skips with a message; under CI it
+//! fails instead.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine;
+use common::browser::{launch, Page};
+use common::tls::server_with;
+use common::{find_on_path, http, skip_without};
+use idlegate::{kind, Config, WS_PATH};
+use serde_json::Value;
+
+/// The base64 SHA-256 of the certificate's public key: what Chromium's
+/// `--ignore-certificate-errors-spki-list` trusts.
+fn spki_hash(cert: &std::path::Path) -> String {
+    let script = format!(
+        "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
+        cert.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().expect("sh runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Opens a WebSocket to each URL as uid 1, 2, ..., logging in on open and keeping every
+/// message; `window.done` resolves with each socket's close code, reason and messages.
+const START: &str = r#"
+window.online = 0;
+window.done = Promise.all(URLS.map((url, i) => new Promise((resolve) => {
+  const ws = new WebSocket(url);
+  ws.binaryType = "arraybuffer";
+  const got = [];
+  ws.onopen = () => ws.send(new Uint8Array([LOGIN, 0, 0, 0, 0, 0, 0, 0, i + 1, 116]));
+  ws.onmessage = (e) => {
+    const bytes = Array.from(new Uint8Array(e.data));
+    if (bytes[0] === WELCOME) window.online += 1;
+    got.push(bytes);
+  };
+  ws.onerror = () => got.push("error");
+  ws.onclose = (e) => resolve({ code: e.code, reason: e.reason, got });
+})));
+"started"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001() {
+    let Some(browser) = find_on_path(&["chromium", "chromium-browser", "google-chrome"]) else {
+        return skip_without("chromium", "apt-get install chromium");
+    };
+    let config = Config {
+        timeout: Duration::from_secs(3),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_secs(10),
+        ..Config::default()
+    };
+    let (mut server, ca, _dir) = server_with(config).await;
+    let Some(ca) = ca else { return };
+    let spki = spki_hash(&ca.dir.join("gateway.pem"));
+    let profile = tempfile::tempdir().unwrap();
+    let trust = format!("--ignore-certificate-errors-spki-list={spki}");
+    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
+    let mut page = Page::open(&browser_http, "about:blank").await;
+
+    let wss = server.wss.unwrap();
+    let urls = format!(r#"["ws://{}{WS_PATH}", "wss://localhost:{}{WS_PATH}"]"#, server.ws, wss.port());
+    let script = START
+        .replace("URLS", &urls)
+        .replace("LOGIN", &kind::LOGIN.to_string())
+        .replace("WELCOME", &kind::WELCOME.to_string());
+    assert_eq!(page.eval(&script).await, "started");
+    let deadline = tokio::time::Instant::now() + common::browser::WAIT;
+    while page.eval("window.online").await != 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the browser never logged in on both doors");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let payload = base64::engine::general_purpose::STANDARD.encode(b"hi");
+    let body = serde_json::json!({"uids": [1, 2], "payload": payload});
+    let (status, answer) = http(server.api, "POST", "/v1/push", &[], &body.to_string()).await;
+    assert_eq!(status, 200, "{answer}");
+
+    let closed = tokio::time::timeout(common::browser::WAIT, page.eval_async("window.done")).await.unwrap();
+    let closed = closed.as_array().expect("one result per socket").clone();
+    assert_eq!(closed.len(), 2);
+    for (door, result) in ["ws", "wss"].iter().zip(&closed) {
+        assert_eq!(result["code"], 4001, "{door}: {result}");
+        assert_eq!(result["reason"], "idle_timeout", "{door}: {result}");
+        let got: Vec<Vec<u64>> = result["got"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_array().unwrap_or_else(|| panic!("{door}: {m}")).iter().filter_map(Value::as_u64).collect())
+            .collect();
+        let kinds: Vec<u64> = got.iter().map(|m| m[0]).collect();
+        assert_eq!(kinds, [kind::WELCOME, kind::PUSH, kind::BYE].map(u64::from), "{door}: {got:?}");
+        assert_eq!(got[1][1..], [u64::from(b'h'), u64::from(b'i')], "{door}: the push's payload");
+    }
+    server.shutdown().await;
+    let _ = chromium.kill().await;
+}
