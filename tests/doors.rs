@@ -325,3 +325,58 @@ async fn the_login_deadline_covers_every_handshake() {
 fn doors_done(transport: Transport) -> usize {
     [Transport::Ws, Transport::Tls, Transport::Wss].iter().position(|t| *t == transport).unwrap()
 }
+
+/// The bytes of the example row `row` of docs/PROTOCOL.md.
+fn documented(row: &str) -> Vec<u8> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PROTOCOL.md")).unwrap();
+    let line = doc.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no example row {row}"));
+    let hex: String = line[row.len()..].chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+}
+
+impl RawWs {
+    /// Exactly `n` bytes from the gateway.
+    async fn read(&mut self, n: usize) -> Vec<u8> {
+        let mut bytes = vec![0; n];
+        tokio::time::timeout(PATIENCE, self.stream.read_exact(&mut bytes)).await.unwrap().unwrap();
+        bytes
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_websocket_examples_in_protocol_md_are_what_the_gateway_sends() {
+    let config = Config { timeout: Duration::from_secs(30), tick: Duration::from_secs(1), ..long_login() };
+    let mut server = TestServer::start(config).await;
+    let mut ws = RawWs::websocket(server.ws).await;
+    ws.stream.write_all(&documented("| client: LOGIN uid 42, no token |")).await.unwrap();
+    let welcome = documented("| gateway: WELCOME 30000 ms / 1000 ms |");
+    assert_eq!(ws.read(welcome.len()).await, welcome);
+    ws.stream.write_all(&documented("| client: PING with payload `hi` |")).await.unwrap();
+    let pong = documented("| gateway: PONG with payload `hi` |");
+    assert_eq!(ws.read(pong.len()).await, pong);
+    let (status, _) = http(server.api, "DELETE", "/v1/sessions/42", &[], "").await;
+    assert_eq!(status, 204);
+    let kicked = documented("| gateway: BYE kicked, then close 4003 `kicked` |");
+    assert_eq!(ws.frames_until_closed().await.concat_bytes(), kicked);
+    server.shutdown().await;
+
+    // The idle one on a gateway with a short timeout: everything after its WELCOME.
+    let mut server = TestServer::start(long_login()).await;
+    let mut ws = RawWs::websocket(server.ws).await;
+    ws.stream.write_all(&documented("| client: LOGIN uid 42, no token |")).await.unwrap();
+    let frames = ws.frames_until_closed().await;
+    let idle = documented("| gateway: BYE idle_timeout, then close 4001 `idle_timeout` |");
+    assert_eq!(frames[1..].to_vec().concat_bytes(), idle);
+    server.shutdown().await;
+}
+
+/// Frames back to their bytes (all shorter than 126).
+trait ConcatBytes {
+    fn concat_bytes(&self) -> Vec<u8>;
+}
+
+impl ConcatBytes for Vec<(u8, Vec<u8>)> {
+    fn concat_bytes(&self) -> Vec<u8> {
+        self.iter().flat_map(|(op, p)| [vec![0x80 | op, p.len() as u8], p.clone()].concat()).collect()
+    }
+}
