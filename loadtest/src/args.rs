@@ -126,6 +126,13 @@ pub struct Args {
     /// The wire protocol: idlegate's own, or MQTT 3.1.1 (CONNECT with a keepalive, PINGREQ).
     #[arg(long, value_enum, default_value_t = Protocol::Idlegate)]
     pub protocol: Protocol,
+    /// The door clients come in by: plain TCP, TLS (with --tls-ca), WebSocket on /v1/ws, or
+    /// WebSocket in TLS. Every check works over each.
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    pub transport: TransportArg,
+    /// PEM certificates to trust for --transport tls and wss (a test CA, say).
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
     /// MQTT only: the keepalive sent in CONNECT; the broker's timeout is 1.5 times it.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub mqtt_keepalive: Duration,
@@ -137,6 +144,26 @@ pub struct Args {
 pub enum Protocol {
     Idlegate,
     Mqtt,
+}
+
+/// `--transport`: the gateway's door names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    Tcp,
+    Tls,
+    Ws,
+    Wss,
+}
+
+impl TransportArg {
+    pub fn transport(self) -> idlegate::Transport {
+        match self {
+            TransportArg::Tcp => idlegate::Transport::Tcp,
+            TransportArg::Tls => idlegate::Transport::Tls,
+            TransportArg::Ws => idlegate::Transport::Ws,
+            TransportArg::Wss => idlegate::Transport::Wss,
+        }
+    }
 }
 
 /// A contiguous range of IPv4 source addresses.
@@ -215,6 +242,12 @@ impl Args {
         }
         if (self.reconnect || self.churn) && self.follow_events {
             return Err("--follow-events: checks one session per client, so it cannot go with --reconnect".into());
+        }
+        if self.protocol == Protocol::Mqtt && matches!(self.transport, TransportArg::Ws | TransportArg::Wss) {
+            return Err("--transport: MQTT over WebSocket is not part of this load; use tcp or tls".into());
+        }
+        if self.transport.transport().is_tls() && self.tls_ca.is_none() {
+            return Err("--tls-ca: --transport tls and wss need the CA certificate to trust".into());
         }
         if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {
             return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());

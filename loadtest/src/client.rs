@@ -15,13 +15,14 @@ use futures_util::StreamExt;
 use idlegate::{Auth, CloseReason};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{parse_push, Pushes};
+use crate::door::{Conn, Door};
 use crate::stats::Stats;
 use crate::wire::{Incoming, Wire};
 
@@ -42,6 +43,8 @@ const JITTER: f64 = 0.10;
 #[derive(Debug)]
 pub struct Ctx {
     pub wire: Wire,
+    /// How clients connect: TCP, TLS, WebSocket, or WebSocket in TLS.
+    pub door: Door,
     pub auth: Option<Auth>,
     pub ping_interval: Duration,
     pub data_interval: Option<Duration>,
@@ -241,7 +244,7 @@ impl Client {
             _ = ctx.stop.cancelled() => return Next::Done,
         }
         let started = Instant::now();
-        let stream = match connect(self.plan.target, self.plan.source).await {
+        let stream = match ctx.door.open(self.plan.target, self.plan.source).await {
             Ok(stream) => stream,
             Err(_) if ctx.reconnect && self.closed_at.is_some() => {
                 // The gateway is restarting: its port refuses until it listens again.
@@ -255,7 +258,7 @@ impl Client {
             }
         };
         stats.connected.fetch_add(1, Ordering::Relaxed);
-        let (read_half, mut write_half) = stream.into_split();
+        let (read_half, mut write_half) = tokio::io::split(stream);
         let mut wire = ctx.wire;
         let mut frames = FramedRead::with_capacity(read_half, wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
@@ -509,15 +512,15 @@ impl Client {
 
     /// Opens a second connection and logs in with this client's uid; returns its halves once
     /// WELCOME arrived.
-    async fn second_login(&mut self, ctx: &Ctx, wire: &mut Wire) -> Option<(Frames, tokio::net::tcp::OwnedWriteHalf)> {
-        let stream = match connect(self.plan.target, self.plan.source).await {
+    async fn second_login(&mut self, ctx: &Ctx, wire: &mut Wire) -> Option<(Frames, WriteHalf<Conn>)> {
+        let stream = match ctx.door.open(self.plan.target, self.plan.source).await {
             Ok(stream) => stream,
             Err(e) => {
                 ctx.stats.set_fatal(format!("the second login's connect failed: {e}"));
                 return None;
             }
         };
-        let (read_half, mut write_half) = stream.into_split();
+        let (read_half, mut write_half) = tokio::io::split(stream);
         let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
         let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
@@ -559,7 +562,7 @@ impl Client {
 }
 
 /// The frames of one connection, as the client reads them.
-type Frames = FramedRead<tokio::net::tcp::OwnedReadHalf, Wire>;
+type Frames = FramedRead<ReadHalf<Conn>, Wire>;
 
 /// A session's fate and when it comes: a life uniform in half to one and a half times `life`.
 fn draw_fate(rng: &mut SmallRng, life: Duration) -> (Fate, Instant) {
@@ -595,6 +598,7 @@ fn jittered(rng: &mut SmallRng, base: Duration) -> Duration {
 pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
     Ctx {
         wire: Wire::new(crate::args::Protocol::Idlegate, Duration::from_secs(30)),
+        door: Door::tcp(),
         auth: None,
         ping_interval: Duration::from_secs(1),
         data_interval: None,

@@ -5,6 +5,7 @@
 mod args;
 mod backend;
 mod client;
+mod door;
 mod gateway;
 mod merge;
 mod plot;

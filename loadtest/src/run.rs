@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::args::Args;
 use crate::backend::{self, Api, Ledger, Pushes};
 use crate::client::{self, Cell, Ctx, Plan, LATE_TOLERANCE};
+use crate::door::Door;
 use crate::gateway::{Gateway, Snapshot};
 use crate::report::{Report, Sample};
 use crate::shared::Shared;
@@ -91,11 +92,13 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         None => None,
     };
 
+    let door = Door::new(args.transport.transport(), args.tls_ca.as_deref()).map_err(SetupError::Usage)?;
     let silent = args.silent_count();
     let stats = Arc::new(Stats::new(silent));
     let epoch = Instant::now();
     let ctx = Arc::new(Ctx {
-        wire: Wire::new(args.protocol, args.mqtt_keepalive),
+        wire: Wire::new(args.protocol, args.mqtt_keepalive).over_websocket(door.websocket()),
+        door,
         auth: args.auth_secret.as_deref().map(Auth::new),
         ping_interval: args.ping_interval,
         data_interval: (args.data_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.data_rate)),

@@ -1,5 +1,6 @@
-//! What the clients say on the wire: idlegate's protocol (through the gateway's own codec) or
-//! MQTT 3.1.1, behind one small interface so the same load drives either.
+//! What the clients say on the wire: idlegate's protocol (through the gateway's own codec,
+//! length-prefixed, or one frame per binary message over WebSocket) or MQTT 3.1.1, behind
+//! one small interface so the same load drives any of them.
 
 use std::io;
 use std::time::Duration;
@@ -57,14 +58,26 @@ pub struct Wire {
     protocol: Protocol,
     codec: FrameCodec,
     keepalive: Duration,
+    /// Frames travel as WebSocket binary messages (`--transport ws|wss`).
+    websocket: bool,
 }
+
+/// The mask of every client WebSocket frame. RFC 6455 asks browsers for a fresh random one
+/// against cache poisoning by scripts; a load generator is no browser, and the gateway
+/// unmasks whatever key it gets.
+const WS_MASK: [u8; 4] = [0x5a, 0x3c, 0x96, 0x0f];
 
 // === impl Wire ===
 
 impl Wire {
     /// A wire for `protocol`; `keepalive` is what MQTT CONNECT announces.
     pub fn new(protocol: Protocol, keepalive: Duration) -> Wire {
-        Wire { protocol, codec: FrameCodec::new(u32::MAX), keepalive }
+        Wire { protocol, codec: FrameCodec::new(u32::MAX), keepalive, websocket: false }
+    }
+
+    /// The same wire with its frames as WebSocket binary messages when `on`.
+    pub fn over_websocket(self, on: bool) -> Wire {
+        Wire { websocket: on, ..self }
     }
 
     /// True for MQTT, where a server ends a session by closing the socket without a word.
@@ -127,8 +140,55 @@ impl Wire {
     }
 
     fn frame(&mut self, frame: Frame, out: &mut BytesMut) {
-        // Client frames are tiny; the u32 length cannot overflow.
-        let _ = self.codec.encode(&frame, out);
+        if !self.websocket {
+            // Client frames are tiny; the u32 length cannot overflow.
+            let _ = self.codec.encode(&frame, out);
+            return;
+        }
+        // One masked binary message: FIN and opcode 2, then the length with the mask bit.
+        let len = frame.body_len();
+        out.put_u8(0x82);
+        match len {
+            0..=125 => out.put_u8(0x80 | len as u8),
+            126..=0xffff => {
+                out.put_u8(0x80 | 126);
+                out.put_u16(len as u16);
+            }
+            _ => {
+                out.put_u8(0x80 | 127);
+                out.put_u64(len as u64);
+            }
+        }
+        out.put_slice(&WS_MASK);
+        let start = out.len();
+        frame.encode(out);
+        for (i, b) in out[start..].iter_mut().enumerate() {
+            *b ^= WS_MASK[i % 4];
+        }
+    }
+
+    /// The next frame from the gateway: length-prefixed, or the next binary message.
+    fn next_frame(&mut self, src: &mut BytesMut) -> io::Result<Option<Frame>> {
+        if !self.websocket {
+            return self.codec.decode(src).map_err(invalid);
+        }
+        loop {
+            let Some((opcode, at, len)) = ws_header(src)? else {
+                return Ok(None);
+            };
+            if src.len() < at + len {
+                src.reserve(at + len - src.len());
+                return Ok(None);
+            }
+            src.advance(at);
+            let payload = src.split_to(len);
+            match opcode {
+                0x2 => return Frame::parse(payload.freeze()).map(Some).map_err(invalid),
+                // The close after a BYE, pings, pongs: the socket's end tells the rest.
+                0x8..=0xA => continue,
+                other => return Err(invalid(format!("a gateway does not send WebSocket opcode {other:#x}"))),
+            }
+        }
     }
 }
 
@@ -162,7 +222,7 @@ impl Decoder for Wire {
     fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<Incoming>> {
         match self.protocol {
             Protocol::Idlegate => {
-                let Some(frame) = self.codec.decode(src).map_err(invalid)? else {
+                let Some(frame) = self.next_frame(src)? else {
                     return Ok(None);
                 };
                 Ok(Some(match frame {
@@ -201,6 +261,23 @@ impl Decoder for Wire {
             },
         }
     }
+}
+
+/// Parses a server's (unmasked, unfragmented) WebSocket frame header: (opcode, where the
+/// payload starts, payload length).
+fn ws_header(src: &[u8]) -> io::Result<Option<(u8, usize, usize)>> {
+    let [b0, b1, ..] = *src else { return Ok(None) };
+    if b0 & 0x80 == 0 || b1 & 0x80 != 0 {
+        return Err(invalid("a gateway's WebSocket frames are whole and unmasked"));
+    }
+    Ok(match b1 & 0x7f {
+        126 => src.get(2..4).map(|l| (b0 & 0x0f, 4, usize::from(u16::from_be_bytes([l[0], l[1]])))),
+        127 => src.get(2..10).map(|l| {
+            let len = u64::from_be_bytes(l.try_into().unwrap_or_default());
+            (b0 & 0x0f, 10, usize::try_from(len).unwrap_or(usize::MAX / 2))
+        }),
+        n => Some((b0 & 0x0f, 2, usize::from(n))),
+    })
 }
 
 /// Parses an MQTT fixed header: (first byte, where the body starts, body length).
@@ -262,6 +339,23 @@ mod tests {
         put_mqtt_packet(&mut out, mqtt::PUBLISH_QOS0, &[0u8; 321]);
         assert_eq!(&out[..3], &[0x30, 0xC1, 0x02]);
         assert_eq!(mqtt_header(&out).unwrap(), Some((0x30, 3, 321)));
+    }
+
+    #[test]
+    fn websocket_frames_are_masked_out_and_read_back() {
+        let mut wire = Wire::new(Protocol::Idlegate, Duration::ZERO).over_websocket(true);
+        let mut out = BytesMut::new();
+        wire.ping(7, &mut out);
+        assert_eq!(&out[..2], &[0x82, 0x80 | 9], "a masked binary message of 9 bytes");
+        let body: Vec<u8> = out[6..].iter().enumerate().map(|(i, b)| b ^ WS_MASK[i % 4]).collect();
+        assert_eq!(body[0], idlegate::kind::PING);
+        // The gateway's answer, a close after it, and half of the next message.
+        let mut src = BytesMut::from(&[0x82, 9, idlegate::kind::PONG][..]);
+        src.extend_from_slice(&7u64.to_be_bytes());
+        src.extend_from_slice(&[0x88, 2, 0x0f, 0xa1, 0x82]);
+        assert_eq!(wire.decode(&mut src).unwrap(), Some(Incoming::Pong(Some(7))));
+        assert_eq!(wire.decode(&mut src).unwrap(), None, "the close is skipped, the half waits");
+        assert_eq!(&src[..], &[0x82]);
     }
 
     #[test]

@@ -418,3 +418,101 @@ fn an_overloaded_gateway_sheds_with_retry_hints_and_everyone_gets_in() {
     assert_eq!(r["harness_online_at_end"], 300);
     assert!(r["closes"].get("login_timeout").is_none(), "{r}");
 }
+
+/// Makes a test CA and a gateway certificate for 127.0.0.1 signed by it in `dir` with
+/// `openssl`: (CA pem, certificate pem, key pem). `None` where openssl is missing (never
+/// under CI, which installs it).
+fn certificates(dir: &Path) -> Option<(String, String, String)> {
+    let on_path =
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("openssl").is_file()));
+    if !on_path {
+        assert!(std::env::var_os("CI").is_none(), "CI must run this test: .ci/run installs openssl");
+        eprintln!("SKIPPED: no openssl; install it with `apt-get install openssl`");
+        return None;
+    }
+    let p = |name: &str| dir.join(name).display().to_string();
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let run = |args: Vec<String>| {
+        let out = Command::new("openssl").args(&args).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    run([own(&["req", "-x509"]), own(&ec), own(&["-days", "1", "-subj", "/CN=loadtest CA"])]
+        .concat()
+        .into_iter()
+        .chain([String::from("-keyout"), p("ca.key"), "-out".into(), p("ca.pem")])
+        .collect());
+    run([own(&["req"]), own(&ec), own(&["-subj", "/CN=gateway"])]
+        .concat()
+        .into_iter()
+        .chain(["-keyout".into(), p("gw.key"), "-out".into(), p("gw.csr")])
+        .collect());
+    std::fs::write(p("gw.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    run(own(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("gw.csr"),
+        "-CA",
+        &p("ca.pem"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &p("gw.ext"),
+        "-out",
+        &p("gw.pem"),
+    ]));
+    Some((p("ca.pem"), p("gw.pem"), p("gw.key")))
+}
+
+#[test]
+fn pushes_and_events_check_out_over_tls_ws_and_wss() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((ca, cert, key)) = certificates(dir.path()) else { return };
+    let rt = runtime();
+    let (doors, admin, api) = rt.block_on(async {
+        let bind = || async { TcpListener::bind("127.0.0.1:0").await.unwrap() };
+        let (clients, tls, ws, wss, admin, api) =
+            (bind().await, bind().await, bind().await, bind().await, bind().await, bind().await);
+        let addr = |l: &TcpListener| l.local_addr().unwrap();
+        let doors = [("tls", addr(&tls)), ("ws", addr(&ws)), ("wss", addr(&wss))];
+        let (admin_addr, api_addr) = (addr(&admin), addr(&api));
+        let identity = idlegate::TlsIdentity::load(cert.as_ref(), key.as_ref()).unwrap();
+        let config = Config { timeout: TIMEOUT, tick: TICK, tls: Some(identity), ..Config::default() };
+        let listeners = Listeners {
+            tls: Some(tls),
+            ws: Some(ws),
+            wss: Some(wss),
+            admin: Some(admin),
+            api: Some(api),
+            ..Listeners::clients(clients)
+        };
+        tokio::spawn(Server::new(config).run(listeners, std::future::pending::<()>()));
+        (doors, admin_addr, api_addr)
+    });
+    for (transport, target) in doors {
+        let extra =
+            ["--admin", &admin.to_string(), "--api", &api.to_string(), "--push-rate", "200", "--data-rate", "2"];
+        let mut args = run_args(target, dir.path(), &extra);
+        args.extend(["--follow-events", "--transport", transport, "--tls-ca", &ca].map(String::from));
+        args[3] = "200".into(); // --connections
+                                // Handshakes spread over a second: a debug build's TLS takes milliseconds each, and
+                                // a backlog of them would delay the sweeps this run judges.
+        args[5] = "200".into(); // --connect-rate
+        let out = loadtest(&args);
+        assert_eq!(out.status.code(), Some(0), "{transport}: {}", explain(&out));
+        let r = report(dir.path());
+        assert_eq!(r["logins_ok"], 200, "{transport}");
+        assert_eq!(r["expired_in_window"], 50, "{transport}");
+        let sent = r["pushes_sent"].as_u64().unwrap();
+        assert_eq!(r["pushes_received"].as_u64().unwrap(), sent, "{transport}");
+        for zero in
+            ["false_offline", "missed_offline", "early_offline", "late_offline", "events_missed", "event_mismatches"]
+        {
+            assert_eq!(r[zero], 0, "{transport} {zero}: {r}");
+        }
+    }
+}
