@@ -6,7 +6,10 @@
 Reads <server>-<load>-<run>.json (one per measured run) and <server>-expiry.json; prints, per load and server, the median of each figure with its range
 over the runs, then idlegate's ratio to each other server: computed run by run (run N of
 idlegate against run N of the other, which ran right after it) and given as the median with
-its range. Writes <out dir>/summary.json with the same numbers.
+its range. With the doors' servers (idlegate_tls, idlegate_ws, idlegate_wss,
+mosquitto_tls, node_ws) it also gives each door's cost over its plain counterpart, run by
+run: the resident bytes per connection it adds and its CPU per frame as a ratio. Writes
+<out dir>/summary.json with the same numbers.
 """
 import glob
 import json
@@ -15,9 +18,19 @@ import re
 import statistics
 import sys
 
-SERVERS = ["idlegate", "per_connection_timer", "echo_floor", "mosquitto"]
+SERVERS = ["idlegate", "per_connection_timer", "echo_floor", "mosquitto",
+           "idlegate_ws", "idlegate_tls", "idlegate_wss", "mosquitto_tls", "node_ws"]
+
+# (door, its plain counterpart, the goal on added bytes per connection, on the CPU ratio).
+DOORS = [("idlegate_ws", "idlegate", 256, 1.10), ("idlegate_tls", "idlegate", 2048, 1.20),
+         ("idlegate_wss", "idlegate", 2048, None), ("mosquitto_tls", "mosquitto", None, None),
+         ("node_ws", "idlegate", None, None)]
 FIGURES = [("cpu_us_per_frame", "cpu us/frame", 3), ("rss_bytes_per_connection", "rss B/conn", 0),
            ("rtt_ms_p99", "rtt p99 ms", 3)]
+
+# CPU per PING in steady state (every client in, one PING a second each): compare.sh's CPU
+# between its two memory samples over connections x seconds. Older raw files lack it.
+STEADY = "cpu_us_per_connection_second_steady"
 
 
 def spread(values, digits):
@@ -71,6 +84,33 @@ def main(out):
                 cells.append(f"{label} {spread(values, 3)}")
             table["ratios"][other] = ratios
             print(f"  vs {other:<20} " + "   ".join(cells))
+    ping = runs.get("ping", {})
+    if any(door in ping for door, *_ in DOORS):
+        print("\ndoors, ping load, run by run against the plain door: median (range)")
+        summary["doors"] = {}
+        for door, plain, bytes_goal, cpu_goal in DOORS:
+            mine, base = ping.get(door), ping.get(plain)
+            if not mine or not base:
+                continue
+            both = [k for k in mine if k in base]
+            added = [mine[k]["rss_bytes_per_connection"] - base[k]["rss_bytes_per_connection"] for k in both]
+            cpu = [mine[k][STEADY] / base[k][STEADY] for k in both if base[k].get(STEADY) and mine[k].get(STEADY)]
+            ramp = [mine[k]["cpu_us_per_frame"] / base[k]["cpu_us_per_frame"] for k in both]
+            row = {"against": plain, "added_bytes_per_connection": {"median": statistics.median(added), "min": min(added),
+                                                                    "max": max(added)},
+                   "cpu_ratio": {"median": statistics.median(cpu), "min": min(cpu), "max": max(cpu)} if cpu else None,
+                   "cpu_ratio_with_ramp": {"median": statistics.median(ramp), "min": min(ramp), "max": max(ramp)}}
+            goals = []
+            if bytes_goal is not None:
+                row["bytes_goal"] = bytes_goal
+                goals.append(f"+{bytes_goal} B goal {'met' if max(added) <= bytes_goal else 'not met'}")
+            if cpu_goal is not None and cpu:
+                row["cpu_goal"] = cpu_goal
+                goals.append(f"{cpu_goal:.2f}x goal {'met' if max(cpu) <= cpu_goal else 'not met'}")
+            summary["doors"][door] = row
+            print(f"  {door:<14} vs {plain:<10} +{spread(added, 0)} B/conn   cpu per PING x{spread(cpu, 3)}   "
+                  f"cpu per frame with the ramp's handshakes x{spread(ramp, 3)}   " + "; ".join(goals))
+
     floor = summary["loads"].get("ping", {}).get("ratios", {}).get("echo_floor")
     if floor and floor["cpu_us_per_frame"]:
         r = floor["cpu_us_per_frame"]

@@ -28,6 +28,17 @@
 # Writes <out dir>/<server>-<load>-<run>.json (and the loadtest's own report and output
 # beside it), then runs compare-summary.py over them, which prints the tables and writes
 # <out dir>/summary.json. Everything runs on 127.0.0.1-127.0.0.4 and stops by itself.
+#
+# The doors (TLS and WebSocket): SERVERS picks the servers, LOADS the loads, EXPIRY=0 skips
+# the expiry check. Beyond the four above:
+#   idlegate_tls, idlegate_ws, idlegate_wss   the gateway's other doors, same load
+#   mosquitto_tls                             Mosquitto's own TLS listener (MQTT load)
+#   node_ws                                   Node's `ws` package holding the same
+#                                             WebSocket clients (loadtest/node-ws-server.js:
+#                                             answers LOGIN and PING, expires no one)
+# Certificates come from a test CA made with openssl in <out dir>/tls. For example:
+#   SERVERS="idlegate idlegate_ws idlegate_tls idlegate_wss mosquitto mosquitto_tls node_ws" \
+#     LOADS=ping EXPIRY=0 loadtest/compare.sh 19000 30 3 docs/results/doors-19000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +55,9 @@ LOADTEST=target/release/loadtest
 # address's ephemeral ports (which slows connect() down, and would be measured as login time).
 SOURCES=127.0.0.1-127.0.0.4
 CLK_TCK=$(getconf CLK_TCK)
+SERVERS=${SERVERS:-idlegate per_connection_timer echo_floor mosquitto}
+LOADS=${LOADS:-ping data}
+EXPIRY=${EXPIRY:-1}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 command -v taskset >/dev/null || { echo "compare.sh: needs taskset (apt-get install util-linux)" >&2; exit 2; }
@@ -54,6 +68,25 @@ if ! command -v mosquitto >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mosquitto >/dev/null
 fi
 MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+
+# Doors with TLS: a CA and a certificate for 127.0.0.1 signed by it.
+CA="$OUT/tls/ca.pem"
+CERT="$OUT/tls/gateway.pem"
+KEY="$OUT/tls/gateway.key"
+if [[ "$SERVERS" == *tls* || "$SERVERS" == *wss* ]]; then
+  mkdir -p "$OUT/tls"
+  EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  openssl req -x509 "${EC[@]}" -days 2 -subj "/CN=compare CA" -keyout "$OUT/tls/ca.key" -out "$CA" 2>/dev/null
+  openssl req "${EC[@]}" -subj /CN=gateway -keyout "$KEY" -out "$OUT/tls/gateway.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$OUT/tls/gateway.ext"
+  openssl x509 -req -in "$OUT/tls/gateway.csr" -CA "$CA" -CAkey "$OUT/tls/ca.key" -CAcreateserial -days 2 \
+    -extfile "$OUT/tls/gateway.ext" -out "$CERT" 2>/dev/null
+fi
+if [[ "$SERVERS" == *node_ws* && ! -d "$OUT/node/node_modules/ws" ]]; then
+  echo "== installing Node's ws package"
+  mkdir -p "$OUT/node"
+  (cd "$OUT/node" && npm install --silent --no-audit --no-fund ws@8 >/dev/null)
+fi
 
 echo "== building (release)"
 cargo build --release -q -p idlegate -p loadtest --bins --examples
@@ -71,11 +104,51 @@ wait_for_port() {
   return 1
 }
 
+# idlegate [door flags...]: the gateway with the door under test on $PORT, exec'd so that
+# the $! of its background call is its pid (stop_server kills it). The bounds on logins in
+# progress are lifted to the run's size: a ramp of TLS handshakes faster than one core
+# completes them would otherwise be shed (as it should be in production), and this run
+# measures the connections, not the shedding.
+idlegate() {
+  exec taskset -c "$SERVER_CPU" target/release/idlegate serve --admin-listen "127.0.0.1:$ADMIN" \
+    --api-listen "127.0.0.1:$((ADMIN + 1))" --timeout "${IDLE_TIMEOUT:-30s}" --tick "${IDLE_TICK:-1s}" \
+    --max-pending-logins "$CONNECTIONS" --max-pending-logins-per-ip "$CONNECTIONS" "$@"
+}
+
 start_server() { # name -> sets PID
   case "$1" in
     idlegate)
-      taskset -c "$SERVER_CPU" target/release/idlegate serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" \
-        --timeout "${IDLE_TIMEOUT:-30s}" --tick "${IDLE_TICK:-1s}" 2>"$OUT/$1.log" &
+      idlegate --listen "127.0.0.1:$PORT" 2>"$OUT/$1.log" &
+      ;;
+    idlegate_tls)
+      idlegate --listen "127.0.0.1:$((PORT + 10))" --tls-listen "127.0.0.1:$PORT" --tls-cert "$CERT" --tls-key "$KEY" \
+        2>"$OUT/$1.log" &
+      ;;
+    idlegate_ws)
+      idlegate --listen "127.0.0.1:$((PORT + 10))" --ws-listen "127.0.0.1:$PORT" 2>"$OUT/$1.log" &
+      ;;
+    idlegate_wss)
+      idlegate --listen "127.0.0.1:$((PORT + 10))" --wss-listen "127.0.0.1:$PORT" --tls-cert "$CERT" --tls-key "$KEY" \
+        2>"$OUT/$1.log" &
+      ;;
+    node_ws)
+      NODE_PATH="$OUT/node/node_modules" taskset -c "$SERVER_CPU" node loadtest/node-ws-server.js "$PORT" \
+        2>"$OUT/$1.log" &
+      ;;
+    mosquitto_tls)
+      cat >"$OUT/mosquitto_tls.conf" <<EOF
+listener $PORT 127.0.0.1
+certfile $CERT
+keyfile $KEY
+allow_anonymous true
+max_connections -1
+persistence false
+max_keepalive 65535
+log_dest stderr
+log_type error
+user root
+EOF
+      taskset -c "$SERVER_CPU" "$MOSQUITTO" -c "$OUT/mosquitto_tls.conf" 2>"$OUT/$1.log" &
       ;;
     per_connection_timer)
       taskset -c "$SERVER_CPU" target/release/examples/per_connection_timer --listen "127.0.0.1:$PORT" --timeout 30s 2>"$OUT/$1.log" &
@@ -126,7 +199,7 @@ run() {
       sleep 0.1
     done
     sleep 1
-    rss_bytes "$PID" >"$base.rss"
+    echo "$(rss_bytes "$PID") $(cpu_seconds "$PID") $(date +%s.%N)" >"$base.rss"
   ) &
   local sampler=$!
   # And at the end of the load, every client still connected: what a gateway holds once
@@ -134,7 +207,7 @@ run() {
   # they are in.
   (
     sleep $((DURATION - 1))
-    rss_bytes "$PID" >"$base.rss-end"
+    echo "$(rss_bytes "$PID") $(cpu_seconds "$PID") $(date +%s.%N)" >"$base.rss-end"
   ) &
   local end_sampler=$!
   taskset -c "$LOAD_CPU" "$LOADTEST" --target "127.0.0.1:$PORT" --connections "$CONNECTIONS" --connect-rate 5000 \
@@ -145,13 +218,20 @@ run() {
   local cpu1
   cpu1=$(cpu_seconds "$PID")
   stop_server
+  # "rss cpu time" at load and at the end: between them every client is in and pings once
+  # a second, so the CPU over that span per connection-second is the CPU per PING in steady
+  # state, with the handshakes and logins of the ramp left out.
   rss_load=$(cat "$base.rss")
   rss_end=$(cat "$base.rss-end")
   rm -f "$base.rss" "$base.rss-end" # kept in $base.json
   python3 - "$base.lt.json" "$base.json" "$name" "$load" "$rss0" "$rss_load" "$rss_end" "$cpu0" "$cpu1" "$CONNECTIONS" "$n" <<'PY'
 import json, sys
-src, dst, name, load, rss0, rss1, rss2, cpu0, cpu1, conns, n = sys.argv[1:]
+src, dst, name, load, rss0, at_load, at_end, cpu0, cpu1, conns, n = sys.argv[1:]
 r = json.load(open(src))
+rss1, cpu_load, t_load = at_load.split()
+rss2, cpu_end, t_end = at_end.split()
+span = float(t_end) - float(t_load)
+steady = (float(cpu_end) - float(cpu_load)) * 1e6 / (span * int(conns)) if span > 0 else None
 frames = r["logins_ok"] + r["pings_sent"] + r["data_sent"]
 cpu = float(cpu1) - float(cpu0)
 out = {
@@ -161,6 +241,8 @@ out = {
     "rss_bytes_at_start": int(rss0), "rss_bytes_at_load": int(rss1), "rss_bytes_at_end": int(rss2),
     "rss_bytes_per_connection_at_load": round((int(rss1) - int(rss0)) / int(conns), 1),
     "rss_bytes_per_connection": round((max(int(rss1), int(rss2)) - int(rss0)) / int(conns), 1),
+    "steady_seconds": round(span, 1),
+    "cpu_us_per_connection_second_steady": round(steady, 3) if steady is not None else None,
     "rtt_ms_p99": r["rtt_ms"]["p99"], "rtt_ms_p50": r["rtt_ms"]["p50"],
     "unexpected_closes": r["unexpected_closes"], "false_offline": r["false_offline"],
 }
@@ -180,20 +262,37 @@ expiry() {
   stop_server
 }
 
-for n in $(seq 1 "$RUNS"); do
-  run "$n" idlegate ping --ping-interval 1s --admin "127.0.0.1:$ADMIN"
-  run "$n" per_connection_timer ping --ping-interval 1s
-  run "$n" echo_floor ping --ping-interval 1s
-  run "$n" mosquitto ping --ping-interval 1s --protocol mqtt --mqtt-keepalive 60s
+# The loadtest flags each server needs beyond the load's.
+flags() {
+  case "$1" in
+    idlegate) echo --admin "127.0.0.1:$ADMIN" ;;
+    idlegate_tls) echo --admin "127.0.0.1:$ADMIN" --transport tls --tls-ca "$CA" ;;
+    idlegate_ws) echo --admin "127.0.0.1:$ADMIN" --transport ws ;;
+    idlegate_wss) echo --admin "127.0.0.1:$ADMIN" --transport wss --tls-ca "$CA" ;;
+    node_ws) echo --transport ws ;;
+    mosquitto) echo --protocol mqtt --mqtt-keepalive 60s ;;
+    mosquitto_tls) echo --protocol mqtt --mqtt-keepalive 60s --transport tls --tls-ca "$CA" ;;
+  esac
+}
+
+for load in $LOADS; do
+  for n in $(seq 1 "$RUNS"); do
+    for server in $SERVERS; do
+      # shellcheck disable=SC2046 # the flags are words
+      case "$load" in
+        ping) run "$n" "$server" ping --ping-interval 1s $(flags "$server") ;;
+        # Mosquitto and Node take part in the ping load only.
+        data) [[ "$server" == mosquitto* || "$server" == node* ]] ||
+          run "$n" "$server" data --ping-interval 10s --data-rate 10 $(flags "$server") ;;
+      esac
+    done
+  done
 done
-for n in $(seq 1 "$RUNS"); do
-  run "$n" idlegate data --ping-interval 10s --data-rate 10 --admin "127.0.0.1:$ADMIN"
-  run "$n" per_connection_timer data --ping-interval 10s --data-rate 10
-  run "$n" echo_floor data --ping-interval 10s --data-rate 10
-done
-IDLE_TIMEOUT=3s IDLE_TICK=100ms expiry idlegate
-# Mosquitto gets 10 s past its 3 s before a client counts as missed, to see how late it is.
-expiry mosquitto --protocol mqtt --mqtt-keepalive 2s --missed-grace 10s
+if [ "$EXPIRY" = 1 ]; then
+  IDLE_TIMEOUT=3s IDLE_TICK=100ms expiry idlegate
+  # Mosquitto gets 10 s past its 3 s before a client counts as missed, to see how late it is.
+  expiry mosquitto --protocol mqtt --mqtt-keepalive 2s --missed-grace 10s
+fi
 
 # The worst tick (half the clients silent at once) has a script of its own,
 # loadtest/mass-expiry.sh, which keeps the silent clients' closes out of the active

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Instructions the gateway spends per PING on each door, counted by callgrind: exact and
+# repeatable whatever else the machine does, where wall-clock CPU cannot resolve 5 %.
+#
+#   loadtest/ping-instructions.sh [connections] [pings] [out file]
+#                                 (defaults: 20 200 target/ping-instructions.txt; a few minutes)
+#
+# For each door (tcp, ws, tls, wss) the gateway runs under `valgrind --tool=callgrind`
+# twice: once while loadtest/pings.py logs `connections` clients in and closes them, once
+# while it also sends `pings` rounds of one PING per client. The difference of the two
+# totals over connections x pings is one PING's cost: read, decode (and decrypt, unmask),
+# the ring touch, the PONG's encode (and encrypt), the write. User-space instructions only:
+# the system calls are the same count on every door (one read, one write per PING), and
+# callgrind does not see inside the kernel. Ticks are 10 s so the ticker adds (almost)
+# nothing; each pair runs twice to show the counts repeat.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONNECTIONS=${1:-20}
+PINGS=${2:-200}
+OUT=${3:-target/ping-instructions.txt}
+command -v valgrind >/dev/null || { echo "ping-instructions.sh: needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+cargo build --release -q -p idlegate
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+openssl req -x509 "${EC[@]}" -days 1 -subj /CN=ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+openssl req "${EC[@]}" -subj /CN=gateway -keyout "$work/gw.key" -out "$work/gw.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$work/gw.ext"
+openssl x509 -req -in "$work/gw.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 1 \
+  -extfile "$work/gw.ext" -out "$work/gw.pem" 2>/dev/null
+BASE=17170
+declare -A PORT=([tcp]=$BASE [tls]=$((BASE + 1)) [ws]=$((BASE + 2)) [wss]=$((BASE + 3)))
+
+# count DOOR PINGS: the gateway's total instructions over the workload.
+count() {
+  local door=$1 pings=$2 file="$work/cg.$1.$2.$RANDOM"
+  valgrind --tool=callgrind --callgrind-out-file="$file" target/release/idlegate serve \
+    --listen "127.0.0.1:${PORT[tcp]}" --tls-listen "127.0.0.1:${PORT[tls]}" --ws-listen "127.0.0.1:${PORT[ws]}" \
+    --wss-listen "127.0.0.1:${PORT[wss]}" --tls-cert "$work/gw.pem" --tls-key "$work/gw.key" \
+    --admin-listen 127.0.0.1:0 --api-listen 127.0.0.1:0 --timeout 600s --tick 10s >/dev/null 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/${PORT[$door]}") 2>/dev/null && break
+    sleep 0.1
+  done
+  python3 loadtest/pings.py "$door" "${PORT[$door]}" "$CONNECTIONS" "$pings" "$work/ca.pem"
+  kill -TERM "$pid"
+  wait "$pid" || true
+  awk '/^summary:/ { print $2 }' "$file"
+}
+
+mkdir -p "$(dirname "$OUT")"
+{
+  echo "# loadtest/ping-instructions.sh $CONNECTIONS $PINGS: gateway instructions (callgrind Ir)"
+  echo "# door trial without_pings with_pings per_ping"
+  for trial in 1 2; do
+    for door in tcp ws tls wss; do
+      without=$(count "$door" 0)
+      with=$(count "$door" "$PINGS")
+      echo "$door $trial $without $with $(((with - without) / (CONNECTIONS * PINGS)))"
+    done
+  done
+} | tee "$OUT"

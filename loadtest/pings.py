@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""A fixed workload for counting the gateway's instructions per PING on each door.
+
+    python3 loadtest/pings.py <tcp|tls|ws|wss> <port> <connections> <pings> [ca.pem]
+
+Opens `connections` clients (TLS trusting ca.pem for tls and wss; the WebSocket upgrade for
+ws and wss), logs each in, then `pings` rounds of one PING on every client followed by
+every PONG, and closes. The frames are exactly the same every run, so the gateway's
+instruction count (loadtest/ping-instructions.sh, under callgrind) repeats; the difference
+between a run with pings and one without, divided by the pings, is what one PING costs.
+"""
+import base64
+import os
+import socket
+import ssl
+import struct
+import sys
+
+LOGIN, PING, WELCOME, PONG = 0x01, 0x02, 0x81, 0x82
+MASK = b"\x5a\x3c\x96\x0f"
+
+
+def read_exact(s, n):
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise EOFError("the gateway closed")
+        out += chunk
+    return out
+
+
+class Client:
+    def __init__(self, transport, port, ca):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if transport in ("tls", "wss"):
+            ctx = ssl.create_default_context(cafile=ca)
+            ctx.set_alpn_protocols(["idlegate" if transport == "tls" else "http/1.1"])
+            s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
+        self.s = s
+        self.ws = transport in ("ws", "wss")
+        if self.ws:
+            key = base64.b64encode(os.urandom(16)).decode()
+            s.sendall((f"GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                       f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                head += read_exact(s, 1)
+            assert head.startswith(b"HTTP/1.1 101"), head
+
+    def send(self, body):
+        if self.ws:
+            masked = bytes(b ^ MASK[i % 4] for i, b in enumerate(body))
+            self.s.sendall(bytes([0x82, 0x80 | len(body)]) + MASK + masked)
+        else:
+            self.s.sendall(struct.pack(">I", len(body)) + body)
+
+    def recv(self):
+        if self.ws:
+            b0, b1 = read_exact(self.s, 2)
+            return read_exact(self.s, b1 & 0x7F)
+        (n,) = struct.unpack(">I", read_exact(self.s, 4))
+        return read_exact(self.s, n)
+
+
+def main():
+    transport, port, connections, pings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    ca = sys.argv[5] if len(sys.argv) > 5 else None
+    clients = [Client(transport, port, ca) for _ in range(connections)]
+    for uid, c in enumerate(clients, 1):
+        c.send(bytes([LOGIN]) + struct.pack(">Q", uid))
+        assert c.recv()[0] == WELCOME
+    for i in range(pings):
+        payload = struct.pack(">Q", i)
+        for c in clients:
+            c.send(bytes([PING]) + payload)
+        for c in clients:
+            assert c.recv() == bytes([PONG]) + payload
+    for c in clients:
+        c.s.close()
+
+
+if __name__ == "__main__":
+    main()
