@@ -10,6 +10,11 @@
 # With SIGNAL=KILL the first gateway dies without a word instead: no BYE, no hint, every
 # client sees its connection drop and comes back after 1-3 s, all at once; the worst storm.
 #
+# With TRANSPORT=tls (or ws, wss) the clients come in by that door, trusting a test CA made
+# here with openssl: after a restart every TLS client pays a handshake again (a resumed one,
+# with the ticket of its first session, when the new gateway can read it: tickets are keyed
+# per process, so after a restart they are full handshakes).
+#
 #   loadtest/storm.sh [CONNECTIONS] [OUT_PREFIX] [SIGNAL]     # about 90 s
 set -uo pipefail
 connections=${1:-19000}
@@ -17,12 +22,37 @@ out=${2:-docs/results/storm-$connections}
 signal=${3:-TERM}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+transport=${TRANSPORT:-tcp}
 cargo build --release -q --workspace
 mkdir -p "$(dirname "$out")"
+door=(--listen 127.0.0.1:7270)
+client=()
+# The first ramp is set-up, not the storm: TLS clients come in at a rate one core of each
+# side keeps up with (a full handshake costs far more than a TCP connect), and the restart
+# waits until they are all in.
+rate=5000
+settle=20
+if [ "$transport" != tcp ]; then
+  certs=$(mktemp -d)
+  trap 'rm -rf "$certs"' EXIT
+  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  openssl req -x509 "${ec[@]}" -days 1 -subj /CN=ca -keyout "$certs/ca.key" -out "$certs/ca.pem" 2>/dev/null
+  openssl req "${ec[@]}" -subj /CN=gateway -keyout "$certs/gw.key" -out "$certs/gw.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$certs/gw.ext"
+  openssl x509 -req -in "$certs/gw.csr" -CA "$certs/ca.pem" -CAkey "$certs/ca.key" -CAcreateserial -days 1 \
+    -extfile "$certs/gw.ext" -out "$certs/gw.pem" 2>/dev/null
+  door=(--listen 127.0.0.1:7280 "--$transport-listen" 127.0.0.1:7270 --tls-cert "$certs/gw.pem" --tls-key "$certs/gw.key")
+  client=(--transport "$transport" --tls-ca "$certs/ca.pem")
+  case "$transport" in tls | wss)
+    rate=${TLS_CONNECT_RATE:-800}
+    settle=35
+    ;;
+  esac
+fi
 
 # Starts a gateway in the background; its pid goes to $pid (no subshell: we wait on it).
 gateway() {
-  target/release/idlegate serve --listen 127.0.0.1:7270 --admin-listen 127.0.0.1:7271 \
+  target/release/idlegate serve "${door[@]}" --admin-listen 127.0.0.1:7271 \
     --api-listen 127.0.0.1:7272 --drain-timeout 10s >"${TMPDIR:-/tmp}/storm-gateway-$1.log" 2>&1 &
   pid=$!
 }
@@ -30,12 +60,12 @@ gateway() {
 gateway 1
 first=$pid
 sleep 1
-target/release/loadtest --target 127.0.0.1:7270 --connections "$connections" --connect-rate 5000 \
-  --ping-interval 10s --silent-fraction 0 --duration 70s --source-ips 127.0.0.1-127.0.0.4 \
-  --reconnect --admin http://127.0.0.1:7271 --report "$out.json" --check >"$out.txt" 2>"$out.progress" &
+target/release/loadtest --target 127.0.0.1:7270 --connections "$connections" --connect-rate "$rate" \
+  --ping-interval 10s --silent-fraction 0 --duration "$((settle + 50))s" --source-ips 127.0.0.1-127.0.0.4 \
+  --reconnect --admin http://127.0.0.1:7271 --report "$out.json" --check "${client[@]}" >"$out.txt" 2>"$out.progress" &
 harness=$!
 
-sleep 20
+sleep "$settle"
 start=$(date +%s%N)
 kill -"$signal" "$first"
 wait "$first"

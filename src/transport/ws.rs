@@ -458,32 +458,12 @@ fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseReason, text: 
 
 #[cfg(test)]
 mod tests {
+    use super::tests_support::*;
     use super::*;
 
     #[test]
     fn accept_key_matches_rfc_6455_example() {
         assert_eq!(accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-    }
-
-    fn masked(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mask = [0x37, 0xfa, 0x21, 0x3d];
-        let mut out = vec![(if fin { 0x80 } else { 0 }) | opcode];
-        if payload.len() < 126 {
-            out.push(0x80 | payload.len() as u8);
-        } else {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-        out
-    }
-
-    fn open_ws() -> WebSocket {
-        let mut ws = WebSocket::new(1024, Arc::default());
-        ws.upgrade = None;
-        ws.first = false;
-        ws
     }
 
     #[test]
@@ -536,5 +516,156 @@ mod tests {
         let mut src = BytesMut::from(&masked(true, opcode::BINARY, &[3; 2000])[..8]);
         assert!(ws.decode(&mut src, &mut out).is_err(), "refused on its header alone");
         assert_eq!(ws.refusal, TOO_BIG);
+    }
+}
+
+#[cfg(test)]
+mod conformance {
+    //! What Autobahn's fuzzingclient checks of a server, for the cases this framing decides:
+    //! ping and pong (its section 2), reserved bits (3), opcodes (4), fragmentation (5),
+    //! UTF-8 in close reasons (6 and 7) and close handling (7), limits (9). Autobahn itself
+    //! is Python 2 only and could not run here (docs/BENCHMARKS.md says so).
+
+    use proptest::prelude::*;
+
+    use super::tests_support::*;
+    use super::*;
+
+    fn outcome(frames: &[Vec<u8>]) -> (Vec<String>, BytesMut, u16) {
+        let mut ws = open_ws();
+        let mut src = BytesMut::new();
+        for f in frames {
+            src.extend_from_slice(f);
+        }
+        let mut out = BytesMut::new();
+        let mut got = Vec::new();
+        loop {
+            match ws.decode(&mut src, &mut out) {
+                Ok(Some(Input::Frame(f))) => got.push(format!("{f:?}")),
+                Ok(Some(Input::Activity)) => got.push("activity".into()),
+                Ok(None) => break,
+                Err((reason, _)) => {
+                    got.push(format!("close {reason}"));
+                    break;
+                }
+            }
+        }
+        (got, out, ws.refusal)
+    }
+
+    #[test]
+    fn every_reserved_opcode_and_bit_fails_the_connection_with_4004() {
+        for opcode in [3u8, 4, 5, 6, 7, 0xB, 0xC, 0xD, 0xE, 0xF] {
+            let (_, _, code) = outcome(&[masked(true, opcode, b"")]);
+            assert_eq!(code, MALFORMED, "opcode {opcode:#x}");
+        }
+        for rsv in [0x10u8, 0x20, 0x40] {
+            let mut frame = masked(true, opcode::BINARY, &[0x02]);
+            frame[0] |= rsv;
+            assert_eq!(outcome(&[frame]).2, MALFORMED, "rsv {rsv:#x}");
+        }
+    }
+
+    #[test]
+    fn control_frames_follow_the_rules_and_close_codes_are_checked() {
+        // A ping of 125 bytes is answered; of 126, or fragmented, fails.
+        let (got, out, _) = outcome(&[masked(true, opcode::PING, &[7; 125])]);
+        assert_eq!(got, ["activity"]);
+        assert_eq!(&out[..2], &[0x8a, 125]);
+        assert_eq!(outcome(&[masked(true, opcode::PING, &[7; 126])]).2, MALFORMED);
+        assert_eq!(outcome(&[masked(false, opcode::PING, b"x")]).2, MALFORMED);
+        // Close: echoed when valid; 1002 for a bad code or a one-byte payload; 1007 for a
+        // reason that is not UTF-8; an empty close is answered with an empty close.
+        let close = |payload: &[u8]| outcome(&[masked(true, opcode::CLOSE, payload)]).1.to_vec();
+        assert_eq!(close(&[0x03, 0xe8]), [0x88, 2, 0x03, 0xe8]);
+        assert_eq!(close(&[0x0f, 0xa0, b'o', b'k']), [0x88, 2, 0x0f, 0xa0]);
+        for bad in [0u16, 999, 1004, 1005, 1006, 1015, 2999, 5000] {
+            assert_eq!(close(&bad.to_be_bytes()), [0x88, 2, 0x03, 0xea], "code {bad}");
+        }
+        assert_eq!(close(&[0x03]), [0x88, 2, 0x03, 0xea]);
+        assert_eq!(close(&[0x03, 0xe8, 0xff, 0xfe]), [0x88, 2, 0x03, 0xef]);
+        assert_eq!(close(&[]), [0x88, 0]);
+        // Nothing is read after a close.
+        let (got, _, _) = outcome(&[masked(true, opcode::CLOSE, b""), masked(true, opcode::PING, b"")]);
+        assert_eq!(got, ["close disconnect"]);
+    }
+
+    proptest! {
+        /// However a message is cut into fragments, with pings between them and the bytes
+        /// arriving in pieces of any size, the same frame comes out, once, and every ping is
+        /// answered.
+        #[test]
+        fn any_fragmentation_decodes_the_same_frame(
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+            cuts in proptest::collection::vec(0usize..300, 0..6),
+            pings in proptest::collection::vec(any::<bool>(), 6),
+            chunk in 1usize..64,
+        ) {
+            let mut body = vec![kind_data()];
+            body.extend_from_slice(&payload);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % body.len()).filter(|c| *c > 0).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut bounds = vec![0];
+            bounds.extend(cuts);
+            bounds.push(body.len());
+            let mut wire = Vec::new();
+            let mut expected_pongs = 0;
+            for (i, w) in bounds.windows(2).enumerate() {
+                let opcode = if i == 0 { opcode::BINARY } else { opcode::CONTINUATION };
+                wire.extend(masked(w[1] == body.len(), opcode, &body[w[0]..w[1]]));
+                if pings[i % pings.len()] && w[1] != body.len() {
+                    wire.extend(masked(true, opcode::PING, b"p"));
+                    expected_pongs += 1;
+                }
+            }
+            let mut ws = open_ws();
+            let mut src = BytesMut::new();
+            let mut out = BytesMut::new();
+            let mut frames = Vec::new();
+            for piece in wire.chunks(chunk) {
+                src.extend_from_slice(piece);
+                while let Some(input) = ws.decode(&mut src, &mut out).unwrap() {
+                    if let Input::Frame(f) = input {
+                        frames.push(f);
+                    }
+                }
+            }
+            prop_assert_eq!(frames, vec![Frame::Data(bytes::Bytes::from(payload))]);
+            prop_assert_eq!(out.len(), expected_pongs * 3);
+            prop_assert!(src.is_empty());
+        }
+    }
+
+    fn kind_data() -> u8 {
+        crate::proto::kind::DATA
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    use super::*;
+
+    /// A client frame with the given FIN bit and opcode, masked.
+    pub(super) fn masked(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        let mut out = vec![(if fin { 0x80 } else { 0 }) | opcode];
+        if payload.len() < 126 {
+            out.push(0x80 | payload.len() as u8);
+        } else {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    /// A framing past its upgrade and its first message, with a 1024-byte limit.
+    pub(super) fn open_ws() -> WebSocket {
+        let mut ws = WebSocket::new(1024, Arc::default());
+        ws.upgrade = None;
+        ws.first = false;
+        ws
     }
 }
