@@ -77,6 +77,8 @@ fn a_missing_or_mismatched_pair_exits_2_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
         (&["--api-tls"], "--tls-cert"),
         (&["--admin-tls"], "--tls-cert"),
+        (&["--tls-listen", "127.0.0.1:0"], "--tls-cert"),
+        (&["--wss-listen", "127.0.0.1:0"], "--tls-cert"),
         (&["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
         (&["--tls-cert", &cert, "--tls-key", &other_key], "--tls-key"),
     ];
