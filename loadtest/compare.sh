@@ -76,13 +76,8 @@ CA="$OUT/tls/ca.pem"
 CERT="$OUT/tls/gateway.pem"
 KEY="$OUT/tls/gateway.key"
 if [[ "$SERVERS" == *tls* || "$SERVERS" == *wss* ]]; then
-  mkdir -p "$OUT/tls"
-  EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-  openssl req -x509 "${EC[@]}" -days 2 -subj "/CN=compare CA" -keyout "$OUT/tls/ca.key" -out "$CA" 2>/dev/null
-  openssl req "${EC[@]}" -subj /CN=gateway -keyout "$KEY" -out "$OUT/tls/gateway.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$OUT/tls/gateway.ext"
-  openssl x509 -req -in "$OUT/tls/gateway.csr" -CA "$CA" -CAkey "$OUT/tls/ca.key" -CAcreateserial -days 2 \
-    -extfile "$OUT/tls/gateway.ext" -out "$CERT" 2>/dev/null
+  . loadtest/certs.sh
+  test_certs "$OUT/tls"
 fi
 if [[ "$SERVERS" == *node_ws* && ! -d "$OUT/node/node_modules/ws" ]]; then
   echo "== installing Node's ws package"
@@ -117,6 +112,19 @@ idlegate() {
     --max-pending-logins "$CONNECTIONS" --max-pending-logins-per-ip "$CONNECTIONS" "$@"
 }
 
+# mosquitto_conf NAME [listener lines...]: $OUT/NAME.conf, Mosquitto on $PORT with no limit
+# on connections or keepalive, logging errors only.
+mosquitto_conf() {
+  local name=$1
+  shift
+  {
+    echo "listener $PORT 127.0.0.1"
+    printf '%s\n' "$@"
+    printf '%s\n' "allow_anonymous true" "max_connections -1" "persistence false" "max_keepalive 65535" \
+      "log_dest stderr" "log_type error" "user root"
+  } >"$OUT/$name.conf"
+}
+
 start_server() { # name -> sets PID
   case "$1" in
     idlegate)
@@ -138,19 +146,8 @@ start_server() { # name -> sets PID
         2>"$OUT/$1.log" &
       ;;
     mosquitto_tls)
-      cat >"$OUT/mosquitto_tls.conf" <<EOF
-listener $PORT 127.0.0.1
-certfile $CERT
-keyfile $KEY
-allow_anonymous true
-max_connections -1
-persistence false
-max_keepalive 65535
-log_dest stderr
-log_type error
-user root
-EOF
-      taskset -c "$SERVER_CPU" "$MOSQUITTO" -c "$OUT/mosquitto_tls.conf" 2>"$OUT/$1.log" &
+      mosquitto_conf "$1" "certfile $CERT" "keyfile $KEY"
+      taskset -c "$SERVER_CPU" "$MOSQUITTO" -c "$OUT/$1.conf" 2>"$OUT/$1.log" &
       ;;
     per_connection_timer)
       taskset -c "$SERVER_CPU" target/release/examples/per_connection_timer --listen "127.0.0.1:$PORT" --timeout 30s 2>"$OUT/$1.log" &
@@ -159,17 +156,8 @@ EOF
       taskset -c "$SERVER_CPU" target/release/examples/echo_floor --listen "127.0.0.1:$PORT" 2>"$OUT/$1.log" &
       ;;
     mosquitto)
-      cat >"$OUT/mosquitto.conf" <<EOF
-listener $PORT 127.0.0.1
-allow_anonymous true
-max_connections -1
-persistence false
-max_keepalive 65535
-log_dest stderr
-log_type error
-user root
-EOF
-      taskset -c "$SERVER_CPU" "$MOSQUITTO" -c "$OUT/mosquitto.conf" 2>"$OUT/$1.log" &
+      mosquitto_conf "$1"
+      taskset -c "$SERVER_CPU" "$MOSQUITTO" -c "$OUT/$1.conf" 2>"$OUT/$1.log" &
       ;;
   esac
   PID=$!

@@ -19,14 +19,10 @@ CLK_TCK=$(getconf CLK_TCK)
 command -v taskset >/dev/null || { echo "handshakes.sh: needs taskset (apt-get install util-linux)" >&2; exit 2; }
 cargo build --release -q -p idlegate
 work=$(mktemp -d)
-EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-openssl req -x509 "${EC[@]}" -days 1 -subj /CN=ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
-openssl req "${EC[@]}" -subj /CN=gateway -keyout "$work/gw.key" -out "$work/gw.csr" 2>/dev/null
-printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$work/gw.ext"
-openssl x509 -req -in "$work/gw.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 1 \
-  -extfile "$work/gw.ext" -out "$work/gw.pem" 2>/dev/null
+. loadtest/certs.sh
+test_certs "$work"
 taskset -c "$SERVER_CPU" target/release/idlegate serve --listen 127.0.0.1:$((PORT + 1)) --tls-listen "127.0.0.1:$PORT" \
-  --tls-cert "$work/gw.pem" --tls-key "$work/gw.key" --admin-listen 127.0.0.1:$((PORT + 2)) \
+  --tls-cert "$work/gateway.pem" --tls-key "$work/gateway.key" --admin-listen 127.0.0.1:$((PORT + 2)) \
   --api-listen 127.0.0.1:$((PORT + 3)) 2>/dev/null &
 pid=$!
 trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT

@@ -22,12 +22,8 @@ command -v valgrind >/dev/null || { echo "ping-instructions.sh: needs valgrind (
 cargo build --release -q -p idlegate
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-openssl req -x509 "${EC[@]}" -days 1 -subj /CN=ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
-openssl req "${EC[@]}" -subj /CN=gateway -keyout "$work/gw.key" -out "$work/gw.csr" 2>/dev/null
-printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$work/gw.ext"
-openssl x509 -req -in "$work/gw.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 1 \
-  -extfile "$work/gw.ext" -out "$work/gw.pem" 2>/dev/null
+. loadtest/certs.sh
+test_certs "$work"
 BASE=17170
 declare -A PORT=([tcp]=$BASE [tls]=$((BASE + 1)) [ws]=$((BASE + 2)) [wss]=$((BASE + 3)))
 
@@ -36,7 +32,7 @@ count() {
   local door=$1 pings=$2 file="$work/cg.$1.$2.$RANDOM"
   valgrind --tool=callgrind --callgrind-out-file="$file" target/release/idlegate serve \
     --listen "127.0.0.1:${PORT[tcp]}" --tls-listen "127.0.0.1:${PORT[tls]}" --ws-listen "127.0.0.1:${PORT[ws]}" \
-    --wss-listen "127.0.0.1:${PORT[wss]}" --tls-cert "$work/gw.pem" --tls-key "$work/gw.key" \
+    --wss-listen "127.0.0.1:${PORT[wss]}" --tls-cert "$work/gateway.pem" --tls-key "$work/gateway.key" \
     --admin-listen 127.0.0.1:0 --api-listen 127.0.0.1:0 --timeout 600s --tick 10s >/dev/null 2>&1 &
   local pid=$!
   for _ in $(seq 1 300); do

@@ -35,13 +35,9 @@ settle=20
 if [ "$transport" != tcp ]; then
   certs=$(mktemp -d)
   trap 'rm -rf "$certs"' EXIT
-  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-  openssl req -x509 "${ec[@]}" -days 1 -subj /CN=ca -keyout "$certs/ca.key" -out "$certs/ca.pem" 2>/dev/null
-  openssl req "${ec[@]}" -subj /CN=gateway -keyout "$certs/gw.key" -out "$certs/gw.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$certs/gw.ext"
-  openssl x509 -req -in "$certs/gw.csr" -CA "$certs/ca.pem" -CAkey "$certs/ca.key" -CAcreateserial -days 1 \
-    -extfile "$certs/gw.ext" -out "$certs/gw.pem" 2>/dev/null
-  door=(--listen 127.0.0.1:7280 "--$transport-listen" 127.0.0.1:7270 --tls-cert "$certs/gw.pem" --tls-key "$certs/gw.key")
+  . loadtest/certs.sh
+  test_certs "$certs"
+  door=(--listen 127.0.0.1:7280 "--$transport-listen" 127.0.0.1:7270 --tls-cert "$certs/gateway.pem" --tls-key "$certs/gateway.key")
   client=(--transport "$transport" --tls-ca "$certs/ca.pem")
   case "$transport" in tls | wss)
     rate=${TLS_CONNECT_RATE:-800}
