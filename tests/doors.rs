@@ -380,3 +380,34 @@ impl ConcatBytes for Vec<(u8, Vec<u8>)> {
         self.iter().flat_map(|(op, p)| [vec![0x80 | op, p.len() as u8], p.clone()].concat()).collect()
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_closed_as_slow_consumer_on_every_door() {
+    let (mut server, ca, _dir) = server_with(Config { timeout: Duration::from_secs(30), ..long_login() }).await;
+    let mut bystander = server.client().await;
+    bystander.login(1).await;
+    for (i, (transport, addr)) in doors(&server).into_iter().enumerate() {
+        let mut slow = DoorClient::connect(transport, addr, ca.as_ref()).await;
+        slow.login(600 + i as u64).await;
+        // Large PINGs, never reading a PONG: the socket buffers fill, then the gateway's
+        // bounded queue of replies (ciphertext under TLS), and it gives up on the client.
+        let writer = tokio::spawn(async move {
+            let big = Bytes::from(vec![7u8; 60_000]);
+            for _ in 0..2_000 {
+                if !slow.try_send(Frame::Ping(big.clone())).await {
+                    break;
+                }
+            }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while server.metrics.closed_count(CloseReason::SlowConsumer) as usize <= i || !writer.is_finished() {
+            assert!(tokio::time::Instant::now() < deadline, "{transport}: the slow consumer was never closed");
+            bystander.ping(b"alive").await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        writer.await.unwrap();
+    }
+    bystander.ping(b"still alive").await;
+    assert_eq!(server.metrics.online_users.get(), 1);
+    server.shutdown().await;
+}

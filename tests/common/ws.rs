@@ -70,12 +70,17 @@ impl DoorClient {
     }
 
     pub async fn send(&mut self, frame: Frame) {
+        assert!(self.try_send(frame).await, "sends");
+    }
+
+    /// Sends `frame`; false once the connection is gone.
+    pub async fn try_send(&mut self, frame: Frame) -> bool {
         match &mut self.inner {
-            Inner::Frames(framed) => framed.send(frame).await.expect("sends"),
+            Inner::Frames(framed) => framed.send(frame).await.is_ok(),
             Inner::Ws(ws) => {
                 let mut body = bytes::BytesMut::new();
                 frame.encode(&mut body);
-                ws.send(Message::Binary(body.to_vec())).await.expect("sends");
+                ws.send(Message::Binary(body.to_vec())).await.is_ok()
             }
         }
     }
