@@ -411,3 +411,55 @@ async fn a_client_that_never_reads_is_closed_as_slow_consumer_on_every_door() {
     assert_eq!(server.metrics.online_users.get(), 1);
     server.shutdown().await;
 }
+
+/// Relays `from` to `to` one byte per write, so every record and frame arrives in pieces.
+async fn trickle(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf) {
+    let mut byte = [0u8; 1];
+    while let Ok(1) = from.read(&mut byte).await {
+        if to.write_all(&byte).await.is_err() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_records_split_across_reads_and_frames_split_across_records_are_put_back_together() {
+    let (mut server, ca, _dir) = server_with(long_login()).await;
+    let (Some(ca), Some(door)) = (ca, server.tls) else { return };
+    // A relay that hands the gateway the client's bytes one at a time.
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (client, _) = relay.accept().await.unwrap();
+        let gateway = TcpStream::connect(door).await.unwrap();
+        gateway.set_nodelay(true).unwrap();
+        let (client_read, client_write) = client.into_split();
+        let (gateway_read, gateway_write) = gateway.into_split();
+        tokio::spawn(trickle(client_read, gateway_write));
+        let mut gateway_read = gateway_read;
+        let mut client_write = client_write;
+        let _ = tokio::io::copy(&mut gateway_read, &mut client_write).await;
+    });
+    let mut tls = ca.connect(relay_addr, &[idlegate::TLS_ALPN]).await.expect("handshake through the relay");
+    // LOGIN in two TLS records: the frame's first 5 bytes, then the rest.
+    let mut login = bytes::BytesMut::new();
+    tokio_util::codec::Encoder::encode(
+        &mut idlegate::FrameCodec::default(),
+        Frame::Login { uid: 77, token: Bytes::from_static(b"t") },
+        &mut login,
+    )
+    .unwrap();
+    tls.write_all(&login[..5]).await.unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tls.write_all(&login[5..]).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut framed = tokio_util::codec::Framed::new(tls, idlegate::FrameCodec::default());
+    let welcome = tokio::time::timeout(PATIENCE, futures_util::StreamExt::next(&mut framed)).await.unwrap();
+    assert!(matches!(welcome, Some(Ok(Frame::Welcome { .. }))), "{welcome:?}");
+    futures_util::SinkExt::send(&mut framed, Frame::Ping(Bytes::from_static(b"slow"))).await.unwrap();
+    let pong = tokio::time::timeout(PATIENCE, futures_util::StreamExt::next(&mut framed)).await.unwrap();
+    assert!(matches!(pong, Some(Ok(Frame::Pong(ref p))) if p.as_ref() == b"slow"), "{pong:?}");
+    server.shutdown().await;
+}
