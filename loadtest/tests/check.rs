@@ -419,9 +419,9 @@ fn an_overloaded_gateway_sheds_with_retry_hints_and_everyone_gets_in() {
     assert!(r["closes"].get("login_timeout").is_none(), "{r}");
 }
 
-/// Makes a test CA and a gateway certificate for 127.0.0.1 signed by it in `dir` with
-/// `openssl`: (CA pem, certificate pem, key pem). `None` where openssl is missing (never
-/// under CI, which installs it).
+/// Makes a test CA and a gateway certificate for 127.0.0.1 signed by it in `dir`, with the
+/// same `loadtest/certs.sh` the measuring scripts use: (CA pem, certificate pem, key pem).
+/// `None` where openssl is missing (never under CI, which installs it).
 fn certificates(dir: &Path) -> Option<(String, String, String)> {
     let on_path =
         std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("openssl").is_file()));
@@ -430,42 +430,12 @@ fn certificates(dir: &Path) -> Option<(String, String, String)> {
         eprintln!("SKIPPED: no openssl; install it with `apt-get install openssl`");
         return None;
     }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/certs.sh");
+    let out =
+        Command::new("bash").args(["-ec", ". \"$1\"; test_certs \"$2\"", "certs", script]).arg(dir).output().unwrap();
+    assert!(out.status.success(), "certs.sh: {}", String::from_utf8_lossy(&out.stderr));
     let p = |name: &str| dir.join(name).display().to_string();
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    let run = |args: Vec<String>| {
-        let out = Command::new("openssl").args(&args).output().unwrap();
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    run([own(&["req", "-x509"]), own(&ec), own(&["-days", "1", "-subj", "/CN=loadtest CA"])]
-        .concat()
-        .into_iter()
-        .chain([String::from("-keyout"), p("ca.key"), "-out".into(), p("ca.pem")])
-        .collect());
-    run([own(&["req"]), own(&ec), own(&["-subj", "/CN=gateway"])]
-        .concat()
-        .into_iter()
-        .chain(["-keyout".into(), p("gw.key"), "-out".into(), p("gw.csr")])
-        .collect());
-    std::fs::write(p("gw.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
-    run(own(&[
-        "x509",
-        "-req",
-        "-in",
-        &p("gw.csr"),
-        "-CA",
-        &p("ca.pem"),
-        "-CAkey",
-        &p("ca.key"),
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        &p("gw.ext"),
-        "-out",
-        &p("gw.pem"),
-    ]));
-    Some((p("ca.pem"), p("gw.pem"), p("gw.key")))
+    Some((p("ca.pem"), p("gateway.pem"), p("gateway.key")))
 }
 
 #[test]

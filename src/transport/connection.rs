@@ -222,13 +222,13 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     /// not our time.
     pub(crate) async fn close(mut self, last: impl IntoIterator<Item = Frame>) {
         let mut out = self.take(unsent);
+        // On a clear layer the frames are written where they are sent from, as replies are.
         let mut plain = BytesMut::new();
+        let to = if L::CLEAR { &mut out } else { &mut plain };
         for frame in last {
-            self.framing.encode(&frame, &mut plain);
+            self.framing.encode(&frame, to);
         }
-        if L::CLEAR {
-            out.unsplit(plain);
-        } else if self.layer.ready() {
+        if !L::CLEAR && self.layer.ready() {
             // A BYE the handshake never reached has nobody to read it: dropped.
             let _ = self.layer.seal(&plain, &mut out);
             self.layer.finish(&mut out);
