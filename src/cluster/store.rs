@@ -45,19 +45,37 @@ pub(crate) enum StoreError {
     Replicas { acked: i64, want: u32 },
 }
 
-/// A connection to one server or to a cluster.
+/// A connection to one server or to a cluster, every call on it bounded by `deadline`.
+///
+/// The deadline covers the whole call, not just the reply: while the `redis` crate
+/// reconnects, a command waits for that reconnection, and its retries with backoff can run
+/// for many seconds. Without a bound of our own, an API request made during an outage
+/// would outlive the HTTP listener's deadlines and get no answer at all, instead of 503.
 #[derive(Clone)]
-pub(crate) enum Conn {
+pub(crate) struct Conn {
+    kind: ConnKind,
+    deadline: Duration,
+}
+
+#[derive(Clone)]
+enum ConnKind {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
+/// The error of a call that ran past its connection's deadline.
+fn past_deadline(deadline: Duration) -> redis::RedisError {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer from Redis within {deadline:?}")).into()
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        let deadline = self.deadline;
+        let call = match &mut self.kind {
+            ConnKind::Single(c) => c.req_packed_command(cmd),
+            ConnKind::Cluster(c) => c.req_packed_command(cmd),
+        };
+        Box::pin(async move { tokio::time::timeout(deadline, call).await.map_err(|_| past_deadline(deadline))? })
     }
 
     fn req_packed_commands<'a>(
@@ -66,16 +84,18 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+        let deadline = self.deadline;
+        let call = match &mut self.kind {
+            ConnKind::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            ConnKind::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        };
+        Box::pin(async move { tokio::time::timeout(deadline, call).await.map_err(|_| past_deadline(deadline))? })
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+        match &self.kind {
+            ConnKind::Single(c) => c.get_db(),
+            ConnKind::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -143,7 +163,10 @@ async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
         };
         let commands = client(RESPONSE_TIMEOUT)?.get_async_connection().await?;
         let blocking = client(BLOCK + RESPONSE_TIMEOUT)?.get_async_connection().await?;
-        Ok((Conn::Cluster(commands), Conn::Cluster(blocking)))
+        Ok((
+            Conn { kind: ConnKind::Cluster(commands), deadline: RESPONSE_TIMEOUT },
+            Conn { kind: ConnKind::Cluster(blocking), deadline: BLOCK + RESPONSE_TIMEOUT },
+        ))
     } else {
         let client = redis::Client::open(target.urls()[0].as_str())?;
         let config = |timeout: Duration| {
@@ -154,6 +177,9 @@ async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
         };
         let commands = ConnectionManager::new_with_config(client.clone(), config(RESPONSE_TIMEOUT)).await?;
         let blocking = ConnectionManager::new_with_config(client, config(BLOCK + RESPONSE_TIMEOUT)).await?;
-        Ok((Conn::Single(commands), Conn::Single(blocking)))
+        Ok((
+            Conn { kind: ConnKind::Single(commands), deadline: RESPONSE_TIMEOUT },
+            Conn { kind: ConnKind::Single(blocking), deadline: BLOCK + RESPONSE_TIMEOUT },
+        ))
     }
 }
