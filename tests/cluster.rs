@@ -201,6 +201,23 @@ async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
     assert!(extra.is_err(), "unexpected event after the reap: {extra:?}");
 }
 
+/// Pings each of `clients` every 200 ms, each PING answered by its PONG, until `stop`;
+/// hands the clients back.
+fn keep_pinging(
+    mut clients: Vec<Client>,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Vec<Client>> {
+    tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            for c in &mut clients {
+                c.ping(b"k").await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        clients
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_while_clients_ping_and_fall_silent() {
     let Some(mut redis) = RedisServer::start().await else { return };
@@ -220,65 +237,45 @@ async fn redis_restarted_while_clients_ping_and_fall_silent() {
         api_json(&nodes[0], "GET", "/v1/online", "").await.1["online"] == 8
     })
     .await;
+    // The live clients ping every 200 ms from here to the end, whatever the test waits on.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pinger = keep_pinging(pinging, stop.clone());
     redis.stop();
     eventually("a says degraded", || async { nodes[0].admin_get("/readyz").await.1.starts_with("degraded") }).await;
-    // While Redis is away: the API says so, pinging clients are served, silent ones expire
-    // on time (the ring is local), and a client logs in.
-    let (status, _) = api_json(&nodes[1], "GET", "/v1/presence/1", "").await;
-    assert_eq!(status, 503);
-    // Every API call during the outage answers 503, however far the Redis client's own
-    // reconnection has got: none waits on it past the listener's first-request deadline,
-    // which would close the connection with no answer at all.
-    // A call may wait out the Redis client's deadline, so the clients ping alongside.
+    // While Redis is away: the API says so (every call answers 503, however far the Redis
+    // client's own reconnection has got: none waits on it past the listener's
+    // first-request deadline, which would close the connection with no answer at all),
+    // pinging clients are served, silent ones expire on time (the ring is local), and a
+    // client logs in.
     let started = tokio::time::Instant::now();
-    let outage = Duration::from_millis(2500);
-    let keep_pinging = async {
-        while started.elapsed() < outage {
-            for c in &mut pinging {
-                c.ping(b"k").await;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    while started.elapsed() < Duration::from_millis(2500) {
+        for node in &nodes {
+            let (status, body) = api_json(node, "GET", "/v1/presence/1", "").await;
+            assert_eq!(status, 503, "{body}");
         }
-    };
-    let keep_asking = async {
-        while started.elapsed() < outage {
-            for node in &nodes {
-                let (status, body) = api_json(node, "GET", "/v1/presence/1", "").await;
-                assert_eq!(status, 503, "{body}");
-            }
-        }
-    };
-    tokio::join!(keep_pinging, keep_asking);
+    }
     for c in &mut silent {
         c.expect_bye(CloseReason::IdleTimeout).await;
     }
     let mut late = nodes[0].client().await;
     assert!(matches!(late.login(50).await, Frame::Welcome { .. }));
+    let late_pinger = keep_pinging(vec![late], stop.clone());
     // Redis comes back empty, as after a crash: each node writes its truth again.
     redis.restart().await;
     eventually("both ready again", || async {
         nodes[0].admin_get("/readyz").await.1 == "ready\n" && nodes[1].admin_get("/readyz").await.1 == "ready\n"
     })
     .await;
-    let keep_pinging = async {
-        loop {
-            for c in &mut pinging {
-                c.ping(b"k").await;
-            }
-            late.ping(b"k").await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
-    let settled = eventually("Redis holds exactly the live sessions", || async {
+    eventually("Redis holds exactly the live sessions", || async {
         let (_, online) = api_json(&nodes[1], "GET", "/v1/online", "").await;
         let (_, query) = api_json(&nodes[1], "POST", "/v1/presence/query", r#"{"uids":[0,1,2,3,4,5,6,7,50]}"#).await;
         online["online"] == 5 && query["online"] == serde_json::json!([0, 1, 2, 3, 50])
-    });
-    tokio::select! {
-        _ = settled => {}
-        _ = keep_pinging => unreachable!(),
-    }
+    })
+    .await;
     assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), 5);
+    stop.cancel();
+    // Each pinger ran to the end with every PONG: none of its clients was expired.
+    assert_eq!(pinger.await.unwrap().len() + late_pinger.await.unwrap().len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
