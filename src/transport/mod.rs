@@ -5,6 +5,7 @@
 mod connection;
 mod drive;
 mod framed;
+mod records;
 mod tcp;
 mod tls;
 mod ws;
@@ -38,8 +39,8 @@ impl Doors {
         let config = &gateway.config;
         let identity = config.tls.as_ref();
         Doors {
-            tls: identity.map(|id| id.server_config(&[TLS_ALPN])),
-            wss: identity.map(|id| id.server_config(&[b"http/1.1"])),
+            tls: identity.map(|id| handing_over_keys(id.server_config(&[TLS_ALPN]))),
+            wss: identity.map(|id| handing_over_keys(id.server_config(&[b"http/1.1"]))),
             ws: Arc::new(WsPolicy { allowed_origins: config.ws_allowed_origins.clone() }),
         }
     }
@@ -81,4 +82,12 @@ impl Doors {
         }
         true
     }
+}
+
+/// `config`, letting rustls hand a finished handshake's traffic keys to the door's record
+/// layer (`records.rs`), which keeps them in far less than rustls's connection.
+fn handing_over_keys(config: Arc<ServerConfig>) -> Arc<ServerConfig> {
+    let mut config = Arc::unwrap_or_clone(config);
+    config.enable_secret_extraction = true;
+    Arc::new(config)
 }

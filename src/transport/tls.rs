@@ -1,10 +1,12 @@
-//! TLS under a door's bytes (`--tls-listen`, `--wss-listen`), with rustls's unbuffered API.
+//! TLS under a door's bytes (`--tls-listen`, `--wss-listen`): rustls's unbuffered API for
+//! the handshake, then the keys alone (`records.rs`).
 //!
 //! rustls's usual connection keeps buffers of its own (a 4 KiB read buffer at the least,
 //! for as long as the connection lives); the unbuffered one decrypts from the buffer it is
 //! handed and encrypts into another. Here those are the worker's buffers, as for a plain
-//! socket: an idle TLS connection keeps its keys and its state machine, and no buffer.
-//! The handshake's state is rustls's, dropped by it once the handshake is done.
+//! socket. Once the handshake is over, rustls's connection (its state machine and record
+//! layer, about 3 KiB) is dropped and [`Records`] goes on with the traffic keys: an idle
+//! TLS connection keeps its keys, and no buffer.
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use rustls::ServerConfig;
 use crate::proto::CloseReason;
 use crate::protocol::Close;
 use crate::transport::connection::{disconnect, Layer};
+use crate::transport::records::Records;
 
 /// Room first offered for a handshake flight (a certificate chain fits); rustls says how
 /// much more it needs when that is not enough.
@@ -28,20 +31,36 @@ const RECORD_OVERHEAD: usize = 64;
 /// Most plaintext one record carries.
 const MAX_RECORD_PLAINTEXT: usize = 16 * 1024;
 
-/// A TLS session over a client socket; see the module documentation.
-pub(crate) struct Tls {
-    /// Boxed: one pointer in every TLS connection's task, and the state where rustls keeps it.
-    conn: Box<UnbufferedServerConnection>,
-    /// The handshake is done (application data may flow).
-    ready: bool,
+/// A TLS session over a client socket; see the module documentation. Boxed either way: one
+/// pointer in every TLS connection's task.
+pub(crate) enum Tls {
+    /// rustls drives the handshake; `ready` once application data may flow (TLS 1.3's
+    /// server may send before the client's Finished, which ends the handshake).
+    Handshake { conn: Box<UnbufferedServerConnection>, ready: bool },
+    /// The handshake is over: the records under the traffic keys.
+    Records(Box<Records>),
+    /// Only while the session passes from one to the other, or after that failed.
+    Gone,
 }
 
 // === impl Tls ===
 
 impl Tls {
-    /// A server session with `config` (the identity of `--tls-cert` and `--tls-key`).
+    /// A server session with `config` (the identity of `--tls-cert` and `--tls-key`, with
+    /// secret extraction enabled so the session can pass to [`Records`]).
     pub(crate) fn new(config: Arc<ServerConfig>) -> Result<Tls, rustls::Error> {
-        Ok(Tls { conn: Box::new(UnbufferedServerConnection::new(config)?), ready: false })
+        debug_assert!(config.enable_secret_extraction, "the records need the traffic secrets");
+        Ok(Tls::Handshake { conn: Box::new(UnbufferedServerConnection::new(config)?), ready: false })
+    }
+
+    /// Passes the session to [`Records`] once rustls has finished the handshake.
+    fn take_over(&mut self) -> Result<(), Close> {
+        let Tls::Handshake { conn, .. } = std::mem::replace(self, Tls::Gone) else {
+            return Ok(());
+        };
+        let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_error)?;
+        *self = Tls::Records(Box::new(Records::new(secrets, kernel).map_err(tls_error)?));
+        Ok(())
     }
 }
 
@@ -53,11 +72,17 @@ impl Layer for Tls {
     const CLEAR: bool = false;
 
     fn open(&mut self, raw: &mut BytesMut, plain: &mut BytesMut, wire: &mut BytesMut) -> Result<bool, Close> {
+        let (conn, ready) = match self {
+            Tls::Handshake { conn, ready } => (conn, ready),
+            Tls::Records(records) => return records.open(raw, plain, wire).map_err(tls_error),
+            Tls::Gone => return Err(disconnect()),
+        };
         loop {
-            let status = self.conn.process_tls_records(&mut raw[..]);
+            let status = conn.process_tls_records(&mut raw[..]);
             let mut discard = status.discard;
             let mut done = false;
             let mut peer_closed = false;
+            let mut handshake_over = false;
             match status.state.map_err(tls_error)? {
                 ConnectionState::ReadTraffic(mut traffic) => {
                     while let Some(record) = traffic.next_record() {
@@ -76,8 +101,9 @@ impl Layer for Tls {
                 }
                 ConnectionState::BlockedHandshake => done = true,
                 ConnectionState::WriteTraffic(_) => {
-                    self.ready = true;
+                    *ready = true;
                     done = true;
+                    handshake_over = !conn.is_handshaking();
                 }
                 ConnectionState::PeerClosed | ConnectionState::Closed => {
                     peer_closed = true;
@@ -87,6 +113,11 @@ impl Layer for Tls {
                 _ => return Err(tls_error("a state this gateway does not know")),
             }
             raw.advance(discard);
+            if handshake_over {
+                // Whatever the client sent after its Finished is records of the new keys.
+                self.take_over()?;
+                return self.open(raw, plain, wire);
+            }
             if done {
                 return Ok(peer_closed);
             }
@@ -94,15 +125,20 @@ impl Layer for Tls {
     }
 
     fn seal(&mut self, plain: &[u8], wire: &mut BytesMut) -> Result<(), Close> {
+        let conn = match self {
+            Tls::Handshake { conn, .. } => conn,
+            Tls::Records(records) => return records.seal(plain, wire).map_err(tls_error),
+            Tls::Gone => return Err(disconnect()),
+        };
         loop {
-            let status = self.conn.process_tls_records(&mut []);
+            let status = conn.process_tls_records(&mut []);
             debug_assert_eq!(status.discard, 0, "nothing was handed in to discard");
             match status.state.map_err(tls_error)? {
                 ConnectionState::WriteTraffic(mut traffic) => {
                     let room = plain.len() + (plain.len() / MAX_RECORD_PLAINTEXT + 1) * RECORD_OVERHEAD;
                     return encode_into(wire, room, |room| traffic.encrypt(plain, room).map_err(EncodeFailure::from));
                 }
-                // A key update or a ticket rustls wants out first.
+                // A ticket rustls wants out first.
                 ConnectionState::EncodeTlsData(mut data) => {
                     encode_into(wire, HANDSHAKE_ROOM, |room| data.encode(room).map_err(EncodeFailure::from))?;
                 }
@@ -115,15 +151,25 @@ impl Layer for Tls {
     }
 
     fn finish(&mut self, wire: &mut BytesMut) {
-        if let Ok(ConnectionState::WriteTraffic(mut traffic)) = self.conn.process_tls_records(&mut []).state {
-            let _ = encode_into(wire, RECORD_OVERHEAD, |room| {
-                traffic.queue_close_notify(room).map_err(EncodeFailure::from)
-            });
+        match self {
+            Tls::Handshake { conn, .. } => {
+                if let Ok(ConnectionState::WriteTraffic(mut traffic)) = conn.process_tls_records(&mut []).state {
+                    let _ = encode_into(wire, RECORD_OVERHEAD, |room| {
+                        traffic.queue_close_notify(room).map_err(EncodeFailure::from)
+                    });
+                }
+            }
+            Tls::Records(records) => records.finish(wire),
+            Tls::Gone => {}
         }
     }
 
     fn ready(&self) -> bool {
-        self.ready
+        match self {
+            Tls::Handshake { ready, .. } => *ready,
+            Tls::Records(_) => true,
+            Tls::Gone => false,
+        }
     }
 }
 

@@ -85,14 +85,27 @@ impl TestCa {
 
     /// A rustls client configuration trusting this CA, offering `alpn`.
     pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        self.client_config_with(alpn, rustls::crypto::ring::default_provider().cipher_suites)
+    }
+
+    /// A rustls client configuration trusting this CA, offering `alpn` and only `suites`
+    /// (and the versions they belong to).
+    pub fn client_config_with(
+        &self,
+        alpn: &[&[u8]],
+        suites: Vec<rustls::SupportedCipherSuite>,
+    ) -> Arc<rustls::ClientConfig> {
         use rustls::pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
         for cert in rustls::pki_types::CertificateDer::pem_file_iter(&self.cert).unwrap() {
             roots.add(cert.unwrap()).unwrap();
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+        let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = suites.iter().map(|s| s.version()).collect();
+        versions.dedup();
+        let provider =
+            rustls::crypto::CryptoProvider { cipher_suites: suites, ..rustls::crypto::ring::default_provider() };
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&versions)
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();

@@ -1,0 +1,195 @@
+//! The TLS door's records once the handshake is over, which the gateway protects itself
+//! with the keys rustls hands over (`src/transport/records.rs`), checked against rustls's
+//! client (OpenSSL's is checked by `tests/tls.rs`): every cipher suite of TLS 1.3 and 1.2
+//! carries frames both ways, records split at 16 KiB both ways, key updates, close_notify;
+//! a record that does not decrypt or is too long ends only its own connection, with the
+//! alert that says why, while another client is served.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::tls::{server_with, TestCa};
+use common::{short_config, PATIENCE};
+use futures_util::{SinkExt, StreamExt};
+use idlegate::{Config, Frame, FrameCodec, TLS_ALPN};
+use rustls::crypto::ring::cipher_suite as suites;
+use rustls::{AlertDescription, SupportedCipherSuite};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+type Client = Framed<tokio_rustls::client::TlsStream<TcpStream>, FrameCodec>;
+
+/// A PING payload over 16 KiB, so each way it crosses records.
+const BIG: usize = 40_000;
+
+fn config() -> Config {
+    Config { timeout: Duration::from_secs(30), login_timeout: Duration::from_secs(5), ..short_config() }
+}
+
+async fn connect(ca: &TestCa, addr: std::net::SocketAddr, suite: SupportedCipherSuite) -> Client {
+    let connector = tokio_rustls::TlsConnector::from(ca.client_config_with(&[TLS_ALPN], vec![suite]));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let tls = connector.connect(name, tcp).await.expect("handshake");
+    assert_eq!(tls.get_ref().1.negotiated_cipher_suite(), Some(suite));
+    Framed::new(tls, FrameCodec::default())
+}
+
+async fn recv(client: &mut Client) -> Frame {
+    tokio::time::timeout(PATIENCE, client.next()).await.expect("an answer in time").expect("open").expect("a frame")
+}
+
+async fn ping(client: &mut Client, payload: Bytes) {
+    client.send(Frame::Ping(payload.clone())).await.unwrap();
+    assert_eq!(recv(client).await, Frame::Pong(payload));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_suite_carries_frames_records_of_16_kib_key_updates_and_close_notify() {
+    let (mut server, ca, _dir) = server_with(config()).await;
+    let (Some(ca), Some(door)) = (ca, server.tls) else { return };
+    let big = Bytes::from((0..BIG).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    for suite in [
+        suites::TLS13_AES_128_GCM_SHA256,
+        suites::TLS13_AES_256_GCM_SHA384,
+        suites::TLS13_CHACHA20_POLY1305_SHA256,
+        suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        suites::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        suites::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ] {
+        let mut client = connect(&ca, door, suite).await;
+        client.send(Frame::Login { uid: 10, token: Bytes::new() }).await.unwrap();
+        assert!(matches!(recv(&mut client).await, Frame::Welcome { .. }), "{suite:?}");
+        ping(&mut client, Bytes::from_static(b"small")).await;
+        ping(&mut client, big.clone()).await;
+        if suite.tls13().is_some() {
+            // rustls asks for the gateway's update too: both directions change keys, twice.
+            for round in 0..2 {
+                client.get_mut().get_mut().1.refresh_traffic_keys().unwrap();
+                ping(&mut client, Bytes::from(format!("after update {round}"))).await;
+                ping(&mut client, big.clone()).await;
+            }
+        }
+        // The client's close_notify: the gateway ends the connection, with nothing more sent.
+        client.get_mut().get_mut().1.send_close_notify();
+        client.get_mut().flush().await.unwrap();
+        let rest = tokio::time::timeout(PATIENCE, client.next()).await.expect("closed in time");
+        assert!(rest.is_none(), "{suite:?}: {rest:?}");
+    }
+    server.shutdown().await;
+}
+
+/// After a handshake and a login with `suite`, writes `record` straight to the socket and
+/// returns the alert the gateway answers with, read by the client's own TLS state.
+async fn alert_for(
+    ca: &TestCa,
+    door: std::net::SocketAddr,
+    suite: SupportedCipherSuite,
+    record: &[u8],
+) -> rustls::Error {
+    let mut client = connect(ca, door, suite).await;
+    client.send(Frame::Login { uid: 20, token: Bytes::new() }).await.unwrap();
+    assert!(matches!(recv(&mut client).await, Frame::Welcome { .. }));
+    let (mut tcp, mut tls) = client.into_inner().into_inner();
+    tcp.write_all(record).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, tcp.read_to_end(&mut answer)).await.expect("closed in time").unwrap();
+    let mut answer = &answer[..];
+    while !answer.is_empty() {
+        tls.read_tls(&mut answer).unwrap();
+        if let Err(e) = tls.process_new_packets() {
+            return e;
+        }
+    }
+    panic!("{suite:?}: no alert in the gateway's answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_does_not_decrypt_or_is_too_long_gets_its_alert_and_others_are_served() {
+    let (mut server, ca, _dir) = server_with(config()).await;
+    let (Some(ca), Some(door)) = (ca, server.tls) else { return };
+    let mut bystander = connect(&ca, door, suites::TLS13_AES_128_GCM_SHA256).await;
+    bystander.send(Frame::Login { uid: 1, token: Bytes::new() }).await.unwrap();
+    assert!(matches!(recv(&mut bystander).await, Frame::Welcome { .. }));
+    let forged: Vec<u8> = [23, 3, 3, 0, 40].into_iter().chain([0x5a; 40]).collect();
+    let too_long = [23, 3, 3, 0x48, 0x01];
+    for suite in [suites::TLS13_AES_256_GCM_SHA384, suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256] {
+        let alert = alert_for(&ca, door, suite, &forged).await;
+        assert_eq!(alert, rustls::Error::AlertReceived(AlertDescription::BadRecordMac), "{suite:?}");
+        let alert = alert_for(&ca, door, suite, &too_long).await;
+        assert_eq!(alert, rustls::Error::AlertReceived(AlertDescription::RecordOverflow), "{suite:?}");
+        ping(&mut bystander, Bytes::from_static(b"still here")).await;
+    }
+    server.shutdown().await;
+}
+
+/// OpenSSL's client over every suite of both versions, and its KeyUpdate (`K`, asking the
+/// gateway to update too): the PONG after the update comes back under the new keys.
+#[test]
+fn openssl_s_client_exchanges_frames_under_every_suite_and_a_key_update() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut server, ca, _dir) = rt.block_on(server_with(config()));
+    let (Some(ca), Some(door)) = (ca, server.tls) else { return };
+    let login = [0, 0, 0, 9, 1, 0, 0, 0, 0, 0, 0, 0, 42];
+    let ping = |payload: &[u8]| {
+        let mut frame = ((payload.len() + 1) as u32).to_be_bytes().to_vec();
+        frame.push(2);
+        frame.extend_from_slice(payload);
+        frame
+    };
+    for (version, flag, suite) in [
+        ("-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"),
+        ("-tls1_3", "-ciphersuites", "TLS_AES_256_GCM_SHA384"),
+        ("-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"),
+        ("-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"),
+        ("-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384"),
+        ("-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"),
+    ] {
+        let mut child = std::process::Command::new("openssl")
+            .args(["s_client", "-connect", &door.to_string(), "-CAfile", &ca.cert, "-alpn", "idlegate"])
+            .args([version, flag, suite])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("openssl runs");
+        let mut stdin = child.stdin.take().unwrap();
+        // It says KEYUPDATE on stderr, the rest on stdout.
+        let read_all = |mut from: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                let _ = from.read_to_end(&mut out);
+                out
+            })
+        };
+        let stdout = read_all(Box::new(child.stdout.take().unwrap()));
+        let stderr = read_all(Box::new(child.stderr.take().unwrap()));
+        // s_client reads its input in lines: a command line (`K`) must start one.
+        let pause = || std::thread::sleep(Duration::from_millis(300));
+        stdin.write_all(&login).unwrap();
+        pause();
+        stdin.write_all(&ping(b"before\n")).unwrap();
+        pause();
+        if version == "-tls1_3" {
+            stdin.write_all(b"K\n").unwrap();
+            pause();
+        }
+        stdin.write_all(&ping(b"after\n")).unwrap();
+        pause();
+        drop(stdin);
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = child.kill();
+        let _ = child.wait();
+        let out = [stdout, stderr].map(|r| String::from_utf8_lossy(&r.join().unwrap()).into_owned()).concat();
+        assert!(out.contains(&format!("Cipher is {suite}")), "{suite}: {out}");
+        assert!(out.contains("before") && out.contains("after"), "{suite}: {out}");
+        if version == "-tls1_3" {
+            assert!(out.contains("KEYUPDATE"), "{suite}: {out}");
+        }
+    }
+    rt.block_on(server.shutdown());
+}
