@@ -25,6 +25,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 
+/// Slots kept for reuse when no connection is pending any more; past it the slab and its
+/// indexes are freed then, so a ramp's or a stall's peak of waiting connections is not kept
+/// for the gateway's life.
+const KEEP_SLOTS: usize = 1024;
+
 /// Stale entries the admission order may hold beyond the live ones before it is compacted:
 /// a place that logs in leaves its entry behind, skipped when it reaches the front.
 const ORDER_SLACK: usize = 64;
@@ -202,6 +207,11 @@ impl Inner {
             }
         }
         self.free.push(slot);
+        if self.by_source.is_empty() && self.slots.len() > KEEP_SLOTS {
+            debug_assert!(self.unclaimed.is_empty() && self.live == 0, "no place is in use");
+            *self = Inner { next: self.next, ..Inner::default() };
+            return;
+        }
         // Entries of places that logged in stay until they reach the front; past the
         // slack they are dropped in one pass, so the order holds about the live ones.
         if self.order.len() > 2 * self.live + ORDER_SLACK {
@@ -317,6 +327,17 @@ mod tests {
         drop(long);
         assert_eq!(pending.len(), 0);
         assert_eq!(pending.lock().live, 0);
+    }
+
+    #[test]
+    fn a_peak_of_waiting_connections_is_not_kept_once_none_waits() {
+        let pending = Arc::new(Pending::new(100_000, 100_000));
+        let peak: Vec<Ticket> = (0..5_000).map(|_| pending.admit(ip(2)).unwrap()).collect();
+        assert_eq!(pending.lock().slots.len(), 5_000);
+        drop(peak);
+        let inner = pending.lock();
+        assert_eq!(inner.slots.capacity() + inner.free.capacity() + inner.order.capacity(), 0);
+        assert_eq!(inner.next, 5_000, "ids are never reused");
     }
 
     #[tokio::test]
