@@ -42,13 +42,13 @@ pub const READ_BATCH_BYTES: usize = 512 * 1024;
 
 /// Takes events from the front of `events` while they fit [`READ_BATCH`] and
 /// [`READ_BATCH_BYTES`] (always the first one).
-pub fn within_batch_budget<'a>(events: impl Iterator<Item = &'a Event>) -> impl Iterator<Item = &'a Event> {
+pub fn within_batch_budget<E: std::borrow::Borrow<Event>>(events: impl Iterator<Item = E>) -> impl Iterator<Item = E> {
     let mut bytes = 0usize;
     events
         .take(READ_BATCH)
         .enumerate()
         .take_while(move |(i, event)| {
-            bytes += event.what.payload_len();
+            bytes += event.borrow().what.payload_len();
             *i == 0 || bytes <= READ_BATCH_BYTES
         })
         .map(|(_, event)| event)
@@ -173,11 +173,28 @@ pub struct EventLog {
 
 #[derive(Debug)]
 struct Inner {
-    events: VecDeque<Event>,
+    /// Oldest first, with consecutive sequence numbers ending at `next_seq - 1`: an event's
+    /// id follows from its place, so it is not stored.
+    events: VecDeque<Logged>,
     /// Sequence number the next event gets.
     next_seq: u64,
     /// Payload bytes held.
     bytes: usize,
+}
+
+/// An event as the log keeps it: without its id, which its place gives. Every logged-in
+/// connection's online event is kept for replay, so each byte here is a byte a connection.
+#[derive(Debug)]
+struct Logged {
+    at_ms: u64,
+    uid: u64,
+    what: What,
+}
+
+impl Logged {
+    fn event(&self, id: EventId) -> Event {
+        Event { id, at_ms: self.at_ms, uid: self.uid, what: self.what.clone() }
+    }
 }
 
 // === impl EventLog ===
@@ -295,7 +312,8 @@ impl EventLog {
             earlier_process,
             earlier_stream: false,
             gap_id: self.id(from - 1),
-            events: within_batch_budget(inner.events.range(skip..)).cloned().collect(),
+            events: within_batch_budget(inner.events.range(skip..).zip(from..).map(|(e, seq)| e.event(self.id(seq))))
+                .collect(),
         }
     }
 
@@ -380,17 +398,17 @@ impl EventLog {
         }
     }
 
-    fn push(&self, inner: &mut Inner, mut event: Event) {
-        event.id = self.id(inner.next_seq);
+    /// Appends `event` (its id is its place: whatever it holds is not kept).
+    fn push(&self, inner: &mut Inner, event: Event) {
         inner.next_seq += 1;
         if let What::Data(payload) = &event.what {
             inner.bytes += payload.len();
         }
         self.metrics.event(event.what.name());
-        inner.events.push_back(event);
+        inner.events.push_back(Logged { at_ms: event.at_ms, uid: event.uid, what: event.what });
         while inner.events.len() > self.capacity || inner.bytes > self.max_bytes {
             match inner.events.pop_front() {
-                Some(Event { what: What::Data(payload), .. }) => inner.bytes -= payload.len(),
+                Some(Logged { what: What::Data(payload), .. }) => inner.bytes -= payload.len(),
                 Some(_) => {}
                 None => break,
             }
