@@ -534,6 +534,33 @@ mod tests {
         assert!(client.process_new_packets().unwrap().peer_has_closed());
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever bytes arrive after the handshake, in whatever pieces, the layer answers
+        /// with plaintext, a wait for more, or an error with its alert: never a panic, and
+        /// after an error nothing more is sealed.
+        #[test]
+        fn any_bytes_after_the_handshake_get_an_answer_not_a_panic(
+            tls13 in proptest::bool::ANY,
+            chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..64), 1..8),
+            header in proptest::collection::vec(proptest::num::u8::ANY, 5),
+        ) {
+            let suite = if tls13 { cipher_suite::TLS13_AES_128_GCM_SHA256 } else { cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 };
+            let (_client, mut tls) = session(suite);
+            let (mut raw, mut plain, mut wire) = (BytesMut::new(), BytesMut::new(), BytesMut::new());
+            // A plausible header first, so the bodies reach the AEAD, not only the length check.
+            raw.extend_from_slice(&[APPLICATION_DATA, 3, 3, header[3] % 2, header[4]]);
+            for chunk in chunks {
+                raw.extend_from_slice(&chunk);
+                if tls.open(&mut raw, &mut plain, &mut wire).is_err() {
+                    proptest::prop_assert!(tls.seal(b"x", &mut BytesMut::new()).is_err());
+                    break;
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_key_update_with_an_unknown_request_gets_illegal_parameter() {
         let (mut client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
