@@ -233,15 +233,8 @@ impl EventLog {
             self.metrics.event("online");
             return;
         }
-        self.push(
-            &mut inner,
-            Event {
-                id: EventId { ms: 0, seq: 0 },
-                at_ms,
-                uid: session.uid(),
-                what: What::Online { session: session.id(), node: None },
-            },
-        );
+        let what = What::Online { session: session.id(), node: None };
+        self.push(&mut inner, Logged { at_ms, uid: session.uid(), what });
         self.appended_done(inner);
     }
 
@@ -271,10 +264,7 @@ impl EventLog {
             self.metrics.event("data");
             return true;
         }
-        self.push(
-            &mut inner,
-            Event { id: EventId { ms: 0, seq: 0 }, at_ms, uid: session.uid(), what: What::Data(payload) },
-        );
+        self.push(&mut inner, Logged { at_ms, uid: session.uid(), what: What::Data(payload) });
         self.appended_done(inner);
         true
     }
@@ -394,18 +384,18 @@ impl EventLog {
                 return;
             }
             let what = What::Offline { session: session.id(), reason };
-            self.push(inner, Event { id: EventId { ms: 0, seq: 0 }, at_ms, uid: session.uid(), what });
+            self.push(inner, Logged { at_ms, uid: session.uid(), what });
         }
     }
 
-    /// Appends `event` (its id is its place: whatever it holds is not kept).
-    fn push(&self, inner: &mut Inner, event: Event) {
+    /// Appends `event` under the next sequence number.
+    fn push(&self, inner: &mut Inner, event: Logged) {
         inner.next_seq += 1;
         if let What::Data(payload) = &event.what {
             inner.bytes += payload.len();
         }
         self.metrics.event(event.what.name());
-        inner.events.push_back(Logged { at_ms: event.at_ms, uid: event.uid, what: event.what });
+        inner.events.push_back(event);
         while inner.events.len() > self.capacity || inner.bytes > self.max_bytes {
             match inner.events.pop_front() {
                 Some(Logged { what: What::Data(payload), .. }) => inner.bytes -= payload.len(),

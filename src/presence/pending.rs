@@ -168,16 +168,11 @@ impl Inner {
         Ok(slot)
     }
 
-    /// Whether `slot` holds admission `id` and it is still waiting unshed.
-    fn is_live(&self, (id, slot): (u64, u32)) -> bool {
-        self.slots.get(slot as usize).is_some_and(|s| s.id == id && !s.shed)
-    }
-
     /// Sheds the oldest live place: its login phase hears it and ends the connection. Its
     /// place still counts against its source until its connection closes.
     fn shed_oldest(&mut self) {
         while let Some(entry) = self.order.pop_front() {
-            if self.is_live(entry) {
+            if is_live(&self.slots, entry) {
                 let place = &mut self.slots[entry.1 as usize];
                 place.shed = true;
                 if let Some(waker) = place.waker.take() {
@@ -215,11 +210,15 @@ impl Inner {
         // Entries of places that logged in stay until they reach the front; past the
         // slack they are dropped in one pass, so the order holds about the live ones.
         if self.order.len() > 2 * self.live + ORDER_SLACK {
-            let live: Vec<(u64, u32)> = self.order.iter().copied().filter(|&e| self.is_live(e)).collect();
-            self.order.clear();
-            self.order.extend(live);
+            let slots = &self.slots;
+            self.order.retain(|&entry| is_live(slots, entry));
         }
     }
+}
+
+/// Whether `slot` holds admission `id` and it is still waiting unshed.
+fn is_live(slots: &[Slot], (id, slot): (u64, u32)) -> bool {
+    slots.get(slot as usize).is_some_and(|s| s.id == id && !s.shed)
 }
 
 // === impl Ticket ===

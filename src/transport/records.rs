@@ -283,7 +283,6 @@ impl Records {
     fn decrypt(&mut self, record: &mut [u8]) -> Result<(u8, std::ops::Range<usize>), Fatal> {
         let header: [u8; HEADER] = record[..HEADER].try_into().expect("a whole header");
         let outer_type = header[0];
-        let key = self.rx.aead();
         let bad_mac = || fatal(BAD_RECORD_MAC, "a record that does not decrypt");
         let result = if self.tls13() {
             if outer_type != APPLICATION_DATA {
@@ -291,7 +290,8 @@ impl Records {
                 return Err(fatal(UNEXPECTED_MESSAGE, format!("a {why} record after the handshake")));
             }
             let nonce = Nonce::assume_unique_for_key(self.rx.nonce());
-            let opened = key.open_in_place(nonce, Aad::from(header), &mut record[HEADER..]).map_err(|_| bad_mac())?;
+            let opened =
+                self.rx.aead().open_in_place(nonce, Aad::from(header), &mut record[HEADER..]).map_err(|_| bad_mac())?;
             // The content type is the last byte that is not padding.
             let end = opened
                 .iter()
@@ -310,7 +310,8 @@ impl Records {
             }
             let aad = self.rx.tls12_aad(outer_type, body.len() - explicit - TAG);
             let nonce = Nonce::assume_unique_for_key(nonce);
-            let opened = key.open_in_place(nonce, Aad::from(aad), &mut body[explicit..]).map_err(|_| bad_mac())?;
+            let opened =
+                self.rx.aead().open_in_place(nonce, Aad::from(aad), &mut body[explicit..]).map_err(|_| bad_mac())?;
             let start = HEADER + explicit;
             (outer_type, start..start + opened.len())
         };
