@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::FutureExt;
-use idlegate::{Clock, Config, Directory, EventId, EventLog, Local, Metrics, Registry, READ_BATCH};
+use idlegate::{Clock, Config, Device, Directory, EventId, EventLog, Local, Metrics, Registry, READ_BATCH};
 
 /// Uids online for the presence query, as the issue asks.
 const ONLINE: u64 = 1_000_000;
@@ -34,7 +34,7 @@ fn registry(window: u64, capacity: usize) -> Arc<Registry> {
 fn event_log(c: &mut Criterion) {
     let mut group = c.benchmark_group("event_log");
     let reg = registry(30, LOG_EVENTS as usize);
-    let session = reg.login(1, 0);
+    let session = reg.login(1, Device::DEFAULT, 0);
     let payload = Bytes::from_static(b"0123456789abcdef");
     group.throughput(Throughput::Elements(1));
     group.bench_function("append_data", |b| b.iter(|| reg.events().data(&session, payload.clone())));
@@ -63,7 +63,7 @@ fn presence(c: &mut Criterion) {
     group.sample_size(20).measurement_time(Duration::from_secs(10));
     let reg = registry(30, 1024);
     for uid in 0..ONLINE {
-        reg.login(uid, 0);
+        reg.login(uid, Device::DEFAULT, 0);
     }
     let directory = Local::new(
         reg.clone(),

@@ -72,7 +72,8 @@ impl Gateway {
         if let Some(cluster) = &cluster {
             events = events.with_sink(cluster.sink());
         }
-        let registry = Arc::new(Registry::new(config.window(), Arc::new(events), metrics.clone()));
+        let registry =
+            Arc::new(Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
         let data_bucket = crate::presence::data_bucket(config.max_data_rate, config.max_data_burst, config.tick);
         let pending = Arc::new(Pending::new(config.max_pending_logins, config.max_pending_logins_per_ip));

@@ -49,8 +49,8 @@ mod transport;
 pub use auth::{Auth, DEFAULT_MAX_TOKEN_TTL_SECS};
 pub use config::{
     default_max_connections, Config, RedisTarget, TlsIdentity, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY,
-    DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP,
-    DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
+    DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_DEVICES, DEFAULT_MAX_PENDING_LOGINS,
+    DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
 };
 pub use error::{AuthError, ConfigError};
 pub use metrics::Metrics;
@@ -59,8 +59,8 @@ pub use presence::{
     READ_BATCH,
 };
 pub use proto::{
-    kind, retry_hint, retry_text, CloseReason, Frame, FrameCodec, FrameError, Transport, DEFAULT_MAX_FRAME_BYTES,
-    HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
+    kind, retry_hint, retry_text, CloseReason, Device, DeviceError, Frame, FrameCodec, FrameError, Transport,
+    DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
 };
 pub use server::{Listeners, Server};
 pub use transport::{accept_key, BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};

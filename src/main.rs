@@ -83,6 +83,11 @@ struct ServeArgs {
         default_value_t = idlegate::DEFAULT_MAX_PENDING_LOGINS_PER_IP
     )]
     max_pending_logins_per_ip: usize,
+    /// Sessions one uid may hold at once, one per device name its LOGINs carry. A LOGIN of
+    /// a device that has a session ends that session (kicked); a LOGIN of a new device when
+    /// the uid holds this many ends its least recently active one (kicked).
+    #[arg(long, env = "IDLEGATE_MAX_DEVICES", default_value_t = idlegate::DEFAULT_MAX_DEVICES)]
+    max_devices: usize,
     /// DATA frames a second one session may send; over it (past the burst) the session ends
     /// with BYE(protocol_error) saying so. 0: no limit.
     #[arg(long, env = "IDLEGATE_MAX_DATA_RATE", default_value_t = idlegate::DEFAULT_MAX_DATA_RATE)]
@@ -299,6 +304,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections.unwrap_or_else(|| default_max_connections(nofile)),
         max_pending_logins: args.max_pending_logins,
         max_pending_logins_per_ip: args.max_pending_logins_per_ip,
+        max_devices: args.max_devices,
         max_frame_bytes: args.max_frame_bytes,
         max_data_rate: args.max_data_rate,
         max_data_burst: args.max_data_burst,

@@ -54,7 +54,12 @@ async fn presence_query_and_online_answer_for_the_uids_logged_in() {
     let since = body["since_ms"].as_u64().unwrap();
     assert!(since >= before && since <= idlegate::unix_now() * 1000 + 1000, "since_ms {since}");
     assert!(body["silent_ms"].as_u64().unwrap() <= 30_000, "{body}");
-    assert_eq!(get(&server, "/v1/presence/43").await, (200, json!({"uid": 43, "online": false})));
+    let sessions = body["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{body}");
+    assert_eq!((sessions[0]["device"].clone(), sessions[0]["node"].clone()), (json!(""), json!("node-a")));
+    assert_eq!(sessions[0]["since_ms"], body["since_ms"]);
+    assert_eq!(sessions[0]["session"].as_str().map(str::len), Some(16), "{body}");
+    assert_eq!(get(&server, "/v1/presence/43").await, (200, json!({"uid": 43, "online": false, "sessions": []})));
 
     let answer = post(&server, "/v1/presence/query", &json!({"uids": [42, 43, 42]})).await;
     assert_eq!(answer, (200, json!({"online": [42, 42], "offline": [43]})));
@@ -180,7 +185,7 @@ async fn pushes_reach_online_clients_byte_for_byte() {
     b.login(2).await;
     let payload: Vec<u8> = (0..=255).collect();
     let body = json!({"uids": [1, 2, 3, 2], "payload": BASE64.encode(&payload)});
-    assert_eq!(post(&server, "/v1/push", &body).await, (200, json!({"sent": [1, 2], "offline": [3]})));
+    assert_eq!(post(&server, "/v1/push", &body).await, (200, json!({"sent": [1, 2], "offline": [3], "sessions": 2})));
     for c in [&mut a, &mut b] {
         assert_eq!(c.recv().await, Some(Frame::Push(Bytes::from(payload.clone()))));
     }
@@ -262,8 +267,11 @@ async fn every_login_data_frame_and_session_end_is_one_event_in_order() {
     let mut a = server.client().await;
     a.login(1).await;
     let online = events.expect("online", 1).await;
-    assert_eq!(online.data["node"], json!("node-a"));
+    assert_eq!((online.data["node"].clone(), online.data["device"].clone()), (json!("node-a"), json!("")));
     let session = online.data["session"].clone();
+    // The uid's first session: it came online as a user too, right after.
+    let user = events.expect("user_online", 1).await;
+    assert_eq!(user.data.as_object().unwrap().len(), 2, "uid and at_ms: {:?}", user.data);
     a.send(Frame::Data(Bytes::from_static(b"\x00\xffpay"))).await;
     a.send(Frame::Data(Bytes::new())).await;
     let first = events.expect("data", 1).await;
@@ -273,18 +281,23 @@ async fn every_login_data_frame_and_session_end_is_one_event_in_order() {
     a.expect_bye(CloseReason::Logout).await;
     let offline = events.expect("offline", 1).await;
     assert_eq!((offline.data["session"].clone(), offline.data["reason"].clone()), (session, json!("logout")));
+    assert_eq!(events.expect("user_offline", 1).await.data["reason"], json!("logout"));
 
     // A disconnect without a word.
     let mut b = server.client().await;
     b.login(2).await;
     events.expect("online", 2).await;
+    events.expect("user_online", 2).await;
     drop(b);
     assert_eq!(events.expect("offline", 2).await.data["reason"], json!("disconnect"));
+    events.expect("user_offline", 2).await;
 
-    // A newer LOGIN kicks: offline (kicked) of the old session, then online of the new.
+    // A newer LOGIN kicks: offline (kicked) of the old session, then online of the new; the
+    // uid itself never went offline.
     let mut old = server.client().await;
     old.login(3).await;
     let old_session = events.expect("online", 3).await.data["session"].clone();
+    events.expect("user_online", 3).await;
     let mut new = server.client().await;
     new.login(3).await;
     let kicked = events.expect("offline", 3).await;
@@ -297,32 +310,41 @@ async fn every_login_data_frame_and_session_end_is_one_event_in_order() {
     let mut rude = server.client().await;
     rude.login(4).await;
     events.expect("online", 4).await;
+    events.expect("user_online", 4).await;
     rude.send_raw(&raw_frame(0x7f, b"")).await;
     rude.expect_bye(CloseReason::ProtocolError).await;
     assert_eq!(events.expect("offline", 4).await.data["reason"], json!("protocol_error"));
+    events.expect("user_offline", 4).await;
 
     // A kick through the API.
     assert_eq!(http(server.api, "DELETE", "/v1/sessions/3", &[], "").await.0, 204);
     let api_kick = events.expect("offline", 3).await;
     assert_eq!((api_kick.data["session"].clone(), api_kick.data["reason"].clone()), (new_session, json!("kicked")));
+    assert_eq!(events.expect("user_offline", 3).await.data["reason"], json!("kicked"));
 
     // Silence: the ring expires it.
     let mut silent = server.client().await;
     silent.login(5).await;
     events.expect("online", 5).await;
+    events.expect("user_online", 5).await;
     silent.expect_bye(CloseReason::IdleTimeout).await;
     assert_eq!(events.expect("offline", 5).await.data["reason"], json!("idle_timeout"));
+    assert_eq!(events.expect("user_offline", 5).await.data["reason"], json!("idle_timeout"));
 
     // Nothing else was logged in between: the next event is this marker.
     let mut marker = server.client().await;
     marker.login(99).await;
     events.expect("online", 99).await;
+    events.expect("user_online", 99).await;
     assert_eq!(server.metrics.event_count("online"), 7);
+    assert_eq!(server.metrics.event_count("user_online"), 6);
+    assert_eq!(server.metrics.event_count("user_offline"), 5);
     assert_eq!(server.metrics.event_count("data"), 2);
     assert_eq!(server.metrics.event_count("offline"), 6);
     // Shutdown ends the stream, after the last offline (shutdown) events.
     server.shutdown().await;
     assert_eq!(events.expect("offline", 99).await.data["reason"], json!("shutdown"));
+    assert_eq!(events.expect("user_offline", 99).await.data["reason"], json!("shutdown"));
     assert_eq!(events.next().await, None);
 }
 
@@ -335,7 +357,8 @@ async fn a_consumer_resumes_after_its_last_id_and_learns_of_a_gap() {
     for i in 0..3u8 {
         c.send(Frame::Data(Bytes::from(vec![i]))).await;
     }
-    let first = live.expect("online", 1).await;
+    live.expect("online", 1).await;
+    let first = live.expect("user_online", 1).await;
     let mut data_ids = Vec::new();
     for _ in 0..3 {
         data_ids.push(live.expect("data", 1).await.id);
@@ -374,6 +397,11 @@ async fn a_consumer_resumes_after_its_last_id_and_learns_of_a_gap() {
     assert_eq!(only_offline.next().await.unwrap().event, "gap");
     c.send(Frame::Logout).await;
     assert_eq!(only_offline.expect("offline", 1).await.data["reason"], json!("logout"));
+    // The user-level events are a type of their own.
+    let (_, mut only_users) =
+        Sse::open(server.api, &format!("/v1/events?after={}&types=user_offline", first.id), &[]).await;
+    assert_eq!(only_users.next().await.unwrap().event, "gap");
+    assert_eq!(only_users.expect("user_offline", 1).await.data["reason"], json!("logout"));
     server.shutdown().await;
 }
 
@@ -522,10 +550,13 @@ async fn tail_starts_a_stream_at_the_last_events() {
         c.login(uid).await;
         clients.push(c);
     }
+    // Two entries back: uid 4's online and user_online, then uid 5's.
     let (status, mut sse) = Sse::open(server.api, "/v1/events?tail=2", &[]).await;
     assert_eq!(status, 200);
-    assert_eq!(sse.expect("online", 4).await.event, "online");
-    assert_eq!(sse.expect("online", 5).await.event, "online");
+    for uid in [4, 5] {
+        sse.expect("online", uid).await;
+        sse.expect("user_online", uid).await;
+    }
     let (status, _) = http(server.api, "GET", "/v1/events?tail=many", &[], "").await;
     assert_eq!(status, 400);
     server.shutdown().await;

@@ -36,13 +36,14 @@ async fn cross_node_checks(url: &str) {
 
     // A push through C reaches the client on A.
     let (status, pushed) = api_json(c, "POST", "/v1/push", r#"{"uids":[42,43],"payload":"aGk="}"#).await;
-    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [42], "offline": [43]})));
+    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [42], "offline": [43], "sessions": 1})));
     assert_eq!(on_a.recv().await, Some(Frame::Push(bytes::Bytes::from_static(b"hi"))));
 
     // DATA on A is an event on C.
     on_a.send(Frame::Data(bytes::Bytes::from_static(b"up"))).await;
     let first = sse.expect("online", 42).await;
     assert_eq!(first.data["node"], "a");
+    sse.expect("user_online", 42).await;
     let data = sse.expect("data", 42).await;
     assert_eq!(data.data["payload"], "dXA=");
 
@@ -63,13 +64,16 @@ async fn cross_node_checks(url: &str) {
 
     let kicked = sse.expect("offline", 42).await;
     assert_eq!((&kicked.data["reason"], &kicked.data["session"]), (&"kicked".into(), &first.data["session"]));
+    // The takeover by B is no user-level transition: uid 42 never went away.
     let second = sse.expect("online", 42).await;
     assert_eq!(second.data["node"], "b");
     let last = sse.expect("offline", 42).await;
     assert_eq!((&last.data["reason"], &last.data["session"]), (&"kicked".into(), &second.data["session"]));
+    assert_eq!(sse.expect("user_offline", 42).await.data["reason"], "kicked");
 
     // Another node's stream holds the same events with the same ids, and resumes.
     let (_, mut from_a) = Sse::open(a.api, &format!("/v1/events?after={}", first.id), &[]).await;
+    from_a.expect("user_online", 42).await;
     assert_eq!(from_a.expect("data", 42).await.id, data.id);
     assert_eq!(from_a.expect("offline", 42).await.id, kicked.id);
 }
@@ -104,8 +108,8 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
     for uid in 0..UIDS {
         let (mut x, mut y) = (nodes[0].client().await, nodes[1].client().await);
         // Both LOGINs leave before either answer is read.
-        x.send(Frame::Login { uid, token: bytes::Bytes::new() }).await;
-        y.send(Frame::Login { uid, token: bytes::Bytes::new() }).await;
+        x.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default() }).await;
+        y.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default() }).await;
         pairs.push((x, y));
     }
     let mut survivors = HashMap::new();
@@ -135,6 +139,7 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
     // Per uid: the loser was announced and then kicked (online, offline, online), or taken
     // over before it was announced (one online); never two live sessions, never a repeat.
     let mut seen: HashMap<u64, (u32, u32)> = HashMap::new();
+    let mut users: HashMap<u64, u32> = HashMap::new();
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), sse.next()).await {
         let entry = seen.entry(event.data["uid"].as_u64().unwrap()).or_default();
         match event.event.as_str() {
@@ -143,9 +148,12 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
                 assert_eq!(event.data["reason"], "kicked");
                 entry.1 += 1
             }
+            "user_online" => *users.entry(event.data["uid"].as_u64().unwrap()).or_default() += 1,
             other => panic!("unexpected {other}"),
         }
     }
+    // One user_online per uid, however the race went: the uid came online once.
+    assert!(users.len() == UIDS as usize && users.values().all(|&n| n == 1), "{users:?}");
     assert_eq!(seen.len(), UIDS as usize);
     assert!(seen.values().all(|&c| c == (2, 1) || c == (1, 0)), "{seen:?}");
     assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), UIDS as usize);
@@ -176,6 +184,7 @@ async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
     }
     for uid in 100..105 {
         sse.expect("online", uid).await;
+        sse.expect("user_online", uid).await;
     }
     eventually("a sees b's uids", || async { presence(a, 104).await["node"] == "b" }).await;
     b.kill().unwrap();
@@ -185,7 +194,10 @@ async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
     while lost.len() < 5 {
         let event = sse.next().await.expect("an event");
         assert_eq!((event.event.as_str(), &event.data["reason"]), ("offline", &"node_lost".into()), "{event:?}");
-        lost.push(event.data["uid"].as_u64().unwrap());
+        let uid = event.data["uid"].as_u64().unwrap();
+        let user = sse.expect("user_offline", uid).await;
+        assert_eq!(user.data["reason"], "node_lost");
+        lost.push(uid);
     }
     // Lease (1 s) plus a tick, with room for a loaded machine; not a speed assertion.
     let took = killed.elapsed();

@@ -49,6 +49,7 @@ async fn every_door_logs_in_pings_sends_data_receives_a_push_and_is_kicked() {
         let mut client = DoorClient::connect(transport, addr, ca.as_ref()).await;
         client.login(uid).await;
         events.expect("online", uid).await;
+        events.expect("user_online", uid).await;
 
         client.send(Frame::Ping(Bytes::from_static(b"hb"))).await;
         assert_eq!(client.recv().await, Got::Frame(Frame::Pong(Bytes::from_static(b"hb"))), "{transport}");
@@ -68,6 +69,7 @@ async fn every_door_logs_in_pings_sends_data_receives_a_push_and_is_kicked() {
         assert_eq!(status, 204);
         expect_bye(&mut client, transport, CloseReason::Kicked).await;
         events.expect("offline", uid).await;
+        events.expect("user_offline", uid).await;
         if transport.has_handshake() {
             assert_eq!(server.metrics.handshakes(transport, "ok"), 1, "{transport}");
         }
@@ -349,8 +351,11 @@ async fn the_websocket_examples_in_protocol_md_are_what_the_gateway_sends() {
     let mut server = TestServer::start(config).await;
     let mut ws = RawWs::websocket(server.ws).await;
     ws.stream.write_all(&documented("| client: LOGIN uid 42, no token |")).await.unwrap();
-    let welcome = documented("| gateway: WELCOME 30000 ms / 1000 ms |");
-    assert_eq!(ws.read(welcome.len()).await, welcome);
+    // The documented bytes, then the session id: 16 hex digits of its own.
+    let welcome = documented("| gateway: WELCOME 30000 ms / 1000 ms, then the 16 digits of the session id |");
+    let got = ws.read(welcome.len() + 16).await;
+    assert_eq!(got[..welcome.len()], welcome);
+    assert!(got[welcome.len()..].iter().all(|b| b.is_ascii_hexdigit()), "{got:?}");
     ws.stream.write_all(&documented("| client: PING with payload `hi` |")).await.unwrap();
     let pong = documented("| gateway: PONG with payload `hi` |");
     assert_eq!(ws.read(pong.len()).await, pong);
@@ -446,7 +451,7 @@ async fn tls_records_split_across_reads_and_frames_split_across_records_are_put_
     let mut login = bytes::BytesMut::new();
     tokio_util::codec::Encoder::encode(
         &mut idlegate::FrameCodec::default(),
-        Frame::Login { uid: 77, token: Bytes::from_static(b"t") },
+        Frame::Login { uid: 77, token: Bytes::from_static(b"t"), device: Default::default() },
         &mut login,
     )
     .unwrap();

@@ -15,8 +15,9 @@ async fn login_ping_data_logout_byte_for_byte() {
     let mut server = TestServer::start(Config::default()).await;
     let mut c = server.client().await;
     c.send_raw(&raw_frame(kind::LOGIN, &[0, 0, 0, 0, 0, 0, 0, 42, b't'])).await;
-    // WELCOME: length 9, kind 0x81, timeout 30000 ms, tick 1000 ms.
-    let mut want = vec![0, 0, 0, 9, 0x81, 0, 0, 0x75, 0x30, 0, 0, 0x03, 0xe8];
+    // WELCOME: length 25, kind 0x81, timeout 30000 ms, tick 1000 ms, then the session id
+    // (16 hex digits, checked below and copied).
+    let mut want = vec![0, 0, 0, 25, 0x81, 0, 0, 0x75, 0x30, 0, 0, 0x03, 0xe8];
     // PONG echoes the PING payload; DATA gets no reply; LOGOUT gets BYE(logout).
     c.send_raw(&raw_frame(kind::PING, b"abc")).await;
     c.send_raw(&raw_frame(kind::DATA, b"app")).await;
@@ -28,6 +29,9 @@ async fn login_ping_data_logout_byte_for_byte() {
         .await
         .unwrap()
         .unwrap();
+    let session = got.get(13..29).unwrap_or_default().to_vec();
+    assert!(session.len() == 16 && session.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')), "{got:?}");
+    want.splice(13..13, session);
     assert_eq!(got, want);
 
     let (_, body) = server.admin_get("/metrics").await;
@@ -47,7 +51,7 @@ async fn silent_client_gets_idle_timeout_inside_the_window_and_pinger_stays() {
     let mut server = TestServer::start(config).await;
     let mut silent = server.client().await;
     let mut pinger = server.client().await;
-    assert!(matches!(pinger.login(2).await, Frame::Welcome { timeout_ms: 600, tick_ms: 100 }));
+    assert!(matches!(pinger.login(2).await, Frame::Welcome { timeout_ms: 600, tick_ms: 100, .. }));
     assert!(matches!(silent.login(1).await, Frame::Welcome { .. }));
     let silent_since = Instant::now();
 
@@ -155,7 +159,7 @@ async fn tokens_are_checked_when_a_secret_is_set() {
     let wrong_secret = Auth::new("nope").mint(6, expiry);
     for token in [b"".as_slice(), b"garbage", expired.as_bytes(), other_uid.as_bytes(), wrong_secret.as_bytes()] {
         let mut c = server.client().await;
-        c.send(Frame::Login { uid: 6, token: Bytes::copy_from_slice(token) }).await;
+        c.send(Frame::Login { uid: 6, token: Bytes::copy_from_slice(token), device: Default::default() }).await;
         c.expect_bye(CloseReason::AuthFailed).await;
     }
     good.ping(b"ok").await;
@@ -252,11 +256,18 @@ async fn frames_split_across_reads_and_large_frames_are_reassembled() {
 fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PROTOCOL.md")).unwrap();
     let examples = [
-        ("| LOGIN uid 42, no token |", Frame::Login { uid: 42, token: Bytes::new() }),
+        ("| LOGIN uid 42, no token |", Frame::Login { uid: 42, token: Bytes::new(), device: Default::default() }),
+        (
+            "| LOGIN uid 42, no token, device `tab` |",
+            Frame::Login { uid: 42, token: Bytes::new(), device: "tab".parse().unwrap() },
+        ),
         ("| PING with payload `hi` |", Frame::Ping(Bytes::from_static(b"hi"))),
         ("| DATA with payload `app` |", Frame::Data(Bytes::from_static(b"app"))),
         ("| LOGOUT |", Frame::Logout),
-        ("| WELCOME 30000 ms / 1000 ms |", Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 }),
+        (
+            "| WELCOME 30000 ms / 1000 ms, session `00000000000000ff` |",
+            Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: "00000000000000ff".into() },
+        ),
         ("| PONG with payload `hi` |", Frame::Pong(Bytes::from_static(b"hi"))),
         ("| PUSH with payload `hi` |", Frame::Push(Bytes::from_static(b"hi"))),
         ("| BYE idle_timeout, no text |", Frame::Bye { reason: CloseReason::IdleTimeout, text: String::new() }),
@@ -339,7 +350,7 @@ async fn tokens_rotate_have_a_lifetime_and_refusals_say_why() {
     ];
     for (token, why) in cases {
         let mut c = server.client().await;
-        c.send(Frame::Login { uid: 3, token: bytes::Bytes::from(token) }).await;
+        c.send(Frame::Login { uid: 3, token: bytes::Bytes::from(token), device: Default::default() }).await;
         let text = c.expect_bye(CloseReason::AuthFailed).await;
         assert!(text.contains(why), "{why}: {text}");
         assert!(!text.contains("new") && !text.contains("old"), "no secret in {text}");

@@ -63,7 +63,7 @@ async fn connection(mut stream: TcpStream, idle: Option<Duration>) {
             }
             frame = frames.next() => {
                 let reply = match frame {
-                    Some(Ok(Frame::Login { .. })) => Some(Frame::Welcome { timeout_ms, tick_ms: 0 }),
+                    Some(Ok(Frame::Login { .. })) => Some(Frame::Welcome { timeout_ms, tick_ms: 0, session: String::new() }),
                     Some(Ok(Frame::Ping(payload))) => Some(Frame::Pong(payload)),
                     Some(Ok(Frame::Data(_))) => None,
                     _ => return,

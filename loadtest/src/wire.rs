@@ -90,7 +90,7 @@ impl Wire {
         match self.protocol {
             Protocol::Idlegate => {
                 let token = token.map(|t| Bytes::copy_from_slice(t.as_bytes())).unwrap_or_default();
-                self.frame(Frame::Login { uid, token }, out);
+                self.frame(Frame::Login { uid, token, device: Default::default() }, out);
             }
             Protocol::Mqtt => {
                 let client_id = format!("loadtest-{uid}");
@@ -226,7 +226,7 @@ impl Decoder for Wire {
                     return Ok(None);
                 };
                 Ok(Some(match frame {
-                    Frame::Welcome { timeout_ms, tick_ms } => Incoming::Welcome {
+                    Frame::Welcome { timeout_ms, tick_ms, .. } => Incoming::Welcome {
                         timeout: Duration::from_millis(timeout_ms.into()),
                         tick: Duration::from_millis(tick_ms.into()),
                     },

@@ -70,7 +70,11 @@ async fn serve_wrongly(mut stream: tokio::net::TcpStream, wrong: Wrong) {
     let mut out = BytesMut::new();
     let send = |frame: Frame, out: &mut BytesMut| FrameCodec::default().encode(&frame, out).unwrap();
     let Some(Ok(Frame::Login { .. })) = frames.next().await else { return };
-    let welcome = Frame::Welcome { timeout_ms: TIMEOUT.as_millis() as u32, tick_ms: TICK.as_millis() as u32 };
+    let welcome = Frame::Welcome {
+        timeout_ms: TIMEOUT.as_millis() as u32,
+        tick_ms: TICK.as_millis() as u32,
+        session: String::new(),
+    };
     send(welcome, &mut out);
     let _ = write.write_all_buf(&mut out).await;
     let expire_at = tokio::time::Instant::now() + TIMEOUT / 2;

@@ -27,6 +27,7 @@ use crate::cluster::membership::{liveness, nodes, Liveness};
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount};
+use crate::proto::Device;
 
 impl From<StoreError> for DirectoryError {
     fn from(e: StoreError) -> DirectoryError {
@@ -86,9 +87,9 @@ impl ClusterDirectory {
             .map(|(&uid, route)| {
                 let route = route?;
                 if *route.member == *me {
-                    let here = registry.live(uid)?;
-                    (keys::session_hex(here.id()) == route.session)
-                        .then_some(Owner { member: route.member, answers: true })
+                    let held =
+                        registry.sessions_of(uid, None).iter().any(|s| keys::session_hex(s.id()) == route.session);
+                    held.then_some(Owner { member: route.member, answers: true })
                 } else {
                     let i = others.binary_search(&route.member).ok()?;
                     match leases[i] {
@@ -122,38 +123,50 @@ fn by_member(owners: &[Option<Owner>]) -> HashMap<String, Vec<usize>> {
 }
 
 impl Directory for ClusterDirectory {
-    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>> {
+    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Vec<Located>, DirectoryError>> {
         async move {
-            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(None) };
+            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(Vec::new()) };
             let me = self.cluster.member();
             let node = keys::node_of(&route.member).to_string();
+            let here = |(device, session, since_ms, silent_ms)| Located {
+                node: node.clone(),
+                device,
+                session,
+                since_ms,
+                silent_ms: Some(silent_ms),
+            };
             if *route.member == *me {
-                return Ok(self.cluster.locate_here(uid).map(|(since_ms, silent_ms)| Located {
-                    node,
-                    since_ms,
-                    silent_ms: Some(silent_ms),
-                }));
+                return Ok(self.cluster.locate_here(uid).into_iter().map(here).collect());
             }
+            // What the route alone says: its session, device and silence unknown.
+            let by_route = || Located {
+                node: node.clone(),
+                device: Device::DEFAULT,
+                session: u64::from_str_radix(&route.session, 16).unwrap_or(0),
+                since_ms: route.since_ms,
+                silent_ms: None,
+            };
             match self.liveness(&route.member).await? {
-                Liveness::Dead => return Ok(None),
-                Liveness::Silent(_) => return Ok(Some(Located { node, since_ms: route.since_ms, silent_ms: None })),
+                Liveness::Dead => return Ok(Vec::new()),
+                Liveness::Silent(_) => return Ok(vec![by_route()]),
                 Liveness::Alive => {}
             }
             let uid_text = uid.to_string().into_bytes();
             match ask(&self.cluster, &route.member, "locate", vec![("uid", uid_text)]).await? {
-                Some(answer) if answer.is_empty() => Ok(None),
-                Some(answer) => {
-                    let text = String::from_utf8_lossy(&answer);
-                    let (since, silent) = text.split_once(',').unwrap_or(("", ""));
-                    Ok(Some(Located {
-                        node,
-                        since_ms: since.parse().unwrap_or(route.since_ms),
-                        silent_ms: silent.parse().ok(),
-                    }))
-                }
+                Some(answer) => Ok(String::from_utf8_lossy(&answer)
+                    .lines()
+                    .filter_map(|line| {
+                        let mut parts = line.splitn(4, ',');
+                        let session = u64::from_str_radix(parts.next()?, 16).ok()?;
+                        let since_ms = parts.next()?.parse().ok()?;
+                        let silent_ms = parts.next()?.parse().ok()?;
+                        let device = parts.next().unwrap_or("").parse().unwrap_or_default();
+                        Some(here((device, session, since_ms, silent_ms)))
+                    })
+                    .collect()),
                 // Its node holds a lease but did not answer: online by the route, silence
                 // unknown.
-                None => Ok(Some(Located { node, since_ms: route.since_ms, silent_ms: None })),
+                None => Ok(vec![by_route()]),
             }
         }
         .boxed()
@@ -199,9 +212,14 @@ impl Directory for ClusterDirectory {
         .boxed()
     }
 
-    fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
+    fn push<'a>(
+        &'a self,
+        uids: &'a [u64],
+        device: Option<Device>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, Result<Vec<usize>, DirectoryError>> {
         async move {
-            let mut sent = vec![false; uids.len()];
+            let mut sent = vec![0; uids.len()];
             if uids.is_empty() {
                 return Ok(sent);
             }
@@ -213,22 +231,28 @@ impl Directory for ClusterDirectory {
                 let me = me.clone();
                 async move {
                     if *member == *me {
-                        let flags = self.cluster.push_here(indices.iter().map(|&i| uids[i]), &payload);
-                        return Ok::<_, StoreError>((indices, flags));
+                        let counts =
+                            self.cluster.push_here(indices.iter().map(|&i| uids[i]), device.as_ref(), &payload);
+                        return Ok::<_, StoreError>((indices, counts));
                     }
                     let list = indices.iter().map(|&i| uids[i].to_string()).collect::<Vec<_>>().join(",");
-                    let fields = vec![("uids", list.into_bytes()), ("p", payload.to_vec())];
+                    let mut fields = vec![("uids", list.into_bytes()), ("p", payload.to_vec())];
+                    if let Some(device) = device {
+                        fields.push(("d", device.as_str().as_bytes().to_vec()));
+                    }
                     // No answer in time: nobody can say it was handed over, so it was not.
-                    let flags = match ask(&self.cluster, &member, "push", fields).await? {
-                        Some(answer) => answer.iter().map(|&b| b == b'1').collect(),
-                        None => vec![false; indices.len()],
+                    let counts = match ask(&self.cluster, &member, "push", fields).await? {
+                        Some(answer) => {
+                            String::from_utf8_lossy(&answer).split(',').map(|n| n.parse().unwrap_or(0)).collect()
+                        }
+                        None => vec![0; indices.len()],
                     };
-                    Ok((indices, flags))
+                    Ok((indices, counts))
                 }
             });
-            for (indices, flags) in futures_util::future::try_join_all(asks).await? {
-                for (i, flag) in indices.into_iter().zip(flags) {
-                    sent[i] = flag;
+            for (indices, counts) in futures_util::future::try_join_all(asks).await? {
+                for (i, count) in indices.into_iter().zip(counts) {
+                    sent[i] = count;
                 }
             }
             Ok(sent)
@@ -236,16 +260,16 @@ impl Directory for ClusterDirectory {
         .boxed()
     }
 
-    fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>> {
+    fn kick(&self, uid: u64, device: Option<Device>) -> BoxFuture<'_, Result<usize, DirectoryError>> {
         async move {
-            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(false) };
+            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(0) };
             let me = self.cluster.member();
             if *route.member == *me {
-                return Ok(self.cluster.registry().kick(uid));
+                return Ok(self.cluster.registry().kick(uid, device.as_ref()));
             }
             let node = keys::node_of(&route.member).to_string();
             match self.liveness(&route.member).await? {
-                Liveness::Dead => return Ok(false),
+                Liveness::Dead => return Ok(0),
                 Liveness::Silent(ms) => {
                     return Err(DirectoryError::Unavailable(format!(
                         "node {node} holding uid {uid} has not been heard from for {ms} ms; if it is dead the \
@@ -256,9 +280,12 @@ impl Directory for ClusterDirectory {
             }
             // The holding node ends the session itself and logs it like any kick of its own:
             // route, hash and event change together there, and only once its client is told.
-            let fields = vec![("uid", uid.to_string().into_bytes()), ("s", route.session.clone().into_bytes())];
+            let mut fields = vec![("uid", uid.to_string().into_bytes()), ("s", route.session.clone().into_bytes())];
+            if let Some(device) = device {
+                fields.push(("d", device.as_str().as_bytes().to_vec()));
+            }
             match ask(&self.cluster, &route.member, "end", fields).await? {
-                Some(answer) => Ok(answer == b"1"),
+                Some(answer) => Ok(usize::from(answer == b"1")),
                 None => Err(DirectoryError::Unavailable(format!(
                     "node {node} holding uid {uid} did not answer the kick in time"
                 ))),

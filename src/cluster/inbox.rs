@@ -155,6 +155,11 @@ fn number_field(entry: &StreamId, name: &str) -> Option<u64> {
     text_field(entry, name)?.parse().ok()
 }
 
+/// The `d` field of a request: the device it is limited to, if any.
+fn device_field(entry: &StreamId) -> Option<crate::proto::Device> {
+    text_field(entry, "d").and_then(|name| name.parse().ok())
+}
+
 /// Acts on one inbox entry.
 async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
     let registry = cluster.registry();
@@ -162,7 +167,7 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
         Some(b"kick") => {
             let (Some(uid), Some(session)) = (number_field(entry, "uid"), text_field(entry, "s")) else { return };
             if let Ok(session) = u64::from_str_radix(&session, 16) {
-                registry.kick_session(uid, session);
+                registry.kick_session(uid, session, None);
             }
         }
         Some(b"push") => {
@@ -172,9 +177,11 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
                 return;
             };
             let payload = Bytes::copy_from_slice(field(entry, "p").unwrap_or_default());
-            let sent = cluster.push_here(uids.split(',').filter_map(|u| u.parse::<u64>().ok()), &payload);
-            let flags: String = sent.into_iter().map(|s| if s { '1' } else { '0' }).collect();
-            reply(cluster, member, &from, req, flags.into_bytes()).await;
+            let device = device_field(entry);
+            let uids = uids.split(',').filter_map(|u| u.parse::<u64>().ok());
+            let sent = cluster.push_here(uids, device.as_ref(), &payload);
+            let counts = sent.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+            reply(cluster, member, &from, req, counts.into_bytes()).await;
         }
         Some(b"locate") => {
             let (Some(from), Some(req), Some(uid)) =
@@ -182,10 +189,13 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
             else {
                 return;
             };
-            let answer = match cluster.locate_here(uid) {
-                Some((since_ms, silent_ms)) => format!("{since_ms},{silent_ms}"),
-                None => String::new(),
-            };
+            // One line per session; the device last, since a name may hold commas.
+            let answer = cluster
+                .locate_here(uid)
+                .into_iter()
+                .map(|(device, session, since_ms, silent_ms)| format!("{session:016x},{since_ms},{silent_ms},{device}"))
+                .collect::<Vec<_>>()
+                .join("\n");
             reply(cluster, member, &from, req, answer.into_bytes()).await;
         }
         Some(b"end") => {
@@ -197,7 +207,8 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
             ) else {
                 return;
             };
-            let ended = u64::from_str_radix(&session, 16).is_ok_and(|s| registry.kick_session(uid, s));
+            let device = device_field(entry);
+            let ended = u64::from_str_radix(&session, 16).is_ok_and(|s| registry.kick_session(uid, s, device.as_ref()));
             reply(cluster, member, &from, req, if ended { b"1".to_vec() } else { b"0".to_vec() }).await;
         }
         Some(b"reply") => {

@@ -17,20 +17,23 @@
 //! skips that many event numbers, so every consumer sees a gap of exactly that size.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::proto::CloseReason;
+use crate::proto::{CloseReason, Device};
 
 /// One session change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Op {
-    /// A LOGIN succeeded.
-    Online { uid: u64, session: u64, since_ms: u64, at_ms: u64 },
-    /// A session that has or may have been in Redis ended.
-    Offline { uid: u64, session: u64, reason: CloseReason, at_ms: u64 },
+    /// A LOGIN succeeded on `device` (`None` for the default one); `first` when its uid had
+    /// no session here: its `user_online` follows unless it took the uid over from another
+    /// node.
+    Online { uid: u64, session: u64, device: Option<Arc<Device>>, first: bool, since_ms: u64, at_ms: u64 },
+    /// A session that has or may have been in Redis ended; `last` when it left its uid with
+    /// no session here.
+    Offline { uid: u64, session: u64, device: Option<Arc<Device>>, reason: CloseReason, last: bool, at_ms: u64 },
     /// A DATA frame.
     Data { uid: u64, session: u64, payload: Bytes, at_ms: u64 },
 }
@@ -198,11 +201,11 @@ mod tests {
     use super::*;
 
     fn online(uid: u64, session: u64) -> Op {
-        Op::Online { uid, session, since_ms: 0, at_ms: 0 }
+        Op::Online { uid, session, device: None, first: true, since_ms: 0, at_ms: 0 }
     }
 
     fn offline(uid: u64, session: u64) -> Op {
-        Op::Offline { uid, session, reason: CloseReason::Logout, at_ms: 0 }
+        Op::Offline { uid, session, device: None, reason: CloseReason::Logout, last: true, at_ms: 0 }
     }
 
     #[test]

@@ -98,14 +98,22 @@ end
 /// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
 /// the member's reaped marker. ARGV: member, node name, batch number, the number of the
 /// member's batch applied before it (0 for none), stream cap, stream byte cap, data events
-/// dropped before this batch, then five per change:
-/// - `L uid session replaced at`: a login; `replaced` is `<member>|<session>` the route
-///   named before (or empty): if that session is in its member's hash it ends as kicked;
-///   if its member has not announced it yet (two logins raced), it is marked taken, so
-///   the announcement never comes; either way its member is told through its inbox.
-///   `replaced` is `!` for a login the route says a newer login superseded: not announced;
-/// - `E uid session reason at`: a session ended;
-/// - `D uid session payload at`: a DATA frame, logged only while its session is held.
+/// dropped before this batch, then six per change (the last is the device name, empty for
+/// the default device and for DATA):
+/// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>` the
+///   route named before (or empty): if that session is in its member's hash it ends as
+///   kicked; if its member has not announced it yet (two logins raced), it is marked taken,
+///   so the announcement never comes; either way its member is told through its inbox.
+///   `replaced` is `!` for a login the route says a newer login superseded: not announced.
+///   `L1` is a login that found its uid with no session on its node: `user_online` follows
+///   its `online` unless it kicked a session announced elsewhere (the uid never went away);
+/// - `E uid session reason at device`: a session ended; `E1` left its uid with no session
+///   on its node: `user_offline` follows its `offline`;
+/// - `D uid session payload at -`: a DATA frame, logged only while its session is held.
+///
+/// One session per uid across the cluster (the route), so a node's own view of "no other
+/// session" is the cluster's, and the user-level events logged here are exactly-once with
+/// the session events they ride on: both are logged only when the hash changes.
 ///
 /// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
 /// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -124,9 +132,12 @@ if applied < prev then
 end
 ev.skip(tonumber(ARGV[7]))
 local me, node = ARGV[1], ARGV[2]
-for i = 8, #ARGV, 5 do
-  local kind, uid, s, x, at = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+for i = 8, #ARGV, 6 do
+  local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local user = string.sub(kind, 2) == '1'
+  kind = string.sub(kind, 1, 1)
   if kind == 'L' then
+    local took = false
     if x ~= '' and x ~= '!' then
       local m, ps = string.match(x, '^(.*)|([^|]*)$')
       if m and m ~= me then
@@ -134,6 +145,7 @@ for i = 8, #ARGV, 5 do
         if redis.call('HGET', key, uid) == ps then
           redis.call('HDEL', key, uid)
           ev.emit('t', 'offline', 'uid', uid, 's', ps, 'r', 'kicked', 'at', at)
+          took = true
         else
           -- Its member has not announced it yet: the announcement must not revive it.
           redis.call('HSET', '{idlegate}:taken:' .. m, uid, ps)
@@ -148,12 +160,18 @@ for i = 8, #ARGV, 5 do
       redis.call('HDEL', taken, uid)
     elseif x ~= '!' and redis.call('HGET', KEYS[1], uid) ~= s then
       redis.call('HSET', KEYS[1], uid, s)
-      ev.emit('t', 'online', 'uid', uid, 's', s, 'node', node, 'at', at)
+      ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
+      if user and not took then
+        ev.emit('t', 'user_online', 'uid', uid, 'at', at)
+      end
     end
   elseif kind == 'E' then
     if redis.call('HGET', KEYS[1], uid) == s then
       redis.call('HDEL', KEYS[1], uid)
-      ev.emit('t', 'offline', 'uid', uid, 's', s, 'r', x, 'at', at)
+      ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x, 'at', at)
+      if user then
+        ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
+      end
     end
   elseif kind == 'D' then
     if redis.call('HGET', KEYS[1], uid) == s then
@@ -181,7 +199,8 @@ return 1
 "#;
 
 /// One bounded step of reaping a dead member: up to about ARGV[2] sessions from the hash
-/// cursor ARGV[1] on, each logged offline as `node_lost` and moved into the member's
+/// cursor ARGV[1] on, each logged offline as `node_lost` (with its uid's `user_offline`:
+/// the uid held no other session, see `APPLY`) and moved into the member's
 /// unroute hash, from which the reaper deletes its route (and which a reaper taking over
 /// finishes first). A session is logged only by the call whose `HDEL` removed it, so two
 /// reapers can never log one twice.
@@ -198,6 +217,7 @@ for i = 1, #found, 2 do
   if redis.call('HDEL', KEYS[1], found[i]) == 1 then
     ev = ev or emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
     ev.emit('t', 'offline', 'uid', found[i], 's', found[i + 1], 'r', 'node_lost', 'at', ARGV[5])
+    ev.emit('t', 'user_offline', 'uid', found[i], 'r', 'node_lost', 'at', ARGV[5])
     redis.call('HSET', KEYS[4], found[i], found[i + 1])
     reaped = reaped + 1
   end

@@ -28,7 +28,7 @@ use crate::cluster::store::{Conn, Store, StoreError};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
 use crate::presence::{Clock, EventId, Registry};
-use crate::proto::CloseReason;
+use crate::proto::{CloseReason, Device};
 
 /// A Redis call slower than this counts as Redis being away: a paused or overloaded Redis
 /// must not look healthy to the reaper, which would then reap nodes that only waited.
@@ -121,18 +121,30 @@ impl Cluster {
         self.target.is_cluster()
     }
 
-    /// Hands one PUSH of `payload` to each of `uids` held here; for each, whether it was
-    /// handed over. What a push through this node and a push request from another do.
-    pub(crate) fn push_here(&self, uids: impl IntoIterator<Item = u64>, payload: &Bytes) -> Vec<bool> {
+    /// Hands one PUSH of `payload` to the sessions of each of `uids` held here (only those
+    /// on `device` when given); for each uid, how many it was handed to. What a push
+    /// through this node and a push request from another do.
+    pub(crate) fn push_here(
+        &self,
+        uids: impl IntoIterator<Item = u64>,
+        device: Option<&Device>,
+        payload: &Bytes,
+    ) -> Vec<usize> {
         let registry = self.registry();
-        uids.into_iter().map(|uid| registry.push(uid, payload, self.settings.max_queued)).collect()
+        uids.into_iter().map(|uid| registry.push(uid, device, payload, self.settings.max_queued)).collect()
     }
 
-    /// `(since_ms, silent_ms)` of `uid`'s session on this node, if it has one.
-    pub(crate) fn locate_here(&self, uid: u64) -> Option<(u64, u64)> {
-        let (registry, clock) = self.registry.get()?;
-        let sighting = registry.sighting(uid)?;
-        Some((sighting.session.since_ms(), clock.since(sighting.last_heard_tick).as_millis() as u64))
+    /// `uid`'s sessions on this node, each as `(device, session, since_ms, silent_ms)`.
+    pub(crate) fn locate_here(&self, uid: u64) -> Vec<(Device, u64, u64, u64)> {
+        let Some((registry, clock)) = self.registry.get() else { return Vec::new() };
+        registry
+            .sightings(uid)
+            .into_iter()
+            .map(|s| {
+                let silent_ms = clock.since(s.last_heard_tick).as_millis() as u64;
+                (*s.session.device(), s.session.id(), s.session.since_ms(), silent_ms)
+            })
+            .collect()
     }
 
     /// This run's member name.

@@ -21,7 +21,7 @@ use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{within_batch_budget, Batch, Event, EventId, What, READ_BATCH};
-use crate::proto::CloseReason;
+use crate::proto::{CloseReason, Device};
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
 /// may itself be reconnecting.
@@ -154,10 +154,16 @@ fn batch_after(after: EventId, entries: Vec<Entry>) -> Batch {
         }
         _ => {}
     }
-    // A batch stops before an epoch marker, which the next read reports.
+    // A batch stops before an epoch marker, or before numbers that skip (events dropped on
+    // their way to Redis), which the next read reports as a gap at its start.
     for entry in entries {
         match entry {
-            Entry::Event(event) => batch.events.push(event),
+            Entry::Event(event) => {
+                if batch.events.last().is_some_and(|prev: &Event| event.id.seq != prev.id.seq + 1) {
+                    break;
+                }
+                batch.events.push(event);
+            }
             Entry::Epoch(_) => break,
         }
     }
@@ -177,7 +183,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let id: EventId = id.parse().ok()?;
     let mut kind = None;
     let (mut uid, mut session, mut at_ms) = (None, None, 0);
-    let (mut reason, mut node, mut payload) = (None, None, None);
+    let (mut reason, mut node, mut payload, mut device) = (None, None, None, None);
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -189,12 +195,17 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "r" => reason = CloseReason::from_label(&text()),
             "node" => node = Some(Arc::<str>::from(text())),
             "p" => payload = Some(Bytes::from(bytes)),
+            // A name Redis holds was checked when its LOGIN was read; anything else reads as
+            // the default device rather than losing the event.
+            "d" => device = Device::parse(&bytes).ok().map(Arc::new),
             _ => {}
         }
     }
     let what = match kind.as_deref()? {
-        "online" => What::Online { session: session?, node },
-        "offline" => What::Offline { session: session?, reason: reason? },
+        "online" => What::Online { session: session?, device, node },
+        "offline" => What::Offline { session: session?, device, reason: reason? },
+        "user_online" => What::UserOnline,
+        "user_offline" => What::UserOffline { reason: reason? },
         "data" => What::Data(payload.unwrap_or_default()),
         "epoch" => return Some(Entry::Epoch(id)),
         _ => return None,
@@ -221,7 +232,7 @@ mod tests {
         ];
         let Some(Entry::Event(event)) = parse("5-9", online) else { panic!("an event") };
         assert_eq!(event.id, EventId { ms: 5, seq: 9 });
-        assert_eq!(event.what, What::Online { session: 255, node: Some("a".into()) });
+        assert_eq!(event.what, What::Online { session: 255, device: None, node: Some("a".into()) });
         let lost = vec![
             ("t".into(), bulk("offline")),
             ("uid".into(), bulk("42")),
@@ -229,7 +240,7 @@ mod tests {
             ("r".into(), bulk("node_lost")),
         ];
         let Some(Entry::Event(event)) = parse("5-10", lost) else { panic!("an event") };
-        assert_eq!(event.what, What::Offline { session: 255, reason: CloseReason::NodeLost });
+        assert_eq!(event.what, What::Offline { session: 255, device: None, reason: CloseReason::NodeLost });
         assert!(parse("5-11", vec![("t".into(), bulk("other"))]).is_none());
         assert_eq!(parse("5-12", vec![("t".into(), bulk("epoch"))]), Some(Entry::Epoch(EventId { ms: 5, seq: 12 })));
     }
@@ -255,5 +266,11 @@ mod tests {
         assert_eq!((b.has_gap(), b.events.len()), (false, 1));
         let b = batch_after(at(5, 10), vec![Entry::Epoch(at(8, 11)), event(8, 12)]);
         assert_eq!((b.earlier_stream, b.gap_id, b.events.len()), (true, at(8, 11), 0));
+        // Numbers that skip after the first event: the batch stops there, and the next read
+        // starts with the gap (which a batch once carried on past, silently).
+        let b = batch_after(at(5, 9), vec![event(5, 10), event(6, 14), event(6, 15)]);
+        assert_eq!((b.has_gap(), b.events.len()), (false, 1));
+        let b = batch_after(at(5, 10), vec![event(6, 14), event(6, 15)]);
+        assert_eq!((b.missed, b.gap_id, b.events.len()), (3, at(6, 13), 2));
     }
 }

@@ -131,7 +131,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 progress.prev = progress.seq;
                 let registry = cluster.registry();
                 for (uid, session) in superseded {
-                    registry.kick_session(uid, session);
+                    registry.kick_session(uid, session, None);
                 }
             }
             Applied::Fenced { routes } => {
@@ -271,6 +271,11 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
     }
 }
 
+/// A device as the scripts and the stream spell it: empty for the default one.
+fn device_name(device: &Option<std::sync::Arc<crate::proto::Device>>) -> &str {
+    device.as_deref().map_or("", crate::proto::Device::as_str)
+}
+
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
 fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
@@ -281,15 +286,18 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
     let mut replaced = replaced.iter();
     for op in &batch.ops {
         match op {
-            Op::Online { uid, session, at_ms, .. } => {
+            Op::Online { uid, session, device, first, at_ms, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
-                cmd.arg("L").arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms);
+                let kind = if *first { "L1" } else { "L" };
+                cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device_name(device));
             }
-            Op::Offline { uid, session, reason, at_ms } => {
-                cmd.arg("E").arg(*uid).arg(keys::session_hex(*session)).arg(reason.label()).arg(*at_ms);
+            Op::Offline { uid, session, device, reason, last, at_ms } => {
+                let kind = if *last { "E1" } else { "E" };
+                let s = keys::session_hex(*session);
+                cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device_name(device));
             }
             Op::Data { uid, session, payload, at_ms } => {
-                cmd.arg("D").arg(*uid).arg(keys::session_hex(*session)).arg(payload.as_ref()).arg(*at_ms);
+                cmd.arg("D").arg(*uid).arg(keys::session_hex(*session)).arg(payload.as_ref()).arg(*at_ms).arg("");
             }
         }
     }
@@ -322,7 +330,8 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         let Ok(session) = u64::from_str_radix(hex, 16) else { continue };
         if local.get(uid) != Some(&session) {
             let at_ms = crate::presence::unix_ms_now();
-            cluster.queue.push(Op::Offline { uid: *uid, session, reason: CloseReason::Disconnect, at_ms });
+            let reason = CloseReason::Disconnect;
+            cluster.queue.push(Op::Offline { uid: *uid, session, device: None, reason, last: true, at_ms });
             ended += 1;
         }
     }

@@ -30,6 +30,14 @@ const MAX_QUEUED_BYTES: usize = 64 * 1024;
 /// room to spare; a reconnect storm beyond it is told to come back instead of timing out.
 pub const DEFAULT_MAX_PENDING_LOGINS: usize = 4096;
 
+/// Default `--max-devices`: one session per uid, a newer login taking over, as before
+/// devices existed.
+pub const DEFAULT_MAX_DEVICES: usize = 1;
+
+/// Most `--max-devices` allowed: every login of a uid looks at all its sessions, so their
+/// number stays small; a person's phones, computers and tabs fit many times over.
+pub const MAX_DEVICES: usize = 64;
+
 /// Default `--max-pending-logins-per-ip`: connections from one source address waiting to
 /// log in. A carrier NAT puts thousands of users behind one address; even when they all
 /// reconnect within a few seconds (the retry hints spread them), a LOGIN takes a round trip,
@@ -99,6 +107,9 @@ pub struct Config {
     /// Connections from one source address waiting to log in beyond which that address's
     /// next ones are refused with BYE(server_full), so one source cannot lock others out.
     pub max_pending_logins_per_ip: usize,
+    /// Sessions one uid may hold at once, one per device; a login beyond it ends the uid's
+    /// least recently active session.
+    pub max_devices: usize,
     /// Largest frame length accepted (kind byte plus payload).
     pub max_frame_bytes: u32,
     /// DATA frames a second one session may send (0: no limit); over it the session ends
@@ -146,6 +157,7 @@ impl Default for Config {
             login_timeout: Duration::from_secs(10),
             max_connections: 10_000,
             max_pending_logins: DEFAULT_MAX_PENDING_LOGINS,
+            max_devices: DEFAULT_MAX_DEVICES,
             max_pending_logins_per_ip: DEFAULT_MAX_PENDING_LOGINS_PER_IP,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_data_rate: DEFAULT_MAX_DATA_RATE,
@@ -206,6 +218,14 @@ impl Config {
         }
         if self.max_pending_logins == 0 {
             return Err(ConfigError::new("--max-pending-logins", "must be at least 1"));
+        }
+        if !(1..=MAX_DEVICES).contains(&self.max_devices) {
+            return Err(ConfigError::new("--max-devices", format!("must be 1 to {MAX_DEVICES}")));
+        }
+        if self.max_devices > 1 && self.redis.is_some() {
+            // The cluster's routes hold one session per uid; several per uid across nodes
+            // need the max-devices rule decided in Redis, which is not built yet.
+            return Err(ConfigError::new("--max-devices", "above 1 is not supported with --redis yet"));
         }
         if self.max_data_rate > 0 && !(1..=MAX_DATA_BURST).contains(&self.max_data_burst) {
             return Err(ConfigError::new("--max-data-burst", format!("must be 1 to {MAX_DATA_BURST}")));

@@ -33,7 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
-use crate::presence::{Batch, DirectoryError, Event, EventId, NodeCount, What};
+use crate::metrics::EVENT_TYPES;
+use crate::presence::{Batch, DirectoryError, Event, EventId, Located, NodeCount, What};
+use crate::proto::Device;
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -45,9 +47,6 @@ const MAX_UIDS: usize = 10_000;
 /// An idle event stream sends a comment this often, so proxies and load balancers do not
 /// close it as dead.
 const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
-
-/// The event types a consumer can ask for with `?types=`.
-const EVENT_TYPES: [&str; 3] = ["online", "offline", "data"];
 
 /// An API error: a status and a message for the `error` field.
 #[derive(Debug)]
@@ -196,19 +195,34 @@ async fn wrong_method(State(state): State<ApiState>, request: Request) -> ApiErr
     }
 }
 
-/// `GET /v1/presence/{uid}`.
+/// `GET /v1/presence/{uid}`: every session of the uid, and at the top level the most
+/// recently active one's `node`, `since_ms` and `silent_ms` (what a backend written before
+/// devices reads).
 async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<Json<Value>, ApiError> {
     let uid = parse_uid("uid", &uid)?;
-    Ok(Json(match state.gateway.directory.locate(uid).await? {
-        Some(at) => {
-            let mut answer = json!({ "uid": uid, "online": true, "node": at.node, "since_ms": at.since_ms });
-            if let Some(silent_ms) = at.silent_ms {
-                answer["silent_ms"] = silent_ms.into();
-            }
-            answer
+    let sessions = state.gateway.directory.locate(uid).await?;
+    // The most recently active: the least silent, a session of unknown silence last.
+    let Some(recent) = sessions.iter().min_by_key(|s| s.silent_ms.unwrap_or(u64::MAX)) else {
+        return Ok(Json(json!({ "uid": uid, "online": false, "sessions": [] })));
+    };
+    let mut answer = json!({ "uid": uid, "online": true, "node": recent.node, "since_ms": recent.since_ms });
+    if let Some(silent_ms) = recent.silent_ms {
+        answer["silent_ms"] = silent_ms.into();
+    }
+    let session = |s: &Located| {
+        let mut one = json!({
+            "device": s.device.as_str(),
+            "session": format!("{:016x}", s.session),
+            "node": s.node,
+            "since_ms": s.since_ms,
+        });
+        if let Some(silent_ms) = s.silent_ms {
+            one["silent_ms"] = silent_ms.into();
         }
-        None => json!({ "uid": uid, "online": false }),
-    }))
+        one
+    };
+    answer["sessions"] = sessions.iter().map(session).collect();
+    Ok(Json(answer))
 }
 
 /// `POST /v1/presence/query` with `{"uids": [...]}`.
@@ -236,7 +250,9 @@ async fn online(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
     })))
 }
 
-/// `POST /v1/push` with `{"uids": [...], "payload": "<base64>"}`: one PUSH per listed uid.
+/// `POST /v1/push` with `{"uids": [...], "payload": "<base64>"}` and optionally
+/// `"device": "<name>"`: one PUSH to every session of each listed uid, or to its session on
+/// that device.
 async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let body = json_body(&body?)?;
     let (mut uids, form) = uid_list(&body)?;
@@ -257,36 +273,57 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
             payload.len()
         )));
     }
-    let handed = state.gateway.directory.push(&uids, Bytes::from(payload)).await?;
-    let (sent, offline) = split_by(uids, handed);
+    let device = match body.get("device") {
+        Some(Value::String(name)) => Some(parse_device("device", name)?),
+        Some(_) => return Err(ApiError::bad_request("device: must be a string")),
+        None => None,
+    };
+    let handed = state.gateway.directory.push(&uids, device, Bytes::from(payload)).await?;
+    let sessions: usize = handed.iter().sum();
+    let (sent, offline) = split_by(uids, handed.into_iter().map(|n| n > 0).collect());
     let metrics = &state.gateway.metrics;
     metrics.pushes_sent.inc_by(sent.len() as u64);
     metrics.pushes_offline.inc_by(offline.len() as u64);
-    Ok(Json(json!({ "sent": form.render(sent), "offline": form.render(offline) })))
+    Ok(Json(json!({ "sent": form.render(sent), "offline": form.render(offline), "sessions": sessions })))
 }
 
-/// `DELETE /v1/sessions/{uid}`: BYE(kicked) to the uid's connection.
-async fn kick(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<StatusCode, ApiError> {
+/// `DELETE /v1/sessions/{uid}`: BYE(kicked) to every session of the uid, or with
+/// `?device=<name>` to its session on that device.
+async fn kick(
+    State(state): State<ApiState>,
+    Path(uid): Path<String>,
+    uri: axum::http::Uri,
+) -> Result<StatusCode, ApiError> {
     let uid = parse_uid("uid", &uid)?;
-    if state.gateway.directory.kick(uid).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("uid {uid} is offline")))
+    let mut device = None;
+    for (key, value) in form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
+        match &*key {
+            "device" => device = Some(parse_device("device", &value)?),
+            _ => return Err(ApiError::bad_request(format!("{key}: unknown parameter; expected device"))),
+        }
+    }
+    match (state.gateway.directory.kick(uid, device).await?, device) {
+        (0, None) => Err(ApiError::not_found(format!("uid {uid} is offline"))),
+        (0, Some(device)) => Err(ApiError::not_found(format!("uid {uid} has no session on device {device:?}"))),
+        _ => Ok(StatusCode::NO_CONTENT),
     }
 }
 
 /// Which event types a consumer wants, by [`EVENT_TYPES`] index.
 #[derive(Debug, Clone, Copy)]
-struct Types([bool; 3]);
+struct Types([bool; EVENT_TYPES.len()]);
 
 // === impl Types ===
 
 impl Types {
     fn parse(list: &str) -> Result<Types, ApiError> {
-        let mut wanted = [false; 3];
+        let mut wanted = [false; EVENT_TYPES.len()];
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             let i = EVENT_TYPES.iter().position(|&t| t == word).ok_or_else(|| {
-                ApiError::bad_request(format!("types: unknown event type {word:?}; expected online, offline, data"))
+                ApiError::bad_request(format!(
+                    "types: unknown event type {word:?}; expected one of {}",
+                    EVENT_TYPES.join(", ")
+                ))
             })?;
             wanted[i] = true;
         }
@@ -303,7 +340,7 @@ impl Types {
 async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Request) -> Result<Response, ApiError> {
     let mut after = None;
     let mut tail = None;
-    let mut types = Types([true; 3]);
+    let mut types = Types([true; EVENT_TYPES.len()]);
     for (key, value) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
         match &*key {
             "after" => after = Some(parse_event_id("after", &value)?),
@@ -405,17 +442,22 @@ fn format_event(out: &mut String, event: &Event, node: &str) {
     use std::fmt::Write;
     let Event { id, at_ms, uid, what } = event;
     let _ = write!(out, "id: {id}\nevent: {}\ndata: ", what.name());
+    let device = |d: &Option<Arc<Device>>| Value::String(d.as_deref().map(Device::as_str).unwrap_or("").into());
     let _ = match what {
-        What::Online { session, node: None } => {
-            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","node":{node},"at_ms":{at_ms}}}"#)
+        What::Online { session, device: d, node: at } => {
+            let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
+            let d = device(d);
+            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at},"at_ms":{at_ms}}}"#)
         }
-        What::Online { session, node: Some(at) } => {
-            let at = Value::String(at.to_string());
-            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","node":{at},"at_ms":{at_ms}}}"#)
+        What::Offline { session, device: d, reason } => {
+            let d = device(d);
+            write!(
+                out,
+                r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"reason":"{reason}","at_ms":{at_ms}}}"#
+            )
         }
-        What::Offline { session, reason } => {
-            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","reason":"{reason}","at_ms":{at_ms}}}"#)
-        }
+        What::UserOnline => write!(out, r#"{{"uid":{uid},"at_ms":{at_ms}}}"#),
+        What::UserOffline { reason } => write!(out, r#"{{"uid":{uid},"reason":"{reason}","at_ms":{at_ms}}}"#),
         What::Data(payload) => {
             let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
             BASE64.encode_string(payload, out);
@@ -474,6 +516,14 @@ fn uid_list(body: &Value) -> Result<(Vec<u64>, UidForm), ApiError> {
         })
         .collect::<Result<_, _>>()?;
     Ok((uids, form))
+}
+
+/// A device name as the API takes it: the empty string is the default device.
+fn parse_device(field: &str, text: &str) -> Result<Device, ApiError> {
+    text.parse().map_err(|e: crate::proto::DeviceError| {
+        let why = e.to_string();
+        ApiError::bad_request(format!("{field}: {}", why.strip_prefix("LOGIN device: ").unwrap_or(&why)))
+    })
 }
 
 fn parse_uid(field: &str, text: &str) -> Result<u64, ApiError> {

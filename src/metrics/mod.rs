@@ -38,14 +38,17 @@ pub const HANDSHAKE_RESULTS: [&str; 4] = ["ok", "error", "timeout", "closed"];
 /// about a millisecond, one over a mobile network a few hundred.
 const HANDSHAKE_BUCKETS: [f64; 12] = [5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
-/// Event types counted by `idlegate_events_total`, as the event stream names them.
-const EVENT_TYPES: [&str; 3] = ["online", "offline", "data"];
+/// Event types, as the event stream names them, `?types=` selects them and
+/// `idlegate_events_total` counts them.
+pub const EVENT_TYPES: [&str; 5] = ["online", "offline", "user_online", "user_offline", "data"];
 
 /// The gateway's metrics; see the module documentation.
 pub struct Metrics {
     registry: Registry,
-    /// uids logged in now.
+    /// uids with at least one session now.
     pub online_users: IntGauge,
+    /// Sessions now: one per device of each uid online.
+    pub online_sessions: IntGauge,
     /// Client connections open now on every door, logged in or not (the sum of
     /// `idlegate_connections_open{transport}`, kept as one figure for the limit's checks).
     pub connections_open: IntGauge,
@@ -145,7 +148,8 @@ impl Metrics {
             h
         };
 
-        let online_users = gauge("idlegate_online_users", "uids logged in now");
+        let online_users = gauge("idlegate_online_users", "uids with at least one session now");
+        let online_sessions = gauge("idlegate_online_sessions", "sessions now: one per logged-in device of each uid");
         // The total is not exported under its own name: the labelled series sum to it.
         let connections_open = IntGauge::new("connections_open", "all doors").expect("valid gauge");
         let open_vec = IntGaugeVec::new(
@@ -321,6 +325,7 @@ impl Metrics {
         setting("idlegate_config_tick_seconds", "the --tick setting", config.tick.as_secs_f64());
         setting("idlegate_config_timeout_seconds", "the --timeout setting", config.timeout.as_secs_f64());
         setting("idlegate_config_max_connections", "the --max-connections setting", config.max_connections as f64);
+        setting("idlegate_config_max_devices", "the --max-devices setting", config.max_devices as f64);
         setting(
             "idlegate_config_max_pending_logins",
             "the --max-pending-logins setting",
@@ -333,6 +338,7 @@ impl Metrics {
         Metrics {
             registry,
             online_users,
+            online_sessions,
             connections_open,
             open_by_transport,
             handshakes,

@@ -16,6 +16,7 @@ use prometheus::IntGauge;
 use crate::presence::clock::Clock;
 use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
+use crate::proto::Device;
 
 /// Why a directory could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -26,11 +27,15 @@ pub enum DirectoryError {
     Unavailable(String),
 }
 
-/// Where an online uid is.
+/// Where one session of an online uid is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Located {
     /// The node holding its connection.
     pub node: String,
+    /// The device it logged in as.
+    pub device: Device,
+    /// Its id, as its events carry it.
+    pub session: u64,
     /// Unix milliseconds of its LOGIN.
     pub since_ms: u64,
     /// Milliseconds since its last frame, coarse to one tick (never less than the truth);
@@ -58,16 +63,22 @@ pub struct OnlineCount {
 
 /// The presence answers the API needs; see the module documentation.
 pub trait Directory: Send + Sync + std::fmt::Debug {
-    /// Where `uid` is, or `None` while it is offline.
-    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>>;
+    /// Where each session of `uid` is, oldest login first; empty while it is offline.
+    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Vec<Located>, DirectoryError>>;
     /// For each uid, whether it is online.
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
     /// How many are online.
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>>;
-    /// Hands one PUSH of `payload` to each online uid; for each, whether it was handed over.
-    fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
-    /// Ends `uid`'s session as kicked; false if it was offline.
-    fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>>;
+    /// Hands one PUSH of `payload` to every session of each uid (only the one on `device`
+    /// when given); for each uid, how many sessions it was handed to.
+    fn push<'a>(
+        &'a self,
+        uids: &'a [u64],
+        device: Option<Device>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, Result<Vec<usize>, DirectoryError>>;
+    /// Ends `uid`'s sessions (only the one on `device` when given) as kicked; how many.
+    fn kick(&self, uid: u64, device: Option<Device>) -> BoxFuture<'_, Result<usize, DirectoryError>>;
     /// The event stream after `after` (or from now), in batches. Ids have the shape of a
     /// Redis Stream's, so every directory takes and gives the same ones.
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch>;
@@ -98,17 +109,24 @@ impl Local {
 }
 
 impl Directory for Local {
-    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Option<Located>, DirectoryError>> {
-        let located = self.registry.sighting(uid).map(|s| Located {
-            node: self.node.clone(),
-            since_ms: s.session.since_ms(),
-            silent_ms: Some(self.clock.since(s.last_heard_tick).as_millis() as u64),
-        });
+    fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Vec<Located>, DirectoryError>> {
+        let located = self
+            .registry
+            .sightings(uid)
+            .into_iter()
+            .map(|s| Located {
+                node: self.node.clone(),
+                device: *s.session.device(),
+                session: s.session.id(),
+                since_ms: s.session.since_ms(),
+                silent_ms: Some(self.clock.since(s.last_heard_tick).as_millis() as u64),
+            })
+            .collect();
         async move { Ok(located) }.boxed()
     }
 
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
-        let online = uids.iter().map(|&uid| self.registry.live(uid).is_some()).collect();
+        let online = uids.iter().map(|&uid| self.registry.is_online(uid)).collect();
         async move { Ok(online) }.boxed()
     }
 
@@ -123,13 +141,19 @@ impl Directory for Local {
         async move { Ok(count) }.boxed()
     }
 
-    fn push<'a>(&'a self, uids: &'a [u64], payload: Bytes) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
-        let sent = uids.iter().map(|&uid| self.registry.push(uid, &payload, self.max_queued)).collect();
+    fn push<'a>(
+        &'a self,
+        uids: &'a [u64],
+        device: Option<Device>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, Result<Vec<usize>, DirectoryError>> {
+        let sent =
+            uids.iter().map(|&uid| self.registry.push(uid, device.as_ref(), &payload, self.max_queued)).collect();
         async move { Ok(sent) }.boxed()
     }
 
-    fn kick(&self, uid: u64) -> BoxFuture<'_, Result<bool, DirectoryError>> {
-        let kicked = self.registry.kick(uid);
+    fn kick(&self, uid: u64, device: Option<Device>) -> BoxFuture<'_, Result<usize, DirectoryError>> {
+        let kicked = self.registry.kick(uid, device.as_ref());
         async move { Ok(kicked) }.boxed()
     }
 

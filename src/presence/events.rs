@@ -9,8 +9,13 @@
 //! The lock is also what makes session events exactly-once and ordered per uid:
 //! - an offline event is appended by whoever reports the ending first ([`EventLog::report_ends`]),
 //!   guarded by the session's `reported` flag, which is only touched under this lock;
-//! - a login reports the previous session of its uid before it appends its own online
+//! - a login reports the sessions of its uid that ended before it appends its own online
 //!   event, so a kick reads `offline` (kicked) then `online`;
+//! - a uid's user-level transitions ride on the session event that caused them: an online
+//!   event that found the uid with no live session is read as `online` then `user_online`,
+//!   an offline event that left none as `offline` then `user_offline`. One entry in the log
+//!   for both, so the pair is always in order and costs no more memory than the session
+//!   event alone;
 //! - a data event is appended only while its session is live, checked under this lock, so
 //!   no data event follows its session's offline event.
 //!
@@ -28,7 +33,7 @@ use tokio::sync::Notify;
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::Session;
-use crate::proto::CloseReason;
+use crate::proto::{CloseReason, Device};
 
 /// Events one read hands a consumer: large enough to amortize the lock, small enough that
 /// the lock is held for microseconds.
@@ -57,7 +62,9 @@ pub fn within_batch_budget<E: std::borrow::Borrow<Event>>(events: impl Iterator<
 /// Where an event stands in its log, as `<ms>-<seq>`: the shape of a Redis Stream entry id,
 /// so one API serves this process's log and a cluster's stream alike. Here `ms` is when this
 /// process started, so an id from an earlier run of the gateway sorts before all of this
-/// run's, and `seq` counts this run's events from 1. Clients treat ids as opaque.
+/// run's, and `seq` is `2p + 1` for the `p`-th entry of this run's log, or `2p` for its
+/// session event when a user-level event follows it under `2p + 1`. Clients treat ids as
+/// opaque.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventId {
     pub ms: u64,
@@ -83,10 +90,10 @@ impl std::str::FromStr for EventId {
 /// Where a log in a cluster sends its session changes instead of keeping them: called
 /// under the log's lock, in event order, so it must only queue, never wait.
 pub trait EventSink: Send + Sync + std::fmt::Debug {
-    /// A session logged in.
-    fn online(&self, session: &Session, at_ms: u64);
-    /// A session ended with `reason`.
-    fn offline(&self, session: &Session, reason: CloseReason, at_ms: u64);
+    /// A session logged in (the first of its uid on this node when `first`).
+    fn online(&self, session: &Session, first: bool, at_ms: u64);
+    /// A session ended with `reason` (the last of its uid on this node when `last`).
+    fn offline(&self, session: &Session, reason: CloseReason, last: bool, at_ms: u64);
     /// A live session sent a DATA frame.
     fn data(&self, session: &Session, payload: &Bytes, at_ms: u64);
 }
@@ -105,10 +112,15 @@ pub struct Event {
 /// What happened to the uid.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum What {
-    /// A LOGIN succeeded; on `node`, or on this one when `None`.
-    Online { session: u64, node: Option<Arc<str>> },
+    /// A LOGIN succeeded, on `device` (`None` for the default one); on `node`, or on this
+    /// one when `None`.
+    Online { session: u64, device: Option<Arc<Device>>, node: Option<Arc<str>> },
     /// A logged-in session ended.
-    Offline { session: u64, reason: CloseReason },
+    Offline { session: u64, device: Option<Arc<Device>>, reason: CloseReason },
+    /// The uid went from no session to one.
+    UserOnline,
+    /// The uid's last session ended, for `reason`.
+    UserOffline { reason: CloseReason },
     /// The client sent a DATA frame with this payload.
     Data(Bytes),
 }
@@ -121,6 +133,8 @@ impl What {
         match self {
             What::Online { .. } => "online",
             What::Offline { .. } => "offline",
+            What::UserOnline => "user_online",
+            What::UserOffline { .. } => "user_offline",
             What::Data(_) => "data",
         }
     }
@@ -182,18 +196,76 @@ struct Inner {
     bytes: usize,
 }
 
-/// An event as the log keeps it: without its id, which its place gives. Every logged-in
-/// connection's online event is kept for replay, so each byte here is a byte a connection.
+/// An event as the log keeps it: without its id, which its place gives, and with the
+/// user-level event it caused folded in. Every logged-in connection's online event is kept
+/// for replay, so each byte here is a byte a connection.
 #[derive(Debug)]
 struct Logged {
     at_ms: u64,
     uid: u64,
-    what: What,
+    kept: Kept,
+}
+
+/// The event itself, in the log's compact form.
+#[derive(Debug, Clone)]
+pub(crate) enum Kept {
+    /// An online event; `user_online` follows when `first`.
+    Online {
+        session: u64,
+        device: Option<Arc<Device>>,
+        first: bool,
+    },
+    /// An offline event; `user_offline` follows when `last`.
+    Offline {
+        session: u64,
+        device: Option<Arc<Device>>,
+        reason: CloseReason,
+        last: bool,
+    },
+    Data(Bytes),
+}
+
+impl Kept {
+    /// The session event's name, as [`What::name`] gives it.
+    fn name(&self) -> &'static str {
+        match self {
+            Kept::Online { .. } => "online",
+            Kept::Offline { .. } => "offline",
+            Kept::Data(_) => "data",
+        }
+    }
 }
 
 impl Logged {
+    /// The session (or data) event.
     fn event(&self, id: EventId) -> Event {
-        Event { id, at_ms: self.at_ms, uid: self.uid, what: self.what.clone() }
+        let what = match &self.kept {
+            Kept::Online { session, device, .. } => {
+                What::Online { session: *session, device: device.clone(), node: None }
+            }
+            Kept::Offline { session, device, reason, .. } => {
+                What::Offline { session: *session, device: device.clone(), reason: *reason }
+            }
+            Kept::Data(payload) => What::Data(payload.clone()),
+        };
+        Event { id, at_ms: self.at_ms, uid: self.uid, what }
+    }
+
+    /// The user-level event it caused, if any.
+    fn user_event(&self, id: EventId) -> Option<Event> {
+        let what = match &self.kept {
+            Kept::Online { first: true, .. } => What::UserOnline,
+            Kept::Offline { last: true, reason, .. } => What::UserOffline { reason: *reason },
+            _ => return None,
+        };
+        Some(Event { id, at_ms: self.at_ms, uid: self.uid, what })
+    }
+
+    fn payload_len(&self) -> usize {
+        match &self.kept {
+            Kept::Data(payload) => payload.len(),
+            _ => 0,
+        }
     }
 }
 
@@ -220,21 +292,25 @@ impl EventLog {
         self
     }
 
-    /// Appends the online event of `session`, after the offline event of `previous` (the
-    /// session it replaces) if nobody logged that yet.
-    pub(crate) fn login(&self, previous: Option<&Session>, session: &Session) {
+    /// Appends the online event of `session` (with `user_online` when `first`: its uid had
+    /// no live session), after the offline events of `ended` (sessions of the uid that
+    /// ended before it) that nobody logged yet.
+    pub(crate) fn login<'a>(&self, ended: impl IntoIterator<Item = &'a Session>, session: &Session, first: bool) {
         let at_ms = unix_ms();
         let mut inner = self.lock();
-        if let Some(previous) = previous {
+        for previous in ended {
             self.push_offline(&mut inner, previous, at_ms);
         }
         if let Some(sink) = &self.sink {
-            sink.online(session, at_ms);
+            sink.online(session, first, at_ms);
             self.metrics.event("online");
+            if first {
+                self.metrics.event("user_online");
+            }
             return;
         }
-        let what = What::Online { session: session.id(), node: None };
-        self.push(&mut inner, Logged { at_ms, uid: session.uid(), what });
+        let kept = Kept::Online { session: session.id(), device: session.device_shared(), first };
+        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept });
         self.appended_done(inner);
     }
 
@@ -264,7 +340,7 @@ impl EventLog {
             self.metrics.event("data");
             return true;
         }
-        self.push(&mut inner, Logged { at_ms, uid: session.uid(), what: What::Data(payload) });
+        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::Data(payload) });
         self.appended_done(inner);
         true
     }
@@ -277,7 +353,9 @@ impl EventLog {
         let _inner = self.lock();
         match &self.sink {
             Some(sink) if session.is_live() => {
-                sink.online(session, at_ms);
+                // Redis lost it: with one session per uid across the cluster, the uid has
+                // none there, so the announcement is its `user_online` too.
+                sink.online(session, true, at_ms);
                 true
             }
             _ => false,
@@ -290,34 +368,47 @@ impl EventLog {
     pub fn read(&self, after: EventId) -> Batch {
         let inner = self.lock();
         let oldest = inner.next_seq - inner.events.len() as u64;
+        let newest = inner.next_seq - 1;
         let (after_seq, earlier_process) = match after.ms.cmp(&self.boot_ms) {
             std::cmp::Ordering::Less => (0, true),
-            std::cmp::Ordering::Equal => (after.seq.min(inner.next_seq - 1), false),
-            std::cmp::Ordering::Greater => (inner.next_seq - 1, false),
+            std::cmp::Ordering::Equal => (after.seq.min(2 * newest + 1), false),
+            std::cmp::Ordering::Greater => (2 * newest + 1, false),
         };
-        let from = (after_seq + 1).max(oldest);
-        let skip = (from - oldest) as usize;
+        // An even id is an entry's session event whose user-level event follows: that
+        // entry's second half is next.
+        let split = (after_seq % 2 == 0).then_some(after_seq / 2).filter(|&at| at >= oldest && at >= 1);
+        let next = after_seq / 2 + 1;
+        let from = next.max(oldest);
+        let held = |at: u64| &inner.events[(at - oldest) as usize];
+        let halves = split.and_then(|at| held(at).user_event(self.id(2 * at + 1)));
+        let entries = inner.events.range((from - oldest) as usize..).zip(from..).flat_map(|(e, at)| {
+            let user = e.user_event(self.id(2 * at + 1));
+            let first = e.event(self.id(if user.is_some() { 2 * at } else { 2 * at + 1 }));
+            std::iter::once(first).chain(user)
+        });
+        let mut events: Vec<Event> = within_batch_budget(halves.into_iter().chain(entries)).collect();
+        // A batch that ends between an entry's halves resumes at the second (an even id).
+        events.shrink_to_fit();
         Batch {
-            missed: from - after_seq - 1,
+            missed: from - next,
             earlier_process,
             earlier_stream: false,
-            gap_id: self.id(from - 1),
-            events: within_batch_budget(inner.events.range(skip..).zip(from..).map(|(e, seq)| e.event(self.id(seq))))
-                .collect(),
+            gap_id: self.id(2 * (from - 1) + 1),
+            events,
         }
     }
 
-    /// The position `n` events before the newest, never before the oldest still held.
+    /// The position `n` entries before the newest, never before the oldest still held.
     pub fn recent(&self, n: usize) -> EventId {
         let inner = self.lock();
         let oldest = inner.next_seq - inner.events.len() as u64;
         let newest = inner.next_seq - 1;
-        self.id(newest.saturating_sub(n as u64).max(oldest.saturating_sub(1)))
+        self.id(2 * newest.saturating_sub(n as u64).max(oldest.saturating_sub(1)) + 1)
     }
 
-    /// The id of the newest event, so a consumer starting "from now" begins after it.
+    /// The id after the newest event, so a consumer starting "from now" begins after it.
     pub fn last_id(&self) -> EventId {
-        self.id(self.lock().next_seq - 1)
+        self.id(2 * (self.lock().next_seq - 1) + 1)
     }
 
     fn id(&self, seq: u64) -> EventId {
@@ -378,28 +469,34 @@ impl EventLog {
             return;
         };
         if session.mark_reported() {
+            let last = session.was_last();
             if let Some(sink) = &self.sink {
-                sink.offline(session, reason, at_ms);
+                sink.offline(session, reason, last, at_ms);
                 self.metrics.event("offline");
+                if last {
+                    self.metrics.event("user_offline");
+                }
                 return;
             }
-            let what = What::Offline { session: session.id(), reason };
-            self.push(inner, Logged { at_ms, uid: session.uid(), what });
+            let kept = Kept::Offline { session: session.id(), device: session.device_shared(), reason, last };
+            self.push(inner, Logged { at_ms, uid: session.uid(), kept });
         }
     }
 
     /// Appends `event` under the next sequence number.
     fn push(&self, inner: &mut Inner, event: Logged) {
         inner.next_seq += 1;
-        if let What::Data(payload) = &event.what {
-            inner.bytes += payload.len();
+        inner.bytes += event.payload_len();
+        self.metrics.event(event.kept.name());
+        match event.kept {
+            Kept::Online { first: true, .. } => self.metrics.event("user_online"),
+            Kept::Offline { last: true, .. } => self.metrics.event("user_offline"),
+            _ => {}
         }
-        self.metrics.event(event.what.name());
         inner.events.push_back(event);
         while inner.events.len() > self.capacity || inner.bytes > self.max_bytes {
             match inner.events.pop_front() {
-                Some(Logged { what: What::Data(payload), .. }) => inner.bytes -= payload.len(),
-                Some(_) => {}
+                Some(dropped) => inner.bytes -= dropped.payload_len(),
                 None => break,
             }
         }
@@ -450,17 +547,39 @@ mod tests {
         let log = log(100, 1 << 20);
         let start = log.last_id();
         let s = Session::new(7, 1, 0, crate::presence::Handle::NONE);
-        log.login(None, &s);
+        log.login([], &s, true);
         assert!(log.data(&s, Bytes::from_static(b"hi")));
         s.end(CloseReason::Logout);
         assert!(!log.data(&s, Bytes::from_static(b"late")), "no data after the end");
         log.report_ends([&s]);
         log.report_ends([&s]);
         let batch = log.read(start);
-        assert_eq!(names(&batch), ["online", "data", "offline"]);
+        assert_eq!(names(&batch), ["online", "user_online", "data", "offline"]);
         assert_eq!(batch.missed, 0);
-        assert_eq!(batch.events[2].what, What::Offline { session: 1, reason: CloseReason::Logout });
-        assert!(log.read(batch.events[2].id).events.is_empty());
+        assert_eq!(batch.events[3].what, What::Offline { session: 1, device: None, reason: CloseReason::Logout });
+        assert!(log.read(batch.events[3].id).events.is_empty());
+    }
+
+    #[test]
+    fn user_events_follow_their_session_events_with_ids_of_their_own() {
+        let log = log(100, 1 << 20);
+        let start = log.last_id();
+        let s = Session::on_device(7, "phone".parse().unwrap(), 1, 0, crate::presence::Handle::NONE);
+        log.login([], &s, true);
+        s.end_as(CloseReason::IdleTimeout, super::super::session::Ending { last: true, evicted: false });
+        log.report_ends([&s]);
+        let batch = log.read(start);
+        assert_eq!(names(&batch), ["online", "user_online", "offline", "user_offline"]);
+        let ids: Vec<EventId> = batch.events.iter().map(|e| e.id).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        assert_eq!(batch.events[3].what, What::UserOffline { reason: CloseReason::IdleTimeout });
+        let phone = Some(Arc::new("phone".parse::<Device>().unwrap()));
+        assert_eq!(batch.events[0].what, What::Online { session: 1, device: phone, node: None });
+        // Resuming between the halves of an entry gives the second half first.
+        assert_eq!(names(&log.read(ids[0])), ["user_online", "offline", "user_offline"]);
+        assert_eq!(names(&log.read(ids[2])), ["user_offline"]);
+        assert!(log.read(ids[3]).events.is_empty());
+        assert_eq!(log.last_id(), ids[3]);
     }
 
     #[test]
@@ -469,13 +588,13 @@ mod tests {
         let start = log.last_id();
         let old = Session::new(7, 1, 0, crate::presence::Handle::NONE);
         let new = Session::new(7, 2, 0, crate::presence::Handle::NONE);
-        log.login(None, &old);
+        log.login([], &old, true);
         old.end(CloseReason::Kicked);
-        log.login(Some(&old), &new);
+        log.login([&old], &new, false);
         // The one who ended it reports too late: nothing more.
         log.report_ends([&old]);
         let batch = log.read(start);
-        assert_eq!(names(&batch), ["online", "offline", "online"]);
+        assert_eq!(names(&batch), ["online", "user_online", "offline", "online"]);
     }
 
     #[test]
@@ -483,12 +602,13 @@ mod tests {
         let log = log(3, 1 << 20);
         let start = log.last_id();
         let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
-        log.login(None, &s);
+        log.login([], &s, true);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"x"));
         }
         let batch = log.read(start);
-        let at = |n: u64| EventId { seq: start.seq + n, ..start };
+        // The n-th entry's id, when no user-level event follows it.
+        let at = |n: u64| EventId { seq: start.seq + 2 * n, ..start };
         assert_eq!(batch.missed, 3);
         assert!(!batch.earlier_process);
         assert_eq!(batch.gap_id, at(3));
@@ -514,7 +634,7 @@ mod tests {
     fn payload_bytes_bound_the_log_too() {
         let log = log(1000, 10);
         let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
-        log.login(None, &s);
+        log.login([], &s, true);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"abcd"));
         }

@@ -1,14 +1,24 @@
-//! The session registry: uid -> current session, kept consistent with the ring.
+//! The session registry: uid -> its sessions (one per device), kept consistent with the ring.
 //!
-//! Two structures, each sharded so no frame takes a global lock:
-//! - `sessions`, a `DashMap` from uid to the session that owns it now;
-//! - `rings`, [`RING_SHARDS`] rings behind their own mutexes, a uid always in the same one.
+//! Three structures, each sharded so no frame takes a global lock:
+//! - `sessions`, a `DashMap` from uid to one of its sessions, the one that leads its list;
+//! - `others`, a `DashMap` from uid to the rest of its sessions, present only while a uid
+//!   holds more than one (`--max-devices` above 1): with one device per uid, a uid costs
+//!   what it cost before devices existed;
+//! - `rings`, [`RING_SHARDS`] rings behind their own mutexes, a uid always in the same one;
+//!   each of a uid's sessions has its own entry there, so each expires on its own.
 //!
-//! Invariant: a live uid is in `sessions` and in its ring together, except between the sweep
-//! that takes it out of the ring and [`Registry::finish_expired`], which then ends and removes
-//! the session. Everything that changes both takes the `sessions` entry first, then the ring
-//! shard, then (to log an event) the event log's lock; the per-frame path takes only the ring
-//! shard, and only when the tick changed.
+//! Invariant: a live session is in its uid's list and in its ring together, except between
+//! the sweep that takes it out of the ring and [`Registry::finish_expired`], which then ends
+//! it and forgets it. Everything that changes a uid's sessions holds its `sessions` entry,
+//! then takes `others`, then the ring shard, then (to log an event) the event log's lock; the
+//! per-frame path takes only the ring shard, and only when the tick changed.
+//!
+//! The uid's entry is also where its user-level transitions are decided: a login that finds
+//! no live session is the uid's `user_online`, and an ending that leaves none is its
+//! `user_offline` (marked on the session, logged after its `offline`). An ending that only
+//! makes room for a new login of the uid (a relogin of the same device, or the least
+//! recently active of `--max-devices` sessions) is no user-level transition.
 //!
 //! Callers pass the tick their frame was read on, from the [`crate::Clock`]. A shard whose
 //! cursor trails that tick (the ticker has not run yet, or the process stalled) is moved up
@@ -28,8 +38,9 @@ use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::events::EventLog;
 use crate::presence::ring::{Ring, Touch};
+use crate::presence::session::Ending;
 use crate::presence::{Outboxes, Pushed, Session};
-use crate::proto::CloseReason;
+use crate::proto::{CloseReason, Device};
 
 /// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
 /// time, so a mass expiry stalls touches on 1/64 of the uids for one chunk at most.
@@ -44,19 +55,27 @@ pub enum Liveness {
     Gone,
 }
 
-/// A live session and the tick its uid was last heard on, as presence reports it.
+/// A live session and the tick it was last heard on, as presence reports it.
 #[derive(Debug, Clone)]
 pub struct Sighting {
     pub session: Arc<Session>,
     pub last_heard_tick: u64,
 }
 
+/// A uid's entry in `sessions`, held while its sessions change.
+type Held<'a> = Entry<'a, u64, Arc<Session>>;
+
 /// The gateway's shared state of who is online; see the module documentation.
 #[derive(Debug)]
 pub struct Registry {
     sessions: DashMap<u64, Arc<Session>, RandomState>,
+    /// A uid's sessions after the one in `sessions`, oldest login first; only while it has
+    /// more than one.
+    others: DashMap<u64, Vec<Arc<Session>>, RandomState>,
     rings: Box<[Mutex<Ring>]>,
     window: u64,
+    /// Sessions a uid may hold at once (`--max-devices`).
+    max_devices: usize,
     events: Arc<EventLog>,
     /// Pushes waiting for their connections.
     outboxes: Outboxes,
@@ -72,14 +91,21 @@ pub struct Registry {
 // === impl Registry ===
 
 impl Registry {
-    /// An empty registry whose uids expire `window` ticks after their last activity, logging
-    /// session events to `events`.
+    /// An empty registry whose sessions expire `window` ticks after their last activity,
+    /// one session per uid, logging session events to `events`.
     pub fn new(window: u64, events: Arc<EventLog>, metrics: Arc<Metrics>) -> Registry {
+        Registry::with_devices(window, 1, events, metrics)
+    }
+
+    /// The same, with up to `max_devices` sessions per uid (at least 1).
+    pub fn with_devices(window: u64, max_devices: usize, events: Arc<EventLog>, metrics: Arc<Metrics>) -> Registry {
         let salt = std::hash::RandomState::new().hash_one(unix_ms());
         Registry {
             sessions: DashMap::with_hasher(RandomState::default()),
+            others: DashMap::with_hasher(RandomState::default()),
             rings: (0..RING_SHARDS).map(|_| Mutex::new(Ring::new(window))).collect(),
             window,
+            max_devices: max_devices.max(1),
             events,
             outboxes: Outboxes::default(),
             metrics,
@@ -99,39 +125,52 @@ impl Registry {
         &self.events
     }
 
-    /// Logs `uid` in on tick `now`, placing it in the ring. The session's identity is its
-    /// `Arc`: an older connection of the same uid holds a different one, so its cleanup can
-    /// never end this session.
+    /// Logs `uid` in on `device` on tick `now`, placing the new session in the ring. A
+    /// session's identity is its `Arc`: an older connection holds a different one, so its
+    /// cleanup can never end this session.
     ///
-    /// A session the uid already had ends: kicked if it was still in the ring, expired if a
-    /// sweep had already taken it out. Its offline event goes to the log before this one's
-    /// online event.
-    pub fn login(&self, uid: u64, now: u64) -> Arc<Session> {
+    /// Before the new session is filed, the uid's sessions a sweep already took out of the
+    /// ring end as expired; then a live session of the same device ends as kicked, or, if
+    /// the uid holds `--max-devices` live sessions, its least recently active one does
+    /// (evicted). Their offline events go to the log before this one's online event.
+    pub fn login(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
-        let session = match self.sessions.entry(uid) {
-            Entry::Occupied(mut entry) => {
-                let mut ring = self.lock_shard_at(uid, now);
-                let previous = entry.get();
-                // Ended under the ring lock, so the old connection's next touch sees it, and
-                // before the uid is filed anew, so the old handle never names the new entry.
-                let tracked = ring.remove(previous.handle(), uid);
-                previous.end(if tracked { CloseReason::Kicked } else { CloseReason::IdleTimeout });
-                let session = Arc::new(Session::new(uid, id, since, ring.insert(uid, now)));
-                drop(ring);
-                self.events.login(Some(previous), &session);
-                entry.insert(session.clone());
-                session
+        let held = self.sessions.entry(uid);
+        let mut list = self.gather(uid, &held);
+        let before = list.len();
+        let mut ring = self.lock_shard_at(uid, now);
+        // Ended first, before anything is filed again: the ring may give the new session
+        // the entry a swept one had, and no live session may keep a handle to it.
+        let swept: Vec<usize> =
+            (0..list.len()).filter(|&i| list[i].is_live() && !ring.contains(list[i].handle(), uid)).collect();
+        let live: Vec<usize> = (0..list.len()).filter(|&i| list[i].is_live() && !swept.contains(&i)).collect();
+        for (k, &i) in swept.iter().enumerate() {
+            let last = live.is_empty() && k + 1 == swept.len();
+            list[i].end_as(CloseReason::IdleTimeout, Ending { last, evicted: false });
+        }
+        let same = live.iter().copied().find(|&i| *list[i].device() == device);
+        let evicted = match same {
+            Some(_) => None,
+            None if live.len() >= self.max_devices => {
+                // The least recently active: the earliest deadline, the older login on a tie.
+                live.iter().copied().min_by_key(|&i| (ring.deadline(list[i].handle(), uid).unwrap_or(0), i))
             }
-            Entry::Vacant(entry) => {
-                let handle = self.lock_shard_at(uid, now).insert(uid, now);
-                let session = Arc::new(Session::new(uid, id, since, handle));
-                self.events.login(None, &session);
-                entry.insert(session.clone());
-                self.metrics.online_users.inc();
-                session
-            }
+            None => None,
         };
+        if let Some(i) = same.or(evicted) {
+            ring.remove(list[i].handle(), uid);
+            list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
+        }
+        let session = Arc::new(Session::on_device(uid, device, id, since, ring.insert(uid, now)));
+        drop(ring);
+        self.events.login(unreported(&list), &session, live.is_empty());
+        for s in list.iter().filter(|s| !s.is_live()) {
+            s.wake();
+        }
+        list.retain(|s| s.is_live());
+        list.push(session.clone());
+        self.store(held, uid, list, before);
         self.metrics.logins.inc();
         session
     }
@@ -141,12 +180,12 @@ impl Registry {
     pub fn touch(&self, session: &Session, now: u64) -> Liveness {
         let mut ring = self.lock_shard_at(session.uid(), now);
         // Checked under the ring lock: a newer login ends this session under the same lock
-        // before it files the uid again, and a sweep's finish ends it before it lets go of
-        // the uid, so this never touches another session's entry.
+        // before it files anything again, and a sweep's finish ends it before it lets go of
+        // it, so this never touches another session's entry.
         if !session.is_live() {
             return Liveness::Gone;
         }
-        self.debug_check_owner(session);
+        self.debug_check_held(session);
         match ring.touch(session.handle(), session.uid(), now) {
             Touch::NotTracked => Liveness::Gone,
             Touch::Moved | Touch::Unchanged => Liveness::Alive,
@@ -157,63 +196,74 @@ impl Registry {
     /// logs its offline event and forgets it; returns the reason it actually ended with: an
     /// expiry or a kick that came first wins.
     pub fn leave(&self, session: &Arc<Session>, reason: CloseReason) -> CloseReason {
-        match self.sessions.entry(session.uid()) {
-            Entry::Occupied(entry) if Arc::ptr_eq(entry.get(), session) => {
-                let mut ring = self.lock_shard(session.uid());
-                ring.remove(session.handle(), session.uid());
-                session.end(reason);
-                drop(ring);
-                self.events.report_ends([&**session]);
-                entry.remove();
-                self.metrics.online_users.dec();
+        let uid = session.uid();
+        let held = self.sessions.entry(uid);
+        let mut list = self.gather(uid, &held);
+        if list.iter().any(|s| Arc::ptr_eq(s, session)) {
+            let before = list.len();
+            if session.is_live() {
+                let mut ring = self.lock_shard(uid);
+                // Only a live session's handle names its own entry (see `login`).
+                ring.remove(session.handle(), uid);
+                let last = !list.iter().any(|s| s.is_live() && !Arc::ptr_eq(s, session));
+                if session.end_as(reason, Ending { last, evicted: false }) {
+                    session.wake();
+                }
             }
-            _ => {
-                // Already replaced or forgotten, which only happens after it ended; reports
-                // the ending if whoever ended it has not yet.
-                session.end(reason);
-                self.events.report_ends([&**session]);
-            }
+            self.events.report_ends(unreported(&list));
+            list.retain(|s| s.is_live());
+            self.store(held, uid, list, before);
+        } else {
+            drop(held);
+            // Already forgotten, which only happens after it ended and was reported.
+            session.end(reason);
+            self.events.report_ends([&**session]);
         }
         session.end_reason().unwrap_or(reason)
     }
 
-    /// Ends the live session of `uid` as kicked; returns false if the uid is offline.
-    pub fn kick(&self, uid: u64) -> bool {
-        let Some(session) = self.live(uid) else {
-            return false;
-        };
-        self.leave(&session, CloseReason::Kicked) == CloseReason::Kicked
+    /// Ends the live sessions of `uid` (only the one on `device` when given) as kicked;
+    /// returns how many it ended.
+    pub fn kick(&self, uid: u64, device: Option<&Device>) -> usize {
+        self.sessions_of(uid, device)
+            .iter()
+            .filter(|s| self.leave(s, CloseReason::Kicked) == CloseReason::Kicked)
+            .count()
     }
 
-    /// Queues a PUSH of `payload` for `uid`; returns whether it was handed to a live
-    /// session. A session whose client has let more than `max_queued` bytes pile up is
-    /// ended as a slow consumer instead, and counts as offline.
-    pub fn push(&self, uid: u64, payload: &Bytes, max_queued: usize) -> bool {
-        let Some(session) = self.live(uid) else {
-            return false;
-        };
-        match self.outboxes.push(&session, payload, max_queued) {
-            Pushed::Queued => true,
-            Pushed::Ended => false,
-            Pushed::Full => {
-                self.leave(&session, CloseReason::SlowConsumer);
-                false
+    /// Queues a PUSH of `payload` for every live session of `uid` (only the one on `device`
+    /// when given); returns how many it was handed to. A session whose client has let more
+    /// than `max_queued` bytes pile up is ended as a slow consumer instead, and is not
+    /// counted.
+    pub fn push(&self, uid: u64, device: Option<&Device>, payload: &Bytes, max_queued: usize) -> usize {
+        let mut reached = 0;
+        for session in self.sessions_of(uid, device) {
+            match self.outboxes.push(&session, payload, max_queued) {
+                Pushed::Queued => reached += 1,
+                Pushed::Ended => {}
+                Pushed::Full => {
+                    self.leave(&session, CloseReason::SlowConsumer);
+                }
             }
         }
+        reached
     }
 
-    /// Ends `uid`'s session `session` as kicked, if it is still the live one: another node
-    /// took the uid over (and logged the offline event). Returns whether it ended it.
-    pub fn kick_session(&self, uid: u64, session: u64) -> bool {
-        match self.live(uid) {
-            Some(live) if live.id() == session => self.leave(&live, CloseReason::Kicked) == CloseReason::Kicked,
-            _ => false,
+    /// Ends `uid`'s session `session` as kicked, if it is still live (and on `device` when
+    /// given): another node took it over (and logged the offline event), or the API asked
+    /// through another node. Returns whether it ended it.
+    pub fn kick_session(&self, uid: u64, session: u64, device: Option<&Device>) -> bool {
+        match self.sessions_of(uid, device).into_iter().find(|s| s.id() == session) {
+            Some(live) => self.leave(&live, CloseReason::Kicked) == CloseReason::Kicked,
+            None => false,
         }
     }
 
     /// Every live session now, for a reconcile with a shared store.
     pub fn live_sessions(&self) -> Vec<Arc<Session>> {
-        self.sessions.iter().filter(|e| e.value().is_live()).map(|e| e.value().clone()).collect()
+        let leads = self.sessions.iter().map(|e| e.value().clone());
+        let rest: Vec<Arc<Session>> = self.others.iter().flat_map(|e| e.value().clone()).collect();
+        leads.chain(rest).filter(|s| s.is_live()).collect()
     }
 
     /// Takes the pushes queued for `session`, for its connection to write.
@@ -221,28 +271,60 @@ impl Registry {
         self.outboxes.take(session)
     }
 
-    /// The live session of `uid`, if any.
-    pub fn live(&self, uid: u64) -> Option<Arc<Session>> {
-        self.sessions.get(&uid).map(|s| s.clone()).filter(|s| s.is_live())
+    /// Whether `uid` has a live session.
+    pub fn is_online(&self, uid: u64) -> bool {
+        match self.sessions.get(&uid) {
+            Some(lead) if lead.is_live() => true,
+            Some(_) if self.max_devices > 1 => {
+                self.others.get(&uid).is_some_and(|rest| rest.iter().any(|s| s.is_live()))
+            }
+            _ => false,
+        }
     }
 
-    /// The live session of `uid` with the tick it was last heard on.
-    pub fn sighting(&self, uid: u64) -> Option<Sighting> {
-        let session = self.live(uid)?;
-        let deadline = self.lock_shard(uid).deadline(session.handle(), uid)?;
-        Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
+    /// The live sessions of `uid` (only the one on `device` when given), oldest login first.
+    pub fn sessions_of(&self, uid: u64, device: Option<&Device>) -> Vec<Arc<Session>> {
+        let Some(lead) = self.sessions.get(&uid) else {
+            return Vec::new();
+        };
+        // Read while the lead's shard is read-locked, so no change of the uid is half seen.
+        let mut all = vec![lead.clone()];
+        if self.max_devices > 1 {
+            if let Some(rest) = self.others.get(&uid) {
+                all.extend(rest.iter().cloned());
+            }
+        }
+        drop(lead);
+        all.retain(|s| s.is_live() && device.is_none_or(|d| s.device() == d));
+        all
     }
 
-    /// Moves every ring's cursor up to tick `to` (shards already there stay). Uids that fell
-    /// due become overdue; a touch still rescues them until they are expired.
+    /// The live sessions of `uid`, each with the tick it was last heard on.
+    pub fn sightings(&self, uid: u64) -> Vec<Sighting> {
+        let sessions = self.sessions_of(uid, None);
+        if sessions.is_empty() {
+            return Vec::new();
+        }
+        let ring = self.lock_shard(uid);
+        sessions
+            .into_iter()
+            .filter_map(|session| {
+                let deadline = ring.deadline(session.handle(), uid)?;
+                Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
+            })
+            .collect()
+    }
+
+    /// Moves every ring's cursor up to tick `to` (shards already there stay). Sessions that
+    /// fell due become overdue; a touch still rescues them until they are expired.
     pub fn advance(&self, to: u64) {
         for shard in self.rings.iter() {
             catch_up(&mut lock(shard), to);
         }
     }
 
-    /// Takes up to `max` overdue uids of ring shard `shard` into `out`; returns how many.
-    /// Holds that shard's lock only for this chunk.
+    /// Takes up to `max` overdue sessions of ring shard `shard` into `out`, by uid; returns
+    /// how many. Holds that shard's lock only for this chunk.
     pub fn expire_chunk(&self, shard: usize, max: usize, out: &mut Vec<u64>) -> usize {
         #[cfg(test)]
         assert!(!self.fail_sweeps.load(Ordering::Relaxed), "injected sweep failure");
@@ -255,9 +337,8 @@ impl Registry {
         self.fail_sweeps.store(true, Ordering::Relaxed);
     }
 
-    /// Ends the sessions of `uids`, which a sweep took out of the ring, unless a uid logged
-    /// in again since; logs their offline events as one batch, then forgets them. Returns
-    /// how many sessions this call ended.
+    /// Ends the sessions a sweep took out of the ring for `uids`; logs their offline events
+    /// as one batch, then forgets them. Returns how many sessions this call ended.
     pub fn finish_expired(&self, uids: &[u64]) -> usize {
         let mut ended = Vec::with_capacity(uids.len());
         self.end_expired(uids, &mut ended);
@@ -269,25 +350,31 @@ impl Registry {
     }
 
     /// The first half of [`Registry::finish_expired`], for a sweep that ends its chunks one
-    /// by one and logs them all at once: ends the sessions of `uids` (unless a uid logged in
-    /// again since) and adds them to `ended`. Their connections are not woken: the caller
-    /// wakes them (with [`Session::wake`]) once their offline events are logged.
+    /// by one and logs them all at once: ends the live sessions of `uids` that are no longer
+    /// in the ring (a login since then already ended them) and adds them to `ended`. Their
+    /// connections are not woken: the caller wakes them (with [`Session::wake`]) once their
+    /// offline events are logged.
     ///
-    /// End, log, forget, in that order: until a session is forgotten, a new login of its
-    /// uid finds it and logs its offline event first, so events stay in order per uid, and
-    /// a frame its connection reads meanwhile finds it ended and is dropped.
+    /// End, log, forget, in that order: until a session is forgotten, a new login or an
+    /// ending of its uid finds it and logs its offline event first, so events stay in order
+    /// per uid, and a frame its connection reads meanwhile finds it ended and is dropped.
     pub fn end_expired(&self, uids: &[u64], ended: &mut Vec<Arc<Session>>) {
         for &uid in uids {
-            let Entry::Occupied(entry) = self.sessions.entry(uid) else {
-                continue;
-            };
-            // Back in the ring: the uid logged in again since, and the map holds that
-            // session, whose login ended the expired one.
-            if self.lock_shard(uid).contains(entry.get().handle(), uid) {
+            let held = self.sessions.entry(uid);
+            if matches!(held, Entry::Vacant(_)) {
                 continue;
             }
-            if entry.get().end_unwoken(CloseReason::IdleTimeout) {
-                ended.push(entry.get().clone());
+            let list = self.gather(uid, &held);
+            let ring = self.lock_shard(uid);
+            let swept: Vec<&Arc<Session>> =
+                list.iter().filter(|s| s.is_live() && !ring.contains(s.handle(), uid)).collect();
+            let live_left = list.iter().any(|s| s.is_live() && ring.contains(s.handle(), uid));
+            drop(ring);
+            for (k, session) in swept.iter().enumerate() {
+                let last = !live_left && k + 1 == swept.len();
+                if session.end_as(CloseReason::IdleTimeout, Ending { last, evicted: false }) {
+                    ended.push((*session).clone());
+                }
             }
         }
     }
@@ -296,27 +383,34 @@ impl Registry {
     pub fn report_and_forget(&self, ended: &[Arc<Session>]) {
         self.events.report_ends(ended.iter().map(|s| &**s));
         for session in ended {
-            if self.sessions.remove_if(&session.uid(), |_, s| Arc::ptr_eq(s, session)).is_some() {
-                self.metrics.online_users.dec();
-            }
+            self.forget(session);
         }
     }
 
-    /// Ends every session with `reason`, for shutdown, in one batch of offline events; their
+    /// Ends every session with `reason`, for shutdown, and logs their offline events; their
     /// connections send the BYE.
     pub fn end_all(&self, reason: CloseReason) {
-        let ended: Vec<Arc<Session>> =
-            self.sessions.iter().filter(|e| e.value().end(reason)).map(|e| e.value().clone()).collect();
-        self.events.report_ends(ended.iter().map(|s| &**s));
+        let uids: Vec<u64> = self.sessions.iter().map(|e| *e.key()).collect();
+        for uid in uids {
+            let held = self.sessions.entry(uid);
+            let list = self.gather(uid, &held);
+            let live: Vec<&Arc<Session>> = list.iter().filter(|s| s.is_live()).collect();
+            for (k, session) in live.iter().enumerate() {
+                if session.end_as(reason, Ending { last: k + 1 == live.len(), evicted: false }) {
+                    session.wake();
+                }
+            }
+            self.events.report_ends(unreported(&list));
+        }
     }
 
-    /// Sessions online now.
+    /// uids with a session now.
     pub fn online(&self) -> usize {
         self.sessions.len()
     }
 
-    /// uids in the rings, and `due[k - 1]` = uids falling due in `k` ticks, summed over
-    /// shards (`due` has `window + 1` entries). Costs O(shards x slots), never O(uids).
+    /// Sessions in the ring, and `due[k - 1]` = sessions falling due in `k` ticks, summed
+    /// over shards (`due` has `window + 1` entries). Costs O(shards x slots), never O(uids).
     pub fn ring_picture(&self, due: &mut [u64]) -> usize {
         due.fill(0);
         let mut tracked = 0;
@@ -330,23 +424,84 @@ impl Registry {
         tracked
     }
 
-    /// A live session is the one the map holds for its uid: whoever replaces or forgets it
-    /// ends it first. Checked without waiting (the map's lock comes before the ring's).
+    /// The uid's sessions, the lead first, as `held` finds them.
+    fn gather(&self, uid: u64, held: &Held<'_>) -> Vec<Arc<Session>> {
+        let Entry::Occupied(lead) = held else {
+            return Vec::new();
+        };
+        let mut list = Vec::with_capacity(1);
+        list.push(lead.get().clone());
+        if self.max_devices > 1 {
+            if let Some(rest) = self.others.get(&uid) {
+                list.extend(rest.iter().cloned());
+            }
+        }
+        list
+    }
+
+    /// Writes the uid's sessions back (the first leads), and moves the gauges by what
+    /// changed since it held `before` sessions.
+    fn store(&self, held: Held<'_>, uid: u64, mut list: Vec<Arc<Session>>, before: usize) {
+        debug_assert!(list.len() <= self.max_devices, "uid {uid} holds {} sessions", list.len());
+        let after = list.len();
+        let rest = if after > 1 { list.split_off(1) } else { Vec::new() };
+        match (held, list.pop()) {
+            (Entry::Occupied(entry), None) => {
+                entry.remove();
+            }
+            (Entry::Occupied(mut entry), Some(lead)) => {
+                entry.insert(lead);
+            }
+            (Entry::Vacant(entry), Some(lead)) => {
+                entry.insert(lead);
+            }
+            (Entry::Vacant(_), None) => {}
+        }
+        if self.max_devices > 1 {
+            if rest.is_empty() {
+                self.others.remove(&uid);
+            } else {
+                self.others.insert(uid, rest);
+            }
+        }
+        self.metrics.online_sessions.add(after as i64 - before as i64);
+        self.metrics.online_users.add(i64::from(after > 0) - i64::from(before > 0));
+    }
+
+    /// Forgets `session`, which ended and was reported, unless a login or an ending of its
+    /// uid already did.
+    fn forget(&self, session: &Arc<Session>) {
+        let uid = session.uid();
+        let held = self.sessions.entry(uid);
+        let mut list = self.gather(uid, &held);
+        let before = list.len();
+        list.retain(|s| !Arc::ptr_eq(s, session));
+        if list.len() != before {
+            self.store(held, uid, list, before);
+        }
+    }
+
+    /// A live session is in its uid's list: whoever replaces or forgets it ends it first.
+    /// Checked without waiting (the map's lock comes before the ring's).
     #[cfg(debug_assertions)]
-    fn debug_check_owner(&self, session: &Session) {
-        if let dashmap::try_result::TryResult::Present(owner) = self.sessions.try_get(&session.uid()) {
-            debug_assert!(
-                owner.id() == session.id() || !session.is_live(),
-                "uid {}: live session {} touched while the map holds session {}",
-                session.uid(),
-                session.id(),
-                owner.id()
-            );
+    fn debug_check_held(&self, session: &Session) {
+        if let dashmap::try_result::TryResult::Present(lead) = self.sessions.try_get(&session.uid()) {
+            if lead.id() == session.id() || !session.is_live() {
+                return;
+            }
+            if let dashmap::try_result::TryResult::Present(rest) = self.others.try_get(&session.uid()) {
+                debug_assert!(
+                    rest.iter().any(|s| s.id() == session.id()) || !session.is_live(),
+                    "uid {}: live session {} touched while its list does not hold it",
+                    session.uid(),
+                    session.id(),
+                );
+            }
         }
     }
 
     #[cfg(not(debug_assertions))]
-    fn debug_check_owner(&self, _session: &Session) {}
+    fn debug_check_held(&self, _session: &Session) {}
 
     fn lock_shard(&self, uid: u64) -> MutexGuard<'_, Ring> {
         lock(&self.rings[shard_of(uid)])
@@ -358,6 +513,14 @@ impl Registry {
         catch_up(&mut ring, now);
         ring
     }
+}
+
+/// The ended sessions of a uid's list whose offline events are not logged yet, in the
+/// order they must be: the one whose end left the uid offline (at most one: a later login
+/// logs it first) comes last, since `user_offline` closes the uid's events.
+fn unreported(list: &[Arc<Session>]) -> impl Iterator<Item = &Session> {
+    let pending = |last: bool| list.iter().filter(move |s| !s.is_live() && !s.is_reported() && s.was_last() == last);
+    pending(false).chain(pending(true)).map(|s| &**s)
 }
 
 /// Advances `ring` to `to` unless it is there already: the ticker and every connection may
@@ -403,7 +566,7 @@ mod tests {
             reg.expire_chunk(shard, usize::MAX, &mut out);
         }
         reg.finish_expired(&out);
-        out.retain(|&uid| reg.live(uid).is_none());
+        out.retain(|&uid| !reg.is_online(uid));
         out.sort_unstable();
         out
     }
@@ -420,8 +583,8 @@ mod tests {
     #[test]
     fn login_touch_expire_keep_the_online_gauge_exact() {
         let reg = registry(3);
-        let a = reg.login(1, 0);
-        let b = reg.login(2, 0);
+        let a = reg.login(1, Device::DEFAULT, 0);
+        let b = reg.login(2, Device::DEFAULT, 0);
         assert_eq!(reg.metrics.online_users.get(), 2);
         reg.advance(1);
         assert_eq!(reg.touch(&a, 1), Liveness::Alive);
@@ -437,8 +600,8 @@ mod tests {
     #[test]
     fn touch_on_a_tick_the_ticker_has_not_reached_counts_on_that_tick() {
         let reg = registry(3);
-        let a = reg.login(1, 0);
-        let b = reg.login(2, 0);
+        let a = reg.login(1, Device::DEFAULT, 0);
+        let b = reg.login(2, Device::DEFAULT, 0);
         // The clock says tick 3 before the ticker ran: uid 1's frame counts on tick 3 and
         // moves its shard, so uid 2 (same shard or not) is due and uid 1 is not.
         assert_eq!(reg.touch(&a, 3), Liveness::Alive);
@@ -451,8 +614,8 @@ mod tests {
     #[test]
     fn newer_login_kicks_and_old_cleanup_spares_the_new_session() {
         let reg = registry(3);
-        let old = reg.login(5, 0);
-        let new = reg.login(5, 0);
+        let old = reg.login(5, Device::DEFAULT, 0);
+        let new = reg.login(5, Device::DEFAULT, 0);
         assert_eq!(old.end_reason(), Some(CloseReason::Kicked));
         assert_eq!(reg.touch(&old, 0), Liveness::Gone);
         assert_eq!(reg.leave(&old, CloseReason::Disconnect), CloseReason::Kicked);
@@ -494,7 +657,7 @@ mod tests {
                 // Logins, again and again, of the same uids.
                 let mut uid = 0;
                 while !done.load(Ordering::SeqCst) {
-                    let s = reg.login(uid % UIDS, tick.load(Ordering::SeqCst));
+                    let s = reg.login(uid % UIDS, Device::DEFAULT, tick.load(Ordering::SeqCst));
                     sessions.lock().unwrap().push(s);
                     uid += 1;
                 }
@@ -515,7 +678,7 @@ mod tests {
             let live: Vec<_> = all.iter().filter(|s| s.uid() == uid && s.is_live()).collect();
             assert!(live.len() <= 1, "uid {uid} has {} live sessions", live.len());
             if let Some(s) = live.first() {
-                assert_eq!(reg.live(uid).map(|m| m.id()), Some(s.id()));
+                assert_eq!(reg.sessions_of(uid, None).first().map(|m| m.id()), Some(s.id()));
             }
         }
         assert_eq!(reg.metrics.online_users.get(), reg.online() as i64);
@@ -524,12 +687,12 @@ mod tests {
     #[test]
     fn login_after_sweep_before_finish_ends_the_old_session_as_expired() {
         let reg = registry(2);
-        let old = reg.login(9, 0);
+        let old = reg.login(9, Device::DEFAULT, 0);
         reg.advance(2);
         let mut out = Vec::new();
         reg.expire_chunk(shard_of(9), usize::MAX, &mut out);
         assert_eq!(out, vec![9]);
-        let new = reg.login(9, 2);
+        let new = reg.login(9, Device::DEFAULT, 2);
         assert_eq!(old.end_reason(), Some(CloseReason::IdleTimeout));
         assert_eq!(reg.finish_expired(&[9]), 0, "the new session must survive the old sweep");
         assert_eq!(new.end_reason(), None);

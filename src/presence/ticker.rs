@@ -227,7 +227,7 @@ mod tests {
         for (uid, offset_ms) in [(1u64, 0u64), (2, 250), (3, 999)] {
             let login_at = h.start + Duration::from_millis(offset_ms);
             tokio::time::sleep_until(login_at).await;
-            let session = h.registry.login(uid, h.now());
+            let session = h.registry.login(uid, crate::proto::Device::DEFAULT, h.now());
             watchers.push(tokio::spawn(async move {
                 assert_eq!(session.ended().await, CloseReason::IdleTimeout);
                 (uid, login_at, Instant::now())
@@ -248,7 +248,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn uid_pinging_every_timeout_minus_two_ticks_stays_online_for_many_cycles() {
         let h = start();
-        let session = h.registry.login(1, h.now());
+        let session = h.registry.login(1, crate::proto::Device::DEFAULT, h.now());
         let mut last_touch = 0;
         for _ in 0..20 {
             tokio::time::sleep(TIMEOUT - 2 * TICK).await;
@@ -269,11 +269,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn relogin_after_logout_gets_the_full_window_from_its_login() {
         let h = start();
-        let first = h.registry.login(4, h.now());
+        let first = h.registry.login(4, crate::proto::Device::DEFAULT, h.now());
         tokio::time::sleep(Duration::from_millis(29_500)).await;
         h.registry.leave(&first, CloseReason::Logout);
         let again_at = Instant::now();
-        let second = h.registry.login(4, h.now());
+        let second = h.registry.login(4, crate::proto::Device::DEFAULT, h.now());
         assert_eq!(second.ended().await, CloseReason::IdleTimeout);
         let silence = again_at.elapsed();
         assert!(silence > TIMEOUT - TICK && silence <= TIMEOUT, "silence {silence:?}");
@@ -284,8 +284,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn late_tick_reads_clients_before_it_sweeps() {
         let h = start();
-        let active = h.registry.login(1, h.now());
-        let silent = h.registry.login(2, h.now());
+        let active = h.registry.login(1, crate::proto::Device::DEFAULT, h.now());
+        let silent = h.registry.login(2, crate::proto::Device::DEFAULT, h.now());
         tokio::time::sleep(Duration::from_millis(500)).await;
         // The process stalls for longer than the timeout: the clock jumps, the ticker wakes
         // 40 s late, and runs before this task reads anything.
@@ -344,9 +344,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn silence_picture_follows_the_slots() {
         let h = start();
-        h.registry.login(1, h.now());
+        h.registry.login(1, crate::proto::Device::DEFAULT, h.now());
         tokio::time::sleep(Duration::from_millis(5_500)).await;
-        h.registry.login(2, h.now());
+        h.registry.login(2, crate::proto::Device::DEFAULT, h.now());
         // Let the tick at 6 s refresh the picture.
         tokio::time::sleep(Duration::from_millis(600)).await;
         let text = h.metrics.render();

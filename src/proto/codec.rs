@@ -18,9 +18,10 @@ pub const HEADER_LEN: usize = 4;
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 65_536;
 
 /// Longest first frame the gateway reads: a LOGIN (kind byte and uid) with a token of up to
-/// 512 bytes, six times the 85 of today's tokens. Until a connection has logged in it costs
-/// at most this much, however large `--max-frame-bytes` is.
-pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + 512;
+/// 512 bytes, six times the 85 of today's tokens, then the 0x00 and a device name of up to
+/// [`crate::proto::MAX_DEVICE_BYTES`]. Until a connection has logged in it costs at most
+/// this much, however large `--max-frame-bytes` is.
+pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + 512 + 1 + crate::proto::MAX_DEVICE_BYTES as u32;
 
 /// Least a split frame's buffer grows by; after that it doubles with what has arrived.
 const MIN_SPLIT_GROWTH: usize = 64;
@@ -126,7 +127,10 @@ mod tests {
     fn decodes_byte_by_byte_and_in_one_piece() {
         let mut codec = FrameCodec::default();
         let mut wire = BytesMut::new();
-        let frames = [Frame::Login { uid: 7, token: Bytes::from_static(b"x") }, Frame::Ping(Bytes::from_static(b"ts"))];
+        let frames = [
+            Frame::Login { uid: 7, token: Bytes::from_static(b"x"), device: Default::default() },
+            Frame::Ping(Bytes::from_static(b"ts")),
+        ];
         for f in &frames {
             codec.encode(f, &mut wire).unwrap();
         }
@@ -191,7 +195,12 @@ mod tests {
         big_first.put_u32(MAX_LOGIN_FRAME_BYTES + 1);
         assert!(matches!(codec.decode(&mut big_first), Err(FrameError::BadLength { max: MAX_LOGIN_FRAME_BYTES, .. })));
         let mut wire = BytesMut::new();
-        codec.encode(&Frame::Login { uid: 1, token: Bytes::from(vec![b'x'; 512]) }, &mut wire).unwrap();
+        codec
+            .encode(
+                &Frame::Login { uid: 1, token: Bytes::from(vec![b'x'; 512]), device: Default::default() },
+                &mut wire,
+            )
+            .unwrap();
         codec.encode(&Frame::Data(Bytes::from(vec![0u8; 60_000])), &mut wire).unwrap();
         assert!(matches!(codec.decode(&mut wire), Ok(Some(Frame::Login { .. }))));
         assert!(matches!(codec.decode(&mut wire), Ok(Some(Frame::Data(p))) if p.len() == 60_000));
@@ -200,7 +209,9 @@ mod tests {
     #[test]
     fn encoder_writes_the_length_prefix() {
         let mut dst = BytesMut::new();
-        FrameCodec::default().encode(&Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 }, &mut dst).unwrap();
+        FrameCodec::default()
+            .encode(&Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: String::new() }, &mut dst)
+            .unwrap();
         assert_eq!(&dst[..], &[0, 0, 0, 9, 0x81, 0, 0, 0x75, 0x30, 0, 0, 0x03, 0xe8]);
     }
 }

@@ -18,9 +18,13 @@ pub enum FrameError {
     /// A LOGIN whose payload cannot hold the 8-byte uid.
     #[error("LOGIN payload is {0} bytes; the uid alone takes 8")]
     ShortLogin(usize),
-    /// A WELCOME whose payload is not two u32 values.
-    #[error("WELCOME payload is {0} bytes, not 8")]
+    /// A WELCOME whose payload is shorter than two u32 values, or whose session id is not
+    /// ASCII.
+    #[error("WELCOME payload of {0} bytes: expected 8, then an ASCII session id")]
     BadWelcome(usize),
+    /// A LOGIN whose device name (after the 0x00) is not one.
+    #[error(transparent)]
+    BadDevice(#[from] crate::proto::DeviceError),
     /// A BYE with no reason byte, or one this version does not define.
     #[error("BYE with reason {0:?}")]
     BadBye(Option<u8>),

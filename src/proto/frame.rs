@@ -6,11 +6,11 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::proto::FrameError;
+use crate::proto::{Device, FrameError};
 
 /// Frame kind bytes; client-to-gateway kinds have the high bit clear, gateway-to-client set.
 pub mod kind {
-    /// uid (u64 BE) then an optional token.
+    /// uid (u64 BE), an optional token, then optionally 0x00 and a device name.
     pub const LOGIN: u8 = 0x01;
     /// Any payload; answered by PONG with the same payload.
     pub const PING: u8 = 0x02;
@@ -18,7 +18,7 @@ pub mod kind {
     pub const DATA: u8 = 0x03;
     /// Ends the session now.
     pub const LOGOUT: u8 = 0x04;
-    /// `timeout_ms` (u32 BE) then `tick_ms` (u32 BE).
+    /// `timeout_ms` (u32 BE), `tick_ms` (u32 BE), then the session id in ASCII.
     pub const WELCOME: u8 = 0x81;
     /// The PING's payload.
     pub const PONG: u8 = 0x82;
@@ -31,22 +31,28 @@ pub mod kind {
 /// Bytes of the uid at the start of a LOGIN payload.
 const UID_LEN: usize = 8;
 
-/// Bytes of a WELCOME payload: two u32 values.
+/// Bytes of a WELCOME payload before the session id: two u32 values, all an old client reads.
 const WELCOME_LEN: usize = 8;
+
+/// Separates a LOGIN's token from its device name. Tokens are printable ASCII, so it can
+/// never be part of one, and a LOGIN without it is an old client's: the default device.
+const DEVICE_SEPARATOR: u8 = 0x00;
 
 /// One protocol frame, in either direction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    /// First frame of a session: who the client is and, with auth on, its token.
-    Login { uid: u64, token: Bytes },
+    /// First frame of a session: who the client is, with auth on its token, and which of
+    /// its devices this is.
+    Login { uid: u64, token: Bytes, device: Device },
     /// Keepalive; the payload comes back in the PONG (clients put a timestamp there).
     Ping(Bytes),
     /// Application payload; activity without a reply.
     Data(Bytes),
     /// The client ends its session.
     Logout,
-    /// The gateway accepted the LOGIN and tells the client how often it must speak.
-    Welcome { timeout_ms: u32, tick_ms: u32 },
+    /// The gateway accepted the LOGIN and tells the client how often it must speak, and the
+    /// id its session has in the events (empty from a gateway older than version 3).
+    Welcome { timeout_ms: u32, tick_ms: u32, session: String },
     /// Answer to a PING.
     Pong(Bytes),
     /// Application bytes from a backend.
@@ -70,16 +76,24 @@ impl Frame {
                     return Err(FrameError::ShortLogin(body.len()));
                 }
                 let uid = body.get_u64();
-                Frame::Login { uid, token: body }
+                match body.iter().position(|&b| b == DEVICE_SEPARATOR) {
+                    None => Frame::Login { uid, token: body, device: Device::DEFAULT },
+                    Some(at) => {
+                        let device = Device::parse(&body[at + 1..]).map_err(FrameError::BadDevice)?;
+                        Frame::Login { uid, token: body.slice(..at), device }
+                    }
+                }
             }
             kind::PING => Frame::Ping(body),
             kind::DATA => Frame::Data(body),
             kind::LOGOUT => Frame::Logout,
             kind::WELCOME => {
-                if body.len() != WELCOME_LEN {
+                if body.len() < WELCOME_LEN || !body[WELCOME_LEN..].is_ascii() {
                     return Err(FrameError::BadWelcome(body.len()));
                 }
-                Frame::Welcome { timeout_ms: body.get_u32(), tick_ms: body.get_u32() }
+                let (timeout_ms, tick_ms) = (body.get_u32(), body.get_u32());
+                let session = String::from_utf8_lossy(&body).into_owned();
+                Frame::Welcome { timeout_ms, tick_ms, session }
             }
             kind::PONG => Frame::Pong(body),
             kind::PUSH => Frame::Push(body),
@@ -99,10 +113,12 @@ impl Frame {
     /// Length of the body [`Frame::encode`] writes: kind byte plus payload.
     pub fn body_len(&self) -> usize {
         1 + match self {
-            Frame::Login { token, .. } => UID_LEN + token.len(),
+            Frame::Login { token, device, .. } => {
+                UID_LEN + token.len() + if device.is_default() { 0 } else { 1 + device.len() }
+            }
             Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) | Frame::Push(p) => p.len(),
             Frame::Logout => 0,
-            Frame::Welcome { .. } => WELCOME_LEN,
+            Frame::Welcome { session, .. } => WELCOME_LEN + session.len(),
             Frame::Bye { text, .. } => 1 + text.len(),
         }
     }
@@ -111,10 +127,14 @@ impl Frame {
     pub fn encode(&self, dst: &mut BytesMut) {
         dst.reserve(self.body_len());
         match self {
-            Frame::Login { uid, token } => {
+            Frame::Login { uid, token, device } => {
                 dst.put_u8(kind::LOGIN);
                 dst.put_u64(*uid);
                 dst.put_slice(token);
+                if !device.is_default() {
+                    dst.put_u8(DEVICE_SEPARATOR);
+                    dst.put_slice(device.as_str().as_bytes());
+                }
             }
             Frame::Ping(p) => {
                 dst.put_u8(kind::PING);
@@ -125,10 +145,11 @@ impl Frame {
                 dst.put_slice(p);
             }
             Frame::Logout => dst.put_u8(kind::LOGOUT),
-            Frame::Welcome { timeout_ms, tick_ms } => {
+            Frame::Welcome { timeout_ms, tick_ms, session } => {
                 dst.put_u8(kind::WELCOME);
                 dst.put_u32(*timeout_ms);
                 dst.put_u32(*tick_ms);
+                dst.put_slice(session.as_bytes());
             }
             Frame::Pong(p) => {
                 dst.put_u8(kind::PONG);
@@ -251,17 +272,31 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips() {
-        round_trip(Frame::Login { uid: 42, token: Bytes::from_static(b"tok") });
-        round_trip(Frame::Login { uid: u64::MAX, token: Bytes::new() });
+        round_trip(Frame::Login { uid: 42, token: Bytes::from_static(b"tok"), device: Device::DEFAULT });
+        round_trip(Frame::Login { uid: u64::MAX, token: Bytes::new(), device: Device::DEFAULT });
+        let phone = Device::parse(b"phone").unwrap();
+        round_trip(Frame::Login { uid: 7, token: Bytes::from_static(b"tok"), device: phone });
+        round_trip(Frame::Login { uid: 7, token: Bytes::new(), device: phone });
         round_trip(Frame::Ping(Bytes::from_static(b"\x00\x01")));
         round_trip(Frame::Data(Bytes::new()));
         round_trip(Frame::Logout);
-        round_trip(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000 });
+        round_trip(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: String::new() });
+        round_trip(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: "00000000000000ff".into() });
         round_trip(Frame::Pong(Bytes::from_static(b"t")));
         round_trip(Frame::Push(Bytes::from_static(b"\x00\xffbin")));
         for reason in CloseReason::ALL.into_iter().filter(|r| r.wire_code().is_some()) {
             round_trip(Frame::Bye { reason, text: "why".into() });
         }
+    }
+
+    #[test]
+    fn an_old_login_means_the_default_device_and_an_old_welcome_parses() {
+        let old = Frame::parse(Bytes::from_static(b"\x01\x00\x00\x00\x00\x00\x00\x00\x05tok")).unwrap();
+        assert_eq!(old, Frame::Login { uid: 5, token: Bytes::from_static(b"tok"), device: Device::DEFAULT });
+        let named = Frame::parse(Bytes::from_static(b"\x01\x00\x00\x00\x00\x00\x00\x00\x05tok\x00tab")).unwrap();
+        assert_eq!(named, Frame::Login { uid: 5, token: Bytes::from_static(b"tok"), device: "tab".parse().unwrap() });
+        let welcome = Frame::parse(Bytes::from_static(b"\x81\x00\x00\x75\x30\x00\x00\x03\xe8")).unwrap();
+        assert_eq!(welcome, Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: String::new() });
     }
 
     #[test]
@@ -283,6 +318,9 @@ mod tests {
         assert!(matches!(parse(b"\x01\x00\x00"), FrameError::ShortLogin(2)));
         assert!(matches!(parse(b"\x07"), FrameError::UnknownKind(7)));
         assert!(matches!(parse(b"\x81\x00"), FrameError::BadWelcome(1)));
+        assert!(matches!(parse(b"\x81\x00\x00\x00\x01\x00\x00\x00\x01\xff"), FrameError::BadWelcome(9)));
+        assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01tok\x00"), FrameError::BadDevice(_)));
+        assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00a\x07"), FrameError::BadDevice(_)));
         assert!(matches!(parse(b"\x8f"), FrameError::BadBye(None)));
         assert!(matches!(parse(b"\x8f\x0a"), FrameError::BadBye(Some(10))));
     }

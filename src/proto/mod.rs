@@ -7,6 +7,7 @@
 //! every other imports and which imports nothing of them.
 
 mod codec;
+mod device;
 mod error;
 mod frame;
 mod retry;
@@ -14,6 +15,7 @@ mod transport;
 
 pub(crate) use codec::put_frame;
 pub use codec::{FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES};
+pub use device::{Device, DeviceError, MAX_DEVICE_BYTES};
 pub use error::FrameError;
 pub use frame::{kind, CloseReason, Frame};
 pub(crate) use retry::{

@@ -17,8 +17,8 @@ use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use crate::presence::{unix_now, Liveness, Session};
 use crate::proto::{
-    jittered_ms, put_frame, retry_text, CloseReason, Frame, Transport, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
-    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+    jittered_ms, put_frame, retry_text, CloseReason, Device, Frame, Transport, REFUSED_RETRY_BASE,
+    REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
 
 /// Why a connection closes: the reason its BYE carries, and the BYE's text.
@@ -89,8 +89,10 @@ impl Machine {
     /// Called as the logged-in phase begins: shutdown ends every session in the registry,
     /// and one that logged in as it began is ended here, so none is missed either way.
     pub(crate) fn begin(&self) {
-        if let Some(session) = self.session.as_deref().filter(|_| self.gateway.shutdown.is_cancelled()) {
-            session.end(CloseReason::Shutdown);
+        if let Some(session) = self.session.as_ref().filter(|_| self.gateway.shutdown.is_cancelled()) {
+            // Through the registry, which decides under the uid's entry whether this was
+            // its last session.
+            self.gateway.registry.leave(session, CloseReason::Shutdown);
         }
     }
 
@@ -109,7 +111,7 @@ impl Machine {
         let metrics: &Metrics = &self.gateway.metrics;
         metrics.frame(&frame);
         match (&self.session, frame) {
-            (None, Frame::Login { uid, token }) => self.login(uid, &token, out),
+            (None, Frame::Login { uid, token, device }) => self.login(uid, &token, device, out),
             (Some(_), Frame::Login { .. }) => Err((CloseReason::ProtocolError, "second LOGIN".into())),
             (Some(_), Frame::Ping(payload)) => {
                 self.activity()?;
@@ -142,7 +144,7 @@ impl Machine {
         self.activity().map(|_| ())
     }
 
-    fn login(&mut self, uid: u64, token: &[u8], out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
+    fn login(&mut self, uid: u64, token: &[u8], device: Device, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
         let gateway = &self.gateway;
         if let Some(auth) = &gateway.config.auth {
             if let Err(e) = auth.verify(uid, token, unix_now()) {
@@ -159,11 +161,13 @@ impl Machine {
             }
         }
         let now = gateway.clock.now();
-        self.session = Some(gateway.registry.login(uid, now));
+        let session = gateway.registry.login(uid, device, now);
+        let id = format!("{:016x}", session.id());
+        self.session = Some(session);
         self.last_tick = now;
         let config = &gateway.config;
-        out.frame(&Frame::Welcome { timeout_ms: config.timeout_ms(), tick_ms: config.tick_ms() });
-        tracing::debug!(uid, "logged in");
+        out.frame(&Frame::Welcome { timeout_ms: config.timeout_ms(), tick_ms: config.tick_ms(), session: id });
+        tracing::debug!(uid, %device, "logged in");
         Ok(())
     }
 
@@ -230,6 +234,12 @@ impl Machine {
         // once to a restarted gateway.
         let text = match reason {
             CloseReason::Shutdown => retry_text(jittered_ms(SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD), &text),
+            CloseReason::Kicked if text.is_empty() && self.session.as_ref().is_some_and(|s| s.was_evicted()) => {
+                format!(
+                    "the least recently active of {} devices, ended for a login on another",
+                    self.gateway.config.max_devices
+                )
+            }
             _ => text,
         };
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });

@@ -251,7 +251,7 @@ impl Client {
     }
 
     pub async fn login_with(&mut self, uid: u64, token: &[u8]) -> Frame {
-        self.send(Frame::Login { uid, token: bytes::Bytes::copy_from_slice(token) }).await;
+        self.send(Frame::Login { uid, token: bytes::Bytes::copy_from_slice(token), device: Default::default() }).await;
         self.recv().await.expect("an answer to LOGIN")
     }
 

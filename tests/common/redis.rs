@@ -129,7 +129,14 @@ pub struct StreamEvent {
 pub fn assert_paired(events: &[StreamEvent]) {
     use std::collections::HashMap;
     let mut sessions: HashMap<(u64, &str), (usize, usize)> = HashMap::new();
+    // Per uid, whether it is online as a user: its user events alternate, online first.
+    let mut users: HashMap<u64, bool> = HashMap::new();
     for e in events {
+        match e.kind.as_str() {
+            "user_online" => assert!(!users.insert(e.uid, true).unwrap_or(false), "user_online twice: {e:?}"),
+            "user_offline" => assert!(users.insert(e.uid, false).unwrap_or(false), "user_offline while offline: {e:?}"),
+            _ => {}
+        }
         let entry = sessions.entry((e.uid, e.session.as_str())).or_default();
         match e.kind.as_str() {
             "online" => {
