@@ -571,6 +571,242 @@ mod tests {
         out
     }
 
+    fn registry_with_devices(window: u64, max_devices: usize) -> Registry {
+        let config = Config { timeout: Duration::from_secs(window), ..Config::default() };
+        let metrics = Arc::new(Metrics::new(&config));
+        let events = Arc::new(EventLog::new(1 << 20, 1 << 30, metrics.clone()));
+        Registry::with_devices(window, max_devices, events, metrics)
+    }
+
+    fn device(n: u8) -> Device {
+        if n == 0 {
+            Device::DEFAULT
+        } else {
+            Device::parse(format!("d{n}").as_bytes()).unwrap()
+        }
+    }
+
+    #[test]
+    fn devices_live_and_expire_on_their_own_and_the_user_events_follow_the_last() {
+        let reg = registry_with_devices(3, 2);
+        let phone = reg.login(1, device(1), 0);
+        let desk = reg.login(1, device(2), 0);
+        assert_eq!((reg.metrics.online_users.get(), reg.metrics.online_sessions.get()), (1, 2));
+        assert_eq!(reg.touch(&desk, 1), Liveness::Alive);
+        assert!(sweep(&reg, 3).is_empty(), "the desk keeps the uid online");
+        assert_eq!(phone.end_reason(), Some(CloseReason::IdleTimeout));
+        assert!(!phone.was_last());
+        assert_eq!(reg.sessions_of(1, None).len(), 1);
+        assert_eq!(reg.leave(&desk, CloseReason::Logout), CloseReason::Logout);
+        assert!(desk.was_last());
+        assert_eq!((reg.metrics.online_users.get(), reg.metrics.online_sessions.get()), (0, 0));
+    }
+
+    #[test]
+    fn a_third_device_evicts_the_least_recently_active_and_a_relogin_only_its_own() {
+        let reg = registry_with_devices(5, 2);
+        let a = reg.login(1, device(1), 0);
+        let b = reg.login(1, device(2), 0);
+        reg.touch(&a, 2);
+        let c = reg.login(1, device(3), 2);
+        assert_eq!((b.end_reason(), b.was_evicted(), b.was_last()), (Some(CloseReason::Kicked), true, false));
+        let a2 = reg.login(1, device(1), 3);
+        assert_eq!((a.end_reason(), a.was_evicted()), (Some(CloseReason::Kicked), false));
+        let live: Vec<u64> = reg.sessions_of(1, None).iter().map(|s| s.id()).collect();
+        assert_eq!(live, [c.id(), a2.id()]);
+        assert_eq!(reg.kick(1, Some(&device(3))), 1);
+        assert_eq!(reg.push(1, None, &Bytes::from_static(b"x"), 1 << 20), 1);
+        assert_eq!(reg.kick(1, None), 1);
+        assert!(a2.was_last() && !reg.is_online(1));
+    }
+
+    /// Two devices of one uid swept in one chunk end together; only the second is the last,
+    /// and a login that finds a device swept but not yet finished ends it as expired first.
+    #[test]
+    fn swept_devices_end_in_order_and_a_login_settles_them_first() {
+        let reg = registry_with_devices(2, 3);
+        let a = reg.login(4, device(1), 0);
+        let b = reg.login(4, device(2), 0);
+        reg.advance(2);
+        let mut out = Vec::new();
+        reg.expire_chunk(shard_of(4), usize::MAX, &mut out);
+        assert_eq!(out, [4, 4]);
+        // Logged in again before the sweep finished: the ring may hand the new session a
+        // swept entry, so the swept sessions must end before it is filed.
+        let c = reg.login(4, device(1), 2);
+        assert_eq!((a.end_reason(), b.end_reason()), (Some(CloseReason::IdleTimeout), Some(CloseReason::IdleTimeout)));
+        assert_eq!([a.was_last(), b.was_last()], [false, true]);
+        assert_eq!(reg.finish_expired(&out), 0);
+        assert_eq!(reg.touch(&c, 2), Liveness::Alive);
+        assert_eq!(reg.touch(&a, 2), Liveness::Gone);
+        assert_eq!(reg.sessions_of(4, None).len(), 1);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Login { uid: u8, device: u8 },
+        Touch(u8),
+        Leave(u8),
+        Kick { uid: u8, device: Option<u8> },
+        Tick,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..3u8, 0..4u8).prop_map(|(uid, device)| Op::Login { uid, device }),
+            4 => any::<u8>().prop_map(Op::Touch),
+            1 => any::<u8>().prop_map(Op::Leave),
+            1 => (0..3u8, proptest::option::of(0..4u8)).prop_map(|(uid, device)| Op::Kick { uid, device }),
+            3 => Just(Op::Tick),
+        ]
+    }
+
+    /// A session as the plain model keeps it.
+    #[derive(Debug, Clone)]
+    struct Modelled {
+        uid: u64,
+        device: u8,
+        id: u64,
+        last: u64,
+    }
+
+    proptest::proptest! {
+        /// The registry with devices against a plain model: the same live sessions after
+        /// every step (the newest login of a device wins; past `max` devices the least
+        /// recently active goes; each expires `window` ticks after its last touch), gauges
+        /// that agree, and an event log where every session is online once and offline at
+        /// most once, and user events mark exactly when a uid came and went.
+        #[test]
+        fn devices_match_a_plain_model(max in 1..4usize, ops in proptest::collection::vec(op(), 1..120)) {
+            const WINDOW: u64 = 3;
+            let reg = registry_with_devices(WINDOW, max);
+            let start = reg.events().last_id();
+            let mut model: Vec<Modelled> = Vec::new();
+            let mut all: Vec<Arc<Session>> = Vec::new();
+            let mut now = 0;
+            for op in ops {
+                match op {
+                    Op::Login { uid, device: d } => {
+                        let uid = u64::from(uid);
+                        if let Some(i) = model.iter().position(|m| m.uid == uid && m.device == d) {
+                            model.remove(i);
+                        } else if model.iter().filter(|m| m.uid == uid).count() >= max {
+                            // The least recently active; the older login on a tie.
+                            let i = (0..model.len()).filter(|&i| model[i].uid == uid).min_by_key(|&i| (model[i].last, i)).unwrap();
+                            model.remove(i);
+                        }
+                        let s = reg.login(uid, device(d), now);
+                        model.push(Modelled { uid, device: d, id: s.id(), last: now });
+                        all.push(s);
+                    }
+                    Op::Touch(pick) if !all.is_empty() => {
+                        let s = &all[usize::from(pick) % all.len()];
+                        let want = match model.iter_mut().find(|m| m.id == s.id()) {
+                            Some(m) => {
+                                m.last = now;
+                                Liveness::Alive
+                            }
+                            None => Liveness::Gone,
+                        };
+                        proptest::prop_assert_eq!(reg.touch(s, now), want);
+                    }
+                    Op::Leave(pick) if !all.is_empty() => {
+                        let s = all[usize::from(pick) % all.len()].clone();
+                        reg.leave(&s, CloseReason::Logout);
+                        model.retain(|m| m.id != s.id());
+                    }
+                    Op::Kick { uid, device: d } => {
+                        let uid = u64::from(uid);
+                        let hit = |m: &Modelled| m.uid == uid && d.is_none_or(|d| m.device == d);
+                        let want = model.iter().filter(|m| hit(m)).count();
+                        proptest::prop_assert_eq!(reg.kick(uid, d.map(device).as_ref()), want);
+                        model.retain(|m| !hit(m));
+                    }
+                    Op::Tick => {
+                        now += 1;
+                        sweep(&reg, now);
+                        model.retain(|m| m.last + WINDOW > now);
+                    }
+                    _ => {}
+                }
+                for uid in 0..3 {
+                    let mut got: Vec<(u64, String)> =
+                        reg.sessions_of(uid, None).iter().map(|s| (s.id(), s.device().to_string())).collect();
+                    let mut want: Vec<(u64, String)> =
+                        model.iter().filter(|m| m.uid == uid).map(|m| (m.id, device(m.device).to_string())).collect();
+                    got.sort();
+                    want.sort();
+                    proptest::prop_assert_eq!(got, want);
+                }
+                let users = (0..3).filter(|&uid| model.iter().any(|m| m.uid == uid)).count() as i64;
+                proptest::prop_assert_eq!(reg.metrics.online_users.get(), users);
+                proptest::prop_assert_eq!(reg.metrics.online_sessions.get(), model.len() as i64);
+            }
+            check_event_log(&reg, start, &model)?;
+        }
+    }
+
+    /// Every session online once and offline at most once, after its online; per uid, a
+    /// `user_online` right after an online that found no session and a `user_offline`
+    /// right after the offline that left none, except where a login replaced the session
+    /// (its online is the very next event); at the end, online users as the model says.
+    fn check_event_log(
+        reg: &Registry,
+        start: crate::presence::EventId,
+        model: &[Modelled],
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        use crate::presence::What;
+        let mut events = Vec::new();
+        let mut at = start;
+        loop {
+            let batch = reg.events().read(at);
+            let Some(last) = batch.events.last() else { break };
+            at = last.id;
+            events.extend(batch.events);
+        }
+        let mut count: std::collections::HashMap<u64, usize> = Default::default();
+        let mut user: std::collections::HashMap<u64, bool> = Default::default();
+        let mut sessions: std::collections::HashMap<u64, (u32, u32)> = Default::default();
+        for (i, e) in events.iter().enumerate() {
+            let next = events.get(i + 1).map(|n| (&n.what, n.uid));
+            let n = count.entry(e.uid).or_default();
+            let online = user.entry(e.uid).or_default();
+            match &e.what {
+                What::Online { session, .. } => {
+                    let entry = sessions.entry(*session).or_default();
+                    proptest::prop_assert_eq!(*entry, (0, 0), "online twice or after offline: {:?}", e);
+                    entry.0 += 1;
+                    let follows = matches!(next, Some((What::UserOnline, uid)) if uid == e.uid);
+                    proptest::prop_assert_eq!(follows, !*online, "user_online after {:?}", e);
+                    *n += 1;
+                    *online = true;
+                }
+                What::Offline { session, .. } => {
+                    let entry = sessions.entry(*session).or_default();
+                    proptest::prop_assert_eq!(*entry, (1, 0), "offline without online or twice: {:?}", e);
+                    entry.1 += 1;
+                    *n -= 1;
+                    let follows = matches!(next, Some((What::UserOffline { .. }, uid)) if uid == e.uid);
+                    if follows {
+                        proptest::prop_assert_eq!(*n, 0, "user_offline with sessions left: {:?}", e);
+                        *online = false;
+                    } else if *n == 0 {
+                        let replaced =
+                            matches!(next, Some((What::Online { .. } | What::Offline { .. }, uid)) if uid == e.uid);
+                        proptest::prop_assert!(replaced, "the uid's last session ended with no user_offline: {:?}", e);
+                    }
+                }
+                What::UserOnline | What::UserOffline { .. } | What::Data(_) => {}
+            }
+        }
+        for uid in 0..3 {
+            let want = model.iter().any(|m| m.uid == uid);
+            proptest::prop_assert_eq!(user.get(&uid).copied().unwrap_or(false), want, "uid {} at the end", uid);
+        }
+        Ok(())
+    }
+
     #[test]
     fn shards_spread_sequential_uids() {
         let mut counts = [0usize; RING_SHARDS];

@@ -235,10 +235,10 @@ impl Machine {
         let text = match reason {
             CloseReason::Shutdown => retry_text(jittered_ms(SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD), &text),
             CloseReason::Kicked if text.is_empty() && self.session.as_ref().is_some_and(|s| s.was_evicted()) => {
-                format!(
-                    "the least recently active of {} devices, ended for a login on another",
-                    self.gateway.config.max_devices
-                )
+                match self.gateway.config.max_devices {
+                    1 => "replaced by a login of the same uid on another device (--max-devices 1)".to_string(),
+                    n => format!("the least recently active of {n} devices, ended for a login on another"),
+                }
             }
             _ => text,
         };

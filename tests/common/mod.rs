@@ -255,6 +255,16 @@ impl Client {
         self.recv().await.expect("an answer to LOGIN")
     }
 
+    /// Logs in as `uid` on `device`; returns the session id WELCOME gave.
+    pub async fn login_device(&mut self, uid: u64, device: &str) -> String {
+        let device = device.parse().expect("a valid device name");
+        self.send(Frame::Login { uid, token: bytes::Bytes::new(), device }).await;
+        match self.recv().await {
+            Some(Frame::Welcome { session, .. }) => session,
+            other => panic!("expected WELCOME, got {other:?}"),
+        }
+    }
+
     /// Sends a PING and expects its PONG.
     pub async fn ping(&mut self, payload: &'static [u8]) {
         self.send(Frame::Ping(bytes::Bytes::from_static(payload))).await;
