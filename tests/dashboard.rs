@@ -51,6 +51,7 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
     // The metric list, so a rename cannot slip through unnoticed.
     for required in [
         "idlegate_online_users",
+        "idlegate_online_sessions",
         "idlegate_connections_open",
         "idlegate_connections_accepted_total",
         "idlegate_connections_closed_total",

@@ -24,6 +24,7 @@ const SILENT: u64 = 4;
 /// What the page shows, read off its DOM.
 const READ_PAGE: &str = r#"JSON.stringify({
   online: document.getElementById('online').textContent,
+  sessions: document.getElementById('sessions').textContent,
   connections: document.getElementById('connections').textContent,
   bars: document.querySelectorAll('#silence rect.bar').length,
   timeoutMark: !!document.getElementById('timeout-mark'),
@@ -91,6 +92,8 @@ async fn the_page_shows_the_gateway_live_in_a_real_browser() {
         sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(shown["online"], json!(ACTIVE.to_string()));
+    // One device each: as many sessions as users.
+    assert_eq!(shown["sessions"], json!(ACTIVE.to_string()));
     assert_eq!(shown["node"], json!("page-node"));
     assert_eq!(shown["timeoutMark"], json!(true));
     let onlines = shown["events"].as_array().unwrap().iter().filter(|e| e[0] == "online").count();

@@ -98,6 +98,8 @@ pub(crate) async fn summary(
         "tick_ms": config.tick_ms(),
         "max_connections": config.max_connections,
         "online": online,
+        "sessions": metrics.online_sessions.get(),
+        "max_devices": config.max_devices,
         "connections": metrics.connections_open.get(),
         "connections_by_transport": Transport::ALL
             .iter()

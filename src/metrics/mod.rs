@@ -219,7 +219,10 @@ impl Metrics {
             "uids taken out of the ring by sweeps; closes for idle_timeout are at most this, the difference being \
              clients that left (logout, disconnect) between the sweep and their close",
         );
-        let ring_tracked = gauge("idlegate_ring_tracked_uids", "uids in the ring (equals online users when healthy)");
+        let ring_tracked = gauge(
+            "idlegate_ring_tracked_uids",
+            "sessions in the ring, one per device of each online uid (equals idlegate_online_sessions when healthy)",
+        );
         let silence_vec = IntGaugeVec::new(
             Opts::new(
                 "idlegate_ring_silence_uids",
