@@ -21,9 +21,15 @@ pub struct Args {
     /// New connections per second while opening.
     #[arg(long, default_value_t = 5000.0)]
     pub connect_rate: f64,
-    /// First uid; client i logs in as uid-base + i.
+    /// First uid; client i logs in as uid-base + i (with --devices N, as uid-base + i / N).
     #[arg(long, default_value_t = 1)]
     pub uid_base: u64,
+    /// Each uid logs in from N connections with distinct device names: client i is device
+    /// `d<i mod N>` of uid uid-base + i / N. The gateway needs --max-devices N or more. A
+    /// push goes to a uid and must reach every device of it that is online; the event check
+    /// also checks `user_online` and `user_offline`: exactly one per transition, in order.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub devices: u64,
     /// Mean time between an active client's PINGs (each drawn with +-10 % jitter).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub ping_interval: Duration,

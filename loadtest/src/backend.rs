@@ -80,41 +80,77 @@ impl Api {
     }
 }
 
+/// One push on its way: to which uid, how many of its devices have reported it, and how
+/// many the API said it reached (once its answer is in).
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    uid: u64,
+    received: u64,
+    expected: Option<u64>,
+}
+
 /// What became of the pushes.
 #[derive(Debug, Default)]
 pub struct Pushes {
-    /// Push id -> the uid it went to, from the request until a client reports it.
-    outstanding: Mutex<HashMap<u64, u64>>,
+    /// Push id -> where it went, from the request until every session it reached reports it.
+    outstanding: Mutex<HashMap<u64, Outstanding>>,
     next_id: AtomicU64,
     pub sent: AtomicU64,
     pub offline: AtomicU64,
     pub received: AtomicU64,
+    /// Sessions the API said the sent pushes reached (one per push without devices).
+    pub deliveries: AtomicU64,
     pub errors: AtomicU64,
-    /// Pushes received that were never sent, or by the wrong uid.
+    /// Pushes received that were never sent, by the wrong uid, or by more sessions than
+    /// the API said it reached.
     pub unexpected: AtomicU64,
 }
 
 // === impl Pushes ===
 
 impl Pushes {
-    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u64>> {
+    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Outstanding>> {
         self.outstanding.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A client received push `id`; returns whether it was one we sent to `uid`.
-    pub fn received(&self, id: u64, uid: u64) -> bool {
-        let expected = self.outstanding().remove(&id) == Some(uid);
-        if expected {
-            self.received.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.unexpected.fetch_add(1, Ordering::Relaxed);
-        }
+    /// Client `client` of `uid` received push `id`; returns whether it was one we sent to
+    /// `uid` and still expected.
+    pub fn received(&self, id: u64, uid: u64, _client: u64) -> bool {
+        let mut outstanding = self.outstanding();
+        let expected = match outstanding.get_mut(&id) {
+            Some(o) if o.uid == uid && o.expected.is_none_or(|n| o.received < n) => {
+                o.received += 1;
+                if o.expected == Some(o.received) {
+                    outstanding.remove(&id);
+                }
+                true
+            }
+            _ => false,
+        };
+        drop(outstanding);
+        let counter = if expected { &self.received } else { &self.unexpected };
+        counter.fetch_add(1, Ordering::Relaxed);
         expected
     }
 
-    /// Pushes answered `sent` that no client has received.
+    /// The API answered that push `id` reached `sessions` sessions.
+    fn answered(&self, id: u64, sessions: u64) {
+        self.deliveries.fetch_add(sessions, Ordering::Relaxed);
+        let mut outstanding = self.outstanding();
+        if let Some(o) = outstanding.get_mut(&id) {
+            if o.received >= sessions {
+                let extra = o.received - sessions;
+                outstanding.remove(&id);
+                self.unexpected.fetch_add(extra, Ordering::Relaxed);
+            } else {
+                o.expected = Some(sessions);
+            }
+        }
+    }
+
+    /// Deliveries the API answered `sent` that no client has received.
     pub fn lost(&self) -> u64 {
-        self.outstanding().len() as u64
+        self.outstanding().values().map(|o| o.expected.map_or(0, |n| n - o.received)).sum()
     }
 }
 
@@ -171,7 +207,7 @@ pub async fn push_loop(apis: Vec<Api>, nodes: usize, rate: f64, ctx: Arc<Ctx>, s
             else {
                 continue;
             };
-            let uid = ctx.uid_base + index as u64;
+            let uid = ctx.uid_base + index as u64 / ctx.devices;
             in_flight.spawn(push_one(api_for(&apis, nodes, index, done).clone(), ctx.clone(), uid));
         }
     }
@@ -183,7 +219,7 @@ async fn push_one(api: Api, ctx: Arc<Ctx>, uid: u64) {
     let id = pushes.next_id.fetch_add(1, Ordering::Relaxed);
     let nanos = ctx.epoch.elapsed().as_nanos() as u64;
     // Registered before the request: the client may receive it before the answer arrives.
-    pushes.outstanding().insert(id, uid);
+    pushes.outstanding().insert(id, Outstanding { uid, received: 0, expected: None });
     let body = serde_json::json!({ "uids": [uid], "payload": BASE64.encode(push_payload(id, nanos)) });
     let answer = async {
         let response = api.request(reqwest::Method::POST, "/v1/push").json(&body).timeout(API_TIMEOUT).send().await?;
@@ -193,6 +229,9 @@ async fn push_one(api: Api, ctx: Arc<Ctx>, uid: u64) {
     match answer {
         Ok(v) if v["sent"].as_array().is_some_and(|s| s.len() == 1) => {
             pushes.sent.fetch_add(1, Ordering::Relaxed);
+            // Every device of the uid online (one session without devices, or from a
+            // gateway that does not say).
+            pushes.answered(id, v["sessions"].as_u64().unwrap_or(1));
         }
         Ok(v) if v["offline"].as_array().is_some_and(|s| s.len() == 1) => {
             pushes.offline.fetch_add(1, Ordering::Relaxed);
@@ -208,7 +247,39 @@ async fn push_one(api: Api, ctx: Arc<Ctx>, uid: u64) {
     }
 }
 
-/// What the event consumer saw of one uid.
+/// Which clients a run has, to place each event: client i is device `d<i mod devices>` (or
+/// the default device, without devices) of uid `uid_base + i / devices`.
+#[derive(Debug, Clone, Copy)]
+pub struct Clients {
+    pub uid_base: u64,
+    pub devices: u64,
+    pub count: u64,
+}
+
+impl Clients {
+    /// The client a session event names.
+    fn index(&self, uid: u64, device: &str) -> Option<u64> {
+        let k = if self.devices == 1 {
+            device.is_empty().then_some(0)?
+        } else {
+            device.strip_prefix('d')?.parse::<u64>().ok().filter(|&k| k < self.devices)?
+        };
+        let i = uid.checked_sub(self.uid_base)?.checked_mul(self.devices)? + k;
+        (i < self.count).then_some(i)
+    }
+
+    /// The client a DATA payload's key names.
+    fn by_key(&self, key: u64) -> Option<u64> {
+        key.checked_sub(self.uid_base).filter(|&i| i < self.count)
+    }
+
+    /// Whether `uid` is one of the run's.
+    fn has_uid(&self, uid: u64) -> bool {
+        uid.checked_sub(self.uid_base).and_then(|u| u.checked_mul(self.devices)).is_some_and(|i| i < self.count)
+    }
+}
+
+/// What the event consumer saw of one client.
 #[derive(Debug, Default, Clone)]
 struct Seen {
     onlines: Vec<String>,
@@ -218,17 +289,45 @@ struct Seen {
     bad_data: u64,
 }
 
+/// What the user-level events of one uid must be next, from its session events so far.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    /// No user event: the next event of the uid is not one.
+    #[default]
+    Nothing,
+    /// An online found the uid offline: `user_online` comes next.
+    UserOnline,
+    /// An offline left the uid without sessions: `user_offline` comes next, or the online of
+    /// the login that replaced it (no user event then).
+    UserOfflineOrReplacement,
+}
+
+/// The user-level view of one uid, as its events tell it.
+#[derive(Debug, Default, Clone, Copy)]
+struct User {
+    sessions: i64,
+    online: bool,
+    awaiting: Awaiting,
+}
+
 /// The event consumer's record.
 #[derive(Debug, Default)]
 pub struct Ledger {
     seen: Mutex<HashMap<u64, Seen>>,
+    users: Mutex<HashMap<u64, User>>,
     pub events: AtomicU64,
     pub offlines: AtomicU64,
+    /// `user_online` and `user_offline` events.
+    pub user_events: AtomicU64,
+    /// User events missing, doubled or out of order.
+    pub user_mismatches: AtomicU64,
     /// Events the stream said this consumer missed.
     pub missed: AtomicU64,
     pub malformed: AtomicU64,
     /// Offline events with reason `node_lost`: sessions of a gateway that died.
     pub node_lost: AtomicU64,
+    /// A few user-event mismatches described.
+    user_problems: Mutex<Vec<String>>,
 }
 
 // === impl Ledger ===
@@ -238,7 +337,7 @@ impl Ledger {
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn record(&self, event: &str, data: &Value, uids: std::ops::Range<u64>) {
+    fn record(&self, event: &str, data: &Value, clients: Clients) {
         self.events.fetch_add(1, Ordering::Relaxed);
         if event == "gap" {
             self.missed.fetch_add(data["missed"].as_u64().unwrap_or(1).max(1), Ordering::Relaxed);
@@ -248,12 +347,27 @@ impl Ledger {
             self.malformed.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if !uids.contains(&uid) {
+        if !clients.has_uid(uid) {
             return;
         }
         let text = |k: &str| data[k].as_str().unwrap_or("").to_string();
+        self.follow_user(uid, event);
+        let index = match event {
+            "online" | "offline" => clients.index(uid, &text("device")),
+            "data" => {
+                let payload = BASE64.decode(text("payload")).unwrap_or_default();
+                let key = payload.get(..8).map(|k| u64::from_be_bytes(k.try_into().unwrap_or_default()));
+                key.and_then(|k| clients.by_key(k))
+            }
+            "user_online" | "user_offline" => return,
+            _ => None,
+        };
+        let Some(index) = index else {
+            self.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let mut seen = self.seen();
-        let seen = seen.entry(uid).or_default();
+        let seen = seen.entry(index).or_default();
         match event {
             "online" => seen.onlines.push(text("session")),
             "offline" => {
@@ -263,16 +377,65 @@ impl Ledger {
                     self.node_lost.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            "data" => {
-                let want = crate::wire::data_payload(uid, seen.data);
+            _ => {
+                let want = crate::wire::data_payload(clients.uid_base + index, seen.data);
                 if BASE64.decode(text("payload")).ok().as_deref() != Some(&want[..]) {
                     seen.bad_data += 1;
                 }
                 seen.data += 1;
             }
-            _ => {
-                self.malformed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Checks `uid`'s user-level events against its session events, as they come: a
+    /// `user_online` right after the online that found it offline, a `user_offline` right
+    /// after the offline of its last session unless a login replaced that session (its
+    /// online comes next), and no other.
+    fn follow_user(&self, uid: u64, event: &str) {
+        let mut users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
+        let user = users.entry(uid).or_default();
+        let mut problem = None;
+        let is_user_event = matches!(event, "user_online" | "user_offline");
+        if is_user_event {
+            self.user_events.fetch_add(1, Ordering::Relaxed);
+        }
+        match (user.awaiting, event) {
+            (Awaiting::UserOnline, "user_online") => user.online = true,
+            (Awaiting::UserOfflineOrReplacement, "user_offline") => user.online = false,
+            (Awaiting::UserOfflineOrReplacement, "online") => {}
+            (Awaiting::Nothing, e) if !matches!(e, "user_online" | "user_offline") => {}
+            (awaiting, e) => problem = Some(format!("uid {uid}: {e} where {awaiting:?} was due")),
+        }
+        user.awaiting = Awaiting::Nothing;
+        match event {
+            "online" => {
+                user.sessions += 1;
+                if !user.online {
+                    user.awaiting = Awaiting::UserOnline;
+                }
             }
+            "offline" => {
+                user.sessions -= 1;
+                if user.sessions == 0 {
+                    user.awaiting = Awaiting::UserOfflineOrReplacement;
+                }
+            }
+            _ => {}
+        }
+        if user.sessions < 0 {
+            problem = Some(format!("uid {uid}: more offline events than online"));
+        }
+        drop(users);
+        if let Some(problem) = problem {
+            self.user_problem(problem);
+        }
+    }
+
+    fn user_problem(&self, problem: String) {
+        self.user_mismatches.fetch_add(1, Ordering::Relaxed);
+        let mut problems = self.user_problems.lock().unwrap_or_else(PoisonError::into_inner);
+        if problems.len() < DESCRIBED {
+            problems.push(problem);
         }
     }
 
@@ -290,13 +453,18 @@ impl Ledger {
             }
         };
         for (i, cell) in ctx.cells.iter().enumerate() {
-            let uid = ctx.uid_base + i as u64;
-            let s = seen.get(&uid).unwrap_or(&empty);
+            let uid = ctx.uid_base + i as u64 / ctx.devices;
+            let who = if ctx.devices > 1 {
+                format!("uid {uid} device d{}", i as u64 % ctx.devices)
+            } else {
+                format!("uid {uid}")
+            };
+            let s = seen.get(&(i as u64)).unwrap_or(&empty);
             let logged_in = cell.logged_in.load(Ordering::Relaxed);
             let want_onlines = usize::from(logged_in);
             if s.onlines.len() != want_onlines || s.offlines.len() != want_onlines {
                 report(format!(
-                    "uid {uid}: {} online and {} offline events, expected {want_onlines} of each",
+                    "{who}: {} online and {} offline events, expected {want_onlines} of each",
                     s.onlines.len(),
                     s.offlines.len()
                 ));
@@ -308,19 +476,29 @@ impl Ledger {
                 let lost = ctx.node_loss && closed == "disconnect" && reason == "node_lost";
                 if session != ended || (reason != closed && !lost) {
                     report(format!(
-                        "uid {uid}: offline ({reason}) of session {ended}, but the client saw {closed} on session {session}"
+                        "{who}: offline ({reason}) of session {ended}, but the client saw {closed} on session {session}"
                     ));
                     continue;
                 }
             }
             let sent = cell.data_sent.load(Ordering::Relaxed);
             if s.data != sent || s.bad_data > 0 {
-                report(format!(
-                    "uid {uid}: sent {sent} DATA frames, saw {} data events ({} wrong)",
-                    s.data, s.bad_data
-                ));
+                report(format!("{who}: sent {sent} DATA frames, saw {} data events ({} wrong)", s.data, s.bad_data));
             }
         }
+        // Every session ended: every uid went offline as a user after its last one.
+        let users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
+        for (uid, user) in users.iter() {
+            if user.online || user.awaiting != Awaiting::Nothing {
+                report(format!("uid {uid}: ended as {user:?}, not offline as a user"));
+            }
+        }
+        let problems = self.user_problems.lock().unwrap_or_else(PoisonError::into_inner);
+        for problem in problems.iter() {
+            report(problem.clone());
+        }
+        // The user-event mismatches past the few described.
+        count += self.user_mismatches.load(Ordering::Relaxed) - problems.len() as u64;
         (count, described)
     }
 }
@@ -330,7 +508,7 @@ impl Ledger {
 pub async fn follow(
     api: Api,
     ledger: Arc<Ledger>,
-    uids: std::ops::Range<u64>,
+    clients: Clients,
     ready: tokio::sync::oneshot::Sender<Result<(), String>>,
     stop: CancellationToken,
 ) {
@@ -366,7 +544,7 @@ pub async fn follow(
                 }
             }
             if !event.is_empty() {
-                ledger.record(event, &data, uids.clone());
+                ledger.record(event, &data, clients);
             }
         }
     }
@@ -398,22 +576,22 @@ mod tests {
 
     #[test]
     fn the_ledger_catches_missing_duplicate_and_wrong_events() {
-        let uids = 10..13;
+        let uids = Clients { uid_base: 10, devices: 1, count: 3 };
         let ledger = Ledger::default();
         let online = |session: &str| serde_json::json!({"uid": 10, "session": session});
         // uid 10: online, data 0, offline kicked, but the client saw logout.
-        ledger.record("online", &online("a"), uids.clone());
+        ledger.record("online", &online("a"), uids);
         let data = |uid: u64, seq: u64| serde_json::json!({"uid": uid, "payload": BASE64.encode(crate::wire::data_payload(uid, seq))});
-        ledger.record("data", &data(10, 0), uids.clone());
-        ledger.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids.clone());
+        ledger.record("data", &data(10, 0), uids);
+        ledger.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids);
         // uid 11: two onlines. uid 12: data out of order, and no offline.
-        ledger.record("online", &serde_json::json!({"uid": 11, "session": "b"}), uids.clone());
-        ledger.record("online", &serde_json::json!({"uid": 11, "session": "c"}), uids.clone());
-        ledger.record("online", &serde_json::json!({"uid": 12, "session": "d"}), uids.clone());
-        ledger.record("data", &data(12, 1), uids.clone());
+        ledger.record("online", &serde_json::json!({"uid": 11, "session": "b"}), uids);
+        ledger.record("online", &serde_json::json!({"uid": 11, "session": "c"}), uids);
+        ledger.record("online", &serde_json::json!({"uid": 12, "session": "d"}), uids);
+        ledger.record("data", &data(12, 1), uids);
         // Outside the run's uids: ignored.
-        ledger.record("online", &serde_json::json!({"uid": 99, "session": "e"}), uids.clone());
-        ledger.record("gap", &serde_json::json!({"missed": 3}), uids.clone());
+        ledger.record("online", &serde_json::json!({"uid": 99, "session": "e"}), uids);
+        ledger.record("gap", &serde_json::json!({"missed": 3}), uids);
         assert_eq!(ledger.missed.load(Ordering::Relaxed), 3);
 
         let ctx = crate::client::test_ctx(10, 3);
@@ -424,20 +602,59 @@ mod tests {
         ctx.cells[0].data_sent.store(1, Ordering::Relaxed);
         ctx.cells[2].data_sent.store(1, Ordering::Relaxed);
         let (mismatches, examples) = ledger.judge(&ctx);
-        assert_eq!(mismatches, 3, "{examples:?}");
+        // Three clients wrong, and the user events their uids lacked (no user_online after
+        // an online, none before the next event, and none offline as a user at the end).
+        assert_eq!(mismatches, 8, "{examples:?}");
         assert!(examples[0].contains("kicked") && examples[0].contains("logout"), "{examples:?}");
 
         // The same events for clients that did just that: no mismatch.
         ctx.cells[0].close.store(0, Ordering::Relaxed);
         ctx.cells[0].set_close(CloseReason::Kicked);
         let clean = Ledger::default();
-        clean.record("online", &online("a"), uids.clone());
-        clean.record("data", &data(10, 0), uids.clone());
-        clean.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids.clone());
+        clean.record("online", &online("a"), uids);
+        clean.record("user_online", &serde_json::json!({"uid": 10}), uids);
+        clean.record("data", &data(10, 0), uids);
+        clean.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids);
+        clean.record("user_offline", &serde_json::json!({"uid": 10, "reason": "kicked"}), uids);
         for i in [1, 2] {
             ctx.cells[i].logged_in.store(false, Ordering::Relaxed);
             ctx.cells[i].data_sent.store(0, Ordering::Relaxed);
         }
         assert_eq!(clean.judge(&ctx).0, 0);
+    }
+
+    #[test]
+    fn user_events_are_checked_per_uid_across_its_devices() {
+        let clients = Clients { uid_base: 1, devices: 2, count: 4 };
+        let ev = |ledger: &Ledger, event: &str, uid: u64, device: &str| {
+            ledger.record(
+                event,
+                &serde_json::json!({"uid": uid, "session": format!("{uid}{device}"), "device": device}),
+                clients,
+            )
+        };
+        let good = Ledger::default();
+        ev(&good, "online", 1, "d0");
+        ev(&good, "user_online", 1, "");
+        ev(&good, "online", 1, "d1");
+        ev(&good, "offline", 1, "d0");
+        // A relogin of d1 replaces it: no user events between.
+        ev(&good, "offline", 1, "d1");
+        ev(&good, "online", 1, "d1");
+        ev(&good, "offline", 1, "d1");
+        ev(&good, "user_offline", 1, "");
+        assert_eq!((good.user_mismatches.load(Ordering::Relaxed), good.user_events.load(Ordering::Relaxed)), (0, 2));
+        let bad = Ledger::default();
+        ev(&bad, "online", 2, "d0");
+        ev(&bad, "user_online", 2, "");
+        ev(&bad, "online", 2, "d1");
+        ev(&bad, "user_online", 2, "");
+        ev(&bad, "offline", 2, "d0");
+        ev(&bad, "user_offline", 2, "");
+        assert_eq!(bad.user_mismatches.load(Ordering::Relaxed), 2, "a second user_online, a user_offline too early");
+        // Devices place their events on their own clients: uid 2's d1 is client 3.
+        assert_eq!(clients.index(2, "d1"), Some(3));
+        assert_eq!(clients.index(2, "d2"), None);
+        assert_eq!(clients.index(3, "d0"), None);
     }
 }

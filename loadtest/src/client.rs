@@ -61,8 +61,10 @@ pub struct Ctx {
     pub missed_grace: Duration,
     /// Timeout and tick, as the first WELCOME announced them.
     pub learned: OnceLock<(Duration, Duration)>,
-    /// The uid of client 0; client i is `uid_base + i`.
+    /// The uid of client 0; client i is `uid_base + i / devices`.
     pub uid_base: u64,
+    /// Clients per uid (`--devices`), each on its own device.
+    pub devices: u64,
     /// Each client's record, by index, for pushes and the event check.
     pub cells: Box<[Cell]>,
     pub pushes: Pushes,
@@ -137,7 +139,12 @@ impl Cell {
 /// One client's part in the run.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The client's place among the run's clients, and the key its DATA payloads carry
+    /// (plus the uid base), so a data event names the client whatever its device.
+    pub index: u64,
     pub uid: u64,
+    /// Its device name with `--devices` above 1.
+    pub device: Option<idlegate::Device>,
     pub connect_at: Instant,
     /// When a silent client sends its last frame; `None` for an active client.
     pub silent_at: Option<Instant>,
@@ -220,7 +227,7 @@ struct Client {
 
 impl Client {
     fn cell(&self) -> &Cell {
-        &self.ctx.cells[(self.plan.uid - self.ctx.uid_base) as usize]
+        &self.ctx.cells[self.plan.index as usize]
     }
 
     /// Remembers when a logged-in session was cut off, for the re-login latency and the
@@ -264,7 +271,7 @@ impl Client {
         let mut out = BytesMut::with_capacity(64);
 
         let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
-        wire.login(self.plan.uid, token.as_deref(), &mut out);
+        wire.login(self.plan.uid, self.plan.device, token.as_deref(), &mut out);
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
             self.record_close(CloseReason::Disconnect, false);
@@ -363,7 +370,7 @@ impl Client {
                         }
                     }
                     Some(Ok(Incoming::Push(payload))) => match parse_push(&payload) {
-                        Some((id, nanos)) if ctx.pushes.received(id, self.plan.uid) => {
+                        Some((id, nanos)) if ctx.pushes.received(id, self.plan.uid, self.plan.index) => {
                             stats.record_push(ctx.epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)));
                         }
                         _ => {}
@@ -426,7 +433,7 @@ impl Client {
                     let now = Instant::now();
                     if next_data.is_some_and(|d| d <= next_ping) {
                         let seq = self.cell().data_sent.fetch_add(1, Ordering::Relaxed);
-                        wire.data(self.plan.uid, seq, &mut out);
+                        wire.data(self.ctx.uid_base + self.plan.index, seq, &mut out);
                         stats.data_sent.fetch_add(1, Ordering::Relaxed);
                         next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
                     } else {
@@ -524,7 +531,7 @@ impl Client {
         let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
         let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
-        wire.login(self.plan.uid, token.as_deref(), &mut out);
+        wire.login(self.plan.uid, self.plan.device, token.as_deref(), &mut out);
         write_half.write_all_buf(&mut out).await.ok()?;
         match timeout(LOGIN_PATIENCE, frames.next()).await {
             Ok(Some(Ok(Incoming::Welcome { .. }))) => {
@@ -609,6 +616,7 @@ pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
         missed_grace: Duration::from_secs(1),
         learned: OnceLock::new(),
         uid_base,
+        devices: 1,
         cells: (0..clients).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: false,

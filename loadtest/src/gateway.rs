@@ -64,7 +64,9 @@ impl Gateway {
 impl Snapshot {
     fn of(body: &str) -> Snapshot {
         Snapshot {
-            online_users: sample(body, "idlegate_online_users"),
+            // Sessions, as the harness counts clients (one per device); a gateway from
+            // before devices has one session per online user.
+            online_users: sample(body, "idlegate_online_sessions").or_else(|| sample(body, "idlegate_online_users")),
             connections_open: total(body, "idlegate_connections_open"),
             rss_bytes: sample(body, "process_resident_memory_bytes"),
             cpu_seconds: sample(body, "process_cpu_seconds_total"),

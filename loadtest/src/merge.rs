@@ -58,6 +58,8 @@ pub fn combine(reports: Vec<Report>) -> Result<Report, String> {
     merged.pushes_offline = sum(|r| r.pushes_offline);
     merged.push_errors = sum(|r| r.push_errors);
     merged.pushes_received = sum(|r| r.pushes_received);
+    merged.push_deliveries = sum(|r| r.push_deliveries);
+    merged.user_events = sum(|r| r.user_events);
     merged.pushes_lost = sum(|r| r.pushes_lost);
     merged.pushes_unexpected = sum(|r| r.pushes_unexpected);
     merged.events_missed = sum(|r| r.events_missed);

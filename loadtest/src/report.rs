@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 use crate::args::Protocol;
 use crate::stats::{Histograms, Percentiles};
 
+/// Serde's default for a report from before `--devices`.
+fn one() -> u64 {
+    1
+}
+
 /// One point of the online-users timeline.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Sample {
@@ -81,6 +86,10 @@ pub struct Report {
     pub pushes_offline: u64,
     pub push_errors: u64,
     pub pushes_received: u64,
+    /// Sessions the API said the sent pushes reached: with `--devices`, every online device
+    /// of the uid; each must receive it.
+    #[serde(default)]
+    pub push_deliveries: u64,
     /// Answered `sent` but never received by the client (which stayed connected until it
     /// got its BYE or the run ended: the gateway writes queued pushes before any BYE).
     pub pushes_lost: u64,
@@ -93,6 +102,13 @@ pub struct Report {
     pub event_mismatches: u64,
     /// Offline events with reason `node_lost` (with `--node-loss`).
     pub events_node_lost: u64,
+    /// `user_online` and `user_offline` events read (each checked; a wrong one is a
+    /// mismatch).
+    #[serde(default)]
+    pub user_events: u64,
+    /// Clients per uid (`--devices`).
+    #[serde(default = "one")]
+    pub devices: u64,
     /// A few of the mismatches, described.
     pub event_mismatch_examples: Vec<String>,
     /// With `--reconnect`: reconnects, refused connects while reconnecting, re-login latency
@@ -181,6 +197,9 @@ impl Report {
             push_errors: 0,
             pushes_received: 0,
             pushes_lost: 0,
+            push_deliveries: 0,
+            user_events: 0,
+            devices: 1,
             pushes_unexpected: 0,
             events_seen: None,
             events_missed: 0,
@@ -352,8 +371,9 @@ impl Report {
         if self.pushes_sent + self.pushes_offline + self.push_errors > 0 {
             let _ = writeln!(
                 s,
-                "pushes       sent {} received {} lost {} offline {} unexpected {} errors {}",
+                "pushes       sent {} (to {} sessions) received {} lost {} offline {} unexpected {} errors {}",
                 self.pushes_sent,
+                self.push_deliveries,
                 self.pushes_received,
                 self.pushes_lost,
                 self.pushes_offline,
@@ -391,8 +411,8 @@ impl Report {
         if let Some(seen) = self.events_seen {
             let _ = writeln!(
                 s,
-                "events       seen {seen}, missed {}, mismatches {}, node_lost {}",
-                self.events_missed, self.event_mismatches, self.events_node_lost
+                "events       seen {seen} ({} user events), missed {}, mismatches {}, node_lost {}",
+                self.user_events, self.events_missed, self.event_mismatches, self.events_node_lost
             );
         }
         let _ = writeln!(s, "closes       {:?}; unexpected {:?}", self.closes, self.unexpected_closes);

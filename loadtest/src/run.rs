@@ -109,6 +109,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         missed_grace: args.missed_grace,
         learned: OnceLock::new(),
         uid_base: args.uid_base,
+        devices: args.devices,
         cells: (0..args.connections).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: args.reconnect || args.churn,
@@ -122,8 +123,9 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     let follower = match (apis.first(), args.follow_events) {
         (Some(api), true) => {
             let (ready, opened) = tokio::sync::oneshot::channel();
-            let uids = args.uid_base..args.uid_base + args.connections;
-            let task = tokio::spawn(backend::follow(api.clone(), ledger.clone(), uids, ready, follower_stop.clone()));
+            let clients = backend::Clients { uid_base: args.uid_base, devices: args.devices, count: args.connections };
+            let task =
+                tokio::spawn(backend::follow(api.clone(), ledger.clone(), clients, ready, follower_stop.clone()));
             match opened.await {
                 Ok(Ok(())) => Some(task),
                 Ok(Err(e)) => return Err(SetupError::Unreachable(format!("--follow-events: {e}"))),
@@ -152,6 +154,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     let connect_span = Duration::from_secs_f64(args.connections as f64 / args.connect_rate);
 
     let mut report = Report::new(args.protocol, args.connections, silent);
+    report.devices = args.devices;
     report.gateway_rss_bytes_at_start = at_start.and_then(|s| s.rss_bytes);
     report.gateway_fds_at_start = at_start.and_then(|s| s.open_fds);
     report.check_fds = args.check_fds;
@@ -260,6 +263,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         report.events_missed = ledger.missed.load(Ordering::Relaxed) + ledger.malformed.load(Ordering::Relaxed);
         report.event_mismatches = mismatches;
         report.events_node_lost = ledger.node_lost.load(Ordering::Relaxed);
+        report.user_events = ledger.user_events.load(Ordering::Relaxed);
         report.event_mismatch_examples = examples;
     }
     report.reconnects = Stats::get(&stats.reconnects);
@@ -278,6 +282,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     report.pushes_offline = Stats::get(&pushes.offline);
     report.push_errors = Stats::get(&pushes.errors);
     report.pushes_received = Stats::get(&pushes.received);
+    report.push_deliveries = Stats::get(&pushes.deliveries);
     report.pushes_lost = pushes.lost();
     report.pushes_unexpected = Stats::get(&pushes.unexpected);
     // A moment for the gateway to finish closing what the clients just closed.
@@ -356,7 +361,9 @@ fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
     let half = args.duration / 2;
     (0..args.connections)
         .map(|i| Plan {
-            uid: args.uid_base + i,
+            index: i,
+            uid: args.uid_base + i / args.devices,
+            device: (args.devices > 1).then(|| device_name(i % args.devices)),
             connect_at: epoch + Duration::from_secs_f64(i as f64 / args.connect_rate),
             silent_at: silent[i as usize]
                 .then(|| epoch + if args.silent_together { half } else { half.mul_f64(rng.gen_range(0.0..=1.0)) }),
@@ -366,6 +373,11 @@ fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
             seed: rng.gen(),
         })
         .collect()
+}
+
+/// The name of a uid's `n`-th device under `--devices`; the event check reads it back.
+pub fn device_name(n: u64) -> idlegate::Device {
+    idlegate::Device::parse(format!("d{n}").as_bytes()).expect("a short ASCII name is a device name")
 }
 
 /// Wall-clock milliseconds since the Unix epoch, which line up the timelines of the

@@ -6,7 +6,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use idlegate::{CloseReason, Frame, FrameCodec};
+use idlegate::{CloseReason, Device, Frame, FrameCodec};
 use tokio_util::codec::Decoder;
 
 use crate::args::Protocol;
@@ -43,11 +43,12 @@ pub enum Incoming {
     Bye(CloseReason, Option<u64>),
 }
 
-/// The payload of client `uid`'s DATA frame number `seq`: both, big-endian, so the event
-/// check can tell every frame apart and see them in order.
-pub fn data_payload(uid: u64, seq: u64) -> [u8; 16] {
+/// The payload of DATA frame number `seq` of the client `key` names (`--uid-base` plus its
+/// index: its uid without devices): both, big-endian, so the event check can tell every
+/// frame apart, whichever device sent it, and see them in order.
+pub fn data_payload(key: u64, seq: u64) -> [u8; 16] {
     let mut p = [0u8; 16];
-    p[..8].copy_from_slice(&uid.to_be_bytes());
+    p[..8].copy_from_slice(&key.to_be_bytes());
     p[8..].copy_from_slice(&seq.to_be_bytes());
     p
 }
@@ -85,15 +86,19 @@ impl Wire {
         self.protocol == Protocol::Mqtt
     }
 
-    /// The login: idlegate LOGIN, or MQTT CONNECT with the keepalive.
-    pub fn login(&mut self, uid: u64, token: Option<&str>, out: &mut BytesMut) {
+    /// The login: idlegate LOGIN (on `device`, or the default one), or MQTT CONNECT with the
+    /// keepalive.
+    pub fn login(&mut self, uid: u64, device: Option<Device>, token: Option<&str>, out: &mut BytesMut) {
         match self.protocol {
             Protocol::Idlegate => {
                 let token = token.map(|t| Bytes::copy_from_slice(t.as_bytes())).unwrap_or_default();
-                self.frame(Frame::Login { uid, token, device: Default::default() }, out);
+                self.frame(Frame::Login { uid, token, device: device.unwrap_or_default() }, out);
             }
             Protocol::Mqtt => {
-                let client_id = format!("loadtest-{uid}");
+                let client_id = match device {
+                    Some(device) => format!("loadtest-{uid}-{device}"),
+                    None => format!("loadtest-{uid}"),
+                };
                 let keepalive = u16::try_from(self.keepalive.as_secs()).unwrap_or(u16::MAX);
                 let mut body = BytesMut::with_capacity(12 + client_id.len());
                 put_mqtt_str(&mut body, b"MQTT");
@@ -116,10 +121,10 @@ impl Wire {
         }
     }
 
-    /// Application message `seq` of client `uid`: idlegate DATA, or an MQTT QoS 0 PUBLISH
-    /// nobody receives.
-    pub fn data(&mut self, uid: u64, seq: u64, out: &mut BytesMut) {
-        let payload = data_payload(uid, seq);
+    /// Application message `seq` of the client `key` names (its uid without devices):
+    /// idlegate DATA, or an MQTT QoS 0 PUBLISH nobody receives.
+    pub fn data(&mut self, key: u64, seq: u64, out: &mut BytesMut) {
+        let payload = data_payload(key, seq);
         match self.protocol {
             Protocol::Idlegate => self.frame(Frame::Data(Bytes::copy_from_slice(&payload)), out),
             Protocol::Mqtt => {
@@ -310,7 +315,7 @@ mod tests {
     fn mqtt_connect_is_byte_exact() {
         let mut wire = Wire::new(Protocol::Mqtt, Duration::from_secs(10));
         let mut out = BytesMut::new();
-        wire.login(7, None, &mut out);
+        wire.login(7, None, None, &mut out);
         let mut want = vec![0x10, 22, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10, 0, 10];
         want.extend_from_slice(b"loadtest-7");
         assert_eq!(&out[..], &want[..]);

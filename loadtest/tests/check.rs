@@ -29,12 +29,17 @@ fn gateway(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr) {
 
 /// Starts the real gateway; returns (client address, admin address, API address).
 fn gateway_with_api(rt: &Runtime, auth: Option<Auth>) -> (SocketAddr, SocketAddr, SocketAddr) {
+    gateway_with_devices(rt, auth, 1)
+}
+
+/// The same, holding up to `max_devices` sessions per uid.
+fn gateway_with_devices(rt: &Runtime, auth: Option<Auth>, max_devices: usize) -> (SocketAddr, SocketAddr, SocketAddr) {
     rt.block_on(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addrs = (listener.local_addr().unwrap(), admin.local_addr().unwrap(), api.local_addr().unwrap());
-        let config = Config { timeout: TIMEOUT, tick: TICK, auth, ..Config::default() };
+        let config = Config { timeout: TIMEOUT, tick: TICK, auth, max_devices, ..Config::default() };
         let listeners = Listeners { admin: Some(admin), api: Some(api), ..Listeners::clients(listener) };
         tokio::spawn(Server::new(config).run(listeners, std::future::pending::<()>()));
         addrs
@@ -184,10 +189,36 @@ fn pushes_and_every_event_check_out_against_the_gateway() {
     for zero in ["pushes_lost", "pushes_unexpected", "push_errors", "events_missed", "event_mismatches"] {
         assert_eq!(r[zero], 0, "{zero}: {r}");
     }
-    // 300 online, 300 offline (75 expired, 225 closed at the end), and every DATA frame.
+    // 300 online, 300 offline (75 expired, 225 closed at the end), each with its uid's
+    // user event, and every DATA frame.
     let data = r["data_sent"].as_u64().unwrap();
     assert!(data > 300, "{r}");
-    assert_eq!(r["events_seen"].as_u64().unwrap(), 600 + data);
+    assert_eq!(r["user_events"].as_u64().unwrap(), 600);
+    assert_eq!(r["events_seen"].as_u64().unwrap(), 1200 + data);
+}
+
+#[test]
+fn with_devices_pushes_reach_every_device_and_user_events_check_out() {
+    let rt = runtime();
+    let (target, admin, api) = gateway_with_devices(&rt, None, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--admin", &admin.to_string(), "--api", &api.to_string(), "--push-rate", "200", "--data-rate", "2"];
+    let mut args = run_args(target, dir.path(), &extra);
+    args.extend(["--follow-events".into(), "--devices".into(), "4".into()]);
+    args[3] = "400".into(); // --connections: 100 uids on 4 devices each
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let r = report(dir.path());
+    assert_eq!((r["logins_ok"].as_u64(), r["devices"].as_u64()), (Some(400), Some(4)));
+    let (sent, deliveries) = (r["pushes_sent"].as_u64().unwrap(), r["push_deliveries"].as_u64().unwrap());
+    assert!(sent > 100 && deliveries > 2 * sent, "pushes reach several devices: {r}");
+    assert_eq!(r["pushes_received"].as_u64().unwrap(), deliveries);
+    for zero in ["pushes_lost", "pushes_unexpected", "push_errors", "events_missed", "event_mismatches"] {
+        assert_eq!(r[zero], 0, "{zero}: {r}");
+    }
+    // Every uid came and went once as a user, whatever its devices did in between.
+    assert_eq!(r["user_events"].as_u64().unwrap(), 200, "{r}");
+    assert_eq!(r["gateway_online_at_end"].as_f64(), r["harness_online_at_end"].as_f64());
 }
 
 /// The gateway's counter `name`, from its /metrics.
