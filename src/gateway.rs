@@ -64,6 +64,7 @@ impl Gateway {
                 stream_bytes: config.event_log_bytes,
                 max_queued: config.max_queued_bytes(),
                 min_replicas: config.redis_min_replicas,
+                max_devices: config.max_devices,
             };
             let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
             Arc::new(Cluster::new(target, settings, metrics.clone(), capacity, bytes))

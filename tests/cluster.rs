@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::cluster::*;
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{assert_paired, RedisCluster, RedisServer};
 use common::*;
 use idlegate::{CloseReason, Frame};
 
@@ -303,4 +303,139 @@ async fn a_gateway_starts_and_serves_while_redis_is_unreachable() {
     assert_eq!(status, 503, "{body}");
     assert!(body["error"].as_str().unwrap().contains("Redis"), "{body}");
     gw.shutdown().await;
+}
+
+/// Two gateways at `--max-devices max` on `url`.
+async fn device_gateways(url: &str, max: usize) -> Vec<TestServer> {
+    let mut out = Vec::new();
+    for name in ["a", "b"] {
+        let gw = TestServer::start(idlegate::Config { max_devices: max, ..cluster_config(url, name) }).await;
+        wait_ready(&gw).await;
+        out.push(gw);
+    }
+    out
+}
+
+/// The devices of one uid on two nodes: presence lists them all, a push reaches each, the
+/// limit counts across the nodes (a new device evicts the oldest login wherever it is), and
+/// the uid comes and goes once as a user however its devices spread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_of_one_uid_on_two_nodes_share_the_limit_and_the_user_events() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = device_gateways(&redis.url(), 2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
+    let mut phone = a.client().await;
+    let phone_session = phone.login_device(7, "phone").await;
+    let online = sse.expect("online", 7).await;
+    assert_eq!((online.data["device"].clone(), online.data["session"].clone()), ("phone".into(), phone_session.into()));
+    sse.expect("user_online", 7).await;
+    let mut desktop = b.client().await;
+    desktop.login_device(7, "desktop").await;
+    let online = sse.expect("online", 7).await;
+    assert_eq!((online.data["device"].clone(), online.data["node"].clone()), ("desktop".into(), "b".into()));
+
+    // Presence from either node lists both, each on its node.
+    for gw in &nodes {
+        eventually("both sessions listed", || async {
+            presence(gw, 7).await["sessions"].as_array().map(Vec::len) == Some(2)
+        })
+        .await;
+        let seen = presence(gw, 7).await;
+        let mut where_: Vec<(String, String)> = seen["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["device"].as_str().unwrap().to_string(), s["node"].as_str().unwrap().to_string()))
+            .collect();
+        where_.sort();
+        assert_eq!(where_, [("desktop".to_string(), "b".to_string()), ("phone".to_string(), "a".to_string())]);
+    }
+    // A push through B reaches both devices; one to a device reaches that one.
+    let (status, pushed) = api_json(b, "POST", "/v1/push", r#"{"uids":[7],"payload":"aGk="}"#).await;
+    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [7], "offline": [], "sessions": 2})));
+    for c in [&mut phone, &mut desktop] {
+        assert_eq!(c.recv().await, Some(Frame::Push(bytes::Bytes::from_static(b"hi"))));
+    }
+    let (_, pushed) = api_json(b, "POST", "/v1/push", r#"{"uids":[7],"payload":"aGk=","device":"phone"}"#).await;
+    assert_eq!(pushed["sessions"], 1);
+    assert_eq!(phone.recv().await, Some(Frame::Push(bytes::Bytes::from_static(b"hi"))));
+
+    // A third device on B: the uid holds two across the nodes, so the oldest login (the
+    // phone, on A) goes; the uid never went away.
+    let mut tablet = b.client().await;
+    tablet.login_device(7, "tablet").await;
+    phone.expect_bye(CloseReason::Kicked).await;
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let e = sse.next().await.unwrap();
+        kinds.push((e.event.clone(), e.data["device"].as_str().unwrap_or("").to_string(), e.data["reason"].clone()));
+    }
+    kinds.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(kinds[0], ("offline".into(), "phone".into(), "kicked".into()), "{kinds:?}");
+    assert_eq!((kinds[1].0.as_str(), kinds[1].1.as_str()), ("online", "tablet"), "{kinds:?}");
+    desktop.ping(b"still here").await;
+
+    // The desktop logs out: no user_offline while the tablet is on; the API on A ends the
+    // tablet on B: the uid's last session, so its user_offline follows.
+    desktop.send(Frame::Logout).await;
+    desktop.expect_bye(CloseReason::Logout).await;
+    assert_eq!(sse.expect("offline", 7).await.data["device"], "desktop");
+    let (status, _) = http(a.api, "DELETE", "/v1/sessions/7", &[], "").await;
+    assert_eq!(status, 204);
+    tablet.expect_bye(CloseReason::Kicked).await;
+    assert_eq!(sse.expect("offline", 7).await.data["device"], "tablet");
+    assert_eq!(sse.expect("user_offline", 7).await.data["reason"], "kicked");
+    let extra = tokio::time::timeout(Duration::from_millis(700), sse.next()).await;
+    assert!(extra.is_err(), "nothing more: {extra:?}");
+    assert_paired(&redis.events());
+}
+
+/// Logins of one uid's devices racing on two nodes at once: never more than `--max-devices`
+/// sessions afterwards, and one `user_online` per uid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_logins_of_many_devices_never_pass_the_limit() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let mut nodes = device_gateways(&redis.url(), 2).await;
+    let (_, mut sse) = Sse::open(nodes[0].api, "/v1/events", &[]).await;
+    const UIDS: u64 = 20;
+    let mut clients = Vec::new();
+    for uid in 0..UIDS {
+        for (k, device) in ["d0", "d1", "d2"].iter().enumerate() {
+            let mut c = nodes[k % 2].client().await;
+            c.send(Frame::Login { uid, token: bytes::Bytes::new(), device: device.parse().unwrap() }).await;
+            clients.push(c);
+        }
+    }
+    for c in &mut clients {
+        assert!(matches!(c.recv().await, Some(Frame::Welcome { .. })));
+    }
+    // Whatever the race, every uid settles at two sessions across the nodes.
+    for uid in 0..UIDS {
+        eventually("two sessions per uid", || async {
+            let seen = presence(&nodes[1], uid).await;
+            seen["sessions"].as_array().map(Vec::len) == Some(2)
+        })
+        .await;
+    }
+    eventually("Redis counts two sessions per uid", || async {
+        let counts = redis.cli(&["HVALS", "{idlegate}:users"]);
+        counts.lines().filter(|l| !l.is_empty()).count() == UIDS as usize
+            && counts.lines().all(|l| l.is_empty() || l == "2")
+    })
+    .await;
+    let mut users: HashMap<u64, u32> = HashMap::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), sse.next()).await {
+        match event.event.as_str() {
+            "user_online" => *users.entry(event.data["uid"].as_u64().unwrap()).or_default() += 1,
+            "user_offline" => panic!("no uid went away: {event:?}"),
+            _ => {}
+        }
+    }
+    assert!(users.len() == UIDS as usize && users.values().all(|&n| n == 1), "{users:?}");
+    for gw in &mut nodes {
+        gw.shutdown().await;
+    }
+    assert_paired(&redis.events());
+    assert_eq!(redis.cli(&["HLEN", "{idlegate}:users"]).trim(), "0", "every uid went offline as a user");
 }

@@ -71,7 +71,7 @@ async fn the_reaper_logs_every_session_of_a_big_dead_node_once() {
         for i = 1, tonumber(ARGV[2]) do \
           local s = string.format('%016x', i) \
           redis.call('HSET', '{idlegate}:sessions:' .. m, i, s) \
-          redis.call('SET', 'idlegate:route:' .. i, m .. '|' .. s .. '|1|') \
+          redis.call('HSET', 'idlegate:route:' .. i, '', m .. '|' .. s .. '|1|') \
         end \
         redis.call('SADD', '{idlegate}:members', m) \
         return 1";
@@ -103,7 +103,7 @@ async fn a_reaper_that_dies_half_way_is_taken_over_without_repeats() {
           local s = string.format('%016x', i) \
           if i <= 500 then redis.call('HSET', '{idlegate}:unroute:' .. m, i, s) \
           else redis.call('HSET', '{idlegate}:sessions:' .. m, i, s) end \
-          redis.call('SET', 'idlegate:route:' .. i, m .. '|' .. s .. '|1|') \
+          redis.call('HSET', 'idlegate:route:' .. i, '', m .. '|' .. s .. '|1|') \
         end \
         redis.call('SADD', '{idlegate}:members', m) \
         redis.call('SET', '{idlegate}:reaping:' .. m, 'gone#00000000', 'PX', 1500) \
@@ -172,7 +172,7 @@ async fn a_retried_login_never_undoes_a_newer_login_elsewhere() {
     proxy.hold_replies();
     let mut older = a.client().await;
     assert!(matches!(older.login(7).await, Frame::Welcome { .. }));
-    within(PATIENCE, "A's route step ran", || redis.cli(&["GET", "idlegate:route:7"]).starts_with("a#")).await;
+    within(PATIENCE, "A's route step ran", || redis.cli(&["HGET", "idlegate:route:7", ""]).starts_with("a#")).await;
     let mut newer = b.client().await;
     assert!(matches!(newer.login(7).await, Frame::Welcome { .. }));
     within(PATIENCE, "B's login is announced", || redis.events().iter().any(|e| e.kind == "online")).await;

@@ -19,7 +19,6 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::FutureExt;
-use redis::Value;
 
 use crate::cluster::inbox::ask;
 use crate::cluster::keys::{self, Route};
@@ -53,70 +52,82 @@ impl ClusterDirectory {
         Ok(liveness(&self.cluster, &[member.to_string()]).await?.pop().unwrap_or(Liveness::Dead))
     }
 
-    /// The routes of `uids`, in order.
-    async fn routes(&self, uids: &[u64]) -> Result<Vec<Option<Route>>, StoreError> {
-        let cmds: Vec<redis::Cmd> = uids.iter().map(|&uid| redis::Cmd::get(keys::route(uid))).collect();
+    /// The routes of `uids`, in order: each uid's sessions, by device.
+    async fn routes(&self, uids: &[u64]) -> Result<Vec<Vec<(Device, Route)>>, StoreError> {
+        let cmds: Vec<redis::Cmd> = uids.iter().map(|&uid| redis::Cmd::hgetall(keys::route(uid))).collect();
         let values = self.cluster.send_all(cmds).await?;
         Ok(values
             .into_iter()
-            .map(|v| match v {
-                Value::BulkString(b) => Route::parse(&String::from_utf8_lossy(&b)),
-                _ => None,
+            .map(|v| {
+                let fields: HashMap<String, String> = redis::from_redis_value(v).unwrap_or_default();
+                let mut routes: Vec<(Device, Route)> = fields
+                    .into_iter()
+                    .filter_map(|(device, value)| Some((device.parse().ok()?, Route::parse(&value)?)))
+                    .collect();
+                // Oldest login first, as a lone gateway lists a uid's sessions.
+                routes.sort_by(|a, b| (a.1.since_ms, &a.1.session).cmp(&(b.1.since_ms, &b.1.session)));
+                routes
             })
             .collect())
     }
 
-    /// For each route, the member it names and whether that member answers, if that
-    /// member holds the uid now: this member only if the local registry agrees, another
-    /// only while its lease lives.
-    async fn owners(&self, uids: &[u64], routes: Vec<Option<Route>>) -> Result<Vec<Option<Owner>>, StoreError> {
+    /// For each uid, the members holding its sessions now (each once) and whether they
+    /// answer: this member only for sessions its registry holds, another only while its
+    /// lease lives.
+    async fn owners(&self, uids: &[u64], routes: &[Vec<(Device, Route)>]) -> Result<Vec<Vec<Owner>>, StoreError> {
         let me = self.cluster.member();
         let others: Vec<String> = routes
             .iter()
             .flatten()
-            .filter(|r| *r.member != *me)
-            .map(|r| r.member.clone())
+            .filter(|(_, r)| *r.member != *me)
+            .map(|(_, r)| r.member.clone())
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
         let leases = liveness(&self.cluster, &others).await?;
         let registry = self.cluster.registry();
+        let owner = |uid: u64, route: &Route| -> Option<Owner> {
+            if *route.member == *me {
+                let held = registry.sessions_of(uid, None).iter().any(|s| keys::session_hex(s.id()) == route.session);
+                return held.then(|| Owner { member: route.member.clone(), answers: true });
+            }
+            let i = others.binary_search(&route.member).ok()?;
+            match leases[i] {
+                Liveness::Dead => None,
+                Liveness::Alive => Some(Owner { member: route.member.clone(), answers: true }),
+                Liveness::Silent(_) => Some(Owner { member: route.member.clone(), answers: false }),
+            }
+        };
         Ok(uids
             .iter()
             .zip(routes)
-            .map(|(&uid, route)| {
-                let route = route?;
-                if *route.member == *me {
-                    let held =
-                        registry.sessions_of(uid, None).iter().any(|s| keys::session_hex(s.id()) == route.session);
-                    held.then_some(Owner { member: route.member, answers: true })
-                } else {
-                    let i = others.binary_search(&route.member).ok()?;
-                    match leases[i] {
-                        Liveness::Dead => None,
-                        Liveness::Alive => Some(Owner { member: route.member, answers: true }),
-                        Liveness::Silent(_) => Some(Owner { member: route.member, answers: false }),
+            .map(|(&uid, routes)| {
+                let mut owners: Vec<Owner> = Vec::new();
+                for found in routes.iter().filter_map(|(_, route)| owner(uid, route)) {
+                    if !owners.iter().any(|o| o.member == found.member) {
+                        owners.push(found);
                     }
                 }
+                owners
             })
             .collect())
     }
 }
 
-/// The member holding a uid, and whether it is worth asking.
+/// The member holding sessions of a uid, and whether it is worth asking.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Owner {
     member: String,
     answers: bool,
 }
 
-/// Groups `uids` by the member their route names, keeping each uid's index.
-/// Only members that answer: a silent one is not asked.
-fn by_member(owners: &[Option<Owner>]) -> HashMap<String, Vec<usize>> {
+/// Groups `uids` by the members holding their sessions, keeping each uid's index. Only
+/// members that answer: a silent one is not asked.
+fn by_member(owners: &[Vec<Owner>]) -> HashMap<String, Vec<usize>> {
     let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
-    for (i, owner) in owners.iter().enumerate() {
-        if let Some(Owner { member, answers: true }) = owner {
-            groups.entry(member.clone()).or_default().push(i);
+    for (i, owners) in owners.iter().enumerate() {
+        for owner in owners.iter().filter(|o| o.answers) {
+            groups.entry(owner.member.clone()).or_default().push(i);
         }
     }
     groups
@@ -125,49 +136,60 @@ fn by_member(owners: &[Option<Owner>]) -> HashMap<String, Vec<usize>> {
 impl Directory for ClusterDirectory {
     fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Vec<Located>, DirectoryError>> {
         async move {
-            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(Vec::new()) };
+            let routes = self.routes(&[uid]).await?.pop().unwrap_or_default();
             let me = self.cluster.member();
-            let node = keys::node_of(&route.member).to_string();
-            let here = |(device, session, since_ms, silent_ms)| Located {
-                node: node.clone(),
-                device,
-                session,
-                since_ms,
-                silent_ms: Some(silent_ms),
-            };
-            if *route.member == *me {
-                return Ok(self.cluster.locate_here(uid).into_iter().map(here).collect());
-            }
-            // What the route alone says: its session, device and silence unknown.
-            let by_route = || Located {
-                node: node.clone(),
-                device: Device::DEFAULT,
-                session: u64::from_str_radix(&route.session, 16).unwrap_or(0),
-                since_ms: route.since_ms,
-                silent_ms: None,
-            };
-            match self.liveness(&route.member).await? {
-                Liveness::Dead => return Ok(Vec::new()),
-                Liveness::Silent(_) => return Ok(vec![by_route()]),
-                Liveness::Alive => {}
-            }
-            let uid_text = uid.to_string().into_bytes();
-            match ask(&self.cluster, &route.member, "locate", vec![("uid", uid_text)]).await? {
-                Some(answer) => Ok(String::from_utf8_lossy(&answer)
-                    .lines()
-                    .filter_map(|line| {
+            let mut members: Vec<&str> = routes.iter().map(|(_, r)| r.member.as_str()).collect();
+            members.sort_unstable();
+            members.dedup();
+            let mut located = Vec::new();
+            for member in members {
+                let node = keys::node_of(member).to_string();
+                let here = |(device, session, since_ms, silent_ms)| Located {
+                    node: node.clone(),
+                    device,
+                    session,
+                    since_ms,
+                    silent_ms: Some(silent_ms),
+                };
+                if *member == *me {
+                    located.extend(self.cluster.locate_here(uid).into_iter().map(here));
+                    continue;
+                }
+                // What the routes alone say: its sessions there, their silence unknown.
+                let by_route = || {
+                    routes.iter().filter(|(_, r)| r.member == member).map(|(device, r)| Located {
+                        node: node.clone(),
+                        device: *device,
+                        session: u64::from_str_radix(&r.session, 16).unwrap_or(0),
+                        since_ms: r.since_ms,
+                        silent_ms: None,
+                    })
+                };
+                match self.liveness(member).await? {
+                    Liveness::Dead => continue,
+                    Liveness::Silent(_) => {
+                        located.extend(by_route());
+                        continue;
+                    }
+                    Liveness::Alive => {}
+                }
+                let uid_text = uid.to_string().into_bytes();
+                match ask(&self.cluster, member, "locate", vec![("uid", uid_text)]).await? {
+                    Some(answer) => located.extend(String::from_utf8_lossy(&answer).lines().filter_map(|line| {
                         let mut parts = line.splitn(4, ',');
                         let session = u64::from_str_radix(parts.next()?, 16).ok()?;
                         let since_ms = parts.next()?.parse().ok()?;
                         let silent_ms = parts.next()?.parse().ok()?;
                         let device = parts.next().unwrap_or("").parse().unwrap_or_default();
                         Some(here((device, session, since_ms, silent_ms)))
-                    })
-                    .collect()),
-                // Its node holds a lease but did not answer: online by the route, silence
-                // unknown.
-                None => Ok(vec![by_route()]),
+                    })),
+                    // Its node holds a lease but did not answer: online by the routes,
+                    // silence unknown.
+                    None => located.extend(by_route()),
+                }
             }
+            located.sort_by_key(|l| l.since_ms);
+            Ok(located)
         }
         .boxed()
     }
@@ -178,7 +200,7 @@ impl Directory for ClusterDirectory {
                 return Ok(Vec::new());
             }
             let routes = self.routes(uids).await?;
-            Ok(self.owners(uids, routes).await?.into_iter().map(|o| o.is_some()).collect())
+            Ok(self.owners(uids, &routes).await?.into_iter().map(|o| !o.is_empty()).collect())
         }
         .boxed()
     }
@@ -223,8 +245,13 @@ impl Directory for ClusterDirectory {
             if uids.is_empty() {
                 return Ok(sent);
             }
-            let routes = self.routes(uids).await?;
-            let owners = self.owners(uids, routes).await?;
+            let mut routes = self.routes(uids).await?;
+            if let Some(device) = device {
+                for routes in &mut routes {
+                    routes.retain(|(d, _)| *d == device);
+                }
+            }
+            let owners = self.owners(uids, &routes).await?;
             let me = self.cluster.member();
             let asks = by_member(&owners).into_iter().map(|(member, indices)| {
                 let payload = payload.clone();
@@ -252,7 +279,7 @@ impl Directory for ClusterDirectory {
             });
             for (indices, counts) in futures_util::future::try_join_all(asks).await? {
                 for (i, count) in indices.into_iter().zip(counts) {
-                    sent[i] = count;
+                    sent[i] += count;
                 }
             }
             Ok(sent)
@@ -262,34 +289,40 @@ impl Directory for ClusterDirectory {
 
     fn kick(&self, uid: u64, device: Option<Device>) -> BoxFuture<'_, Result<usize, DirectoryError>> {
         async move {
-            let Some(route) = self.routes(&[uid]).await?.pop().flatten() else { return Ok(0) };
+            let mut routes = self.routes(&[uid]).await?.pop().unwrap_or_default();
+            routes.retain(|(d, _)| device.is_none_or(|device| *d == device));
             let me = self.cluster.member();
-            if *route.member == *me {
-                return Ok(self.cluster.registry().kick(uid, device.as_ref()));
+            let mut kicked = 0;
+            if routes.iter().any(|(_, r)| *r.member == *me) {
+                kicked += self.cluster.registry().kick(uid, device.as_ref());
             }
-            let node = keys::node_of(&route.member).to_string();
-            match self.liveness(&route.member).await? {
-                Liveness::Dead => return Ok(0),
-                Liveness::Silent(ms) => {
-                    return Err(DirectoryError::Unavailable(format!(
-                        "node {node} holding uid {uid} has not been heard from for {ms} ms; if it is dead the \
-                         session ends as node_lost when its lease runs out"
-                    )))
+            for (d, route) in routes.iter().filter(|(_, r)| *r.member != *me) {
+                let node = keys::node_of(&route.member).to_string();
+                match self.liveness(&route.member).await? {
+                    Liveness::Dead => continue,
+                    Liveness::Silent(ms) => {
+                        return Err(DirectoryError::Unavailable(format!(
+                            "node {node} holding uid {uid} has not been heard from for {ms} ms; if it is dead the \
+                             session ends as node_lost when its lease runs out"
+                        )))
+                    }
+                    Liveness::Alive => {}
                 }
-                Liveness::Alive => {}
+                // The holding node ends the session itself and logs it like any kick of its
+                // own: route, hash and event change together there, and only once its
+                // client is told.
+                let mut fields = vec![("uid", uid.to_string().into_bytes()), ("s", route.session.clone().into_bytes())];
+                fields.push(("d", d.as_str().as_bytes().to_vec()));
+                match ask(&self.cluster, &route.member, "end", fields).await? {
+                    Some(answer) => kicked += usize::from(answer == b"1"),
+                    None => {
+                        return Err(DirectoryError::Unavailable(format!(
+                            "node {node} holding uid {uid} did not answer the kick in time"
+                        )))
+                    }
+                }
             }
-            // The holding node ends the session itself and logs it like any kick of its own:
-            // route, hash and event change together there, and only once its client is told.
-            let mut fields = vec![("uid", uid.to_string().into_bytes()), ("s", route.session.clone().into_bytes())];
-            if let Some(device) = device {
-                fields.push(("d", device.as_str().as_bytes().to_vec()));
-            }
-            match ask(&self.cluster, &route.member, "end", fields).await? {
-                Some(answer) => Ok(usize::from(answer == b"1")),
-                None => Err(DirectoryError::Unavailable(format!(
-                    "node {node} holding uid {uid} did not answer the kick in time"
-                ))),
-            }
+            Ok(kicked)
         }
         .boxed()
     }
@@ -308,10 +341,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn uids_group_by_the_member_holding_them() {
-        let owner = |m: &str, answers| Some(Owner { member: m.into(), answers });
-        let groups = by_member(&[owner("a", true), None, owner("b", true), owner("a", true), owner("c", false)]);
-        assert_eq!(groups["a"], vec![0, 3]);
+    fn uids_group_by_the_members_holding_them() {
+        let owner = |m: &str, answers| Owner { member: m.into(), answers };
+        let owners =
+            [vec![owner("a", true)], vec![], vec![owner("b", true), owner("a", true)], vec![owner("c", false)]];
+        let groups = by_member(&owners);
+        assert_eq!(groups["a"], vec![0, 2]);
         assert_eq!(groups["b"], vec![2]);
         assert_eq!(groups.len(), 2, "a silent member is not asked");
     }

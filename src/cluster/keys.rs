@@ -9,9 +9,11 @@
 //!
 //! A member is one run of one node, `<node>#<incarnation>`: a node restarted under the same
 //! `--node-id` is a new member, so routes its previous run left behind never look online.
-//! A route's value is `<member>|<session>|<since_ms>|<replaced>`, where `replaced` is
-//! `<member>|<session>` of the session this login took the uid from (or empty), kept so a
-//! retried login still knows whom it kicked.
+//! A route is a hash per uid, one field per device (empty for the default device), each
+//! `<member>|<session>|<since_ms>|<replaced>`, where `replaced` is
+//! `<member>|<session>|<device>` of the session this login took the place of (or empty),
+//! kept so a retried login still knows whom it kicked. A member's session hash names a
+//! session by [`session_field`]: the uid, then `/device` for a named device.
 
 /// The event stream every node appends to and every `/v1/events` reads.
 pub(crate) const EVENTS: &str = "{idlegate}:events";
@@ -19,6 +21,10 @@ pub(crate) const EVENTS: &str = "{idlegate}:events";
 /// Hash holding the last event id's parts (`ms`, `n`): ids are `<ms>-<n>` with `n` counting
 /// every event the cluster ever logged, so a consumer's gap is exact.
 pub(crate) const EVENTS_LAST: &str = "{idlegate}:events:last";
+
+/// Hash uid -> sessions it holds across every member: what decides its `user_online` and
+/// `user_offline`, in the same script as the session events.
+pub(crate) const USERS: &str = "{idlegate}:users";
 
 /// Set of members that have announced themselves and not yet left or been reaped.
 pub(crate) const MEMBERS: &str = "{idlegate}:members";
@@ -33,8 +39,8 @@ pub(crate) fn lease(member: &str) -> String {
     format!("{{idlegate}}:lease:{member}")
 }
 
-/// Hash uid -> session id (hex) of the sessions `member` holds: the truth a reaper reads,
-/// and the guard that makes every session event exactly-once.
+/// Hash [`session_field`] -> session id (hex) of the sessions `member` holds: the truth a
+/// reaper reads, and the guard that makes every session event exactly-once.
 pub(crate) fn sessions(member: &str) -> String {
     format!("{{idlegate}}:sessions:{member}")
 }
@@ -91,6 +97,23 @@ pub(crate) fn node_of(member: &str) -> &str {
     member.rsplit_once('#').map_or(member, |(node, _)| node)
 }
 
+/// A session's field in its member's session hash: the uid, then `/device` for a named
+/// device, so a uid's devices on one member are fields of their own and a uid with the
+/// default device costs what it did before devices.
+pub(crate) fn session_field(uid: u64, device: &crate::proto::Device) -> String {
+    if device.is_default() {
+        uid.to_string()
+    } else {
+        format!("{uid}/{device}")
+    }
+}
+
+/// The uid and device a session field names.
+pub(crate) fn parse_field(field: &str) -> Option<(u64, crate::proto::Device)> {
+    let (uid, device) = field.split_once('/').unwrap_or((field, ""));
+    Some((uid.parse().ok()?, device.parse().ok()?))
+}
+
 /// A session id as the control keys and events spell it.
 pub(crate) fn session_hex(session: u64) -> String {
     format!("{session:016x}")
@@ -144,6 +167,11 @@ mod tests {
         assert_eq!(r, Route { member: "a#1".into(), session: "00ff".into(), since_ms: 17 });
         assert!(Route::parse("a#1|00ff").is_none() && Route::parse("||1|").is_none());
         assert_eq!(node_of(&new_member("gw-1")), "gw-1");
+        let tab: crate::proto::Device = "tab/2".parse().unwrap();
+        assert_eq!(session_field(7, &tab), "7/tab/2");
+        assert_eq!(parse_field("7/tab/2"), Some((7, tab)));
+        assert_eq!(parse_field("7"), Some((7, crate::proto::Device::DEFAULT)));
+        assert_eq!(parse_field("x/y"), None);
         for key in [EVENTS.to_string(), MEMBERS.to_string(), lease("m"), sessions("m"), inbox("m"), reaped("m")] {
             assert!(key.starts_with("{idlegate}:"), "{key}");
         }

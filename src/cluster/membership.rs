@@ -197,6 +197,7 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .key(keys::EVENTS)
                 .key(keys::EVENTS_LAST)
                 .key(keys::unroute(member))
+                .key(keys::USERS)
                 .arg(cursor)
                 .arg(REAP_STEP)
                 .arg(cluster.settings.stream_cap)
@@ -224,8 +225,8 @@ async fn unroute(cluster: &Cluster, member: &str) -> Result<(), StoreError> {
         if !pairs.is_empty() {
             let cmds: Vec<redis::Cmd> = pairs
                 .iter()
-                .filter_map(|(uid, session)| {
-                    let uid: u64 = uid.parse().ok()?;
+                .filter_map(|(field, session)| {
+                    let (uid, _) = keys::parse_field(field)?;
                     let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(uid)]);
                     cmd.arg(keys::owner_prefix(member, session));
                     Some(cmd)

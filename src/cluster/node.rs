@@ -124,6 +124,7 @@ impl EventSink for Forward {
     }
 
     fn data(&self, session: &Session, payload: &Bytes, at_ms: u64) {
-        self.push(Op::Data { uid: session.uid(), session: session.id(), payload: payload.clone(), at_ms });
+        let device = session.device_shared();
+        self.push(Op::Data { uid: session.uid(), session: session.id(), device, payload: payload.clone(), at_ms });
     }
 }

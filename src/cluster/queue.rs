@@ -34,8 +34,8 @@ pub(crate) enum Op {
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
     Offline { uid: u64, session: u64, device: Option<Arc<Device>>, reason: CloseReason, last: bool, at_ms: u64 },
-    /// A DATA frame.
-    Data { uid: u64, session: u64, payload: Bytes, at_ms: u64 },
+    /// A DATA frame of the session on `device`.
+    Data { uid: u64, session: u64, device: Option<Arc<Device>>, payload: Bytes, at_ms: u64 },
 }
 
 // === impl Op ===
@@ -214,7 +214,7 @@ mod tests {
         // Session 1 reached Redis before the outage: only its end is here.
         assert_eq!(q.push(offline(1, 1)), (1, None));
         q.push(online(2, 2));
-        q.push(Op::Data { uid: 2, session: 2, payload: Bytes::from_static(b"x"), at_ms: 0 });
+        q.push(Op::Data { uid: 2, session: 2, device: None, payload: Bytes::from_static(b"x"), at_ms: 0 });
         q.push(offline(2, 2));
         q.push(online(3, 3));
         let (depth, compacted) = q.push(online(4, 4));
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn data_beyond_the_byte_bound_goes_first_and_is_counted() {
-        let data = |n: u8| Op::Data { uid: 1, session: 1, payload: Bytes::from(vec![n; 100]), at_ms: 0 };
+        let data = |n: u8| Op::Data { uid: 1, session: 1, device: None, payload: Bytes::from(vec![n; 100]), at_ms: 0 };
         let q = Queue::new(100, 250);
         q.push(online(1, 1));
         q.push(data(1));

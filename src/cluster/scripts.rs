@@ -95,25 +95,29 @@ end
 
 /// Applies one batch of a member's session changes, in order.
 ///
-/// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
-/// the member's reaped marker. ARGV: member, node name, batch number, the number of the
-/// member's batch applied before it (0 for none), stream cap, stream byte cap, data events
-/// dropped before this batch, then six per change (the last is the device name, empty for
-/// the default device and for DATA):
-/// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>` the
-///   route named before (or empty): if that session is in its member's hash it ends as
-///   kicked; if its member has not announced it yet (two logins raced), it is marked taken,
-///   so the announcement never comes; either way its member is told through its inbox.
-///   `replaced` is `!` for a login the route says a newer login superseded: not announced.
-///   `L1` is a login that found its uid with no session on its node: `user_online` follows
-///   its `online` unless it kicked a session announced elsewhere (the uid never went away);
-/// - `E uid session reason at device`: a session ended; `E1` left its uid with no session
-///   on its node: `user_offline` follows its `offline`;
-/// - `D uid session payload at -`: a DATA frame, logged only while its session is held.
+/// A session is a field of its member's session hash: the uid, then `/device` for a named
+/// device (`keys::session_field`). The users hash counts each uid's sessions across every
+/// member, so the uid's user-level events are decided here, under the same atomic step as
+/// the session events they follow.
 ///
-/// One session per uid across the cluster (the route), so a node's own view of "no other
-/// session" is the cluster's, and the user-level events logged here are exactly-once with
-/// the session events they ride on: both are logged only when the hash changes.
+/// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
+/// the member's reaped marker, the users hash. ARGV: member, node name, batch number, the
+/// number of the member's batch applied before it (0 for none), stream cap, stream byte cap,
+/// data events dropped before this batch, then six per change (the last is the device name,
+/// empty for the default device):
+/// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
+///   the route named before (or empty): a relogin of the device elsewhere, or the oldest
+///   session of a uid at `--max-devices` across the nodes. If that session is in its
+///   member's hash it ends as kicked; if its member has not announced it yet (two logins
+///   raced), it is marked taken, so the announcement never comes; either way its member is
+///   told through its inbox. `replaced` is `!` for a login the route says a newer login
+///   superseded: not announced. `L1` is a login its node saw as the uid's first session
+///   there: `user_online` follows its `online` if the uid had no session anywhere and it
+///   took none over (a takeover is no user-level transition);
+/// - `E uid session reason at device`: a session ended; `E1` when its node saw it as the
+///   uid's last there: `user_offline` follows its `offline` if the uid has no session left
+///   anywhere (a plain `E` is a session a login of the same uid replaced);
+/// - `D uid session payload at device`: a DATA frame, logged only while its session is held.
 ///
 /// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
 /// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -132,49 +136,63 @@ if applied < prev then
 end
 ev.skip(tonumber(ARGV[7]))
 local me, node = ARGV[1], ARGV[2]
+local function field(uid, d)
+  if d == '' then return uid end
+  return uid .. '/' .. d
+end
+local function count(uid, by)
+  local n = redis.call('HINCRBY', KEYS[6], uid, by)
+  if n <= 0 then redis.call('HDEL', KEYS[6], uid) end
+  return n
+end
 for i = 8, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local user = string.sub(kind, 2) == '1'
   kind = string.sub(kind, 1, 1)
+  local f = field(uid, d)
   if kind == 'L' then
     local took = false
     if x ~= '' and x ~= '!' then
-      local m, ps = string.match(x, '^(.*)|([^|]*)$')
-      if m and m ~= me then
+      local m, ps, pd = string.match(x, '^([^|]*)|([^|]*)|(.*)$')
+      if m then
         local key = '{idlegate}:sessions:' .. m
-        if redis.call('HGET', key, uid) == ps then
-          redis.call('HDEL', key, uid)
-          ev.emit('t', 'offline', 'uid', uid, 's', ps, 'r', 'kicked', 'at', at)
+        local pf = field(uid, pd)
+        if redis.call('HGET', key, pf) == ps then
+          redis.call('HDEL', key, pf)
+          count(uid, -1)
+          ev.emit('t', 'offline', 'uid', uid, 's', ps, 'd', pd, 'r', 'kicked', 'at', at)
           took = true
         else
           -- Its member has not announced it yet: the announcement must not revive it.
-          redis.call('HSET', '{idlegate}:taken:' .. m, uid, ps)
+          redis.call('HSET', '{idlegate}:taken:' .. m, pf, ps)
         end
         redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', ps)
       end
     end
     local taken = '{idlegate}:taken:' .. me
-    if redis.call('HGET', taken, uid) == s then
+    if redis.call('HGET', taken, f) == s then
       -- Taken over by a login elsewhere before this login reached Redis: nobody hears of
       -- it, and its node has been told to end it.
-      redis.call('HDEL', taken, uid)
-    elseif x ~= '!' and redis.call('HGET', KEYS[1], uid) ~= s then
-      redis.call('HSET', KEYS[1], uid, s)
+      redis.call('HDEL', taken, f)
+    elseif x ~= '!' and redis.call('HGET', KEYS[1], f) ~= s then
+      redis.call('HSET', KEYS[1], f, s)
+      local n = count(uid, 1)
       ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
-      if user and not took then
+      if user and not took and n == 1 then
         ev.emit('t', 'user_online', 'uid', uid, 'at', at)
       end
     end
   elseif kind == 'E' then
-    if redis.call('HGET', KEYS[1], uid) == s then
-      redis.call('HDEL', KEYS[1], uid)
+    if redis.call('HGET', KEYS[1], f) == s then
+      redis.call('HDEL', KEYS[1], f)
+      local n = count(uid, -1)
       ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x, 'at', at)
-      if user then
+      if user and n <= 0 then
         ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
       end
     end
   elseif kind == 'D' then
-    if redis.call('HGET', KEYS[1], uid) == s then
+    if redis.call('HGET', KEYS[1], f) == s then
       ev.emit('t', 'data', 'uid', uid, 'p', x, 'at', at)
     end
   end
@@ -199,15 +217,15 @@ return 1
 "#;
 
 /// One bounded step of reaping a dead member: up to about ARGV[2] sessions from the hash
-/// cursor ARGV[1] on, each logged offline as `node_lost` (with its uid's `user_offline`:
-/// the uid held no other session, see `APPLY`) and moved into the member's
-/// unroute hash, from which the reaper deletes its route (and which a reaper taking over
-/// finishes first). A session is logged only by the call whose `HDEL` removed it, so two
-/// reapers can never log one twice.
+/// cursor ARGV[1] on, each logged offline as `node_lost` (and its uid's `user_offline` when
+/// it held no session on another node) and moved into the member's unroute hash, from
+/// which the reaper deletes its route (and which a reaper taking over finishes first). A
+/// session is logged only by the call whose `HDEL` removed it, so two reapers can never
+/// log one twice.
 ///
-/// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash.
-/// ARGV: cursor, count, stream cap, stream byte cap, unix ms. Returns `{next cursor,
-/// sessions left, sessions reaped, epoch}`.
+/// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash,
+/// the users hash. ARGV: cursor, count, stream cap, stream byte cap, unix ms. Returns
+/// `{next cursor, sessions left, sessions reaped, epoch}`.
 const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local found = scan[2]
@@ -216,8 +234,14 @@ local reaped = 0
 for i = 1, #found, 2 do
   if redis.call('HDEL', KEYS[1], found[i]) == 1 then
     ev = ev or emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
-    ev.emit('t', 'offline', 'uid', found[i], 's', found[i + 1], 'r', 'node_lost', 'at', ARGV[5])
-    ev.emit('t', 'user_offline', 'uid', found[i], 'r', 'node_lost', 'at', ARGV[5])
+    local uid, d = string.match(found[i], '^(%d+)/?(.*)$')
+    uid = uid or found[i]
+    ev.emit('t', 'offline', 'uid', uid, 's', found[i + 1], 'd', d or '', 'r', 'node_lost', 'at', ARGV[5])
+    local n = redis.call('HINCRBY', KEYS[5], uid, -1)
+    if n <= 0 then
+      redis.call('HDEL', KEYS[5], uid)
+      ev.emit('t', 'user_offline', 'uid', uid, 'r', 'node_lost', 'at', ARGV[5])
+    end
     redis.call('HSET', KEYS[4], found[i], found[i + 1])
     reaped = reaped + 1
   end
@@ -243,44 +267,72 @@ redis.call('SADD', KEYS[2], ARGV[1])
 return {1, epoch}
 "#;
 
-/// Points a route at a new login, unless a newer login of another member holds it.
+/// Points a uid's route for one device at a new login, unless a newer login of another
+/// member holds that device.
 ///
-/// KEYS: the route. ARGV: `<member>|<session>`, since_ms, member. Logins compare by
-/// `since_ms`, then by owner text: a retried batch can never point the route back at an
-/// older login. A route of this member's own older session is always replaced (a member
-/// applies its logins in order). Returns `<member>|<session>` of the session it replaced,
-/// `!` if a newer login holds the route, or nil. Retried for the same login, it returns
-/// what the first call replaced, kept in the route's last field.
+/// A route is a hash per uid: device (empty for the default one) -> `<member>|<session>|
+/// <since_ms>|<replaced>`. KEYS: the route. ARGV: `<member>|<session>`, since_ms, member,
+/// device, `--max-devices`. Logins of one device compare by `since_ms`, then by owner text:
+/// a retried batch can never point the route back at an older login. A route of this
+/// member's own older session is always replaced (a member applies its logins in order). A
+/// new device of a uid that holds `--max-devices` routes takes the place of the oldest
+/// login among them: the one decision that bounds a uid's sessions across the cluster.
+/// Returns `<member>|<session>|<device>` of the session it replaced, `!` if a newer login
+/// holds the device, or nil. Retried for the same login, it returns what the first call
+/// replaced, kept in the route's last field.
 const ROUTE_SET: &str = r#"
-local old = redis.call('GET', KEYS[1])
+local me, dev, max = ARGV[1], ARGV[4], tonumber(ARGV[5])
+local function parts(v)
+  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+local old = redis.call('HGET', KEYS[1], dev)
 local replaced = ''
 if old then
-  local om, os, since, prior = string.match(old, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  local om, os, since, prior = parts(old)
   if om then
     local owner = om .. '|' .. os
-    if owner == ARGV[1] then
+    if owner == me then
       if prior ~= '' then return prior end
       return false
     end
     if om ~= ARGV[3] then
       local theirs, mine = tonumber(since) or 0, tonumber(ARGV[2])
-      if theirs > mine or (theirs == mine and owner > ARGV[1]) then return '!' end
+      if theirs > mine or (theirs == mine and owner > me) then return '!' end
     end
-    replaced = owner
+    replaced = owner .. '|' .. dev
+  end
+else
+  local all = redis.call('HGETALL', KEYS[1])
+  if #all / 2 >= max then
+    local victim, vsince, vowner = nil, nil, nil
+    for i = 1, #all, 2 do
+      local om, os, since = parts(all[i + 1])
+      local t = tonumber(since) or 0
+      if om and (victim == nil or t < vsince or (t == vsince and om .. '|' .. os < vowner)) then
+        victim, vsince, vowner = all[i], t, om .. '|' .. os
+      end
+    end
+    if victim then
+      redis.call('HDEL', KEYS[1], victim)
+      replaced = vowner .. '|' .. victim
+    end
   end
 end
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2] .. '|' .. replaced)
+redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. replaced)
 if replaced == '' then return false end
 return replaced
 "#;
 
-/// Deletes a route if it still names the given owner (`<member>|<session>|`), so a late
-/// cleanup never erases a newer login. KEYS: the route. Returns 1 if deleted.
+/// Deletes a uid's route of one session if it still names the given owner
+/// (`<member>|<session>|`), whatever its device, so a late cleanup never erases a newer
+/// login. KEYS: the route. Returns 1 if deleted.
 const ROUTE_DEL: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if string.sub(all[i + 1], 1, #ARGV[1]) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], all[i])
+    return 1
+  end
 end
 return 0
 "#;

@@ -49,6 +49,9 @@ pub(crate) struct Settings {
     /// Replicas that must hold a batch before it counts as written
     /// (`--redis-min-replicas`); 0 does not wait.
     pub min_replicas: u32,
+    /// Sessions one uid may hold across the cluster (`--max-devices`): every node must be
+    /// started with the same.
+    pub max_devices: usize,
 }
 
 /// This node in the cluster; see the module documentation.

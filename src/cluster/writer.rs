@@ -257,9 +257,10 @@ async fn finish(cluster: &Cluster, answer: &Value) -> Result<(), StoreError> {
 /// The route step of `op`, if it has one.
 fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
     match op {
-        Op::Online { uid, session, since_ms, .. } => {
+        Op::Online { uid, session, device, since_ms, .. } => {
             let mut cmd = evalsha(&cluster.scripts.route_set, &[&keys::route(*uid)]);
             cmd.arg(format!("{member}|{}", keys::session_hex(*session))).arg(*since_ms).arg(member);
+            cmd.arg(device_name(device)).arg(cluster.settings.max_devices);
             Some(cmd)
         }
         Op::Offline { uid, session, .. } => {
@@ -279,7 +280,7 @@ fn device_name(device: &Option<std::sync::Arc<crate::proto::Device>>) -> &str {
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
 fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
-    let keys = [&*sessions, keys::EVENTS, keys::EVENTS_LAST, &applied, &reaped];
+    let keys = [&*sessions, keys::EVENTS, keys::EVENTS_LAST, &applied, &reaped, keys::USERS];
     let mut cmd = evalsha(&cluster.scripts.apply, &keys);
     cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
     cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes).arg(batch.dropped);
@@ -296,8 +297,9 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
                 let s = keys::session_hex(*session);
                 cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device_name(device));
             }
-            Op::Data { uid, session, payload, at_ms } => {
-                cmd.arg("D").arg(*uid).arg(keys::session_hex(*session)).arg(payload.as_ref()).arg(*at_ms).arg("");
+            Op::Data { uid, session, device, payload, at_ms } => {
+                let s = keys::session_hex(*session);
+                cmd.arg("D").arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device_name(device));
             }
         }
     }
@@ -317,26 +319,31 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
     let mut announced = 0usize;
     let mut ended = 0usize;
     let mut routes_checked = Vec::new();
-    let mut local: HashMap<u64, u64> = HashMap::with_capacity(live.len());
+    let mut local: HashMap<String, u64> = HashMap::with_capacity(live.len());
     for session in &live {
-        local.insert(session.uid(), session.id());
-        if held.get(&session.uid()) == Some(&keys::session_hex(session.id())) {
+        let field = keys::session_field(session.uid(), session.device());
+        let in_redis = held.get(&field) == Some(&keys::session_hex(session.id()));
+        local.insert(field, session.id());
+        if in_redis {
             routes_checked.push(session.clone());
         } else if registry.events().reassert(session) {
             announced += 1;
         }
     }
-    for (uid, hex) in &held {
-        let Ok(session) = u64::from_str_radix(hex, 16) else { continue };
-        if local.get(uid) != Some(&session) {
+    for (field, hex) in &held {
+        let (Ok(session), Some((uid, device))) = (u64::from_str_radix(hex, 16), keys::parse_field(field)) else {
+            continue;
+        };
+        if local.get(field) != Some(&session) {
             let at_ms = crate::presence::unix_ms_now();
-            let reason = CloseReason::Disconnect;
-            cluster.queue.push(Op::Offline { uid: *uid, session, device: None, reason, last: true, at_ms });
+            let (reason, device) = (CloseReason::Disconnect, (!device.is_default()).then(|| Arc::new(device)));
+            cluster.queue.push(Op::Offline { uid, session, device, reason, last: true, at_ms });
             ended += 1;
         }
     }
     // Sessions Redis holds: their routes may have been lost or left naming a dead member.
-    let cmds: Vec<redis::Cmd> = routes_checked.iter().map(|s| redis::Cmd::get(keys::route(s.uid()))).collect();
+    let cmds: Vec<redis::Cmd> =
+        routes_checked.iter().map(|s| redis::Cmd::hget(keys::route(s.uid()), s.device().as_str())).collect();
     let values = cluster.send_all(cmds).await?;
     let mut rerouted = 0usize;
     for (session, value) in routes_checked.iter().zip(values) {
@@ -355,13 +362,13 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
 }
 
 /// Every entry of `member`'s session hash.
-async fn scan_sessions(cluster: &Cluster, member: &str) -> Result<HashMap<u64, String>, StoreError> {
+async fn scan_sessions(cluster: &Cluster, member: &str) -> Result<HashMap<String, String>, StoreError> {
     let key = keys::sessions(member);
     let mut cursor: u64 = 0;
     let mut held = HashMap::new();
     loop {
         let key = key.clone();
-        let (next, pairs): (u64, Vec<(u64, String)>) = cluster
+        let (next, pairs): (u64, Vec<(String, String)>) = cluster
             .call(1, |mut conn| async move {
                 redis::cmd("HSCAN")
                     .arg(&key)

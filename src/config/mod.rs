@@ -222,11 +222,6 @@ impl Config {
         if !(1..=MAX_DEVICES).contains(&self.max_devices) {
             return Err(ConfigError::new("--max-devices", format!("must be 1 to {MAX_DEVICES}")));
         }
-        if self.max_devices > 1 && self.redis.is_some() {
-            // The cluster's routes hold one session per uid; several per uid across nodes
-            // need the max-devices rule decided in Redis, which is not built yet.
-            return Err(ConfigError::new("--max-devices", "above 1 is not supported with --redis yet"));
-        }
         if self.max_data_rate > 0 && !(1..=MAX_DATA_BURST).contains(&self.max_data_burst) {
             return Err(ConfigError::new("--max-data-burst", format!("must be 1 to {MAX_DATA_BURST}")));
         }
