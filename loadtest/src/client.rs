@@ -271,7 +271,7 @@ impl Client {
         let mut out = BytesMut::with_capacity(64);
 
         let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
-        wire.login(self.plan.uid, self.plan.device, token.as_deref(), &mut out);
+        wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
             self.record_close(CloseReason::Disconnect, false);
@@ -531,7 +531,7 @@ impl Client {
         let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
         let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
-        wire.login(self.plan.uid, self.plan.device, token.as_deref(), &mut out);
+        wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
         write_half.write_all_buf(&mut out).await.ok()?;
         match timeout(LOGIN_PATIENCE, frames.next()).await {
             Ok(Some(Ok(Incoming::Welcome { .. }))) => {

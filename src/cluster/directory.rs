@@ -159,7 +159,7 @@ impl Directory for ClusterDirectory {
                 let by_route = || {
                     routes.iter().filter(|(_, r)| r.member == member).map(|(device, r)| Located {
                         node: node.clone(),
-                        device: *device,
+                        device: device.clone(),
                         session: u64::from_str_radix(&r.session, 16).unwrap_or(0),
                         since_ms: r.since_ms,
                         silent_ms: None,
@@ -246,11 +246,12 @@ impl Directory for ClusterDirectory {
                 return Ok(sent);
             }
             let mut routes = self.routes(uids).await?;
-            if let Some(device) = device {
+            if let Some(device) = &device {
                 for routes in &mut routes {
-                    routes.retain(|(d, _)| *d == device);
+                    routes.retain(|(d, _)| d == device);
                 }
             }
+            let device = device.as_ref();
             let owners = self.owners(uids, &routes).await?;
             let me = self.cluster.member();
             let asks = by_member(&owners).into_iter().map(|(member, indices)| {
@@ -258,8 +259,7 @@ impl Directory for ClusterDirectory {
                 let me = me.clone();
                 async move {
                     if *member == *me {
-                        let counts =
-                            self.cluster.push_here(indices.iter().map(|&i| uids[i]), device.as_ref(), &payload);
+                        let counts = self.cluster.push_here(indices.iter().map(|&i| uids[i]), device, &payload);
                         return Ok::<_, StoreError>((indices, counts));
                     }
                     let list = indices.iter().map(|&i| uids[i].to_string()).collect::<Vec<_>>().join(",");
@@ -290,7 +290,7 @@ impl Directory for ClusterDirectory {
     fn kick(&self, uid: u64, device: Option<Device>) -> BoxFuture<'_, Result<usize, DirectoryError>> {
         async move {
             let mut routes = self.routes(&[uid]).await?.pop().unwrap_or_default();
-            routes.retain(|(d, _)| device.is_none_or(|device| *d == device));
+            routes.retain(|(d, _)| device.as_ref().is_none_or(|device| d == device));
             let me = self.cluster.member();
             let mut kicked = 0;
             if routes.iter().any(|(_, r)| *r.member == *me) {

@@ -113,18 +113,18 @@ impl Forward {
 
 impl EventSink for Forward {
     fn online(&self, session: &Session, first: bool, at_ms: u64) {
-        let device = session.device_shared();
+        let device = session.device().clone();
         let (uid, since_ms) = (session.uid(), session.since_ms());
         self.push(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms });
     }
 
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, at_ms: u64) {
-        let device = session.device_shared();
+        let device = session.device().clone();
         self.push(Op::Offline { uid: session.uid(), session: session.id(), device, reason, last, at_ms });
     }
 
     fn data(&self, session: &Session, payload: &Bytes, at_ms: u64) {
-        let device = session.device_shared();
+        let device = session.device().clone();
         self.push(Op::Data { uid: session.uid(), session: session.id(), device, payload: payload.clone(), at_ms });
     }
 }

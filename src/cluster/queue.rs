@@ -17,7 +17,7 @@
 //! skips that many event numbers, so every consumer sees a gap of exactly that size.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use tokio::sync::Notify;
@@ -30,12 +30,12 @@ pub(crate) enum Op {
     /// A LOGIN succeeded on `device` (`None` for the default one); `first` when its uid had
     /// no session here: its `user_online` follows unless it took the uid over from another
     /// node.
-    Online { uid: u64, session: u64, device: Option<Arc<Device>>, first: bool, since_ms: u64, at_ms: u64 },
+    Online { uid: u64, session: u64, device: Device, first: bool, since_ms: u64, at_ms: u64 },
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
-    Offline { uid: u64, session: u64, device: Option<Arc<Device>>, reason: CloseReason, last: bool, at_ms: u64 },
+    Offline { uid: u64, session: u64, device: Device, reason: CloseReason, last: bool, at_ms: u64 },
     /// A DATA frame of the session on `device`.
-    Data { uid: u64, session: u64, device: Option<Arc<Device>>, payload: Bytes, at_ms: u64 },
+    Data { uid: u64, session: u64, device: Device, payload: Bytes, at_ms: u64 },
 }
 
 // === impl Op ===
@@ -201,11 +201,11 @@ mod tests {
     use super::*;
 
     fn online(uid: u64, session: u64) -> Op {
-        Op::Online { uid, session, device: None, first: true, since_ms: 0, at_ms: 0 }
+        Op::Online { uid, session, device: Device::DEFAULT, first: true, since_ms: 0, at_ms: 0 }
     }
 
     fn offline(uid: u64, session: u64) -> Op {
-        Op::Offline { uid, session, device: None, reason: CloseReason::Logout, last: true, at_ms: 0 }
+        Op::Offline { uid, session, device: Device::DEFAULT, reason: CloseReason::Logout, last: true, at_ms: 0 }
     }
 
     #[test]
@@ -214,7 +214,7 @@ mod tests {
         // Session 1 reached Redis before the outage: only its end is here.
         assert_eq!(q.push(offline(1, 1)), (1, None));
         q.push(online(2, 2));
-        q.push(Op::Data { uid: 2, session: 2, device: None, payload: Bytes::from_static(b"x"), at_ms: 0 });
+        q.push(Op::Data { uid: 2, session: 2, device: Device::DEFAULT, payload: Bytes::from_static(b"x"), at_ms: 0 });
         q.push(offline(2, 2));
         q.push(online(3, 3));
         let (depth, compacted) = q.push(online(4, 4));
@@ -235,7 +235,13 @@ mod tests {
 
     #[test]
     fn data_beyond_the_byte_bound_goes_first_and_is_counted() {
-        let data = |n: u8| Op::Data { uid: 1, session: 1, device: None, payload: Bytes::from(vec![n; 100]), at_ms: 0 };
+        let data = |n: u8| Op::Data {
+            uid: 1,
+            session: 1,
+            device: Device::DEFAULT,
+            payload: Bytes::from(vec![n; 100]),
+            at_ms: 0,
+        };
         let q = Queue::new(100, 250);
         q.push(online(1, 1));
         q.push(data(1));

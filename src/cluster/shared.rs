@@ -145,7 +145,7 @@ impl Cluster {
             .into_iter()
             .map(|s| {
                 let silent_ms = clock.since(s.last_heard_tick).as_millis() as u64;
-                (*s.session.device(), s.session.id(), s.session.since_ms(), silent_ms)
+                (s.session.device().clone(), s.session.id(), s.session.since_ms(), silent_ms)
             })
             .collect()
     }

@@ -183,7 +183,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let id: EventId = id.parse().ok()?;
     let mut kind = None;
     let (mut uid, mut session, mut at_ms) = (None, None, 0);
-    let (mut reason, mut node, mut payload, mut device) = (None, None, None, None);
+    let (mut reason, mut node, mut payload, mut device) = (None, None, None, None::<Device>);
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -197,13 +197,13 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "p" => payload = Some(Bytes::from(bytes)),
             // A name Redis holds was checked when its LOGIN was read; anything else reads as
             // the default device rather than losing the event.
-            "d" => device = Device::parse(&bytes).ok().map(Arc::new),
+            "d" => device = Device::parse(&bytes).ok(),
             _ => {}
         }
     }
     let what = match kind.as_deref()? {
-        "online" => What::Online { session: session?, device, node },
-        "offline" => What::Offline { session: session?, device, reason: reason? },
+        "online" => What::Online { session: session?, device: device.clone().unwrap_or_default(), node },
+        "offline" => What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason? },
         "user_online" => What::UserOnline,
         "user_offline" => What::UserOffline { reason: reason? },
         "data" => What::Data(payload.unwrap_or_default()),
@@ -232,7 +232,7 @@ mod tests {
         ];
         let Some(Entry::Event(event)) = parse("5-9", online) else { panic!("an event") };
         assert_eq!(event.id, EventId { ms: 5, seq: 9 });
-        assert_eq!(event.what, What::Online { session: 255, device: None, node: Some("a".into()) });
+        assert_eq!(event.what, What::Online { session: 255, device: Device::DEFAULT, node: Some("a".into()) });
         let lost = vec![
             ("t".into(), bulk("offline")),
             ("uid".into(), bulk("42")),
@@ -240,7 +240,7 @@ mod tests {
             ("r".into(), bulk("node_lost")),
         ];
         let Some(Entry::Event(event)) = parse("5-10", lost) else { panic!("an event") };
-        assert_eq!(event.what, What::Offline { session: 255, device: None, reason: CloseReason::NodeLost });
+        assert_eq!(event.what, What::Offline { session: 255, device: Device::DEFAULT, reason: CloseReason::NodeLost });
         assert!(parse("5-11", vec![("t".into(), bulk("other"))]).is_none());
         assert_eq!(parse("5-12", vec![("t".into(), bulk("epoch"))]), Some(Entry::Epoch(EventId { ms: 5, seq: 12 })));
     }

@@ -273,8 +273,8 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
 }
 
 /// A device as the scripts and the stream spell it: empty for the default one.
-fn device_name(device: &Option<std::sync::Arc<crate::proto::Device>>) -> &str {
-    device.as_deref().map_or("", crate::proto::Device::as_str)
+fn device_name(device: &crate::proto::Device) -> &str {
+    device.as_str()
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
@@ -336,7 +336,7 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         };
         if local.get(field) != Some(&session) {
             let at_ms = crate::presence::unix_ms_now();
-            let (reason, device) = (CloseReason::Disconnect, (!device.is_default()).then(|| Arc::new(device)));
+            let reason = CloseReason::Disconnect;
             cluster.queue.push(Op::Offline { uid, session, device, reason, last: true, at_ms });
             ended += 1;
         }

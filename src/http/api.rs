@@ -302,7 +302,7 @@ async fn kick(
             _ => return Err(ApiError::bad_request(format!("{key}: unknown parameter; expected device"))),
         }
     }
-    match (state.gateway.directory.kick(uid, device).await?, device) {
+    match (state.gateway.directory.kick(uid, device.clone()).await?, device) {
         (0, None) => Err(ApiError::not_found(format!("uid {uid} is offline"))),
         (0, Some(device)) => Err(ApiError::not_found(format!("uid {uid} has no session on device {device:?}"))),
         _ => Ok(StatusCode::NO_CONTENT),
@@ -442,7 +442,7 @@ fn format_event(out: &mut String, event: &Event, node: &str) {
     use std::fmt::Write;
     let Event { id, at_ms, uid, what } = event;
     let _ = write!(out, "id: {id}\nevent: {}\ndata: ", what.name());
-    let device = |d: &Option<Arc<Device>>| Value::String(d.as_deref().map(Device::as_str).unwrap_or("").into());
+    let device = |d: &Device| Value::String(d.as_str().into());
     let _ = match what {
         What::Online { session, device: d, node: at } => {
             let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());

@@ -116,7 +116,7 @@ impl Directory for Local {
             .into_iter()
             .map(|s| Located {
                 node: self.node.clone(),
-                device: *s.session.device(),
+                device: s.session.device().clone(),
                 session: s.session.id(),
                 since_ms: s.session.since_ms(),
                 silent_ms: Some(self.clock.since(s.last_heard_tick).as_millis() as u64),

@@ -114,9 +114,9 @@ pub struct Event {
 pub enum What {
     /// A LOGIN succeeded, on `device` (`None` for the default one); on `node`, or on this
     /// one when `None`.
-    Online { session: u64, device: Option<Arc<Device>>, node: Option<Arc<str>> },
+    Online { session: u64, device: Device, node: Option<Arc<str>> },
     /// A logged-in session ended.
-    Offline { session: u64, device: Option<Arc<Device>>, reason: CloseReason },
+    Offline { session: u64, device: Device, reason: CloseReason },
     /// The uid went from no session to one.
     UserOnline,
     /// The uid's last session ended, for `reason`.
@@ -212,13 +212,13 @@ pub(crate) enum Kept {
     /// An online event; `user_online` follows when `first`.
     Online {
         session: u64,
-        device: Option<Arc<Device>>,
+        device: Device,
         first: bool,
     },
     /// An offline event; `user_offline` follows when `last`.
     Offline {
         session: u64,
-        device: Option<Arc<Device>>,
+        device: Device,
         reason: CloseReason,
         last: bool,
     },
@@ -309,7 +309,7 @@ impl EventLog {
             }
             return;
         }
-        let kept = Kept::Online { session: session.id(), device: session.device_shared(), first };
+        let kept = Kept::Online { session: session.id(), device: session.device().clone(), first };
         self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept });
         self.appended_done(inner);
     }
@@ -478,7 +478,7 @@ impl EventLog {
                 }
                 return;
             }
-            let kept = Kept::Offline { session: session.id(), device: session.device_shared(), reason, last };
+            let kept = Kept::Offline { session: session.id(), device: session.device().clone(), reason, last };
             self.push(inner, Logged { at_ms, uid: session.uid(), kept });
         }
     }
@@ -556,7 +556,10 @@ mod tests {
         let batch = log.read(start);
         assert_eq!(names(&batch), ["online", "user_online", "data", "offline"]);
         assert_eq!(batch.missed, 0);
-        assert_eq!(batch.events[3].what, What::Offline { session: 1, device: None, reason: CloseReason::Logout });
+        assert_eq!(
+            batch.events[3].what,
+            What::Offline { session: 1, device: Device::DEFAULT, reason: CloseReason::Logout }
+        );
         assert!(log.read(batch.events[3].id).events.is_empty());
     }
 
@@ -573,7 +576,7 @@ mod tests {
         let ids: Vec<EventId> = batch.events.iter().map(|e| e.id).collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
         assert_eq!(batch.events[3].what, What::UserOffline { reason: CloseReason::IdleTimeout });
-        let phone = Some(Arc::new("phone".parse::<Device>().unwrap()));
+        let phone: Device = "phone".parse().unwrap();
         assert_eq!(batch.events[0].what, What::Online { session: 1, device: phone, node: None });
         // Resuming between the halves of an entry gives the second half first.
         assert_eq!(names(&log.read(ids[0])), ["user_online", "offline", "user_offline"]);

@@ -12,8 +12,6 @@ use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 
-use std::sync::Arc;
-
 use crate::presence::Handle;
 use crate::proto::{CloseReason, Device};
 
@@ -46,9 +44,9 @@ pub struct Session {
     since_ms: u64,
     /// Where its uid is filed in its ring shard: the ring needs no index of its own.
     handle: Handle,
-    /// The device it logged in as; `None` for the default device, so a session of a client
-    /// that names none allocates nothing for it. Shared with its events.
-    device: Option<Arc<Device>>,
+    /// The device it logged in as: a pointer, shared with its events, and none at all for a
+    /// client that names no device.
+    device: Device,
     /// `LIVE`, or the [`CloseReason`] code (its discriminant) of the first ending, with
     /// [`LAST`] and [`EVICTED`] said with it and [`REPORTED`] set once its offline event is
     /// logged.
@@ -106,7 +104,7 @@ impl Session {
             id,
             since_ms,
             handle,
-            device: (!device.is_default()).then(|| Arc::new(device)),
+            device,
             end: AtomicU8::new(LIVE),
             woken: AtomicBool::new(false),
             waker: AtomicWaker::new(),
@@ -147,12 +145,7 @@ impl Session {
 
     /// The device it logged in as.
     pub fn device(&self) -> &Device {
-        self.device.as_deref().unwrap_or(&Device::DEFAULT)
-    }
-
-    /// The device as its events keep it: shared, and `None` for the default device.
-    pub(crate) fn device_shared(&self) -> Option<Arc<Device>> {
-        self.device.clone()
+        &self.device
     }
 
     /// The id its online and offline events carry.

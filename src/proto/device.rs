@@ -10,8 +10,16 @@ pub const MAX_DEVICE_BYTES: usize = 32;
 
 /// A checked device name; [`Device::DEFAULT`] (the empty name) is what an old LOGIN, with no
 /// device, means.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Device {
+///
+/// One pointer wide: the default device is no allocation at all, and a named one is shared
+/// by its frame, its session and its events. A frame, a session and every event carry one,
+/// so the common case (no device) must cost nothing over what they cost before devices.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Device(Option<std::sync::Arc<Name>>);
+
+/// A named device's bytes.
+#[derive(PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Name {
     len: u8,
     bytes: [u8; MAX_DEVICE_BYTES],
 }
@@ -33,7 +41,7 @@ pub enum DeviceError {
 
 impl Device {
     /// The device of a LOGIN that names none.
-    pub const DEFAULT: Device = Device { len: 0, bytes: [0; MAX_DEVICE_BYTES] };
+    pub const DEFAULT: Device = Device(None);
 
     /// A named device as a LOGIN carries it after its 0x00: 1 to 32 bytes of UTF-8 with no
     /// control character.
@@ -48,37 +56,33 @@ impl Device {
         if text.chars().any(char::is_control) {
             return Err(DeviceError::Control);
         }
-        let mut device = Device::DEFAULT;
-        device.bytes[..bytes.len()].copy_from_slice(bytes);
-        device.len = bytes.len() as u8;
-        Ok(device)
+        let mut name = Name { len: bytes.len() as u8, bytes: [0; MAX_DEVICE_BYTES] };
+        name.bytes[..bytes.len()].copy_from_slice(bytes);
+        Ok(Device(Some(std::sync::Arc::new(name))))
     }
 
     /// The name; empty for [`Device::DEFAULT`].
     pub fn as_str(&self) -> &str {
-        // Only `parse` fills the bytes, and it checked them.
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+        match &self.0 {
+            // Only `parse` fills the bytes, and it checked them.
+            Some(name) => std::str::from_utf8(&name.bytes[..usize::from(name.len)]).unwrap_or_default(),
+            None => "",
+        }
     }
 
     /// Whether this is the default (unnamed) device.
     pub fn is_default(&self) -> bool {
-        self.len == 0
+        self.0.is_none()
     }
 
     /// Bytes of the name on the wire (the 0x00 separator not counted).
     pub fn len(&self) -> usize {
-        usize::from(self.len)
+        self.0.as_ref().map_or(0, |name| usize::from(name.len))
     }
 
     /// Same as [`Device::is_default`], for the `len`/`is_empty` pair.
     pub fn is_empty(&self) -> bool {
         self.is_default()
-    }
-}
-
-impl Default for Device {
-    fn default() -> Device {
-        Device::DEFAULT
     }
 }
 
@@ -120,6 +124,8 @@ mod tests {
         assert_eq!(Device::parse(b"\xff"), Err(DeviceError::NotUtf8));
         assert_eq!(Device::parse(b"a\nb"), Err(DeviceError::Control));
         assert!(Device::DEFAULT.is_default() && Device::DEFAULT.as_str().is_empty());
+        // One pointer, so frames, sessions and events carry it for nothing without devices.
+        assert_eq!(std::mem::size_of::<Device>(), std::mem::size_of::<usize>());
         assert_eq!("".parse::<Device>(), Ok(Device::DEFAULT));
     }
 }

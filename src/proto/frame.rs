@@ -275,7 +275,7 @@ mod tests {
         round_trip(Frame::Login { uid: 42, token: Bytes::from_static(b"tok"), device: Device::DEFAULT });
         round_trip(Frame::Login { uid: u64::MAX, token: Bytes::new(), device: Device::DEFAULT });
         let phone = Device::parse(b"phone").unwrap();
-        round_trip(Frame::Login { uid: 7, token: Bytes::from_static(b"tok"), device: phone });
+        round_trip(Frame::Login { uid: 7, token: Bytes::from_static(b"tok"), device: phone.clone() });
         round_trip(Frame::Login { uid: 7, token: Bytes::new(), device: phone });
         round_trip(Frame::Ping(Bytes::from_static(b"\x00\x01")));
         round_trip(Frame::Data(Bytes::new()));

@@ -167,7 +167,7 @@ impl Machine {
         self.last_tick = now;
         let config = &gateway.config;
         out.frame(&Frame::Welcome { timeout_ms: config.timeout_ms(), tick_ms: config.tick_ms(), session: id });
-        tracing::debug!(uid, %device, "logged in");
+        tracing::debug!(uid, "logged in");
         Ok(())
     }
 
