@@ -8,7 +8,9 @@
 #   NODES [3]  PROCESSES [3]  CONNECTIONS [57000]  CONNECT_RATE per process [1000]
 #   DURATION [60s]  PING [10s]  SILENT [0.25]  TOGETHER [0: silent at random moments;
 #   1: all silent at once, so one sweep expires them]  PUSH_RATE [0]  FOLLOW [0: 1 follows
-#   and checks the event stream]  PAUSE_AT, PAUSE_FOR [none, 10: SIGSTOP Redis PAUSE_AT
+#   and checks the event stream]  DEVICES [1: each uid on that many devices, the gateways at
+#   --max-devices DEVICES; consecutive clients are one uid's devices, so they spread over
+#   the nodes]  PAUSE_AT, PAUSE_FOR [none, 10: SIGSTOP Redis PAUSE_AT
 #   seconds into the run, SIGCONT PAUSE_FOR seconds later]  KILL_AT [none: kill -9 the
 #   last gateway KILL_AT seconds into the run; every client then connects to that one,
 #   the others serve the admin and event checks, and loadtest runs with --node-loss, so
@@ -36,6 +38,7 @@ SILENT=${SILENT:-0.25}
 TOGETHER=${TOGETHER:-0}
 PUSH_RATE=${PUSH_RATE:-0}
 FOLLOW=${FOLLOW:-0}
+DEVICES=${DEVICES:-1}
 PAUSE_AT=${PAUSE_AT:-}
 PAUSE_FOR=${PAUSE_FOR:-10}
 KILL_AT=${KILL_AT:-}
@@ -69,7 +72,7 @@ for n in $(seq 1 "$NODES"); do
   port=$((BASE_PORT + 10 * n))
   target/release/idlegate serve --node-id "gw$n" --redis "redis://127.0.0.1:$REDIS_PORT" \
     --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" --api-listen "127.0.0.1:$((port + 2))" \
-    >"$WORK/gw$n.log" 2>&1 &
+    --max-devices "$DEVICES" >"$WORK/gw$n.log" 2>&1 &
   pids+=($!)
   gw_pids+=($!)
   targets+=("127.0.0.1:$port") admins+=("127.0.0.1:$((port + 1))") apis+=("127.0.0.1:$((port + 2))")
@@ -134,7 +137,7 @@ else
   client_targets=("${targets[@]}")
 fi
 flags=(--target "$(join "${client_targets[@]}")" --admin "$(join "${admins[@]}")" --connect-rate "$CONNECT_RATE"
-  --duration "$DURATION" --ping-interval "$PING" --silent-fraction "$SILENT" --check)
+  --duration "$DURATION" --ping-interval "$PING" --silent-fraction "$SILENT" --devices "$DEVICES" --check)
 [ "$TOGETHER" = 1 ] && flags+=(--silent-together)
 [ "$PUSH_RATE" != 0 ] && flags+=(--api "$(join "${apis[@]}")" --push-rate "$PUSH_RATE")
 [ "$FOLLOW" = 1 ] && flags+=(--api "$(join "${apis[@]}")" --follow-events)
