@@ -439,3 +439,45 @@ async fn simultaneous_logins_of_many_devices_never_pass_the_limit() {
     assert_paired(&redis.events());
     assert_eq!(redis.cli(&["HLEN", "{idlegate}:users"]).trim(), "0", "every uid went offline as a user");
 }
+
+/// A uid on two nodes when one of them dies: its session there ends as `node_lost` with no
+/// `user_offline` (the uid still has a device on the living node); the uid goes offline as a
+/// user only when that last device goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_s_device_ends_as_node_lost_and_the_uid_stays_online_elsewhere() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let a = TestServer::start(idlegate::Config { max_devices: 2, ..cluster_config(&redis.url(), "a") }).await;
+    wait_ready(&a).await;
+    let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
+    let mut b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--node-id", "b", "--redis", &redis.url(), "--node-lease", "1s", "--tick", "100ms"])
+        .args(["--timeout", "10s", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
+        .args(["--api-listen", &api.to_string(), "--max-devices", "2"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(admin).await;
+    eventually("node b connects to Redis", || async { http_get(admin, "/readyz").await.1 == "ready\n" }).await;
+    let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
+    let mut phone = a.client().await;
+    phone.login_device(9, "phone").await;
+    let mut laptop = Client::connect(listen).await;
+    laptop.login_device(9, "laptop").await;
+    for (event, device) in [("online", "phone"), ("user_online", ""), ("online", "laptop")] {
+        let got = sse.expect(event, 9).await;
+        assert_eq!(got.data["device"].as_str().unwrap_or(""), device, "{got:?}");
+    }
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let lost = sse.expect("offline", 9).await;
+    assert_eq!((lost.data["device"].clone(), lost.data["reason"].clone()), ("laptop".into(), "node_lost".into()));
+    phone.ping(b"still here").await;
+    eventually("only the phone is listed", || async {
+        presence(&a, 9).await["sessions"].as_array().map(Vec::len) == Some(1)
+    })
+    .await;
+    phone.send(Frame::Logout).await;
+    phone.expect_bye(CloseReason::Logout).await;
+    assert_eq!(sse.expect("offline", 9).await.data["device"], "phone");
+    assert_eq!(sse.expect("user_offline", 9).await.data["reason"], "logout");
+}
