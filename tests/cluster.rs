@@ -159,22 +159,29 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
     assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), UIDS as usize);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
-    let Some(redis) = RedisServer::start().await else { return };
-    let nodes = gateways(&redis.url(), &["a"]).await;
-    let a = &nodes[0];
-    // Node b is a process of its own, so it can die without a goodbye.
+/// Node b as a process of its own, so it can die without a goodbye, with `extra` flags;
+/// returns it, ready in the cluster, and its client address.
+async fn node_b_process(redis: &str, extra: &[&str]) -> (std::process::Child, std::net::SocketAddr) {
     let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
-    let mut b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
-        .args(["serve", "--node-id", "b", "--redis", &redis.url(), "--node-lease", "1s", "--tick", "100ms"])
-        .args(["--timeout", "2s", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
+    let b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--node-id", "b", "--redis", redis, "--node-lease", "1s", "--tick", "100ms"])
+        .args(["--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
         .args(["--api-listen", &api.to_string()])
+        .args(extra)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     wait_listening(admin).await;
     eventually("node b connects to Redis", || async { http_get(admin, "/readyz").await.1 == "ready\n" }).await;
+    (b, listen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = gateways(&redis.url(), &["a"]).await;
+    let a = &nodes[0];
+    let (mut b, listen) = node_b_process(&redis.url(), &["--timeout", "2s"]).await;
     let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
     let mut clients = Vec::new();
     for uid in 100..105 {
@@ -448,16 +455,7 @@ async fn a_dead_node_s_device_ends_as_node_lost_and_the_uid_stays_online_elsewhe
     let Some(redis) = RedisServer::start().await else { return };
     let a = TestServer::start(idlegate::Config { max_devices: 2, ..cluster_config(&redis.url(), "a") }).await;
     wait_ready(&a).await;
-    let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
-    let mut b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
-        .args(["serve", "--node-id", "b", "--redis", &redis.url(), "--node-lease", "1s", "--tick", "100ms"])
-        .args(["--timeout", "10s", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
-        .args(["--api-listen", &api.to_string(), "--max-devices", "2"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(admin).await;
-    eventually("node b connects to Redis", || async { http_get(admin, "/readyz").await.1 == "ready\n" }).await;
+    let (mut b, listen) = node_b_process(&redis.url(), &["--timeout", "10s", "--max-devices", "2"]).await;
     let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
     let mut phone = a.client().await;
     phone.login_device(9, "phone").await;

@@ -633,24 +633,33 @@ mod tests {
                 clients,
             )
         };
-        let good = Ledger::default();
-        ev(&good, "online", 1, "d0");
-        ev(&good, "user_online", 1, "");
-        ev(&good, "online", 1, "d1");
-        ev(&good, "offline", 1, "d0");
-        // A relogin of d1 replaces it: no user events between.
-        ev(&good, "offline", 1, "d1");
-        ev(&good, "online", 1, "d1");
-        ev(&good, "offline", 1, "d1");
-        ev(&good, "user_offline", 1, "");
+        let play = |events: &[(&str, u64, &str)]| {
+            let ledger = Ledger::default();
+            for &(event, uid, device) in events {
+                ev(&ledger, event, uid, device);
+            }
+            ledger
+        };
+        // A relogin of d1 replaces it (offline then online): no user events between.
+        let good = play(&[
+            ("online", 1, "d0"),
+            ("user_online", 1, ""),
+            ("online", 1, "d1"),
+            ("offline", 1, "d0"),
+            ("offline", 1, "d1"),
+            ("online", 1, "d1"),
+            ("offline", 1, "d1"),
+            ("user_offline", 1, ""),
+        ]);
         assert_eq!((good.user_mismatches.load(Ordering::Relaxed), good.user_events.load(Ordering::Relaxed)), (0, 2));
-        let bad = Ledger::default();
-        ev(&bad, "online", 2, "d0");
-        ev(&bad, "user_online", 2, "");
-        ev(&bad, "online", 2, "d1");
-        ev(&bad, "user_online", 2, "");
-        ev(&bad, "offline", 2, "d0");
-        ev(&bad, "user_offline", 2, "");
+        let bad = play(&[
+            ("online", 2, "d0"),
+            ("user_online", 2, ""),
+            ("online", 2, "d1"),
+            ("user_online", 2, ""),
+            ("offline", 2, "d0"),
+            ("user_offline", 2, ""),
+        ]);
         assert_eq!(bad.user_mismatches.load(Ordering::Relaxed), 2, "a second user_online, a user_offline too early");
         // Devices place their events on their own clients: uid 2's d1 is client 3.
         assert_eq!(clients.index(2, "d1"), Some(3));
