@@ -520,10 +520,7 @@ fn uid_list(body: &Value) -> Result<(Vec<u64>, UidForm), ApiError> {
 
 /// A device name as the API takes it: the empty string is the default device.
 fn parse_device(field: &str, text: &str) -> Result<Device, ApiError> {
-    text.parse().map_err(|e: crate::proto::DeviceError| {
-        let why = e.to_string();
-        ApiError::bad_request(format!("{field}: {}", why.strip_prefix("LOGIN device: ").unwrap_or(&why)))
-    })
+    text.parse().map_err(|e: crate::proto::DeviceError| ApiError::bad_request(format!("{field}: {e}")))
 }
 
 fn parse_uid(field: &str, text: &str) -> Result<u64, ApiError> {

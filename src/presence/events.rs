@@ -386,9 +386,9 @@ impl EventLog {
             let first = e.event(self.id(if user.is_some() { 2 * at } else { 2 * at + 1 }));
             std::iter::once(first).chain(user)
         });
-        let mut events: Vec<Event> = within_batch_budget(halves.into_iter().chain(entries)).collect();
-        // A batch that ends between an entry's halves resumes at the second (an even id).
-        events.shrink_to_fit();
+        // A batch the budget ends between an entry's halves ends on an even id, from which
+        // the next read starts with the second half.
+        let events = within_batch_budget(halves.into_iter().chain(entries)).collect();
         Batch {
             missed: from - next,
             earlier_process,

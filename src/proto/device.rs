@@ -24,16 +24,16 @@ struct Name {
     bytes: [u8; MAX_DEVICE_BYTES],
 }
 
-/// Why a device name was refused; the text names the field for the client's BYE.
+/// Why a device name was refused (the BYE and the API name the field before it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
-    #[error("LOGIN device: empty after the 0x00 separator (omit the separator for the default device)")]
+    #[error("empty after the 0x00 separator (omit the separator for the default device)")]
     Empty,
-    #[error("LOGIN device: {0} bytes, over the limit of 32")]
+    #[error("{0} bytes, over the limit of 32")]
     TooLong(usize),
-    #[error("LOGIN device: not UTF-8")]
+    #[error("not UTF-8")]
     NotUtf8,
-    #[error("LOGIN device: holds a control character")]
+    #[error("holds a control character")]
     Control,
 }
 

@@ -23,7 +23,7 @@ pub enum FrameError {
     #[error("WELCOME payload of {0} bytes: expected 8, then an ASCII session id")]
     BadWelcome(usize),
     /// A LOGIN whose device name (after the 0x00) is not one.
-    #[error(transparent)]
+    #[error("LOGIN device: {0}")]
     BadDevice(#[from] crate::proto::DeviceError),
     /// A BYE with no reason byte, or one this version does not define.
     #[error("BYE with reason {0:?}")]
