@@ -113,9 +113,9 @@ impl Pushes {
         self.outstanding.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Client `client` of `uid` received push `id`; returns whether it was one we sent to
-    /// `uid` and still expected.
-    pub fn received(&self, id: u64, uid: u64, _client: u64) -> bool {
+    /// A client of `uid` received push `id`; returns whether it was one we sent to `uid` and
+    /// still expected.
+    pub fn received(&self, id: u64, uid: u64) -> bool {
         let mut outstanding = self.outstanding();
         let expected = match outstanding.get_mut(&id) {
             Some(o) if o.uid == uid && o.expected.is_none_or(|n| o.received < n) => {

@@ -370,7 +370,7 @@ impl Client {
                         }
                     }
                     Some(Ok(Incoming::Push(payload))) => match parse_push(&payload) {
-                        Some((id, nanos)) if ctx.pushes.received(id, self.plan.uid, self.plan.index) => {
+                        Some((id, nanos)) if ctx.pushes.received(id, self.plan.uid) => {
                             stats.record_push(ctx.epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)));
                         }
                         _ => {}

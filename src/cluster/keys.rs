@@ -114,10 +114,8 @@ pub(crate) fn parse_field(field: &str) -> Option<(u64, crate::proto::Device)> {
     Some((uid.parse().ok()?, device.parse().ok()?))
 }
 
-/// A session id as the control keys and events spell it.
-pub(crate) fn session_hex(session: u64) -> String {
-    format!("{session:016x}")
-}
+/// A session id as the control keys spell it: as the events and WELCOME do.
+pub(crate) use crate::presence::session_hex;
 
 /// The owner part of a route value, `<member>|<session>|`: what a compare-and-delete
 /// matches.

@@ -202,7 +202,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         }
     }
     let what = match kind.as_deref()? {
-        "online" => What::Online { session: session?, device: device.clone().unwrap_or_default(), node },
+        "online" => What::Online { session: session?, device: device.unwrap_or_default(), node },
         "offline" => What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason? },
         "user_online" => What::UserOnline,
         "user_offline" => What::UserOffline { reason: reason? },

@@ -260,7 +260,7 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
         Op::Online { uid, session, device, since_ms, .. } => {
             let mut cmd = evalsha(&cluster.scripts.route_set, &[&keys::route(*uid)]);
             cmd.arg(format!("{member}|{}", keys::session_hex(*session))).arg(*since_ms).arg(member);
-            cmd.arg(device_name(device)).arg(cluster.settings.max_devices);
+            cmd.arg(device.as_str()).arg(cluster.settings.max_devices);
             Some(cmd)
         }
         Op::Offline { uid, session, .. } => {
@@ -270,11 +270,6 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
         }
         Op::Data { .. } => None,
     }
-}
-
-/// A device as the scripts and the stream spell it: empty for the default one.
-fn device_name(device: &crate::proto::Device) -> &str {
-    device.as_str()
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
@@ -290,16 +285,16 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
             Op::Online { uid, session, device, first, at_ms, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
                 let kind = if *first { "L1" } else { "L" };
-                cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device_name(device));
+                cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device.as_str());
             }
             Op::Offline { uid, session, device, reason, last, at_ms } => {
                 let kind = if *last { "E1" } else { "E" };
                 let s = keys::session_hex(*session);
-                cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device_name(device));
+                cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device.as_str());
             }
             Op::Data { uid, session, device, payload, at_ms } => {
                 let s = keys::session_hex(*session);
-                cmd.arg("D").arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device_name(device));
+                cmd.arg("D").arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device.as_str());
             }
         }
     }

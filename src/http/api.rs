@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::metrics::EVENT_TYPES;
-use crate::presence::{Batch, DirectoryError, Event, EventId, Located, NodeCount, What};
+use crate::presence::{session_hex, Batch, DirectoryError, Event, EventId, Located, NodeCount, What};
 use crate::proto::Device;
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
@@ -212,7 +212,7 @@ async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Res
     let session = |s: &Located| {
         let mut one = json!({
             "device": s.device.as_str(),
-            "session": format!("{:016x}", s.session),
+            "session": session_hex(s.session),
             "node": s.node,
             "since_ms": s.since_ms,
         });

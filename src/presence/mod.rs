@@ -27,5 +27,5 @@ pub(crate) use pending::{Pending, Refused};
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};
 pub(crate) use session::data_bucket;
-pub use session::Session;
+pub use session::{session_hex, Session};
 pub use ticker::Ticker;

@@ -288,12 +288,7 @@ impl Registry {
             return Vec::new();
         };
         // Read while the lead's shard is read-locked, so no change of the uid is half seen.
-        let mut all = vec![lead.clone()];
-        if self.max_devices > 1 {
-            if let Some(rest) = self.others.get(&uid) {
-                all.extend(rest.iter().cloned());
-            }
-        }
+        let mut all = self.with_others(uid, &lead);
         drop(lead);
         all.retain(|s| s.is_live() && device.is_none_or(|d| s.device() == d));
         all
@@ -426,11 +421,15 @@ impl Registry {
 
     /// The uid's sessions, the lead first, as `held` finds them.
     fn gather(&self, uid: u64, held: &Held<'_>) -> Vec<Arc<Session>> {
-        let Entry::Occupied(lead) = held else {
-            return Vec::new();
-        };
-        let mut list = Vec::with_capacity(1);
-        list.push(lead.get().clone());
+        match held {
+            Entry::Occupied(lead) => self.with_others(uid, lead.get()),
+            Entry::Vacant(_) => Vec::new(),
+        }
+    }
+
+    /// `lead` and the uid's other sessions; the caller holds the lead's shard of `sessions`.
+    fn with_others(&self, uid: u64, lead: &Arc<Session>) -> Vec<Arc<Session>> {
+        let mut list = vec![lead.clone()];
         if self.max_devices > 1 {
             if let Some(rest) = self.others.get(&uid) {
                 list.extend(rest.iter().cloned());

@@ -64,6 +64,12 @@ pub struct Session {
     data_bucket: AtomicU64,
 }
 
+/// A session id as the events, WELCOME and the presence answers spell it: 16 lowercase hex
+/// digits.
+pub fn session_hex(id: u64) -> String {
+    format!("{id:016x}")
+}
+
 /// What an ending means beyond its reason, decided under the uid's registry entry.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Ending {

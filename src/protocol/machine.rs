@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use crate::error::AuthError;
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
-use crate::presence::{unix_now, Liveness, Session};
+use crate::presence::{session_hex, unix_now, Liveness, Session};
 use crate::proto::{
     jittered_ms, put_frame, retry_text, CloseReason, Device, Frame, Transport, REFUSED_RETRY_BASE,
     REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
@@ -162,7 +162,7 @@ impl Machine {
         }
         let now = gateway.clock.now();
         let session = gateway.registry.login(uid, device, now);
-        let id = format!("{:016x}", session.id());
+        let id = session_hex(session.id());
         self.session = Some(session);
         self.last_tick = now;
         let config = &gateway.config;
