@@ -444,6 +444,16 @@ impl Registry {
         debug_assert!(list.len() <= self.max_devices, "uid {uid} holds {} sessions", list.len());
         let after = list.len();
         let rest = if after > 1 { list.split_off(1) } else { Vec::new() };
+        // The rest first, while `held` still locks the uid: written after the lead, a lead
+        // already let go of would meet the old rest, and another change of the uid would
+        // start from that mix.
+        if self.max_devices > 1 {
+            if rest.is_empty() {
+                self.others.remove(&uid);
+            } else {
+                self.others.insert(uid, rest);
+            }
+        }
         match (held, list.pop()) {
             (Entry::Occupied(entry), None) => {
                 entry.remove();
@@ -455,13 +465,6 @@ impl Registry {
                 entry.insert(lead);
             }
             (Entry::Vacant(_), None) => {}
-        }
-        if self.max_devices > 1 {
-            if rest.is_empty() {
-                self.others.remove(&uid);
-            } else {
-                self.others.insert(uid, rest);
-            }
         }
         self.metrics.online_sessions.add(after as i64 - before as i64);
         self.metrics.online_users.add(i64::from(after > 0) - i64::from(before > 0));
@@ -917,6 +920,71 @@ mod tests {
             }
         }
         assert_eq!(reg.metrics.online_users.get(), reg.online() as i64);
+    }
+
+    /// Logins of several devices of the same uids, frames on every session ever logged in,
+    /// and lookups, on three threads: a touch (in debug builds) and a lookup must always find
+    /// a live session in its uid's list, which fails if a change shows the new lead and the
+    /// old rest of a list to anyone.
+    #[test]
+    fn logins_of_many_devices_frames_and_lookups_race_safely() {
+        use std::sync::atomic::AtomicBool;
+        const UIDS: u64 = 4;
+        const LOGINS: u64 = 40_000;
+        let reg = Arc::new(registry_with_devices(1_000, 2));
+        let done = Arc::new(AtomicBool::new(false));
+        let sessions: Arc<Mutex<Vec<Arc<Session>>>> = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for n in 0..LOGINS {
+                    let s = reg.login(n % UIDS, device((n / UIDS % 3) as u8), 0);
+                    sessions.lock().unwrap().push(s);
+                }
+                done.store(true, Ordering::SeqCst);
+            });
+            scope.spawn(|| {
+                // Ends on a second writer: a uid's list changes from two threads at once.
+                let mut n = 0usize;
+                while !done.load(Ordering::SeqCst) {
+                    let pick = sessions.lock().unwrap().iter().rev().nth(n % 5).cloned();
+                    if let Some(s) = pick {
+                        reg.leave(&s, CloseReason::Logout);
+                    }
+                    n += 1;
+                }
+            });
+            scope.spawn(|| {
+                while !done.load(Ordering::SeqCst) {
+                    let recent: Vec<Arc<Session>> = sessions.lock().unwrap().iter().rev().take(16).cloned().collect();
+                    for s in recent {
+                        reg.touch(&s, 0);
+                    }
+                }
+            });
+            scope.spawn(|| {
+                while !done.load(Ordering::SeqCst) {
+                    let recent: Vec<Arc<Session>> = sessions.lock().unwrap().iter().rev().take(8).cloned().collect();
+                    for s in recent {
+                        // Read together with the liveness: a session live after the lookup was
+                        // live during it, so the lookup must have listed it.
+                        let listed = reg.sessions_of(s.uid(), None).iter().any(|l| l.id() == s.id());
+                        assert!(listed || !s.is_live(), "uid {}: live session {} not listed", s.uid(), s.id());
+                    }
+                }
+            });
+        });
+        let mut total = 0;
+        for uid in 0..UIDS {
+            let mut live: Vec<u64> =
+                sessions.lock().unwrap().iter().filter(|s| s.uid() == uid && s.is_live()).map(|s| s.id()).collect();
+            let mut listed: Vec<u64> = reg.sessions_of(uid, None).iter().map(|s| s.id()).collect();
+            live.sort_unstable();
+            listed.sort_unstable();
+            assert!(live.len() <= 2, "uid {uid} holds {live:?}");
+            assert_eq!(listed, live, "uid {uid}");
+            total += live.len();
+        }
+        assert_eq!(reg.metrics.online_sessions.get(), total as i64);
     }
 
     #[test]
