@@ -10,7 +10,8 @@
 //!
 //! Folders by concern, imports pointing one way (`tests/layout.rs` checks the arrows):
 //!
-//! - `proto/`: the wire vocabulary: `frame`, `codec` (bytes to frames, no IO), `retry`
+//! - `proto`: the wire vocabulary, its own crate (`crates/idlegate-proto`, shared with the
+//!   client library and the load tests): `frame`, `codec` (bytes to frames, no IO), `retry`
 //!   hints, `FrameError`, the `Transport` names of the doors. Imports nothing of the gateway.
 //! - `config`, `metrics/`: low; everyone may use them; they own their defaults.
 //! - `presence/`: who is online. `ring` (pure: ticks in, expired uids out), `clock` (the one
@@ -41,7 +42,7 @@ mod gateway;
 mod http;
 mod metrics;
 mod presence;
-mod proto;
+use idlegate_proto as proto;
 mod protocol;
 mod server;
 mod transport;
@@ -60,7 +61,7 @@ pub use presence::{
 };
 pub use proto::{
     kind, retry_hint, retry_text, CloseReason, Device, DeviceError, Frame, FrameCodec, FrameError, Transport,
-    DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES,
+    BYE_CLOSE_BASE, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES, TLS_ALPN, WS_PATH,
 };
 pub use server::{Listeners, Server};
-pub use transport::{accept_key, BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};
+pub use transport::accept_key;

@@ -91,6 +91,7 @@ fn the_cluster_and_the_http_side_never_use_each_other() {
 
 /// Each top-level module's layer: a module may import only modules of a lower layer.
 const LAYERS: [(&str, u32); 15] = [
+    // The wire vocabulary's own crate (crates/idlegate-proto), named `proto` in lib.rs.
     ("proto", 0),
     ("error", 0),
     ("descriptors", 0),
@@ -152,7 +153,7 @@ fn top_level_imports() -> BTreeMap<String, BTreeSet<String>> {
 fn the_crate_s_modules_import_downward_only() {
     let layer = |m: &str| LAYERS.iter().find(|(n, _)| *n == m).map(|(_, l)| *l);
     let imports = top_level_imports();
-    assert!(imports.contains_key("proto") && imports.contains_key("server"), "read {imports:?}");
+    assert!(imports.contains_key("presence") && imports.contains_key("server"), "read {imports:?}");
     for (module, uses) in &imports {
         let own = layer(module).unwrap_or_else(|| panic!("src/{module} has no layer in LAYERS: give it one"));
         for used in uses {
@@ -176,4 +177,27 @@ fn a_circle_is_found() {
     let found = circle(&g(&[("node", "writer"), ("writer", "inbox"), ("inbox", "node")])).unwrap();
     assert_eq!(found.first(), found.last());
     assert_eq!(found.len(), 4);
+}
+
+/// The wire vocabulary is shared with clients that may run on any runtime, or none: its
+/// crate depends on nothing but `bytes` and `thiserror` unless a feature asks, and no file
+/// but the feature's own names tokio.
+#[test]
+fn the_wire_vocabulary_needs_no_runtime() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/idlegate-proto");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    let required: Vec<&str> = deps
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains("optional = true"))
+        .map(|l| l.split('=').next().unwrap().trim())
+        .collect();
+    assert_eq!(required, ["bytes", "thiserror"], "idlegate-proto's dependencies");
+    for entry in std::fs::read_dir(root.join("src")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n != "tokio_codec.rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains("tokio::") && !text.contains("use tokio"), "{} uses tokio", path.display());
+        }
+    }
 }

@@ -162,12 +162,12 @@ pub enum TransportArg {
 }
 
 impl TransportArg {
-    pub fn transport(self) -> idlegate::Transport {
+    pub fn transport(self) -> idlegate_proto::Transport {
         match self {
-            TransportArg::Tcp => idlegate::Transport::Tcp,
-            TransportArg::Tls => idlegate::Transport::Tls,
-            TransportArg::Ws => idlegate::Transport::Ws,
-            TransportArg::Wss => idlegate::Transport::Wss,
+            TransportArg::Tcp => idlegate_proto::Transport::Tcp,
+            TransportArg::Tls => idlegate_proto::Transport::Tls,
+            TransportArg::Ws => idlegate_proto::Transport::Ws,
+            TransportArg::Wss => idlegate_proto::Transport::Wss,
         }
     }
 }

@@ -552,7 +552,7 @@ pub async fn follow(
 
 #[cfg(test)]
 mod tests {
-    use idlegate::CloseReason;
+    use idlegate_proto::CloseReason;
 
     use super::*;
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use idlegate::{Auth, CloseReason};
+use idlegate::Auth;
+use idlegate_proto::CloseReason;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
@@ -144,7 +145,7 @@ pub struct Plan {
     pub index: u64,
     pub uid: u64,
     /// Its device name with `--devices` above 1.
-    pub device: Option<idlegate::Device>,
+    pub device: Option<idlegate_proto::Device>,
     pub connect_at: Instant,
     /// When a silent client sends its last frame; `None` for an active client.
     pub silent_at: Option<Instant>,

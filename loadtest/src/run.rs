@@ -376,8 +376,8 @@ fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
 }
 
 /// The name of a uid's `n`-th device under `--devices`; the event check reads it back.
-pub fn device_name(n: u64) -> idlegate::Device {
-    idlegate::Device::parse(format!("d{n}").as_bytes()).expect("a short ASCII name is a device name")
+pub fn device_name(n: u64) -> idlegate_proto::Device {
+    idlegate_proto::Device::parse(format!("d{n}").as_bytes()).expect("a short ASCII name is a device name")
 }
 
 /// Wall-clock milliseconds since the Unix epoch, which line up the timelines of the

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 use hdrhistogram::Histogram;
-use idlegate::CloseReason;
+use idlegate_proto::CloseReason;
 use serde::{Deserialize, Serialize};
 
 /// Highest latency the histograms record, in microseconds: ten minutes; anything longer is

@@ -6,7 +6,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use idlegate::{CloseReason, Device, Frame, FrameCodec};
+use idlegate_proto::{CloseReason, Device, Frame, FrameCodec};
 use tokio_util::codec::Decoder;
 
 use crate::args::Protocol;
@@ -237,7 +237,7 @@ impl Decoder for Wire {
                     },
                     Frame::Pong(p) => Incoming::Pong(p.as_ref().try_into().ok().map(u64::from_be_bytes)),
                     Frame::Push(p) => Incoming::Push(p),
-                    Frame::Bye { reason, text } => Incoming::Bye(reason, idlegate::retry_hint(&text)),
+                    Frame::Bye { reason, text } => Incoming::Bye(reason, idlegate_proto::retry_hint(&text)),
                     other => return Err(invalid(format!("a gateway does not send {other:?}"))),
                 }))
             }
@@ -353,9 +353,9 @@ mod tests {
         wire.ping(7, &mut out);
         assert_eq!(&out[..2], &[0x82, 0x80 | 9], "a masked binary message of 9 bytes");
         let body: Vec<u8> = out[6..].iter().enumerate().map(|(i, b)| b ^ WS_MASK[i % 4]).collect();
-        assert_eq!(body[0], idlegate::kind::PING);
+        assert_eq!(body[0], idlegate_proto::kind::PING);
         // The gateway's answer, a close after it, and half of the next message.
-        let mut src = BytesMut::from(&[0x82, 9, idlegate::kind::PONG][..]);
+        let mut src = BytesMut::from(&[0x82, 9, idlegate_proto::kind::PONG][..]);
         src.extend_from_slice(&7u64.to_be_bytes());
         src.extend_from_slice(&[0x88, 2, 0x0f, 0xa1, 0x82]);
         assert_eq!(wire.decode(&mut src).unwrap(), Some(Incoming::Pong(Some(7))));
@@ -368,7 +368,7 @@ mod tests {
         let mut wire = Wire::new(Protocol::Idlegate, Duration::ZERO);
         let mut out = BytesMut::new();
         wire.ping(123_456, &mut out);
-        out[4] = idlegate::kind::PONG;
+        out[4] = idlegate_proto::kind::PONG;
         assert_eq!(wire.decode(&mut out).unwrap(), Some(Incoming::Pong(Some(123_456))));
     }
 }

@@ -4,7 +4,6 @@
 
 mod connection;
 mod drive;
-mod framed;
 mod records;
 mod tcp;
 mod tls;
@@ -17,11 +16,9 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::gateway::Gateway;
-use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES};
-pub use ws::{accept_key, WsPolicy, BYE_CLOSE_BASE, WS_PATH};
+use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES, TLS_ALPN};
+pub use ws::{accept_key, WsPolicy};
 
-/// ALPN protocol of the TLS door: the same length-prefixed protocol as plain TCP.
-pub const TLS_ALPN: &[u8] = b"idlegate";
 
 /// What every door but plain TCP needs to open a connection, built once at start.
 #[derive(Debug, Default)]

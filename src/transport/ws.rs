@@ -20,12 +20,9 @@ use base64::Engine;
 use bytes::{Buf, BufMut, BytesMut};
 use sha1::{Digest, Sha1};
 
-use crate::proto::{CloseReason, Frame, MAX_LOGIN_FRAME_BYTES};
+use crate::proto::{CloseReason, Frame, BYE_CLOSE_BASE, MAX_LOGIN_FRAME_BYTES, WS_PATH};
 use crate::protocol::Close;
 use crate::transport::connection::{disconnect, Framing, Input};
-
-/// The one path that upgrades; any other is 404.
-pub const WS_PATH: &str = "/v1/ws";
 
 /// Longest upgrade request read: browsers send well under 2 KiB, cookies included.
 const MAX_UPGRADE_BYTES: usize = 8 * 1024;
@@ -35,9 +32,6 @@ const MAX_UPGRADE_HEADERS: usize = 64;
 
 /// Appended to a client's key before hashing, by RFC 6455 section 4.2.2.
 const ACCEPT_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
-
-/// Close code of the gateway's BYE: this plus the reason's wire byte (4001 idle_timeout).
-pub const BYE_CLOSE_BASE: u16 = 4000;
 
 /// Close code for a malformed frame: 4000 + BYE(protocol_error)'s byte.
 const MALFORMED: u16 = 4004;
@@ -307,7 +301,7 @@ impl Framing for WebSocket {
         frame.encode(out);
         if let Frame::Bye { reason, .. } = frame {
             let code = match self.refusal {
-                0 => BYE_CLOSE_BASE + u16::from(reason.wire_code().unwrap_or(0)),
+                0 => reason.close_code().unwrap_or(BYE_CLOSE_BASE),
                 code => code,
             };
             put_close(out, Some(code), reason.label());

@@ -7,8 +7,8 @@
 
 use bytes::{Buf, BufMut, BytesMut};
 
-use crate::proto::Frame;
-use crate::proto::FrameError;
+use crate::Frame;
+use crate::FrameError;
 
 /// Bytes of the length prefix.
 pub const HEADER_LEN: usize = 4;
@@ -19,9 +19,9 @@ pub const DEFAULT_MAX_FRAME_BYTES: u32 = 65_536;
 
 /// Longest first frame the gateway reads: a LOGIN (kind byte and uid) with a token of up to
 /// 512 bytes, six times the 85 of today's tokens, then the 0x00 and a device name of up to
-/// [`crate::proto::MAX_DEVICE_BYTES`]. Until a connection has logged in it costs at most
+/// [`crate::MAX_DEVICE_BYTES`]. Until a connection has logged in it costs at most
 /// this much, however large `--max-frame-bytes` is.
-pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + 512 + 1 + crate::proto::MAX_DEVICE_BYTES as u32;
+pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + 512 + 1 + crate::MAX_DEVICE_BYTES as u32;
 
 /// Least a split frame's buffer grows by; after that it doubles with what has arrived.
 const MIN_SPLIT_GROWTH: usize = 64;
@@ -96,7 +96,7 @@ impl FrameCodec {
 
 /// Appends `frame` with its length prefix. For the frames the gateway builds, which carry at
 /// most a payload it accepted, far below the 4 GiB a length prefix can say.
-pub(crate) fn put_frame(frame: &Frame, dst: &mut BytesMut) {
+pub fn put_frame(frame: &Frame, dst: &mut BytesMut) {
     let body = frame.body_len();
     debug_assert!(u32::try_from(body).is_ok(), "a {body}-byte frame overflows the length prefix");
     dst.reserve(HEADER_LEN + body);
@@ -121,7 +121,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::proto::kind;
+    use crate::kind;
 
     #[test]
     fn decodes_byte_by_byte_and_in_one_piece() {

@@ -6,7 +6,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::proto::{Device, FrameError};
+use crate::{Device, FrameError};
 
 /// Frame kind bytes; client-to-gateway kinds have the high bit clear, gateway-to-client set.
 pub mod kind {

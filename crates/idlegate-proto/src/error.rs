@@ -24,7 +24,7 @@ pub enum FrameError {
     BadWelcome(usize),
     /// A LOGIN whose device name (after the 0x00) is not one.
     #[error("LOGIN device: {0}")]
-    BadDevice(#[from] crate::proto::DeviceError),
+    BadDevice(#[from] crate::DeviceError),
     /// A BYE with no reason byte, or one this version does not define.
     #[error("BYE with reason {0:?}")]
     BadBye(Option<u8>),

@@ -13,17 +13,17 @@ pub const RETRY_HINT: &str = "retry_after_ms=";
 
 /// Shortest wait a refused client is told: long enough for the gateway to drain what it is
 /// busy with.
-pub(crate) const REFUSED_RETRY_BASE: Duration = Duration::from_secs(1);
+pub const REFUSED_RETRY_BASE: Duration = Duration::from_secs(1);
 
 /// Spread of refused clients' waits beyond the base.
-pub(crate) const REFUSED_RETRY_SPREAD: Duration = Duration::from_secs(2);
+pub const REFUSED_RETRY_SPREAD: Duration = Duration::from_secs(2);
 
 /// Shortest wait a client is told at shutdown: a restart takes about this long.
-pub(crate) const SHUTDOWN_RETRY_BASE: Duration = Duration::from_secs(1);
+pub const SHUTDOWN_RETRY_BASE: Duration = Duration::from_secs(1);
 
 /// Spread of the waits at shutdown: 19,000 clients coming back over ten seconds are about
 /// 2,000 logins a second, well within one gateway's rate.
-pub(crate) const SHUTDOWN_RETRY_SPREAD: Duration = Duration::from_secs(10);
+pub const SHUTDOWN_RETRY_SPREAD: Duration = Duration::from_secs(10);
 
 /// A BYE text with a retry hint of `ms` milliseconds and `text` for humans.
 pub fn retry_text(ms: u64, text: &str) -> String {
@@ -41,7 +41,7 @@ pub fn retry_hint(text: &str) -> Option<u64> {
 }
 
 /// `base` plus a uniformly random share of `spread`, in milliseconds.
-pub(crate) fn jittered_ms(base: Duration, spread: Duration) -> u64 {
+pub fn jittered_ms(base: Duration, spread: Duration) -> u64 {
     let random = std::hash::RandomState::new().hash_one(0u8);
     let spread_ms = spread.as_millis() as u64;
     base.as_millis() as u64 + if spread_ms == 0 { 0 } else { random % spread_ms }

@@ -1,11 +1,11 @@
-//! [`FrameCodec`] as a tokio-util codec, for whoever frames a stream with
-//! `tokio_util::codec::Framed` (the tests and tools do): the wire vocabulary itself stays
-//! free of any runtime.
+//! [`FrameCodec`] as a tokio-util codec (feature `tokio-codec`, off by default), for whoever
+//! frames a stream with `tokio_util::codec::Framed`: the wire vocabulary itself stays free of
+//! any runtime.
 
 use bytes::BytesMut;
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::proto::{Frame, FrameCodec, FrameError};
+use crate::{Frame, FrameCodec, FrameError};
 
 impl Decoder for FrameCodec {
     type Item = Frame;

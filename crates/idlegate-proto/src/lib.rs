@@ -1,0 +1,41 @@
+//! idlegate's wire vocabulary, shared by the gateway, its client libraries and its load
+//! tests: what a frame is (`frame`), how frames become bytes and back (`codec`, no IO),
+//! what can be wrong with them (`error`), device names (`device`), how a client sent away
+//! learns when to come back (`retry`), and the doors clients come in by (`transport`,
+//! `door`).
+//!
+//! Nothing here knows a socket or a runtime: no tokio, no IO, only `bytes` and `thiserror`.
+//! The feature `tokio-codec` adds tokio-util's `Decoder` and `Encoder` to [`FrameCodec`].
+//! The byte layout, with examples, is in the gateway's docs/PROTOCOL.md.
+//!
+//! ```
+//! use bytes::{Bytes, BytesMut};
+//! use idlegate_proto::{Frame, FrameCodec};
+//!
+//! let mut codec = FrameCodec::default();
+//! let mut wire = BytesMut::new();
+//! codec.encode(&Frame::Ping(Bytes::from_static(b"t0")), &mut wire).unwrap();
+//! assert_eq!(&wire[..], &[0, 0, 0, 3, 0x02, b't', b'0']);
+//! assert_eq!(codec.decode(&mut wire).unwrap(), Some(Frame::Ping(Bytes::from_static(b"t0"))));
+//! ```
+
+mod codec;
+mod device;
+mod door;
+mod error;
+mod frame;
+mod retry;
+#[cfg(feature = "tokio-codec")]
+mod tokio_codec;
+mod transport;
+
+pub use codec::{put_frame, FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES};
+pub use device::{Device, DeviceError, MAX_DEVICE_BYTES};
+pub use door::{BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};
+pub use error::FrameError;
+pub use frame::{kind, CloseReason, Frame};
+pub use retry::{
+    jittered_ms, retry_hint, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, RETRY_HINT, SHUTDOWN_RETRY_BASE,
+    SHUTDOWN_RETRY_SPREAD,
+};
+pub use transport::Transport;
