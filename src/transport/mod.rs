@@ -19,7 +19,6 @@ use crate::gateway::Gateway;
 use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES, TLS_ALPN};
 pub use ws::{accept_key, WsPolicy};
 
-
 /// What every door but plain TCP needs to open a connection, built once at start.
 #[derive(Debug, Default)]
 pub(crate) struct Doors {

@@ -41,18 +41,31 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(config: Config) -> TestServer {
+        TestServer::start_at(config, None).await
+    }
+
+    /// A new gateway on the addresses this one (now shut down) had, as after a restart.
+    pub async fn restart(&self, config: Config) -> TestServer {
+        assert!(self.task.is_none(), "shut the gateway down before restarting it");
+        TestServer::start_at(config, Some(self)).await
+    }
+
+    async fn start_at(config: Config, old: Option<&TestServer>) -> TestServer {
         config.validate().expect("test config is valid");
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let bind = |at: Option<SocketAddr>| async move {
+            TcpListener::bind(at.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap())).await.unwrap()
+        };
+        let listener = bind(old.map(|o| o.addr)).await;
+        let admin = bind(old.map(|o| o.admin)).await;
+        let api = bind(old.map(|o| o.api)).await;
         let (addr, admin_addr, api_addr) =
             (listener.local_addr().unwrap(), admin.local_addr().unwrap(), api.local_addr().unwrap());
         // Every door is open: the WebSocket one always, the TLS ones with an identity.
-        let ws = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ws = bind(old.map(|o| o.ws)).await;
         let ws_addr = ws.local_addr().unwrap();
         let secure = config.tls.is_some();
-        let tls = if secure { Some(TcpListener::bind("127.0.0.1:0").await.unwrap()) } else { None };
-        let wss = if secure { Some(TcpListener::bind("127.0.0.1:0").await.unwrap()) } else { None };
+        let tls = if secure { Some(bind(old.and_then(|o| o.tls)).await) } else { None };
+        let wss = if secure { Some(bind(old.and_then(|o| o.wss)).await) } else { None };
         let tls_addr = tls.as_ref().map(|l| l.local_addr().unwrap());
         let wss_addr = wss.as_ref().map(|l| l.local_addr().unwrap());
         let server = Server::new(config);

@@ -78,7 +78,8 @@ impl Client {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let (state_tx, state_rx) = watch::channel(State::Connecting { attempt: 0 });
         let tls = options.tls.clone().unwrap_or_else(default_tls);
-        let task = Task { endpoint, options, tls, data: data_rx, control: control_rx, events: events_tx, state: state_tx };
+        let task =
+            Task { endpoint, options, tls, data: data_rx, control: control_rx, events: events_tx, state: state_tx };
         tokio::spawn(task.run());
         Ok((Client { data: data_tx, control: control_tx, state: state_rx }, Events { rx: events_rx }))
     }
@@ -171,15 +172,11 @@ impl Task {
             }
             refresh = false;
             let (reason, text, hint) = match ended {
-                Ended::Closed => {
-                    let text = "closed by the application".to_string();
-                    self.set(State::Offline { reason: CloseReason::Disconnect, text, retry_in: None }).await;
-                    return;
-                }
+                Ended::Closed => return self.closed().await,
                 Ended::Logout => {
                     self.set(State::Offline { reason: CloseReason::Logout, text: String::new(), retry_in: None }).await;
                     if !self.wait_for_reconnect().await {
-                        return;
+                        return self.closed().await;
                     }
                     attempt = 0;
                     continue;
@@ -187,7 +184,7 @@ impl Task {
                 Ended::Bye { reason: CloseReason::Kicked, text } if !self.options.reconnect_after_kick => {
                     self.set(State::Offline { reason: CloseReason::Kicked, text, retry_in: None }).await;
                     if !self.wait_for_reconnect().await {
-                        return;
+                        return self.closed().await;
                     }
                     attempt = 0;
                     continue;
@@ -204,7 +201,7 @@ impl Task {
             tracing::debug!(%reason, %text, ?delay, "offline; reconnecting");
             self.set(State::Offline { reason, text, retry_in: Some(delay) }).await;
             if !self.back_off(delay).await {
-                return;
+                return self.closed().await;
             }
         }
     }
@@ -321,6 +318,12 @@ impl Task {
                 Some(Control::Close) | None => return false,
             }
         }
+    }
+
+    /// The last state of a client the application closed (or dropped).
+    async fn closed(&mut self) {
+        let text = "closed by the application".to_string();
+        self.set(State::Offline { reason: CloseReason::Disconnect, text, retry_in: None }).await;
     }
 
     async fn set(&mut self, state: State) {

@@ -1,0 +1,258 @@
+//! The Rust client library (`crates/idlegate-client`) against a real gateway over real
+//! sockets, by every door: it logs in, receives pushes, sends DATA a backend sees, keeps
+//! itself alive from WELCOME, comes back after a restart no sooner than the gateway's hint,
+//! stays away after a kick or a logout until asked, and replaces a refused token.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use common::tls::{doors, server_with};
+use common::{free_addr, http, sample, short_config, Sse, TestServer, PATIENCE};
+use idlegate::{Auth, CloseReason, Config};
+use idlegate_client::{Backoff, Client, Event, Events, Options, SendError, State, TokenError};
+use serde_json::json;
+use tokio::time::{timeout, Instant};
+
+/// Longest wait for a client to come back after a restart: the gateway's shutdown hints
+/// reach 11 s.
+const RESTART_PATIENCE: Duration = Duration::from_secs(20);
+
+/// The next event that is not a push, or a failure after [`PATIENCE`].
+async fn next_state(events: &mut Events) -> State {
+    next_state_within(events, PATIENCE).await
+}
+
+async fn next_state_within(events: &mut Events, patience: Duration) -> State {
+    loop {
+        match timeout(patience, events.recv()).await.expect("a state change in time").expect("the client runs") {
+            Event::State(state) => return state,
+            Event::Push(_) => {}
+        }
+    }
+}
+
+/// Waits until the client is online; its session id.
+async fn online(events: &mut Events) -> String {
+    online_within(events, PATIENCE).await
+}
+
+async fn online_within(events: &mut Events, patience: Duration) -> String {
+    loop {
+        match next_state_within(events, patience).await {
+            State::Online { session, .. } => return session,
+            State::Connecting { .. } => {}
+            other => panic!("expected to come online, got {other:?}"),
+        }
+    }
+}
+
+/// The next push, skipping state changes.
+async fn next_push(events: &mut Events) -> Bytes {
+    loop {
+        match timeout(PATIENCE, events.recv()).await.expect("a push in time").expect("the client runs") {
+            Event::Push(payload) => return payload,
+            Event::State(_) => {}
+        }
+    }
+}
+
+async fn push(server: &TestServer, uid: u64, payload: &[u8]) {
+    let body = json!({"uids": [uid], "payload": BASE64.encode(payload)}).to_string();
+    let (status, answer) = http(server.api, "POST", "/v1/push", &[], &body).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+async fn pings(server: &TestServer) -> f64 {
+    let (_, body) = server.admin_get("/metrics").await;
+    sample(&body, "idlegate_frames_received_total{kind=\"ping\"}").unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn every_door_logs_in_receives_a_push_and_sends_data_a_backend_sees() {
+    let (mut server, ca, _dir) = server_with(short_config()).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=online,offline,data", &[]).await;
+    for (uid, (transport, addr)) in (1u64..).zip(doors(&server)) {
+        let mut options = Options::new(uid);
+        if let Some(ca) = &ca {
+            options = options.ca_pem(&std::fs::read(&ca.cert).unwrap()).unwrap();
+        }
+        let url = format!("{transport}://{addr}");
+        let (client, mut events) = Client::connect(&url, options).unwrap();
+        let session = online(&mut events).await;
+        assert_eq!(session.len(), 16, "{transport}: a session id of 16 hex digits: {session}");
+        assert_eq!(backend.expect("online", uid).await.data["session"], json!(session), "{transport}");
+
+        push(&server, uid, b"to you").await;
+        assert_eq!(next_push(&mut events).await, Bytes::from_static(b"to you"), "{transport}");
+        client.try_send(&b"from me"[..]).unwrap();
+        let data = backend.expect("data", uid).await;
+        assert_eq!(data.data["payload"], json!(BASE64.encode("from me")), "{transport}");
+
+        client.logout();
+        let state = next_state(&mut events).await;
+        assert_eq!(state, State::Offline { reason: CloseReason::Logout, text: String::new(), retry_in: None });
+        assert_eq!(backend.expect("offline", uid).await.data["reason"], json!("logout"), "{transport}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn it_pings_after_a_third_of_the_timeout_of_silence_and_data_saves_the_pings() {
+    // short_config: timeout 600 ms, so a keepalive of 200 ms.
+    let mut server = TestServer::start(short_config()).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=offline", &[]).await;
+    let (client, mut events) = Client::connect(&format!("tcp://{}", server.addr), Options::new(9)).unwrap();
+    let keepalive = match next_state(&mut events).await {
+        State::Connecting { attempt: 0 } => match next_state(&mut events).await {
+            State::Online { timeout, keepalive, .. } => {
+                assert_eq!(timeout, Duration::from_millis(600));
+                keepalive
+            }
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(keepalive, Duration::from_millis(200));
+
+    // Silent for five timeouts: alive on its pings alone, about one per keepalive.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let silent = pings(&server).await;
+    assert!((8.0..=16.0).contains(&silent), "{silent} pings in 3 s of silence with a 200 ms keepalive");
+    assert_online(&client);
+
+    // DATA every 50 ms for two seconds: activity enough, no ping needed.
+    for _ in 0..40 {
+        client.try_send(&b"busy"[..]).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let busy = pings(&server).await - silent;
+    assert!(busy <= 1.0, "{busy} pings while DATA went out every 50 ms");
+
+    client.close();
+    let offline = backend.expect("offline", 9).await;
+    assert_eq!(offline.data["reason"], json!("disconnect"), "never expired: {offline:?}");
+    server.shutdown().await;
+}
+
+fn assert_online(client: &Client) {
+    let state = client.state();
+    assert!(matches!(state, State::Online { .. }), "{state:?}");
+}
+
+#[tokio::test]
+async fn after_a_restart_it_comes_back_no_sooner_than_the_hint_with_what_it_queued() {
+    let config = short_config();
+    let mut server = TestServer::start(config.clone()).await;
+    let options = Options::new(4).max_queued(3);
+    let (client, mut events) = Client::connect(&format!("tcp://{}", server.addr), options).unwrap();
+    online(&mut events).await;
+
+    server.shutdown().await;
+    let (text, retry_in) = match next_state(&mut events).await {
+        State::Offline { reason: CloseReason::Shutdown, text, retry_in: Some(retry_in) } => (text, retry_in),
+        other => panic!("expected BYE(shutdown) with a retry, got {other:?}"),
+    };
+    let cut = Instant::now();
+    let hint = Duration::from_millis(idlegate::retry_hint(&text).expect("a shutdown BYE carries a hint"));
+    assert!(retry_in >= hint, "waits {retry_in:?}, less than the hint {hint:?}");
+
+    // While it is away, three messages wait; the fourth comes back.
+    for n in 0..3u8 {
+        client.try_send(vec![n]).unwrap();
+    }
+    assert_eq!(client.try_send(vec![3]), Err(SendError::Full(Bytes::from(vec![3]))));
+
+    let mut server = server.restart(config).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=online,data", &[]).await;
+    online_within(&mut events, RESTART_PATIENCE).await;
+    assert!(cut.elapsed() >= hint, "back after {:?}, before the hint of {hint:?}", cut.elapsed());
+    backend.expect("online", 4).await;
+    for n in 0..3u8 {
+        assert_eq!(backend.expect("data", 4).await.data["payload"], json!(BASE64.encode([n])));
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn kicked_by_a_newer_login_of_its_device_it_stays_away_until_asked() {
+    let mut server = TestServer::start(short_config()).await;
+    let url = format!("ws://{}", server.ws);
+    let options = || Options::new(5).device("phone".parse().unwrap());
+    let (first, mut first_events) = Client::connect(&url, options()).unwrap();
+    online(&mut first_events).await;
+    let (second, mut second_events) = Client::connect(&url, options()).unwrap();
+    online(&mut second_events).await;
+
+    match next_state(&mut first_events).await {
+        State::Offline { reason: CloseReason::Kicked, retry_in: None, .. } => {}
+        other => panic!("expected a kick with no retry, got {other:?}"),
+    }
+    // It stays away: the second keeps its session for longer than a timeout.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(matches!(second.state(), State::Online { .. }), "{:?}", second.state());
+    assert!(matches!(first.state(), State::Offline { .. }), "{:?}", first.state());
+
+    // Asked, it takes the session back.
+    first.reconnect();
+    online(&mut first_events).await;
+    assert!(matches!(next_state(&mut second_events).await, State::Offline { reason: CloseReason::Kicked, .. }));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refused_token_is_asked_for_again_with_refresh() {
+    let auth = Auth::new("s3cret");
+    let mut server = TestServer::start(Config { auth: Some(auth.clone()), ..short_config() }).await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let provider = {
+        let asked = asked.clone();
+        move |uid: u64, refresh: bool| {
+            asked.lock().unwrap().push(refresh);
+            // A cached token that has expired, until the client asks for a fresh one.
+            let expiry = if refresh { idlegate::unix_now() + 600 } else { idlegate::unix_now() - 1 };
+            let token = auth.mint(uid, expiry);
+            async move { Ok::<_, TokenError>(token) }
+        }
+    };
+    let fast = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(50) };
+    let options = Options::new(6).token_provider(provider).backoff(fast);
+    let (_client, mut events) = Client::connect(&format!("tcp://{}", server.addr), options).unwrap();
+    assert!(matches!(next_state(&mut events).await, State::Connecting { attempt: 0 }));
+    match next_state(&mut events).await {
+        State::Offline { reason: CloseReason::AuthFailed, retry_in: Some(_), .. } => {}
+        other => panic!("expected BYE(auth_failed), got {other:?}"),
+    }
+    online(&mut events).await;
+    assert_eq!(*asked.lock().unwrap(), [false, true]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_gateway_that_is_not_there_is_retried_in_growing_windows() {
+    let backoff = Backoff { base: Duration::from_millis(20), cap: Duration::from_millis(80) };
+    let url = format!("tcp://{}", free_addr());
+    let (client, mut events) = Client::connect(&url, Options::new(1).backoff(backoff)).unwrap();
+    for attempt in 0..5 {
+        assert_eq!(next_state(&mut events).await, State::Connecting { attempt });
+        match next_state(&mut events).await {
+            State::Offline { reason: CloseReason::Disconnect, text, retry_in: Some(wait) } => {
+                assert!(wait <= backoff.window(attempt), "attempt {attempt}: {wait:?}");
+                assert!(text.contains("refused"), "says why: {text}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    client.close();
+    loop {
+        if let State::Offline { retry_in: None, text, .. } = next_state(&mut events).await {
+            assert_eq!(text, "closed by the application");
+            break;
+        }
+    }
+    assert!(timeout(PATIENCE, events.recv()).await.unwrap().is_none(), "the task ends");
+}
