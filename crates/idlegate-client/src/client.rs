@@ -291,21 +291,17 @@ impl Task {
     /// Waits `delay` before the next attempt; a reconnect request cuts it short. False
     /// when the client was closed meanwhile.
     async fn back_off(&mut self, delay: Duration) -> bool {
-        let wake = sleep(delay);
-        tokio::pin!(wake);
-        loop {
-            tokio::select! {
-                _ = &mut wake => return true,
-                control = self.control.recv() => match control {
-                    Some(Control::Reconnect) => return true,
-                    Some(Control::Logout) => {
-                        let text = String::new();
-                        self.set(State::Offline { reason: CloseReason::Logout, text, retry_in: None }).await;
-                        return self.wait_for_reconnect().await;
-                    }
-                    Some(Control::Close) | None => return false,
-                },
-            }
+        tokio::select! {
+            _ = sleep(delay) => true,
+            control = self.control.recv() => match control {
+                Some(Control::Reconnect) => true,
+                Some(Control::Logout) => {
+                    let text = String::new();
+                    self.set(State::Offline { reason: CloseReason::Logout, text, retry_in: None }).await;
+                    self.wait_for_reconnect().await
+                }
+                Some(Control::Close) | None => false,
+            },
         }
     }
 
