@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kernel's floor under a mass expiry (examples/close_cost.rs): every way of saying
+# The kernel's floor under a mass expiry (loadtest/baselines/close_cost.rs): every way of saying
 # goodbye to N loopback clients, timed on one core with nothing but the system calls.
 #
 #   loadtest/close-cost.sh [connections] [runs] [out file]
@@ -17,8 +17,8 @@ OUT=${3:-target/close-cost.txt}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 command -v taskset >/dev/null || { echo "close-cost.sh: needs taskset (apt-get install util-linux)" >&2; exit 2; }
-cargo build --release -q --example close_cost
-BIN=target/release/examples/close_cost
+cargo build --release -q -p loadtest --bin close_cost
+BIN=target/release/close_cost
 mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
 for run in $(seq 1 "$RUNS"); do

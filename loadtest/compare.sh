@@ -12,8 +12,8 @@
 # floor, mosquitto, idlegate, ...), so a drift of the machine touches every server alike;
 # loadtest/compare-summary.py prints medians and spreads from the raw files:
 #   idlegate               the gateway (ring)
-#   per_connection_timer   same protocol, one tokio Sleep per connection (examples/)
-#   echo_floor             same protocol, no idle detection at all (examples/)
+#   per_connection_timer   same protocol, one tokio Sleep per connection (loadtest/baselines/)
+#   echo_floor             same protocol, no idle detection at all (loadtest/baselines/)
 #   mosquitto              Debian's MQTT broker, keepalive 60 s (MQTT load only for pings)
 # Loads: "ping" (every client pings every second) on all four; "data" (every client sends
 # 10 DATA frames a second) on the first three. CPU time and resident memory come from
@@ -86,7 +86,7 @@ if [[ "$SERVERS" == *node_ws* && ! -d "$OUT/node/node_modules/ws" ]]; then
 fi
 
 echo "== building (release)"
-cargo build --release -q -p idlegate -p loadtest --bins --examples
+cargo build --release -q -p idlegate -p loadtest --bins
 
 cpu_seconds() { awk -v t="$CLK_TCK" '{ printf "%.2f", ($14 + $15) / t }' "/proc/$1/stat"; }
 rss_bytes() { awk '/^VmRSS/ { print $2 * 1024 }' "/proc/$1/status"; }
@@ -150,10 +150,10 @@ start_server() { # name -> sets PID
       taskset -c "$SERVER_CPU" "$MOSQUITTO" -c "$OUT/$1.conf" 2>"$OUT/$1.log" &
       ;;
     per_connection_timer)
-      taskset -c "$SERVER_CPU" target/release/examples/per_connection_timer --listen "127.0.0.1:$PORT" --timeout 30s 2>"$OUT/$1.log" &
+      taskset -c "$SERVER_CPU" target/release/per_connection_timer --listen "127.0.0.1:$PORT" --timeout 30s 2>"$OUT/$1.log" &
       ;;
     echo_floor)
-      taskset -c "$SERVER_CPU" target/release/examples/echo_floor --listen "127.0.0.1:$PORT" 2>"$OUT/$1.log" &
+      taskset -c "$SERVER_CPU" target/release/echo_floor --listen "127.0.0.1:$PORT" 2>"$OUT/$1.log" &
       ;;
     mosquitto)
       mosquitto_conf "$1"

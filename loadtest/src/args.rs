@@ -77,12 +77,27 @@ pub struct Args {
     /// offline must say node_lost (the report counts them).
     #[arg(long)]
     pub node_loss: bool,
-    /// Clients sent away (BYE(shutdown), BYE(server_full)) or cut off come back: they wait
-    /// the retry hint the gateway gave (or 1-3 s), reconnect and log in again. For reconnect
-    /// storms and restarts: the report gives re-login latency and the time until everyone
-    /// is back.
+    /// Clients sent away (BYE(shutdown), BYE(server_full)) or cut off come back, after the
+    /// wait --reconnect-policy says, and log in again. For reconnect storms and restarts:
+    /// the report gives re-login latency, the time until everyone is back and the
+    /// reconnect attempts per 100 ms.
     #[arg(long)]
     pub reconnect: bool,
+    /// How clients come back with --reconnect: `library`, the Rust client library's policy
+    /// (full-jitter exponential backoff from --backoff-base to --backoff-cap, never sooner
+    /// than the gateway's retry hint); or `fixed`, a fleet without jitter that waits
+    /// --fixed-retry after every loss and ignores hints, as MQTT.js or Phoenix clients do.
+    #[arg(long, value_enum, default_value_t = ReconnectPolicy::Library)]
+    pub reconnect_policy: ReconnectPolicy,
+    /// First backoff window of the `library` policy (the library's default).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+    /// Largest backoff window of the `library` policy (the library's default).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub backoff_cap: Duration,
+    /// The `fixed` policy's wait after every loss (MQTT.js's default `reconnectPeriod`).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub fixed_retry: Duration,
     /// Soak with churn: every session lives about --churn-life, then logs out, falls silent
     /// (and must expire in window), is kicked by a second login of its uid, or drops its
     /// connection, a quarter each; the client comes back 0.5-2 s later, until the run ends.
@@ -272,6 +287,36 @@ impl Args {
     }
 }
 
+/// `--reconnect-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReconnectPolicy {
+    Library,
+    Fixed,
+}
+
+impl Args {
+    /// The reconnect policy the clients follow.
+    pub fn reconnect_policy(&self) -> crate::client::Reconnect {
+        match self.reconnect_policy {
+            ReconnectPolicy::Library => crate::client::Reconnect::Library(idlegate_client::Backoff {
+                base: self.backoff_base,
+                cap: self.backoff_cap,
+            }),
+            ReconnectPolicy::Fixed => crate::client::Reconnect::Fixed(self.fixed_retry),
+        }
+    }
+
+    /// The policy as the report names it.
+    pub fn reconnect_policy_label(&self) -> String {
+        match self.reconnect_policy {
+            ReconnectPolicy::Library => {
+                format!("library (backoff {:?} to {:?})", self.backoff_base, self.backoff_cap)
+            }
+            ReconnectPolicy::Fixed => format!("fixed ({:?}, hints ignored)", self.fixed_retry),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,5 +329,14 @@ mod tests {
         assert_eq!(parse_source_ips("127.0.0.9").unwrap().for_client(5).to_string(), "127.0.0.9");
         assert!(parse_source_ips("127.0.0.3-127.0.0.1").is_err());
         assert!(parse_source_ips("localhost").is_err());
+    }
+
+    #[test]
+    fn the_default_reconnect_policy_is_the_library_s() {
+        let args = Args::try_parse_from(["loadtest", "--reconnect"]).unwrap();
+        let want = crate::client::Reconnect::Library(idlegate_client::Backoff::default());
+        assert_eq!(args.reconnect_policy(), want);
+        let fixed = Args::try_parse_from(["loadtest", "--reconnect-policy", "fixed"]).unwrap();
+        assert_eq!(fixed.reconnect_policy(), crate::client::Reconnect::Fixed(Duration::from_secs(1)));
     }
 }

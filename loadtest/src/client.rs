@@ -70,8 +70,9 @@ pub struct Ctx {
     pub cells: Box<[Cell]>,
     pub pushes: Pushes,
     /// Reconnect after BYE(shutdown), BYE(server_full), a refused connect or a dropped
-    /// connection, waiting the server's retry hint (or [`DEFAULT_RETRY`]), and log in again.
+    /// connection, after the wait `reconnect_policy` says, and log in again.
     pub reconnect: bool,
+    pub reconnect_policy: Reconnect,
     /// `--node-loss`: a connection cut without a BYE is expected.
     pub node_loss: bool,
     /// With `--churn`: the mean life of a session, after which it meets its fate.
@@ -99,8 +100,30 @@ fn churn_pause(rng: &mut SmallRng) -> Duration {
     CHURN_PAUSE.0 + CHURN_PAUSE.1.mul_f64(rng.gen_range(0.0..1.0))
 }
 
-/// Wait before reconnecting when the server gave no retry hint: 1 s plus up to 2 s of jitter.
-pub const DEFAULT_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(2));
+/// How clients come back after being sent away or cut off (`--reconnect-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconnect {
+    /// The client library's policy: full-jitter exponential backoff, never sooner than the
+    /// gateway's retry hint.
+    Library(idlegate_client::Backoff),
+    /// A fleet with no jitter, as MQTT.js (`reconnectPeriod` 1,000 ms) or Phoenix's client
+    /// behave: the same fixed wait after every loss, hints ignored.
+    Fixed(Duration),
+}
+
+// === impl Reconnect ===
+
+impl Reconnect {
+    /// The wait before attempt `attempt` since the last session, given the gateway's hint.
+    fn delay(self, attempt: u32, hint: Option<u64>, rng: &mut SmallRng) -> Duration {
+        match self {
+            Reconnect::Library(backoff) => {
+                backoff.delay_at(attempt, hint.map(Duration::from_millis), rng.gen_range(0.0..1.0))
+            }
+            Reconnect::Fixed(wait) => wait,
+        }
+    }
+}
 
 /// How a session ended, for the reconnect loop.
 enum Next {
@@ -119,6 +142,8 @@ pub struct Cell {
     pub data_sent: AtomicU64,
     /// The reason its connection ended as the client saw it (`CloseReason` code), 0 before.
     pub(crate) close: AtomicU8,
+    /// Logins of this client the gateway shed (BYE(server_full) in answer to LOGIN).
+    pub shed: AtomicU8,
 }
 
 // === impl Cell ===
@@ -162,7 +187,7 @@ pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
     let stats = ctx.stats.clone();
     let silent = plan.silent_at.is_some();
     let mut rng = SmallRng::seed_from_u64(plan.seed ^ 0x5eed);
-    let mut client = Client { plan, ctx: ctx.clone(), logged_in: false, closed_at: None };
+    let mut client = Client { plan, ctx: ctx.clone(), logged_in: false, closed_at: None, attempt: 0 };
     loop {
         let next = client.session(&mut rng).await;
         client.cell().online.store(false, Ordering::Relaxed);
@@ -196,14 +221,6 @@ pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
     }
 }
 
-/// The wait a BYE asks for: its retry hint, or the default with jitter.
-fn retry_after(text_hint: Option<u64>, rng: &mut SmallRng) -> Duration {
-    match text_hint {
-        Some(ms) => Duration::from_millis(ms),
-        None => DEFAULT_RETRY.0 + DEFAULT_RETRY.1.mul_f64(rng.gen_range(0.0..1.0)),
-    }
-}
-
 /// Connects from `source` when given, so runs can use many local addresses.
 pub async fn connect(target: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
     let stream = match source {
@@ -224,6 +241,8 @@ struct Client {
     logged_in: bool,
     /// When the last session was cut off, while the client works its way back in.
     closed_at: Option<Instant>,
+    /// Attempts since the last login, for the reconnect policy's backoff.
+    attempt: u32,
 }
 
 impl Client {
@@ -236,6 +255,13 @@ impl Client {
     fn cut_off(&mut self, ctx: &Ctx) {
         self.closed_at = Some(Instant::now());
         ctx.stats.first_cutoff_nanos.fetch_min(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The wait before the next attempt, by the run's reconnect policy.
+    fn retry_after(&mut self, hint: Option<u64>, rng: &mut SmallRng) -> Duration {
+        let wait = self.ctx.reconnect_policy.delay(self.attempt, hint, rng);
+        self.attempt = self.attempt.saturating_add(1);
+        wait
     }
 
     /// Counts a close, and remembers it as this client's.
@@ -252,12 +278,15 @@ impl Client {
             _ = ctx.stop.cancelled() => return Next::Done,
         }
         let started = Instant::now();
+        if self.closed_at.is_some() {
+            stats.record_reconnect_attempt(ctx.epoch.elapsed());
+        }
         let stream = match ctx.door.open(self.plan.target, self.plan.source).await {
             Ok(stream) => stream,
             Err(_) if ctx.reconnect && self.closed_at.is_some() => {
                 // The gateway is restarting: its port refuses until it listens again.
                 stats.connect_retries.fetch_add(1, Ordering::Relaxed);
-                return Next::Retry(retry_after(None, retry_rng));
+                return Next::Retry(self.retry_after(None, retry_rng));
             }
             Err(e) => {
                 stats.connect_errors.fetch_add(1, Ordering::Relaxed);
@@ -285,8 +314,11 @@ impl Client {
         let (timeout_d, tick) = match answer {
             Ok(Some(Ok(Incoming::Welcome { timeout, tick }))) => (timeout, tick),
             Ok(Some(Ok(Incoming::Bye(reason, hint)))) if ctx.reconnect && sent_away(reason) => {
+                if reason == CloseReason::ServerFull {
+                    self.cell().shed.fetch_add(1, Ordering::Relaxed);
+                }
                 self.record_close(reason, true);
-                return Next::Retry(retry_after(hint, retry_rng));
+                return Next::Retry(self.retry_after(hint, retry_rng));
             }
             Ok(Some(Ok(Incoming::Bye(reason, _)))) => {
                 if reason == CloseReason::AuthFailed {
@@ -314,7 +346,7 @@ impl Client {
             }
             Ok(None) => {
                 self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
-                return Next::Retry(retry_after(None, retry_rng));
+                return Next::Retry(self.retry_after(None, retry_rng));
             }
             Err(_) => {
                 stats.set_fatal(format!("no answer to a login within {LOGIN_PATIENCE:?}"));
@@ -322,6 +354,7 @@ impl Client {
             }
         };
         stats.record_login(started.elapsed());
+        self.attempt = 0;
         if let Some(cut_off) = self.closed_at.take() {
             stats.record_relogin(cut_off.elapsed());
             stats.last_relogin_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -382,7 +415,7 @@ impl Client {
                             stats.record_shutdown_bye(ctx.epoch.elapsed());
                         }
                         self.record_close(reason, true);
-                        return Next::Retry(retry_after(hint, retry_rng));
+                        return Next::Retry(self.retry_after(hint, retry_rng));
                     }
                     Some(Ok(Incoming::Bye(CloseReason::Logout, _))) if matches!(fate, Some((Fate::Logout, _))) => {
                         self.record_close(CloseReason::Logout, true);
@@ -401,7 +434,7 @@ impl Client {
                     Some(Err(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
                         self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
                         self.cut_off(&ctx);
-                        return Next::Retry(retry_after(None, retry_rng));
+                        return Next::Retry(self.retry_after(None, retry_rng));
                     }
                     Some(Ok(Incoming::Welcome { .. })) | Some(Err(_)) => {
                         self.record_close(CloseReason::ProtocolError, false);
@@ -415,7 +448,7 @@ impl Client {
                     None => {
                         self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
                         self.cut_off(&ctx);
-                        return Next::Retry(retry_after(None, retry_rng));
+                        return Next::Retry(self.retry_after(None, retry_rng));
                     }
                 },
                 _ = sleep_until(silent_at.unwrap_or(next_send)), if missed_at.is_none() && silent_at.is_some_and(|at| at <= next_send) => {
@@ -621,6 +654,7 @@ pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
         cells: (0..clients).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: false,
+        reconnect_policy: Reconnect::Library(idlegate_client::Backoff::default()),
         node_loss: false,
         churn_life: None,
     }

@@ -67,6 +67,10 @@ pub fn combine(reports: Vec<Report>) -> Result<Report, String> {
     merged.events_node_lost = sum(|r| r.events_node_lost);
     merged.reconnects = sum(|r| r.reconnects);
     merged.connect_retries = sum(|r| r.connect_retries);
+    merged.clients_shed_twice = sum(|r| r.clients_shed_twice);
+    let buckets = reports.iter().map(|r| r.reconnect_attempts_per_100ms.len()).max().unwrap_or(0);
+    merged.reconnect_attempts_per_100ms =
+        (0..buckets).map(|i| reports.iter().filter_map(|r| r.reconnect_attempts_per_100ms.get(i)).sum()).collect();
     merged.shutdown_byes = sum(|r| r.shutdown_byes);
     merged.harness_online_at_end = reports.iter().map(|r| r.harness_online_at_end).sum();
     // Processes run side by side: their rates add up, the run lasts as long as the longest.

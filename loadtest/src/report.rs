@@ -122,6 +122,15 @@ pub struct Report {
     pub shutdown_byes: u64,
     pub shutdown_spread_ms: Option<f64>,
     pub all_back_after_ms: Option<f64>,
+    /// With `--reconnect`: the policy the clients followed, and their reconnect attempts per
+    /// 100 ms from the first cut-off on (each process from its own).
+    #[serde(default)]
+    pub reconnect_policy: String,
+    #[serde(default)]
+    pub reconnect_attempts_per_100ms: Vec<u64>,
+    /// Clients whose login the gateway shed (BYE(server_full)) more than once.
+    #[serde(default)]
+    pub clients_shed_twice: u64,
     /// Seconds in which the gateway's online gauge equalled the harness's count, of the
     /// seconds both were read, and the largest difference seen.
     pub online_equal_seconds: u64,
@@ -220,6 +229,9 @@ impl Report {
             shutdown_byes: 0,
             shutdown_spread_ms: None,
             all_back_after_ms: None,
+            reconnect_policy: String::new(),
+            reconnect_attempts_per_100ms: Vec::new(),
+            clients_shed_twice: 0,
             fatal: None,
             interrupted: false,
             timeline: Vec::new(),
@@ -290,6 +302,7 @@ impl Report {
             ("push_errors", self.push_errors),
             ("events_missed", self.events_missed),
             ("event_mismatches", self.event_mismatches),
+            ("clients_shed_twice", self.clients_shed_twice),
         ] {
             if n > 0 {
                 f.push(format!("{name} = {n}"));
@@ -392,6 +405,17 @@ impl Report {
                 ms(self.shutdown_spread_ms),
                 ms(self.all_back_after_ms)
             );
+            let attempts = &self.reconnect_attempts_per_100ms;
+            if let Some((peak_at, peak)) = attempts.iter().enumerate().max_by_key(|(_, n)| **n) {
+                let _ = writeln!(
+                    s,
+                    "reconnect    policy {}: {} attempts over {:.1} s, at most {peak} in one 100 ms (at {:.1} s)",
+                    self.reconnect_policy,
+                    attempts.iter().sum::<u64>(),
+                    attempts.len() as f64 / 10.0,
+                    peak_at as f64 / 10.0
+                );
+            }
         }
         if self.online_compared_seconds > 0 {
             let _ = writeln!(

@@ -113,6 +113,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         cells: (0..args.connections).map(|_| Cell::default()).collect(),
         pushes: Pushes::default(),
         reconnect: args.reconnect || args.churn,
+        reconnect_policy: args.reconnect_policy(),
         node_loss: args.node_loss,
         churn_life: args.churn.then_some(args.churn_life),
     });
@@ -276,6 +277,11 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     }
     let (cut, back) = (Stats::get(&stats.first_cutoff_nanos), Stats::get(&stats.last_relogin_nanos));
     report.all_back_after_ms = (cut != u64::MAX && back > cut).then(|| (back - cut) as f64 / 1e6);
+    if cut != u64::MAX {
+        report.reconnect_attempts_per_100ms = stats.reconnect_histogram(cut, Duration::from_millis(100));
+    }
+    report.reconnect_policy = if ctx.reconnect { args.reconnect_policy_label() } else { String::new() };
+    report.clients_shed_twice = ctx.cells.iter().filter(|c| c.shed.load(Ordering::Relaxed) > 1).count() as u64;
     let pushes = &ctx.pushes;
     report.push_ms = stats.push();
     report.pushes_sent = Stats::get(&pushes.sent);

@@ -64,6 +64,8 @@ pub struct Stats {
     /// Every close by reason, expected or not.
     pub closes: [AtomicU64; CLOSE_KINDS],
     hists: Mutex<Hists>,
+    /// When each reconnect attempt began, in milliseconds since the run began.
+    reconnect_attempts_ms: Mutex<Vec<u64>>,
     /// The first error that makes the run meaningless (auth refused, protocol broken).
     pub fatal: Mutex<Option<String>>,
 }
@@ -189,8 +191,31 @@ impl Stats {
                 push_us: histogram(),
                 relogin_us: histogram(),
             }),
+            reconnect_attempts_ms: Mutex::new(Vec::new()),
             fatal: Mutex::new(None),
         }
+    }
+
+    /// A reconnect attempt (a connect after a session was cut off) began `at` into the run.
+    pub fn record_reconnect_attempt(&self, at: Duration) {
+        let mut attempts = self.reconnect_attempts_ms.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        attempts.push(at.as_millis() as u64);
+    }
+
+    /// Reconnect attempts per `bucket` from `start` on (nanoseconds since the run began),
+    /// up to the last bucket with one.
+    pub fn reconnect_histogram(&self, start_nanos: u64, bucket: Duration) -> Vec<u64> {
+        let attempts = self.reconnect_attempts_ms.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (start_ms, bucket_ms) = (start_nanos / 1_000_000, bucket.as_millis().max(1) as u64);
+        let mut counts = Vec::new();
+        for &at in attempts.iter() {
+            let i = (at.saturating_sub(start_ms) / bucket_ms) as usize;
+            if counts.len() <= i {
+                counts.resize(i + 1, 0);
+            }
+            counts[i] += 1;
+        }
+        counts
     }
 
     fn hists(&self) -> std::sync::MutexGuard<'_, Hists> {

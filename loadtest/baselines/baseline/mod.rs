@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use idlegate::{CloseReason, Frame, FrameCodec};
+use idlegate_proto::{CloseReason, Frame, FrameCodec};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep, Instant};
