@@ -15,6 +15,12 @@
 # with the ticket of its first session, when the new gateway can read it: tickets are keyed
 # per process, so after a restart they are full handshakes).
 #
+# The clients come back by the Rust client library's policy (POLICY=library, the default:
+# full-jitter backoff, never sooner than the hint), or as a fleet without jitter
+# (POLICY=fixed: 1 s after every loss, hints ignored, as MQTT.js or Phoenix clients do).
+# The report counts reconnect attempts per 100 ms; loadtest/storm-compare.sh runs both and
+# draws them side by side.
+#
 #   loadtest/storm.sh [CONNECTIONS] [OUT_PREFIX] [SIGNAL]     # about 90 s
 set -uo pipefail
 connections=${1:-19000}
@@ -23,6 +29,7 @@ signal=${3:-TERM}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 transport=${TRANSPORT:-tcp}
+policy=${POLICY:-library}
 cargo build --release -q --workspace
 mkdir -p "$(dirname "$out")"
 door=(--listen 127.0.0.1:7270)
@@ -58,7 +65,7 @@ first=$pid
 sleep 1
 target/release/loadtest --target 127.0.0.1:7270 --connections "$connections" --connect-rate "$rate" \
   --ping-interval 10s --silent-fraction 0 --duration "$((settle + 50))s" --source-ips 127.0.0.1-127.0.0.4 \
-  --reconnect --admin http://127.0.0.1:7271 --report "$out.json" --check "${client[@]}" >"$out.txt" 2>"$out.progress" &
+  --reconnect --reconnect-policy "$policy" --admin http://127.0.0.1:7271 --report "$out.json" --check "${client[@]}" >"$out.txt" 2>"$out.progress" &
 harness=$!
 
 sleep "$settle"
