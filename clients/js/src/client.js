@@ -1,0 +1,241 @@
+// The client: one WebSocket to the gateway that logs in, keeps itself alive from WELCOME,
+// hands pushes to the application and comes back after a loss, by the same rules as the
+// Rust crate idlegate-client.
+
+import { Backoff } from './backoff.js';
+import { decodeFrame, encodeData, encodeLogin, encodeLogout, encodePing, checkDevice, reasonOfCloseCode, retryHint, toUid } from './wire.js';
+
+/** Share of the gateway's timeout after which a client that sent nothing pings. */
+const KEEPALIVE_DIVISOR = 3;
+/** Shortest keepalive, whatever a misconfigured gateway says. */
+const MIN_KEEPALIVE_MS = 10;
+/** Default bound of the DATA queue held while offline. */
+export const DEFAULT_MAX_QUEUED = 64;
+/** Default limit on opening a connection and logging in. */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+
+/**
+ * A client of one uid's device. States, in order: `connecting` ({attempt}), `online`
+ * ({session, timeoutMs, tickMs, keepaliveMs}), `offline` ({reason, text, code, retryInMs};
+ * retryInMs null when it will not come back until reconnect()).
+ */
+export class Client {
+  constructor(options) {
+    const {
+      url,
+      uid,
+      device = '',
+      token = '',
+      backoff = {},
+      maxQueued = DEFAULT_MAX_QUEUED,
+      reconnectAfterKick = false,
+      keepalive = true,
+      connectTimeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
+      WebSocket: Impl = globalThis.WebSocket,
+      autoConnect = true,
+    } = options ?? {};
+    if (typeof url !== 'string' || !/^wss?:\/\//i.test(url)) {
+      throw new TypeError(`url must be ws:// or wss://, not ${JSON.stringify(url)}`);
+    }
+    if (typeof Impl !== 'function') {
+      throw new TypeError('no WebSocket: run on Node 22+ or a browser, or pass a WebSocket implementation');
+    }
+    this.url = /^wss?:\/\/[^/]+$/i.test(url) ? `${url}/v1/ws` : url;
+    this.uid = toUid(uid).toString();
+    this.device = checkDevice(device);
+    this.token = typeof token === 'function' ? token : async () => token;
+    this.backoff = backoff instanceof Backoff ? backoff : new Backoff(backoff);
+    this.maxQueued = Math.max(1, maxQueued);
+    this.reconnectAfterKick = reconnectAfterKick;
+    this.keepalive = keepalive;
+    this.connectTimeoutMs = connectTimeoutMs;
+    this.WebSocket = Impl;
+    this.state = { state: 'offline', reason: 'disconnect', text: 'not started', code: undefined, retryInMs: null };
+    this.queue = [];
+    this.listeners = { state: new Set(), push: new Set(), error: new Set() };
+    this.attempt = 0;
+    this.refresh = false;
+    this.ws = null;
+    this.timer = null;
+    this.lastSent = 0;
+    this.stopped = false;
+    if (autoConnect) queueMicrotask(() => this.reconnect());
+  }
+
+  /** Calls `listener` on each `state` change, `push` (a Uint8Array) or `error` (an Error). */
+  on(type, listener) {
+    this.listeners[type].add(listener);
+    return () => this.listeners[type].delete(listener);
+  }
+
+  /**
+   * Sends `payload` (bytes or a string) as DATA at once when online; holds it while not, up
+   * to `maxQueued` messages. Returns false, not taking the message, when the queue is full.
+   */
+  send(payload) {
+    const frame = encodeData(payload);
+    if (this.state.state === 'online' && this.ws?.readyState === 1) {
+      this.write(frame);
+      return true;
+    }
+    if (this.queue.length >= this.maxQueued) return false;
+    this.queue.push(frame);
+    return true;
+  }
+
+  /** Ends the session (LOGOUT); stays offline until reconnect(). */
+  logout() {
+    this.stopped = true;
+    if (this.state.state === 'online' && this.ws?.readyState === 1) {
+      this.loggingOut = true;
+      this.ws.send(encodeLogout());
+      return;
+    }
+    this.drop();
+    this.setState({ state: 'offline', reason: 'logout', text: '', code: undefined, retryInMs: null });
+  }
+
+  /** Connects now: at start, after a logout, a kick or close(), or instead of waiting out a backoff. */
+  reconnect() {
+    if (this.ws || this.state.state === 'connecting' || this.state.state === 'online') return;
+    clearTimeout(this.timer);
+    this.stopped = false;
+    this.open();
+  }
+
+  /** Drops the connection without a LOGOUT (the gateway reports `disconnect`); reconnect() starts again. */
+  close() {
+    this.stopped = true;
+    this.drop();
+    this.setState({ state: 'offline', reason: 'disconnect', text: 'closed by the application', code: undefined, retryInMs: null });
+  }
+
+  async open() {
+    const attempt = this.attempt;
+    this.setState({ state: 'connecting', attempt });
+    let token;
+    try {
+      token = await this.token(this.uid, this.refresh);
+    } catch (e) {
+      this.lost('disconnect', `no token: ${e?.message ?? e}`, undefined);
+      return;
+    }
+    if (this.stopped) return;
+    let ws;
+    try {
+      ws = new this.WebSocket(this.url);
+    } catch (e) {
+      this.lost('disconnect', `cannot open ${this.url}: ${e?.message ?? e}`, undefined);
+      return;
+    }
+    this.ws = ws;
+    ws.binaryType = 'arraybuffer';
+    let bye = null;
+    let welcomed = false;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => ws.close(), this.connectTimeoutMs);
+    ws.onopen = () => {
+      try {
+        ws.send(encodeLogin(this.uid, token, this.device));
+        this.lastSent = Date.now();
+      } catch (e) {
+        this.emit('error', e);
+        ws.close();
+      }
+    };
+    ws.onmessage = (event) => {
+      if (typeof event.data === 'string') return;
+      const frame = decodeFrame(event.data);
+      if (frame instanceof Error) {
+        this.emit('error', frame);
+        return;
+      }
+      if (frame.type === 'welcome' && !welcomed) {
+        welcomed = true;
+        this.attempt = 0;
+        this.refresh = false;
+        const keepaliveMs = Math.max(MIN_KEEPALIVE_MS, Math.floor(frame.timeoutMs / KEEPALIVE_DIVISOR));
+        clearTimeout(this.timer);
+        this.setState({ state: 'online', session: frame.session, timeoutMs: frame.timeoutMs, tickMs: frame.tickMs, keepaliveMs });
+        for (const queued of this.queue.splice(0)) this.write(queued);
+        this.schedulePing(keepaliveMs);
+      } else if (frame.type === 'push') {
+        this.emit('push', frame.payload);
+      } else if (frame.type === 'bye') {
+        bye = frame;
+      }
+    };
+    ws.onerror = () => {};
+    ws.onclose = (event) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      clearTimeout(this.timer);
+      const reason = bye?.reason ?? reasonOfCloseCode(event.code) ?? 'disconnect';
+      const text = bye?.text ?? event.reason ?? '';
+      const code = event.code;
+      if (this.loggingOut || reason === 'logout') {
+        this.loggingOut = false;
+        this.stopped = true;
+        this.setState({ state: 'offline', reason: 'logout', text, code, retryInMs: null });
+        return;
+      }
+      if (this.stopped) return;
+      if (reason === 'kicked' && !this.reconnectAfterKick) {
+        this.stopped = true;
+        this.setState({ state: 'offline', reason, text, code, retryInMs: null });
+        return;
+      }
+      this.refresh = reason === 'auth_failed';
+      this.lost(reason, text, code);
+    };
+  }
+
+  /** Schedules the next attempt after a loss. */
+  lost(reason, text, code) {
+    this.ws = null;
+    const retryInMs = this.backoff.delayMs(this.attempt, retryHint(text));
+    this.attempt += 1;
+    this.setState({ state: 'offline', reason, text, code, retryInMs });
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.open(), retryInMs);
+  }
+
+  /** Pings after `keepaliveMs` without sending: DATA saves pings. */
+  schedulePing(keepaliveMs) {
+    if (!this.keepalive) return;
+    clearTimeout(this.timer);
+    const due = this.lastSent + keepaliveMs - Date.now();
+    this.timer = setTimeout(() => {
+      if (this.state.state !== 'online' || this.ws?.readyState !== 1) return;
+      if (Date.now() - this.lastSent >= keepaliveMs) this.write(encodePing());
+      this.schedulePing(keepaliveMs);
+    }, Math.max(0, due));
+  }
+
+  write(frame) {
+    this.ws.send(frame);
+    this.lastSent = Date.now();
+  }
+
+  drop() {
+    clearTimeout(this.timer);
+    const ws = this.ws;
+    this.ws = null;
+    if (ws && ws.readyState <= 1) ws.close(1000);
+  }
+
+  setState(state) {
+    this.state = state;
+    this.emit('state', state);
+  }
+
+  emit(type, value) {
+    for (const listener of this.listeners[type]) {
+      try {
+        listener(value);
+      } catch (e) {
+        if (type !== 'error') this.emit('error', e);
+      }
+    }
+  }
+}

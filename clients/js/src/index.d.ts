@@ -1,0 +1,111 @@
+// Types of idlegate-client (src/index.js).
+
+/** A uid: decimal digits, a bigint, or a number that is a safe integer. */
+export type Uid = string | bigint | number;
+
+export type CloseReason =
+  | 'idle_timeout'
+  | 'logout'
+  | 'kicked'
+  | 'protocol_error'
+  | 'login_timeout'
+  | 'auth_failed'
+  | 'server_full'
+  | 'shutdown'
+  | 'slow_consumer'
+  | 'disconnect';
+
+export type State =
+  | { state: 'connecting'; attempt: number }
+  | { state: 'online'; session: string; timeoutMs: number; tickMs: number; keepaliveMs: number }
+  | {
+      state: 'offline';
+      reason: CloseReason;
+      text: string;
+      /** The WebSocket close code (4001 for idle_timeout), when a connection closed. */
+      code: number | undefined;
+      /** When the client tries again, or null until reconnect(). */
+      retryInMs: number | null;
+    };
+
+/** Gives the token of each login; `refresh` is true after the gateway refused the last one. */
+export type TokenProvider = (uid: string, refresh: boolean) => string | Promise<string>;
+
+export interface BackoffOptions {
+  /** First window, in ms (default 500). */
+  baseMs?: number;
+  /** Largest window, in ms (default 30000). */
+  capMs?: number;
+}
+
+export interface ClientOptions {
+  /** ws://host:port[/path] or wss://...; the path defaults to /v1/ws. */
+  url: string;
+  uid: Uid;
+  /** Which of the uid's devices this is; '' (the default) is the default device. */
+  device?: string;
+  token?: string | TokenProvider;
+  backoff?: BackoffOptions | Backoff;
+  /** DATA messages held while offline (default 64); past it send() returns false. */
+  maxQueued?: number;
+  /** Reconnect after BYE(kicked) (default false). */
+  reconnectAfterKick?: boolean;
+  /** Ping after a third of the timeout without sending (default true). */
+  keepalive?: boolean;
+  connectTimeoutMs?: number;
+  /** A WebSocket implementation (default globalThis.WebSocket). */
+  WebSocket?: unknown;
+  /** Connect at once (default true); otherwise on reconnect(). */
+  autoConnect?: boolean;
+}
+
+export declare const DEFAULT_MAX_QUEUED: number;
+export declare const DEFAULT_CONNECT_TIMEOUT_MS: number;
+export declare const DEFAULT_BASE_MS: number;
+export declare const DEFAULT_CAP_MS: number;
+
+export declare class Client {
+  constructor(options: ClientOptions);
+  readonly url: string;
+  /** The uid in decimal, exact above 2^53. */
+  readonly uid: string;
+  readonly device: string;
+  readonly state: State;
+  on(type: 'state', listener: (state: State) => void): () => void;
+  on(type: 'push', listener: (payload: Uint8Array) => void): () => void;
+  on(type: 'error', listener: (error: Error) => void): () => void;
+  /** Sends DATA now when online, else queues it; false (message not taken) when the queue is full. */
+  send(payload: Uint8Array | ArrayBuffer | ArrayBufferView | string): boolean;
+  logout(): void;
+  reconnect(): void;
+  close(): void;
+}
+
+export declare class Backoff {
+  constructor(options?: BackoffOptions);
+  readonly baseMs: number;
+  readonly capMs: number;
+  windowMs(attempt: number): number;
+  delayMs(attempt: number, hintMs?: number, random?: () => number): number;
+}
+
+export declare const KIND: Readonly<Record<'LOGIN' | 'PING' | 'DATA' | 'LOGOUT' | 'WELCOME' | 'PONG' | 'PUSH' | 'BYE', number>>;
+export declare const REASONS: readonly (CloseReason | undefined)[];
+export declare const BYE_CLOSE_BASE: number;
+export declare const MAX_DEVICE_BYTES: number;
+
+export type Frame =
+  | { type: 'welcome'; timeoutMs: number; tickMs: number; session: string }
+  | { type: 'pong'; payload: Uint8Array }
+  | { type: 'push'; payload: Uint8Array }
+  | { type: 'bye'; reason: CloseReason; text: string };
+
+export declare function toUid(uid: Uid): bigint;
+export declare function checkDevice(device?: string): string;
+export declare function encodeLogin(uid: Uid, token?: string, device?: string): Uint8Array;
+export declare function encodePing(payload?: Uint8Array): Uint8Array;
+export declare function encodeData(payload: Uint8Array | ArrayBuffer | ArrayBufferView | string): Uint8Array;
+export declare function encodeLogout(): Uint8Array;
+export declare function decodeFrame(data: Uint8Array | ArrayBuffer): Frame | Error;
+export declare function reasonOfCloseCode(code: number): CloseReason | undefined;
+export declare function retryHint(text: string): number | undefined;

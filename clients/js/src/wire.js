@@ -1,0 +1,170 @@
+// idlegate's wire vocabulary over WebSocket: one protocol frame (kind byte and payload, no
+// length prefix) per binary message. The byte layout is docs/PROTOCOL.md's; the Rust crate
+// idlegate-proto is the reference.
+
+/** Frame kind bytes. */
+export const KIND = Object.freeze({
+  LOGIN: 0x01,
+  PING: 0x02,
+  DATA: 0x03,
+  LOGOUT: 0x04,
+  WELCOME: 0x81,
+  PONG: 0x82,
+  PUSH: 0x83,
+  BYE: 0x8f,
+});
+
+/** BYE reasons by their wire byte (index 0 unused). */
+export const REASONS = Object.freeze([
+  undefined,
+  'idle_timeout',
+  'logout',
+  'kicked',
+  'protocol_error',
+  'login_timeout',
+  'auth_failed',
+  'server_full',
+  'shutdown',
+  'slow_consumer',
+]);
+
+/** A WebSocket BYE closes with this plus the reason's byte (4001 idle_timeout). */
+export const BYE_CLOSE_BASE = 4000;
+
+/** Longest device name, in UTF-8 bytes. */
+export const MAX_DEVICE_BYTES = 32;
+
+/** Largest uid: the wire carries an unsigned 64-bit integer. */
+const MAX_UID = (1n << 64n) - 1n;
+
+const RETRY_HINT = 'retry_after_ms=';
+const encoder = new TextEncoder();
+const decoder = new TextDecoder('utf-8', { fatal: true });
+
+/**
+ * A uid as a BigInt, from a string of decimal digits, a bigint, or a number that is a safe
+ * integer (a larger number has already lost precision, so it is refused).
+ */
+export function toUid(uid) {
+  let value;
+  if (typeof uid === 'bigint') {
+    value = uid;
+  } else if (typeof uid === 'number') {
+    if (!Number.isSafeInteger(uid)) {
+      throw new RangeError(`uid ${uid} is not a safe integer: pass uids above 2^53 as strings or bigints`);
+    }
+    value = BigInt(uid);
+  } else if (typeof uid === 'string' && /^[0-9]+$/.test(uid)) {
+    value = BigInt(uid);
+  } else {
+    throw new TypeError(`uid must be decimal digits, a bigint or a safe integer, not ${JSON.stringify(uid)}`);
+  }
+  if (value < 0n || value > MAX_UID) {
+    throw new RangeError(`uid ${value} is outside 0..2^64-1`);
+  }
+  return value;
+}
+
+/** Checks a device name: 1 to 32 bytes of UTF-8 with no control character; '' is the default device. */
+export function checkDevice(device) {
+  if (device === undefined || device === '') return '';
+  if (typeof device !== 'string') throw new TypeError('device must be a string');
+  const bytes = encoder.encode(device).length;
+  if (bytes > MAX_DEVICE_BYTES) throw new RangeError(`device name of ${bytes} bytes; at most ${MAX_DEVICE_BYTES}`);
+  // eslint-disable-next-line no-control-regex
+  if (/[\u0000-\u001f\u007f]/.test(device)) throw new RangeError('device name with a control character');
+  return device;
+}
+
+function frame(kind, payload) {
+  const out = new Uint8Array(1 + (payload ? payload.length : 0));
+  out[0] = kind;
+  if (payload) out.set(payload, 1);
+  return out;
+}
+
+/** LOGIN: the uid (u64, big-endian), the token, then 0x00 and the device name if one. */
+export function encodeLogin(uid, token = '', device = '') {
+  const tokenBytes = encoder.encode(token);
+  const deviceBytes = encoder.encode(checkDevice(device));
+  const payload = new Uint8Array(8 + tokenBytes.length + (deviceBytes.length ? 1 + deviceBytes.length : 0));
+  new DataView(payload.buffer).setBigUint64(0, toUid(uid));
+  payload.set(tokenBytes, 8);
+  if (deviceBytes.length) payload.set(deviceBytes, 9 + tokenBytes.length);
+  return frame(KIND.LOGIN, payload);
+}
+
+export function encodePing(payload) {
+  return frame(KIND.PING, payload);
+}
+
+export function encodeData(payload) {
+  return frame(KIND.DATA, toBytes(payload));
+}
+
+export function encodeLogout() {
+  return frame(KIND.LOGOUT);
+}
+
+/** Bytes of a DATA payload: a Uint8Array, an ArrayBuffer or a view, or a string (UTF-8). */
+export function toBytes(payload) {
+  if (payload instanceof Uint8Array) return payload;
+  if (typeof payload === 'string') return encoder.encode(payload);
+  if (payload instanceof ArrayBuffer) return new Uint8Array(payload);
+  if (ArrayBuffer.isView(payload)) return new Uint8Array(payload.buffer, payload.byteOffset, payload.byteLength);
+  throw new TypeError('DATA payload must be bytes or a string');
+}
+
+/**
+ * One frame from the gateway, or an Error saying what is wrong with it:
+ * `{type: 'welcome', timeoutMs, tickMs, session}`, `{type: 'pong', payload}`,
+ * `{type: 'push', payload}`, `{type: 'bye', reason, text}`.
+ */
+export function decodeFrame(data) {
+  const bytes = toBytes(data);
+  if (bytes.length === 0) return new Error('an empty frame');
+  const payload = bytes.subarray(1);
+  const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  switch (bytes[0]) {
+    case KIND.WELCOME: {
+      if (payload.length < 8) return new Error(`WELCOME of ${payload.length} bytes`);
+      let session = '';
+      try {
+        session = decoder.decode(payload.subarray(8));
+      } catch {
+        return new Error('WELCOME with a session id that is not text');
+      }
+      return { type: 'welcome', timeoutMs: view.getUint32(0), tickMs: view.getUint32(4), session };
+    }
+    case KIND.PONG:
+      return { type: 'pong', payload };
+    case KIND.PUSH:
+      return { type: 'push', payload };
+    case KIND.BYE: {
+      const reason = REASONS[payload[0]];
+      if (!reason) return new Error(`BYE with reason ${payload[0]}`);
+      let text = '';
+      try {
+        text = decoder.decode(payload.subarray(1));
+      } catch {
+        text = '';
+      }
+      return { type: 'bye', reason, text };
+    }
+    default:
+      return new Error(`a gateway does not send frame kind 0x${bytes[0].toString(16)}`);
+  }
+}
+
+/** The BYE reason a WebSocket close code carries (4001 -> 'idle_timeout'), if any. */
+export function reasonOfCloseCode(code) {
+  const byte = code - BYE_CLOSE_BASE;
+  return byte >= 1 && byte < REASONS.length ? REASONS[byte] : undefined;
+}
+
+/** The retry hint (milliseconds) at the start of a BYE's text, if any. */
+export function retryHint(text) {
+  if (typeof text !== 'string' || !text.startsWith(RETRY_HINT)) return undefined;
+  const digits = /^[0-9]+/.exec(text.slice(RETRY_HINT.length));
+  return digits ? Number(digits[0]) : undefined;
+}

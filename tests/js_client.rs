@@ -1,0 +1,189 @@
+//! The JavaScript client (`clients/js`) in a real browser against a real gateway: Debian's
+//! headless `chromium` loads the package's ES module from a page served here, logs in over
+//! `wss://` with a uid above 2^53, receives a push, sends DATA a backend sees as a `data`
+//! event, keeps itself alive from WELCOME; a second client that does not ping goes offline
+//! with code 4001; after BYE(shutdown) and a restart the first comes back, no sooner than
+//! the gateway's hint.
+//!
+//! On a machine without chromium or openssl the test skips with a message; under CI it
+//! fails instead.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use common::browser::{launch, Page, WAIT};
+use common::tls::server_with;
+use common::{find_on_path, http, skip_without, Sse};
+use idlegate::Config;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The largest uid, which a JavaScript number cannot hold.
+const BIG_UID: &str = "18446744073709551615";
+
+/// Serves the package's `src/` and a blank page over HTTP on loopback, so the page's origin
+/// can import the module; returns the address.
+async fn serve_package() -> std::net::SocketAddr {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/js");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let root = root.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 4096];
+                let n = stream.read(&mut request).await.unwrap_or(0);
+                let line = String::from_utf8_lossy(&request[..n]).lines().next().unwrap_or("").to_string();
+                let path = line.split(' ').nth(1).unwrap_or("/");
+                let (status, kind, body) = match file(&root, path) {
+                    Some(file) => ("200 OK", "text/javascript", std::fs::read(file).unwrap()),
+                    None if path == "/" => ("200 OK", "text/html", b"<!doctype html><title>idlegate</title>".to_vec()),
+                    None => ("404 Not Found", "text/plain", b"not found".to_vec()),
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(&body).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The package file a request path names (`/src/<name>.js` only).
+fn file(root: &Path, path: &str) -> Option<PathBuf> {
+    let name = path.strip_prefix("/src/")?;
+    let plain = name.ends_with(".js") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_');
+    plain.then(|| root.join("src").join(name)).filter(|p| p.is_file())
+}
+
+/// The base64 SHA-256 of the certificate's public key, which Chromium's
+/// `--ignore-certificate-errors-spki-list` trusts.
+fn spki_hash(cert: &Path) -> String {
+    let script = format!(
+        "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
+        cert.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().expect("sh runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Evaluates `expression` until it is true; fails with the page's log after [`WAIT`].
+async fn until(page: &mut Page, expression: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while page.eval(expression).await != json!(true) {
+        let log = page.eval("JSON.stringify(window.log)").await;
+        assert!(tokio::time::Instant::now() < deadline, "never true: {expression}; log {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The page's state changes for client `name`.
+async fn states(page: &mut Page, name: &str) -> Vec<Value> {
+    let log = page.eval(&format!("JSON.stringify(window.log.filter((e) => e.name === '{name}'))")).await;
+    serde_json::from_str(log.as_str().unwrap()).unwrap()
+}
+
+const START: &str = r#"
+(async () => {
+  window.log = [];
+  window.pushes = [];
+  const { Client } = await import('/src/index.js');
+  const watch = (name, c) => c.on('state', (s) => window.log.push({ name, at: performance.now(), ...s }));
+  window.a = new Client({ url: WSS, uid: BIG_UID, device: 'tab' });
+  watch('a', window.a);
+  window.a.on('push', (p) => window.pushes.push(new TextDecoder().decode(p)));
+  window.c = new Client({ url: WS, uid: 5, keepalive: false });
+  watch('c', window.c);
+  return 'started';
+})()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_after_a_restart() {
+    let Some(browser) = find_on_path(&["chromium", "chromium-browser", "google-chrome"]) else {
+        return skip_without("chromium", "apt-get install chromium");
+    };
+    let config = Config {
+        timeout: Duration::from_secs(3),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_secs(10),
+        ..Config::default()
+    };
+    let (mut server, ca, _dir) = server_with(config.clone()).await;
+    let Some(ca) = ca else { return };
+    let config = Config { tls: server_identity(&ca), ..config };
+    let site = serve_package().await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=online,offline,data", &[]).await;
+
+    let profile = tempfile::tempdir().unwrap();
+    let trust = format!("--ignore-certificate-errors-spki-list={}", spki_hash(&ca.dir.join("gateway.pem")));
+    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
+    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
+    until(&mut page, "document.readyState === 'complete'").await;
+    let script = START
+        .replace("WSS", &format!("'wss://127.0.0.1:{}'", server.wss.unwrap().port()))
+        .replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()))
+        .replace("BIG_UID", &format!("'{BIG_UID}'"));
+    assert_eq!(page.eval_async(&script).await, json!("started"));
+    until(&mut page, "window.a.state.state === 'online' && window.c.state.state === 'online'").await;
+
+    // Every digit of the uid reached the gateway: the backend sees it exactly.
+    let big: u64 = BIG_UID.parse().unwrap();
+    let mut online = [backend.next().await.unwrap(), backend.next().await.unwrap()];
+    online.sort_by_key(|e| e.data["uid"].as_u64());
+    assert_eq!((online[1].event.as_str(), online[1].data["uid"].as_u64()), ("online", Some(big)));
+    assert_eq!(online[1].data["device"], json!("tab"));
+
+    let body = json!({"uids": [big], "payload": BASE64.encode("to the browser")}).to_string();
+    let (status, answer) = http(server.api, "POST", "/v1/push", &[], &body).await;
+    assert_eq!(status, 200, "{answer}");
+    until(&mut page, "window.pushes.includes('to the browser')").await;
+    assert_eq!(page.eval("window.a.send('from the browser')").await, json!(true));
+    let data = backend.expect("data", big).await;
+    assert_eq!(data.data["payload"], json!(BASE64.encode("from the browser")));
+
+    // The client that does not ping goes offline in the window, with code 4001; the other
+    // keeps itself alive meanwhile.
+    until(&mut page, "window.c.state.state === 'offline'").await;
+    let c = states(&mut page, "c").await;
+    let expired = c.iter().find(|s| s["state"] == "offline").unwrap();
+    assert_eq!((expired["reason"].clone(), expired["code"].clone()), (json!("idle_timeout"), json!(4001)), "{c:?}");
+    assert_eq!(backend.expect("offline", 5).await.data["reason"], json!("idle_timeout"));
+    page.eval("window.c.close()").await;
+    assert_eq!(page.eval("window.a.state.state").await, json!("online"), "{:?}", states(&mut page, "a").await);
+
+    // BYE(shutdown), a restart, and the client back no sooner than the hint.
+    server.shutdown().await;
+    until(&mut page, "window.a.state.state === 'offline'").await;
+    let mut server = server.restart(config).await;
+    until(&mut page, "window.a.state.state === 'online'").await;
+    let a = states(&mut page, "a").await;
+    let at = a.iter().position(|s| s["state"] == "offline").unwrap();
+    let (offline, back) = (&a[at], a[at..].iter().find(|s| s["state"] == "online").unwrap());
+    assert_eq!((offline["reason"].clone(), offline["code"].clone()), (json!("shutdown"), json!(4008)), "{a:?}");
+    let hint = idlegate::retry_hint(offline["text"].as_str().unwrap()).expect("a shutdown BYE carries a hint") as f64;
+    assert!(offline["retryInMs"].as_f64().unwrap() >= hint, "{offline}");
+    let waited = back["at"].as_f64().unwrap() - offline["at"].as_f64().unwrap();
+    assert!(waited >= hint, "back after {waited} ms, before the hint of {hint} ms");
+
+    page.eval("window.a.logout()").await;
+    until(&mut page, "window.a.state.state === 'offline' && window.a.state.reason === 'logout'").await;
+    let _ = chromium.kill().await;
+    server.shutdown().await;
+}
+
+/// The gateway's identity, loaded again for the restarted gateway.
+fn server_identity(ca: &common::tls::TestCa) -> Option<std::sync::Arc<idlegate::TlsIdentity>> {
+    let (cert, key) = (ca.dir.join("gateway.pem"), ca.dir.join("gateway.key"));
+    Some(idlegate::TlsIdentity::load(cert.as_ref(), key.as_ref()).unwrap())
+}
