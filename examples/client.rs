@@ -3,11 +3,11 @@
 //! itself alive and comes back after a gateway restart on its own.
 //!
 //! ```text
-//! cargo run --example client -- tcp://127.0.0.1:7000 42 [device]
+//! cargo run --example client -- tcp://127.0.0.1:7070 42 [device]
 //! IDLEGATE_TOKEN=... IDLEGATE_CA=ca.pem cargo run --example client -- wss://127.0.0.1:7443 42 phone
 //! ```
 //!
-//! Then push to it: `curl -d '{"uids":[42],"payload":"aGk="}' 127.0.0.1:7002/v1/push`.
+//! Then push to it: `curl -d '{"uids":[42],"payload":"aGk="}' 127.0.0.1:7072/v1/push`.
 
 use idlegate_client::{Client, Event, Options};
 use tokio::io::{AsyncBufReadExt, BufReader};

@@ -57,7 +57,6 @@ export class Client {
     this.refresh = false;
     this.ws = null;
     this.timer = null;
-    this.lastSent = 0;
     this.stopped = false;
     if (autoConnect) queueMicrotask(() => this.reconnect());
   }
@@ -137,7 +136,6 @@ export class Client {
     ws.onopen = () => {
       try {
         ws.send(encodeLogin(this.uid, token, this.device));
-        this.lastSent = Date.now();
       } catch (e) {
         this.emit('error', e);
         ws.close();
@@ -158,7 +156,7 @@ export class Client {
         clearTimeout(this.timer);
         this.setState({ state: 'online', session: frame.session, timeoutMs: frame.timeoutMs, tickMs: frame.tickMs, keepaliveMs });
         for (const queued of this.queue.splice(0)) this.write(queued);
-        this.schedulePing(keepaliveMs);
+        this.schedulePing();
       } else if (frame.type === 'push') {
         this.emit('push', frame.payload);
       } else if (frame.type === 'bye') {
@@ -200,21 +198,23 @@ export class Client {
     this.timer = setTimeout(() => this.open(), retryInMs);
   }
 
-  /** Pings after `keepaliveMs` without sending: DATA saves pings. */
-  schedulePing(keepaliveMs) {
-    if (!this.keepalive) return;
+  /**
+   * Pings after `keepaliveMs` without sending: every frame sent starts the wait again, so
+   * DATA saves pings. No clock is read: a timer restarted per send is exact and costs
+   * nothing at the rates a client sends.
+   */
+  schedulePing() {
     clearTimeout(this.timer);
-    const due = this.lastSent + keepaliveMs - Date.now();
+    if (!this.keepalive || this.state.state !== 'online') return;
     this.timer = setTimeout(() => {
       if (this.state.state !== 'online' || this.ws?.readyState !== 1) return;
-      if (Date.now() - this.lastSent >= keepaliveMs) this.write(encodePing());
-      this.schedulePing(keepaliveMs);
-    }, Math.max(0, due));
+      this.write(encodePing());
+    }, this.state.keepaliveMs);
   }
 
   write(frame) {
     this.ws.send(frame);
-    this.lastSent = Date.now();
+    this.schedulePing();
   }
 
   drop() {

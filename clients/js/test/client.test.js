@@ -77,7 +77,12 @@ async function online(options) {
 
 beforeEach(() => {
   FakeSocket.opened = [];
-  mock.timers.enable({ apis: ['setTimeout', 'Date'], now: 1_000_000 });
+  // Node 20.11+ takes options; older releases (Debian bookworm's 18) a list of APIs.
+  try {
+    mock.timers.enable({ apis: ['setTimeout'] });
+  } catch {
+    mock.timers.enable(['setTimeout']);
+  }
 });
 afterEach(() => mock.timers.reset());
 
