@@ -90,7 +90,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = ReconnectPolicy::Library)]
     pub reconnect_policy: ReconnectPolicy,
     /// First backoff window of the `library` policy (the library's default).
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub backoff_base: Duration,
     /// Largest backoff window of the `library` policy (the library's default).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]

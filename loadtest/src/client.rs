@@ -334,6 +334,13 @@ impl Client {
                 self.record_close(reason, false);
                 return Next::Done;
             }
+            // A reset before the answer, while a restarted gateway is flooded with connects
+            // (its accept queue full, the kernel resets what it cannot take): the
+            // connection dropping, not bad bytes; retried by the policy.
+            Ok(Some(Err(e))) if ctx.reconnect && e.kind() != std::io::ErrorKind::InvalidData => {
+                stats.connect_retries.fetch_add(1, Ordering::Relaxed);
+                return Next::Retry(self.retry_after(None, retry_rng));
+            }
             Ok(Some(Err(e))) => {
                 stats.set_fatal(format!("the server's answer to the login is not the protocol: {e}"));
                 self.record_close(CloseReason::ProtocolError, false);

@@ -398,7 +398,7 @@ impl Report {
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
             let _ = writeln!(
                 s,
-                "reconnect    {} reconnects, {} refused connects; BYE(shutdown) {} over {}; all back {} after the first cut",
+                "reconnect    {} reconnects, {} refused or reset connects; BYE(shutdown) {} over {}; all back {} after the first cut",
                 self.reconnects,
                 self.connect_retries,
                 self.shutdown_byes,

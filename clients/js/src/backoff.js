@@ -2,8 +2,8 @@
 // gateway's retry hint. The same policy, with the same defaults, as the Rust crate's
 // idlegate_client::Backoff.
 
-/** First window: a lone client is back within half a second. */
-export const DEFAULT_BASE_MS = 500;
+/** First window: a lone client is back within a second, and a fleet cut off at once spreads over it. */
+export const DEFAULT_BASE_MS = 1000;
 /** Largest window: a client of a gateway that stays down tries about twice a minute. */
 export const DEFAULT_CAP_MS = 30_000;
 

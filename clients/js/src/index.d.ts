@@ -32,7 +32,7 @@ export type State =
 export type TokenProvider = (uid: string, refresh: boolean) => string | Promise<string>;
 
 export interface BackoffOptions {
-  /** First window, in ms (default 500). */
+  /** First window, in ms (default 1000). */
   baseMs?: number;
   /** Largest window, in ms (default 30000). */
   capMs?: number;

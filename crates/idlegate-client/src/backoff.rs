@@ -10,10 +10,12 @@
 
 use std::time::Duration;
 
-/// Default first window: a lone client that lost its connection is usually back within a
-/// second, and a fleet of 20,000 spread over half a second is 40,000 connects a second at
-/// worst, and only for the first attempt.
-pub const DEFAULT_BASE: Duration = Duration::from_millis(500);
+/// Default first window: a lone client that lost its connection is back within a second
+/// (half a second on average), and a fleet cut off at once with no hint (a gateway killed)
+/// spreads its first attempts over that second. Half a second was measured to put 19,000
+/// clients' first attempts into the half second a killed gateway's successor needs to start
+/// listening, and to overflow its accept queue (docs/BENCHMARKS.md, section 7).
+pub const DEFAULT_BASE: Duration = Duration::from_secs(1);
 
 /// Default largest window: a client of a gateway that is down for long tries about twice a
 /// minute, and a fleet of 20,000 then costs a gateway under 700 connects a second.
@@ -75,11 +77,11 @@ mod tests {
     fn delays_fill_the_window_and_never_undercut_a_hint() {
         let b = Backoff::default();
         assert_eq!(b.delay_at(0, None, 0.0), Duration::ZERO);
-        assert_eq!(b.delay_at(0, None, 0.5), Duration::from_millis(250));
-        assert_eq!(b.delay_at(3, None, 0.5), Duration::from_secs(2));
+        assert_eq!(b.delay_at(0, None, 0.5), Duration::from_millis(500));
+        assert_eq!(b.delay_at(3, None, 0.5), Duration::from_secs(4));
         let hint = Some(Duration::from_millis(4_200));
         assert_eq!(b.delay_at(0, hint, 0.999), Duration::from_millis(4_200), "the hint is the floor");
-        assert_eq!(b.delay_at(5, hint, 0.5), Duration::from_secs(8), "a longer draw wins");
+        assert_eq!(b.delay_at(4, hint, 0.5), Duration::from_secs(8), "a longer draw wins");
     }
 
     #[test]
