@@ -12,9 +12,9 @@ use std::time::Duration;
 
 /// Default first window: a lone client that lost its connection is back within a second
 /// (half a second on average), and a fleet cut off at once with no hint (a gateway killed)
-/// spreads its first attempts over that second. Half a second was measured to put 19,000
-/// clients' first attempts into the half second a killed gateway's successor needs to start
-/// listening, and to overflow its accept queue (docs/BENCHMARKS.md, section 7).
+/// spreads its first attempts over that second. Half a second was measured to bring a
+/// killed gateway's 19,000 clients back all within one second: some before its successor
+/// listened, some reset by its overflowing accept queue (docs/BENCHMARKS.md, section 7).
 pub const DEFAULT_BASE: Duration = Duration::from_secs(1);
 
 /// Default largest window: a client of a gateway that is down for long tries about twice a
