@@ -187,3 +187,73 @@ fn server_identity(ca: &common::tls::TestCa) -> Option<std::sync::Arc<idlegate::
     let (cert, key) = (ca.dir.join("gateway.pem"), ca.dir.join("gateway.key"));
     Some(idlegate::TlsIdentity::load(cert.as_ref(), key.as_ref()).unwrap())
 }
+
+/// What the JavaScript client knows of the wire, read from its module by Node, must be
+/// what the gateway's own vocabulary says: a change of the protocol that the client does
+/// not follow fails here.
+#[test]
+fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
+    use bytes::{Bytes, BytesMut};
+    use idlegate::{kind, CloseReason, Device, Frame};
+
+    let Some(node) = find_on_path(&["node", "nodejs"]) else {
+        return skip_without("node", "apt-get install nodejs");
+    };
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/js/src/index.js");
+    let welcome = body(&Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: "00000000000000ff".into() });
+    let bye = body(&Frame::Bye { reason: CloseReason::Shutdown, text: "retry_after_ms=4200; restarting".into() });
+    let script = format!(
+        "const w = await import({module:?});
+         const hex = (b) => Buffer.from(b).toString('hex');
+         console.log(JSON.stringify({{
+           kind: w.KIND, reasons: w.REASONS.slice(1), base: w.BYE_CLOSE_BASE, device: w.MAX_DEVICE_BYTES,
+           login: hex(w.encodeLogin('18446744073709551615', 'tok', 'tab')),
+           ping: hex(w.encodePing(new Uint8Array([1, 2]))), data: hex(w.encodeData('app')), logout: hex(w.encodeLogout()),
+           welcome: w.decodeFrame(Buffer.from('{welcome}', 'hex')),
+           bye: w.decodeFrame(Buffer.from('{bye}', 'hex')),
+           hint: w.retryHint('retry_after_ms=4200; restarting'),
+         }}));",
+        module = module.display().to_string(),
+    );
+    let out = Command::new(node).args(["--input-type=module", "-e", &script]).output().expect("node runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let js: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let kinds = [
+        ("LOGIN", kind::LOGIN),
+        ("PING", kind::PING),
+        ("DATA", kind::DATA),
+        ("LOGOUT", kind::LOGOUT),
+        ("WELCOME", kind::WELCOME),
+        ("PONG", kind::PONG),
+        ("PUSH", kind::PUSH),
+        ("BYE", kind::BYE),
+    ];
+    for (name, byte) in kinds {
+        assert_eq!(js["kind"][name], json!(byte), "{name}");
+    }
+    let reasons: Vec<&str> = (1..=9).map(|b| CloseReason::from_wire(b).unwrap().label()).collect();
+    assert_eq!(js["reasons"], json!(reasons));
+    assert_eq!(js["base"], json!(idlegate::BYE_CLOSE_BASE));
+    assert_eq!(js["device"], json!(idlegate_proto::MAX_DEVICE_BYTES));
+
+    let login =
+        Frame::Login { uid: u64::MAX, token: Bytes::from_static(b"tok"), device: Device::parse(b"tab").unwrap() };
+    assert_eq!(js["login"], json!(body(&login)));
+    assert_eq!(js["ping"], json!(body(&Frame::Ping(Bytes::from_static(&[1, 2])))));
+    assert_eq!(js["data"], json!(body(&Frame::Data(Bytes::from_static(b"app")))));
+    assert_eq!(js["logout"], json!(body(&Frame::Logout)));
+    assert_eq!(
+        js["welcome"],
+        json!({"type": "welcome", "timeoutMs": 30000, "tickMs": 1000, "session": "00000000000000ff"})
+    );
+    assert_eq!(js["bye"], json!({"type": "bye", "reason": "shutdown", "text": "retry_after_ms=4200; restarting"}));
+    assert_eq!(js["hint"], json!(4200));
+
+    /// A frame's body (what one WebSocket message carries), in hex.
+    fn body(frame: &Frame) -> String {
+        let mut out = BytesMut::new();
+        frame.encode(&mut out);
+        hex::encode(&out)
+    }
+}
