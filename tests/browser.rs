@@ -8,27 +8,14 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
-use common::browser::{launch, Page};
+use common::browser::{chromium, launch, trust, Page};
+use common::http;
 use common::tls::server_with;
-use common::{find_on_path, http, skip_without};
-use idlegate::{kind, Config, WS_PATH};
+use idlegate::{kind, WS_PATH};
 use serde_json::Value;
-
-/// The base64 SHA-256 of the certificate's public key: what Chromium's
-/// `--ignore-certificate-errors-spki-list` trusts.
-fn spki_hash(cert: &std::path::Path) -> String {
-    let script = format!(
-        "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
-        cert.display()
-    );
-    let out = Command::new("sh").args(["-c", &script]).output().expect("sh runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
 
 /// Opens a WebSocket to each URL as uid 1, 2, ..., logging in on open and keeping every
 /// message; `window.done` resolves with each socket's close code, reason and messages.
@@ -52,20 +39,11 @@ window.done = Promise.all(URLS.map((url, i) => new Promise((resolve) => {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001() {
-    let Some(browser) = find_on_path(&["chromium", "chromium-browser", "google-chrome"]) else {
-        return skip_without("chromium", "apt-get install chromium");
-    };
-    let config = Config {
-        timeout: Duration::from_secs(3),
-        tick: Duration::from_millis(100),
-        login_timeout: Duration::from_secs(10),
-        ..Config::default()
-    };
-    let (mut server, ca, _dir) = server_with(config).await;
+    let Some(browser) = chromium() else { return };
+    let (mut server, ca, _dir) = server_with(common::browser::config()).await;
     let Some(ca) = ca else { return };
-    let spki = spki_hash(&ca.dir.join("gateway.pem"));
     let profile = tempfile::tempdir().unwrap();
-    let trust = format!("--ignore-certificate-errors-spki-list={spki}");
+    let trust = trust(&ca.dir.join("gateway.pem"));
     let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
     let mut page = Page::open(&browser_http, "about:blank").await;
 

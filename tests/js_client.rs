@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use common::browser::{launch, Page, WAIT};
+use common::browser::{chromium, launch, trust, Page, WAIT};
 use common::tls::server_with;
 use common::{find_on_path, http, skip_without, Sse};
 use idlegate::Config;
@@ -65,18 +65,6 @@ fn file(root: &Path, path: &str) -> Option<PathBuf> {
     plain.then(|| root.join("src").join(name)).filter(|p| p.is_file())
 }
 
-/// The base64 SHA-256 of the certificate's public key, which Chromium's
-/// `--ignore-certificate-errors-spki-list` trusts.
-fn spki_hash(cert: &Path) -> String {
-    let script = format!(
-        "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
-        cert.display()
-    );
-    let out = Command::new("sh").args(["-c", &script]).output().expect("sh runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// Evaluates `expression` until it is true; fails with the page's log after [`WAIT`].
 async fn until(page: &mut Page, expression: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -110,15 +98,8 @@ const START: &str = r#"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_after_a_restart() {
-    let Some(browser) = find_on_path(&["chromium", "chromium-browser", "google-chrome"]) else {
-        return skip_without("chromium", "apt-get install chromium");
-    };
-    let config = Config {
-        timeout: Duration::from_secs(3),
-        tick: Duration::from_millis(100),
-        login_timeout: Duration::from_secs(10),
-        ..Config::default()
-    };
+    let Some(browser) = chromium() else { return };
+    let config = common::browser::config();
     let (mut server, ca, _dir) = server_with(config.clone()).await;
     let Some(ca) = ca else { return };
     let config = Config { tls: server_identity(&ca), ..config };
@@ -126,7 +107,7 @@ async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_a
     let (_, mut backend) = Sse::open(server.api, "/v1/events?types=online,offline,data", &[]).await;
 
     let profile = tempfile::tempdir().unwrap();
-    let trust = format!("--ignore-certificate-errors-spki-list={}", spki_hash(&ca.dir.join("gateway.pem")));
+    let trust = trust(&ca.dir.join("gateway.pem"));
     let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
     let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
     until(&mut page, "document.readyState === 'complete'").await;

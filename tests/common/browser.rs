@@ -14,6 +14,38 @@ use tokio_tungstenite::tungstenite::Message;
 /// (5 s) plus start-up, generous for a loaded machine.
 pub const WAIT: Duration = Duration::from_secs(40);
 
+/// The machine's Chromium, or `None` after saying how to install it (a failure under CI).
+pub fn chromium() -> Option<std::path::PathBuf> {
+    let found = super::find_on_path(&["chromium", "chromium-browser", "google-chrome"]);
+    if found.is_none() {
+        super::skip_without("chromium", "apt-get install chromium");
+    }
+    found
+}
+
+/// A gateway's settings for browser tests: a 3 s timeout, short enough to watch a silent
+/// page expire, and a login deadline that allows for a browser starting up.
+pub fn config() -> idlegate::Config {
+    idlegate::Config {
+        timeout: Duration::from_secs(3),
+        tick: Duration::from_millis(100),
+        login_timeout: Duration::from_secs(10),
+        ..idlegate::Config::default()
+    }
+}
+
+/// The Chromium flag that trusts the certificate at `cert` by its public key's SHA-256
+/// (`--ignore-certificate-errors-spki-list`), computed with openssl.
+pub fn trust(cert: &Path) -> String {
+    let script = format!(
+        "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
+        cert.display()
+    );
+    let out = std::process::Command::new("sh").args(["-c", &script]).output().expect("sh runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    format!("--ignore-certificate-errors-spki-list={}", String::from_utf8(out.stdout).unwrap().trim())
+}
+
 /// Starts headless chromium with the DevTools protocol on a free port; returns it and the
 /// browser's HTTP address for the protocol.
 pub async fn launch(browser: &Path, profile: &Path, extra: &[String]) -> (tokio::process::Child, String) {
