@@ -31,6 +31,8 @@ pub struct TestServer {
     pub api: SocketAddr,
     /// The WebSocket door (`--ws-listen`).
     pub ws: SocketAddr,
+    /// The MQTT door (`--mqtt-listen`).
+    pub mqtt: SocketAddr,
     /// The TLS doors, when the config has an identity.
     pub tls: Option<SocketAddr>,
     pub wss: Option<SocketAddr>,
@@ -63,6 +65,8 @@ impl TestServer {
         // Every door is open: the WebSocket one always, the TLS ones with an identity.
         let ws = bind(old.map(|o| o.ws)).await;
         let ws_addr = ws.local_addr().unwrap();
+        let mqtt = bind(old.map(|o| o.mqtt)).await;
+        let mqtt_addr = mqtt.local_addr().unwrap();
         let secure = config.tls.is_some();
         let tls = if secure { Some(bind(old.and_then(|o| o.tls)).await) } else { None };
         let wss = if secure { Some(bind(old.and_then(|o| o.wss)).await) } else { None };
@@ -72,7 +76,15 @@ impl TestServer {
         let metrics = server.metrics();
         let (stop, stopped) = oneshot::channel::<()>();
         let listeners =
-            Listeners { admin: Some(admin), api: Some(api), tls, ws: Some(ws), wss, ..Listeners::clients(listener) };
+            Listeners {
+            admin: Some(admin),
+            api: Some(api),
+            tls,
+            ws: Some(ws),
+            wss,
+            mqtt: Some(mqtt),
+            ..Listeners::clients(listener)
+        };
         let task = tokio::spawn(server.run(listeners, async move {
             let _ = stopped.await;
         }));
@@ -81,6 +93,7 @@ impl TestServer {
             admin: admin_addr,
             api: api_addr,
             ws: ws_addr,
+            mqtt: mqtt_addr,
             tls: tls_addr,
             wss: wss_addr,
             metrics,
