@@ -86,8 +86,11 @@ async fn mosquitto_sub_receives_a_push_and_mosquitto_pub_s_messages_reach_the_ba
         assert_eq!(events.expect("offline", 42).await.data["reason"], json!("logout"), "{version}");
 
         for qos in ["0", "1"] {
-            let out = pub_(&server, &["-u", "43", "-P", "t", "-k", "5", "-V", version, "-q", qos, "-t", "a/b", "-m", "hello"])
-                .await;
+            let out = pub_(
+                &server,
+                &["-u", "43", "-P", "t", "-k", "5", "-V", version, "-q", qos, "-t", "a/b", "-m", "hello"],
+            )
+            .await;
             assert!(out.status.success(), "{version} QoS {qos}: {out:?}");
             events.expect("online", 43).await;
             let data = events.expect("data", 43).await;
@@ -111,7 +114,10 @@ async fn refusals_use_each_version_s_connack_codes() {
         // A 3.1.1 client cannot be told a shorter keepalive: one too long for the window
         // is not authorised rather than accepted and then expired.
         (vec!["-u", "7", "-P", good.as_str(), "-V", "mqttv311", "-k", "60"], "not authorised"),
-        (vec!["-u", "7", "-P", good.as_str(), "-V", "mqttv311", "-k", "5", "-i", &"x".repeat(33)], "identifier rejected"),
+        (
+            vec!["-u", "7", "-P", good.as_str(), "-V", "mqttv311", "-k", "5", "-i", &"x".repeat(33)],
+            "identifier rejected",
+        ),
     ] {
         let out = pub_(&server, &[&args[..], &["-t", "a", "-m", "x"]].concat()).await;
         let stderr = String::from_utf8_lossy(&out.stderr).to_lowercase();
@@ -194,10 +200,10 @@ async fn malformed_packets_close_only_their_own_connection() {
     good.write_all(&connect_v5("1", "", 2)).await.unwrap();
     assert_eq!(packet(&mut good).await.unwrap()[3], 0);
     for bad in [
-        vec![0x30, 0xff, 0xff, 0xff, 0xff, 0x01],   // remaining length of five bytes
-        vec![0x82, 0x00],                             // SUBSCRIBE before CONNECT
-        vec![0x10, 0x03, 0x00, 0x04, b'M'],           // CONNECT cut short
-        vec![0x10, 0x7f],                             // a CONNECT that never comes (then EOF)
+        vec![0x30, 0xff, 0xff, 0xff, 0xff, 0x01], // remaining length of five bytes
+        vec![0x82, 0x00],                         // SUBSCRIBE before CONNECT
+        vec![0x10, 0x03, 0x00, 0x04, b'M'],       // CONNECT cut short
+        vec![0x10, 0x7f],                         // a CONNECT that never comes (then EOF)
     ] {
         let mut client = TcpStream::connect(server.mqtt).await.unwrap();
         client.write_all(&bad).await.unwrap();
@@ -209,5 +215,24 @@ async fn malformed_packets_close_only_their_own_connection() {
     }
     good.write_all(&[0xC0, 0]).await.unwrap();
     assert_eq!(packet(&mut good).await.unwrap(), [0xD0, 0], "the others are still served");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn mosquitto_pub_comes_in_over_mqtts() {
+    let Some(()) = clients() else { return };
+    let (mut server, ca, _dir) = common::tls::server_with(config()).await;
+    let Some(ca) = ca else { return };
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=data", &[]).await;
+    let port = server.mqtts.unwrap().port().to_string();
+    let out = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port, "--cafile", &ca.cert, "--insecure"])
+        .args(["-u", "44", "-k", "5", "-q", "1", "-t", "t", "-m", "over tls"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let data = events.expect("data", 44).await;
+    assert_eq!(data.data["payload"], json!(BASE64.encode("over tls")));
     server.shutdown().await;
 }

@@ -27,6 +27,8 @@ pub(crate) struct Doors {
     tls: Option<Arc<ServerConfig>>,
     /// The WSS door's: the same identity, offering HTTP/1.1 for the upgrade.
     wss: Option<Arc<ServerConfig>>,
+    /// The MQTTS door's: the same identity, offering `mqtt`.
+    mqtts: Option<Arc<ServerConfig>>,
     /// Who may upgrade to WebSocket.
     ws: Arc<WsPolicy>,
     /// What every MQTT connection shares.
@@ -40,6 +42,9 @@ impl Doors {
         Doors {
             tls: identity.map(|id| handing_over_keys(id.server_config(&[TLS_ALPN]))),
             wss: identity.map(|id| handing_over_keys(id.server_config(&[b"http/1.1"]))),
+            // MQTT clients rarely offer ALPN; those that do say "mqtt" (a client offering
+            // none is served whatever the server lists).
+            mqtts: identity.map(|id| handing_over_keys(id.server_config(&[b"mqtt"]))),
             ws: Arc::new(WsPolicy { allowed_origins: config.ws_allowed_origins.clone() }),
             mqtt: Arc::new(mqtt::MqttPolicy::new(config)),
         }
@@ -89,7 +94,7 @@ impl Doors {
                 ));
             }
             Transport::Mqtts => {
-                let Some(layer) = secure(&self.tls) else { return false };
+                let Some(layer) = secure(&self.mqtts) else { return false };
                 tokio::spawn(drive::serve(stream, layer, mqtt::Mqtt::new(max, self.mqtt.clone()), gateway, permit));
             }
         }

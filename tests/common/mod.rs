@@ -36,6 +36,7 @@ pub struct TestServer {
     /// The TLS doors, when the config has an identity.
     pub tls: Option<SocketAddr>,
     pub wss: Option<SocketAddr>,
+    pub mqtts: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -70,19 +71,21 @@ impl TestServer {
         let secure = config.tls.is_some();
         let tls = if secure { Some(bind(old.and_then(|o| o.tls)).await) } else { None };
         let wss = if secure { Some(bind(old.and_then(|o| o.wss)).await) } else { None };
+        let mqtts = if secure { Some(bind(old.and_then(|o| o.mqtts)).await) } else { None };
+        let mqtts_addr = mqtts.as_ref().map(|l| l.local_addr().unwrap());
         let tls_addr = tls.as_ref().map(|l| l.local_addr().unwrap());
         let wss_addr = wss.as_ref().map(|l| l.local_addr().unwrap());
         let server = Server::new(config);
         let metrics = server.metrics();
         let (stop, stopped) = oneshot::channel::<()>();
-        let listeners =
-            Listeners {
+        let listeners = Listeners {
             admin: Some(admin),
             api: Some(api),
             tls,
             ws: Some(ws),
             wss,
             mqtt: Some(mqtt),
+            mqtts,
             ..Listeners::clients(listener)
         };
         let task = tokio::spawn(server.run(listeners, async move {
@@ -96,6 +99,7 @@ impl TestServer {
             mqtt: mqtt_addr,
             tls: tls_addr,
             wss: wss_addr,
+            mqtts: mqtts_addr,
             metrics,
             stop: Some(stop),
             task: Some(task),
