@@ -82,7 +82,7 @@ async fn states(page: &mut Page, name: &str) -> Vec<Value> {
 }
 
 const START: &str = r#"
-(async () => {
+(async () => { try {
   window.log = [];
   window.pushes = [];
   const { Client } = await import('/src/index.js');
@@ -93,7 +93,7 @@ const START: &str = r#"
   window.c = new Client({ url: WS, uid: 5, keepalive: false });
   watch('c', window.c);
   return 'started';
-})()
+} catch (e) { return `failed: ${e} ${e.stack}`; } })()
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,7 +110,9 @@ async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_a
     let trust = trust(&ca.dir.join("gateway.pem"));
     let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
     let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
-    until(&mut page, "document.readyState === 'complete'").await;
+    // A new target starts on about:blank, itself "complete": wait for the page itself.
+    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
+    until(&mut page, &loaded).await;
     let script = START
         .replace("WSS", &format!("'wss://127.0.0.1:{}'", server.wss.unwrap().port()))
         .replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()))
