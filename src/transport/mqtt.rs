@@ -518,7 +518,40 @@ pub(crate) fn matches(topic: &str, filter: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// MQTT 4.7, read plainly: level by level, recursively.
+    fn plain(topic: &[&str], filter: &[&str]) -> bool {
+        match (topic, filter) {
+            (_, ["#"]) => true,
+            ([], []) => true,
+            ([level, rest @ ..], [part, more @ ..]) if *part == "+" || part == level => plain(rest, more),
+            _ => false,
+        }
+    }
+
+    fn levels() -> impl Strategy<Value = Vec<&'static str>> {
+        proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")], 1..5)
+    }
+
+    proptest! {
+        #[test]
+        fn filters_match_as_the_plain_reading_says(
+            topic in levels(),
+            filter in proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("+"), Just("$s")], 0..4),
+            hash in any::<bool>(),
+        ) {
+            let mut filter = filter;
+            if hash || filter.is_empty() {
+                filter.push("#");
+            }
+            let (t, f) = (topic.join("/"), filter.join("/"));
+            let dollar = t.starts_with('$') && (f.starts_with('+') || f.starts_with('#'));
+            prop_assert_eq!(matches(&t, &f), plain(&topic, &filter) && !dollar, "{} against {}", t, f);
+        }
+    }
 
     #[test]
     fn filters_match_by_mqtt_s_rules() {
