@@ -95,6 +95,7 @@ async fn mosquitto_sub_receives_a_push_and_mosquitto_pub_s_messages_reach_the_ba
             events.expect("online", 43).await;
             let data = events.expect("data", 43).await;
             assert_eq!(data.data["payload"], json!(BASE64.encode("hello")), "{version} QoS {qos}");
+            assert_eq!(data.data["topic"], json!("a/b"), "{version} QoS {qos}");
             assert_eq!(events.expect("offline", 43).await.data["reason"], json!("logout"));
         }
     }
@@ -235,4 +236,48 @@ async fn mosquitto_pub_comes_in_over_mqtts() {
     let data = events.expect("data", 44).await;
     assert_eq!(data.data["payload"], json!(BASE64.encode("over tls")));
     server.shutdown().await;
+}
+
+/// An MQTT 5 PUBLISH at QoS 0 of `payload` on `topic`.
+fn publish_v5(topic: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+    body.extend_from_slice(topic.as_bytes());
+    body.push(0); // no properties
+    body.extend_from_slice(payload);
+    [&[0x30, body.len() as u8][..], &body].concat()
+}
+
+#[tokio::test]
+async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
+    // Alone: a topic with JSON's special characters comes back escaped, exactly.
+    let mut server = TestServer::start(config()).await;
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=data", &[]).await;
+    let mut client = TcpStream::connect(server.mqtt).await.unwrap();
+    client.write_all(&connect_v5("3", "", 60)).await.unwrap();
+    assert_eq!(packet(&mut client).await.unwrap()[3], 0);
+    client.write_all(&publish_v5("q\"uote/ü/+x", b"v")).await.unwrap();
+    assert_eq!(events.expect("data", 3).await.data["topic"], json!("q\"uote/ü/+x"));
+    // DATA from the other doors has no topic.
+    let mut tcp = server.client().await;
+    tcp.login(4).await;
+    tcp.send(idlegate::Frame::Data(bytes::Bytes::from_static(b"d"))).await;
+    assert_eq!(events.expect("data", 4).await.data.get("topic"), None);
+    server.shutdown().await;
+
+    // In a cluster: published on node a, read from node b's stream.
+    let Some(redis) = common::redis::RedisServer::start().await else { return };
+    let nodes = common::cluster::gateways(&redis.url(), &["a", "b"]).await;
+    let (_, mut from_b) = Sse::open(nodes[1].api, "/v1/events?types=data", &[]).await;
+    let mut client = TcpStream::connect(nodes[0].mqtt).await.unwrap();
+    client.write_all(&connect_v5("5", "", 60)).await.unwrap();
+    assert_eq!(packet(&mut client).await.unwrap()[3], 0);
+    client.write_all(&publish_v5("sensors/t", b"21.5")).await.unwrap();
+    let data = from_b.expect("data", 5).await;
+    assert_eq!(
+        (data.data["topic"].clone(), data.data["payload"].clone()),
+        (json!("sensors/t"), json!(BASE64.encode("21.5")))
+    );
+    for mut node in nodes {
+        node.shutdown().await;
+    }
 }

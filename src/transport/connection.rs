@@ -79,6 +79,8 @@ pub(crate) enum Input {
     Frame(Frame),
     /// Something that is not a frame but shows the client is there (a WebSocket ping).
     Activity,
+    /// An MQTT PUBLISH: a DATA on a topic.
+    Publish { topic: std::sync::Arc<str>, payload: bytes::Bytes },
 }
 
 /// How a door's plaintext becomes frames and frames become plaintext.

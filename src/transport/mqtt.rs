@@ -246,7 +246,8 @@ impl Framing for Mqtt {
                     if qos == QoS::AtLeastOnce {
                         self.owed_ack = publish.packet_id;
                     }
-                    Ok(Some(Input::Frame(Frame::Data(Bytes::from(publish.payload)))))
+                    let topic = std::sync::Arc::from(publish.topic_name.as_str());
+                    Ok(Some(Input::Publish { topic, payload: Bytes::from(publish.payload) }))
                 }
             },
             (_, Packet::Subscribe(subscribe)) => {
