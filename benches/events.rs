@@ -37,11 +37,11 @@ fn event_log(c: &mut Criterion) {
     let session = reg.login(1, Device::DEFAULT, 0);
     let payload = Bytes::from_static(b"0123456789abcdef");
     group.throughput(Throughput::Elements(1));
-    group.bench_function("append_data", |b| b.iter(|| reg.events().data(&session, payload.clone())));
+    group.bench_function("append_data", |b| b.iter(|| reg.events().data(&session, payload.clone(), None)));
 
     // A full log; each read takes the batch after a random position.
     while reg.events().last_id().seq < LOG_EVENTS {
-        reg.events().data(&session, payload.clone());
+        reg.events().data(&session, payload.clone(), None);
     }
     let last = reg.events().last_id();
     let first = EventId { seq: last.seq - LOG_EVENTS + 2 * READ_BATCH as u64, ..last };

@@ -49,6 +49,16 @@ struct ServeArgs {
     /// Address for WebSocket inside TLS (wss://); needs --tls-cert and --tls-key.
     #[arg(long, env = "IDLEGATE_WSS_LISTEN", value_parser = resolve, requires = "tls_cert")]
     wss_listen: Option<SocketAddr>,
+    /// Address MQTT 3.1.1 and 5 clients connect to: username the uid, password the token,
+    /// client identifier the device (see README, MQTT).
+    #[arg(long, env = "IDLEGATE_MQTT_LISTEN", value_parser = resolve)]
+    mqtt_listen: Option<SocketAddr>,
+    /// Address for MQTT inside TLS; needs --tls-cert and --tls-key.
+    #[arg(long, env = "IDLEGATE_MQTTS_LISTEN", value_parser = resolve, requires = "tls_cert")]
+    mqtts_listen: Option<SocketAddr>,
+    /// The topic MQTT sessions receive pushes on (when a subscription matches it).
+    #[arg(long, env = "IDLEGATE_MQTT_PUSH_TOPIC", default_value = idlegate::DEFAULT_MQTT_PUSH_TOPIC)]
+    mqtt_push_topic: String,
     /// Comma-separated origins a WebSocket upgrade may come from (default: any). An upgrade
     /// with another Origin gets 403; one with no Origin (not a browser) is allowed.
     #[arg(long, env = "IDLEGATE_WS_ALLOWED_ORIGINS", value_delimiter = ',')]
@@ -335,6 +345,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .ws_allowed_origins
             .clone()
             .map(|list| list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
+        mqtt_push_topic: args.mqtt_push_topic.clone(),
     };
     if let Err(e) = config.validate() {
         usage_error(e);
@@ -345,6 +356,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ("--tls-listen", args.tls_listen),
             ("--ws-listen", args.ws_listen),
             ("--wss-listen", args.wss_listen),
+            ("--mqtt-listen", args.mqtt_listen),
+            ("--mqtts-listen", args.mqtts_listen),
         ];
         for (flag, addr) in doors {
             if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !args.allow_anonymous) {
@@ -407,6 +420,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tls = ?args.tls_listen,
             ws = ?args.ws_listen,
             wss = ?args.wss_listen,
+            mqtt = ?args.mqtt_listen,
+            mqtts = ?args.mqtts_listen,
             node = %config.node_id,
             timeout = ?config.timeout,
             tick = ?config.tick,
@@ -421,6 +436,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tls: door("--tls-listen", args.tls_listen)?,
             ws: door("--ws-listen", args.ws_listen)?,
             wss: door("--wss-listen", args.wss_listen)?,
+            mqtt: door("--mqtt-listen", args.mqtt_listen)?,
+            mqtts: door("--mqtts-listen", args.mqtts_listen)?,
             admin: Some(admin),
             api: Some(api),
         };

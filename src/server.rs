@@ -44,6 +44,10 @@ pub struct Listeners {
     pub ws: Option<TcpListener>,
     /// Where clients connect over WebSocket in TLS (`--wss-listen`); needs [`Config::tls`].
     pub wss: Option<TcpListener>,
+    /// Where MQTT clients connect (`--mqtt-listen`).
+    pub mqtt: Option<TcpListener>,
+    /// Where MQTT clients connect over TLS (`--mqtts-listen`); needs [`Config::tls`].
+    pub mqtts: Option<TcpListener>,
     /// `/healthz`, `/readyz`, `/metrics`, if wanted.
     pub admin: Option<TcpListener>,
     /// The backend API, if wanted.
@@ -55,7 +59,7 @@ pub struct Listeners {
 impl Listeners {
     /// Clients only, no HTTP.
     pub fn clients(clients: TcpListener) -> Listeners {
-        Listeners { clients, tls: None, ws: None, wss: None, admin: None, api: None }
+        Listeners { clients, tls: None, ws: None, wss: None, mqtt: None, mqtts: None, admin: None, api: None }
     }
 }
 
@@ -89,6 +93,8 @@ impl Server {
             (listeners.tls, Transport::Tls),
             (listeners.ws, Transport::Ws),
             (listeners.wss, Transport::Wss),
+            (listeners.mqtt, Transport::Mqtt),
+            (listeners.mqtts, Transport::Mqtts),
         ];
         let mut open = Vec::new();
         for (listener, transport) in wanted {

@@ -126,7 +126,13 @@ proptest! {
 /// Everything the gateway sends on one connection fed `bytes` in `pieces`, until it closes
 /// (or, if it never does, until our side closes).
 async fn gateway_answer(server: &TestServer, bytes: &[u8], cuts: &[usize]) -> Vec<u8> {
-    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    door_answer(server.addr, bytes, cuts).await
+}
+
+/// Everything the door at `addr` sends on one connection fed `bytes` in pieces, until it
+/// closes (or, if it never does, until our side closes).
+async fn door_answer(addr: std::net::SocketAddr, bytes: &[u8], cuts: &[usize]) -> Vec<u8> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
     let mut from = 0;
     for to in splits(bytes.len(), cuts) {
@@ -199,6 +205,83 @@ fn the_gateway_answers_the_same_however_a_stream_is_split_and_keeps_serving() {
             bystander.ping(b"still served").await;
         }
         assert!(failures.is_empty(), "{} of {case} cases differ:\n{}", failures.len(), failures.join("\n"));
+        server.shutdown().await;
+    });
+}
+
+/// An MQTT 5 packet: `first` byte, then `body` with a one-byte remaining length.
+fn mqtt(first: u8, body: &[u8]) -> Vec<u8> {
+    [&[first, body.len() as u8][..], body].concat()
+}
+
+/// An MQTT 5 CONNECT for `uid`, client identifier "f", keepalive 5 s.
+fn mqtt_connect(uid: u64) -> Vec<u8> {
+    let user = uid.to_string();
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x82, 0, 5, 0, 0, 1, b'f'];
+    body.extend_from_slice(&(user.len() as u16).to_be_bytes());
+    body.extend_from_slice(user.as_bytes());
+    mqtt(0x10, &body)
+}
+
+/// One piece of a random MQTT stream: mostly well-formed packets, sometimes garbage.
+fn mqtt_piece() -> impl Strategy<Value = Vec<u8>> {
+    let payload = || proptest::collection::vec(any::<u8>(), 0..20);
+    prop_oneof![
+        2 => Just(mqtt(0xC0, &[])),
+        2 => payload().prop_map(|p| mqtt(0x30, &[&[0, 1, b'a', 0][..], &p].concat())),
+        2 => (payload(), any::<u16>()).prop_map(|(p, id)| {
+            let id = id.max(1).to_be_bytes();
+            mqtt(0x32, &[&[0, 1, b'a', id[0], id[1], 0][..], &p].concat())
+        }),
+        1 => Just(mqtt(0x82, &[0, 1, 0, 0, 1, b'#', 0])),
+        1 => Just(mqtt(0xA2, &[0, 2, 0, 0, 1, b'#'])),
+        1 => Just(mqtt(0x34, &[0, 1, b'a', 0, 1, 0])),
+        1 => proptest::collection::vec(any::<u8>(), 0..12),
+        1 => (any::<u8>(), payload()).prop_map(|(first, p)| mqtt(first, &p)),
+    ]
+}
+
+#[test]
+fn the_mqtt_door_answers_the_same_however_a_stream_is_split_and_keeps_serving() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut server = TestServer::start(Config { max_frame_bytes: MAX, ..Config::default() }).await;
+        let mut bystander = tokio::net::TcpStream::connect(server.mqtt).await.unwrap();
+        bystander.write_all(&mqtt_connect(u64::MAX)).await.unwrap();
+        let mut connack = [0u8; 32];
+        let n = bystander.read(&mut connack).await.unwrap();
+        assert_eq!(connack[0], 0x20, "{:02x?}", &connack[..n]);
+        let mut runner =
+            proptest::test_runner::TestRunner::new(ProptestConfig { cases: 150, ..ProptestConfig::default() });
+        let strategy = (
+            proptest::collection::vec(mqtt_piece(), 0..10).prop_map(|p| p.concat()),
+            proptest::collection::vec(any::<usize>(), 1..12),
+            any::<bool>(),
+        );
+        let mut failures = Vec::new();
+        // Answers seen starting with a CONNACK and holding a PUBACK: the streams reach the
+        // session, not only the refusals.
+        let (mut sessions, mut acks) = (0, 0);
+        for case in 1..=150u64 {
+            let (bytes, cuts, connect_first) = strategy.new_tree(&mut runner).unwrap().current();
+            let bytes = if connect_first { [mqtt_connect(case), bytes].concat() } else { bytes };
+            let whole = door_answer(server.mqtt, &bytes, &[]).await;
+            let split = door_answer(server.mqtt, &bytes, &cuts).await;
+            if whole != split {
+                failures.push(format!("case {case}: {bytes:02x?} split at {cuts:?}: {whole:02x?} != {split:02x?}"));
+            }
+            if whole.starts_with(&[0x20]) && whole.get(3) == Some(&0) {
+                sessions += 1;
+                acks += usize::from(whole.windows(2).any(|w| w == [0x40, 2]));
+            }
+            // The bystander is still served: PINGREQ, PINGRESP.
+            bystander.write_all(&[0xC0, 0]).await.unwrap();
+            let mut pong = [0u8; 2];
+            bystander.read_exact(&mut pong).await.unwrap();
+            assert_eq!(pong, [0xD0, 0], "case {case}");
+        }
+        assert!(failures.is_empty(), "{} of 150 cases differ:\n{}", failures.len(), failures.join("\n"));
+        assert!(sessions > 30 && acks > 5, "{sessions} sessions, {acks} with a PUBACK");
         server.shutdown().await;
     });
 }

@@ -123,8 +123,9 @@ impl EventSink for Forward {
         self.push(Op::Offline { uid: session.uid(), session: session.id(), device, reason, last, at_ms });
     }
 
-    fn data(&self, session: &Session, payload: &Bytes, at_ms: u64) {
+    fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) {
         let device = session.device().clone();
-        self.push(Op::Data { uid: session.uid(), session: session.id(), device, payload: payload.clone(), at_ms });
+        let (uid, id, payload) = (session.uid(), session.id(), payload.clone());
+        self.push(Op::Data { uid, session: id, device, payload, topic: topic.map(Into::into), at_ms });
     }
 }

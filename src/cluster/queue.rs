@@ -34,8 +34,8 @@ pub(crate) enum Op {
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
     Offline { uid: u64, session: u64, device: Device, reason: CloseReason, last: bool, at_ms: u64 },
-    /// A DATA frame of the session on `device`.
-    Data { uid: u64, session: u64, device: Device, payload: Bytes, at_ms: u64 },
+    /// A DATA frame of the session on `device` (an MQTT PUBLISH: with its topic).
+    Data { uid: u64, session: u64, device: Device, payload: Bytes, topic: Option<Box<str>>, at_ms: u64 },
 }
 
 // === impl Op ===
@@ -49,7 +49,7 @@ impl Op {
 
     fn payload_len(&self) -> usize {
         match self {
-            Op::Data { payload, .. } => payload.len(),
+            Op::Data { payload, topic, .. } => payload.len() + topic.as_ref().map_or(0, |t| t.len()),
             _ => 0,
         }
     }
@@ -214,7 +214,14 @@ mod tests {
         // Session 1 reached Redis before the outage: only its end is here.
         assert_eq!(q.push(offline(1, 1)), (1, None));
         q.push(online(2, 2));
-        q.push(Op::Data { uid: 2, session: 2, device: Device::DEFAULT, payload: Bytes::from_static(b"x"), at_ms: 0 });
+        q.push(Op::Data {
+            uid: 2,
+            session: 2,
+            device: Device::DEFAULT,
+            payload: Bytes::from_static(b"x"),
+            topic: None,
+            at_ms: 0,
+        });
         q.push(offline(2, 2));
         q.push(online(3, 3));
         let (depth, compacted) = q.push(online(4, 4));
@@ -240,6 +247,7 @@ mod tests {
             session: 1,
             device: Device::DEFAULT,
             payload: Bytes::from(vec![n; 100]),
+            topic: None,
             at_ms: 0,
         };
         let q = Queue::new(100, 250);

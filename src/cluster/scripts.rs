@@ -117,7 +117,8 @@ end
 /// - `E uid session reason at device`: a session ended; `E1` when its node saw it as the
 ///   uid's last there: `user_offline` follows its `offline` if the uid has no session left
 ///   anywhere (a plain `E` is a session a login of the same uid replaced);
-/// - `D uid session payload at device`: a DATA frame, logged only while its session is held.
+/// - `D uid session payload at device`: a DATA frame, logged only while its session is held;
+///   `D|<topic>` for an MQTT PUBLISH, whose topic goes in the event as `tp`.
 ///
 /// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
 /// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -148,6 +149,7 @@ end
 for i = 8, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local user = string.sub(kind, 2) == '1'
+  local topic = string.sub(kind, 1, 2) == 'D|' and string.sub(kind, 3) or nil
   kind = string.sub(kind, 1, 1)
   local f = field(uid, d)
   if kind == 'L' then
@@ -193,7 +195,11 @@ for i = 8, #ARGV, 6 do
     end
   elseif kind == 'D' then
     if redis.call('HGET', KEYS[1], f) == s then
-      ev.emit('t', 'data', 'uid', uid, 'p', x, 'at', at)
+      if topic then
+        ev.emit('t', 'data', 'uid', uid, 'p', x, 'tp', topic, 'at', at)
+      else
+        ev.emit('t', 'data', 'uid', uid, 'p', x, 'at', at)
+      end
     end
   end
 end

@@ -184,6 +184,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let mut kind = None;
     let (mut uid, mut session, mut at_ms) = (None, None, 0);
     let (mut reason, mut node, mut payload, mut device) = (None, None, None, None::<Device>);
+    let mut topic = None;
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -195,6 +196,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "r" => reason = CloseReason::from_label(&text()),
             "node" => node = Some(Arc::<str>::from(text())),
             "p" => payload = Some(Bytes::from(bytes)),
+            "tp" => topic = Some(Arc::<str>::from(text())),
             // A name Redis holds was checked when its LOGIN was read; anything else reads as
             // the default device rather than losing the event.
             "d" => device = Device::parse(&bytes).ok(),
@@ -206,7 +208,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         "offline" => What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason? },
         "user_online" => What::UserOnline,
         "user_offline" => What::UserOffline { reason: reason? },
-        "data" => What::Data(payload.unwrap_or_default()),
+        "data" => What::Data { payload: payload.unwrap_or_default(), topic },
         "epoch" => return Some(Entry::Epoch(id)),
         _ => return None,
     };
@@ -246,7 +248,12 @@ mod tests {
     }
 
     fn event(ms: u64, seq: u64) -> Entry {
-        Entry::Event(Event { id: EventId { ms, seq }, at_ms: 0, uid: 1, what: What::Data(Bytes::new()) })
+        Entry::Event(Event {
+            id: EventId { ms, seq },
+            at_ms: 0,
+            uid: 1,
+            what: What::Data { payload: Bytes::new(), topic: None },
+        })
     }
 
     #[test]

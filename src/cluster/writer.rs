@@ -292,9 +292,15 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
                 let s = keys::session_hex(*session);
                 cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device.as_str());
             }
-            Op::Data { uid, session, device, payload, at_ms } => {
+            Op::Data { uid, session, device, payload, topic, at_ms } => {
                 let s = keys::session_hex(*session);
-                cmd.arg("D").arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device.as_str());
+                // A topic rides in the kind's argument, after "D|": the script's six
+                // arguments a change are full.
+                let kind = match topic {
+                    Some(topic) => format!("D|{topic}"),
+                    None => "D".to_string(),
+                };
+                cmd.arg(kind).arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device.as_str());
             }
         }
     }

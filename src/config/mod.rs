@@ -147,7 +147,13 @@ pub struct Config {
     /// Origins a WebSocket upgrade may come from (`--ws-allowed-origins`); `None` allows any.
     /// An upgrade without an `Origin` header (not a browser) is always allowed.
     pub ws_allowed_origins: Option<Vec<String>>,
+    /// The topic an MQTT session receives pushes on when one of its subscriptions matches
+    /// it (`--mqtt-push-topic`).
+    pub mqtt_push_topic: String,
 }
+
+/// Default `--mqtt-push-topic`.
+pub const DEFAULT_MQTT_PUSH_TOPIC: &str = "idlegate/push";
 
 impl Default for Config {
     fn default() -> Config {
@@ -176,6 +182,7 @@ impl Default for Config {
             api_tls: false,
             admin_tls: false,
             ws_allowed_origins: None,
+            mqtt_push_topic: DEFAULT_MQTT_PUSH_TOPIC.to_string(),
         }
     }
 }

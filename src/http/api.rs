@@ -458,10 +458,15 @@ fn format_event(out: &mut String, event: &Event, node: &str) {
         }
         What::UserOnline => write!(out, r#"{{"uid":{uid},"at_ms":{at_ms}}}"#),
         What::UserOffline { reason } => write!(out, r#"{{"uid":{uid},"reason":"{reason}","at_ms":{at_ms}}}"#),
-        What::Data(payload) => {
+        What::Data { payload, topic } => {
             let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
             BASE64.encode_string(payload, out);
-            write!(out, r#"","at_ms":{at_ms}}}"#)
+            out.push('"');
+            if let Some(topic) = topic {
+                // Any UTF-8 a client chose: escaped as JSON.
+                let _ = write!(out, r#","topic":{}"#, serde_json::Value::from(topic.as_ref()));
+            }
+            write!(out, r#","at_ms":{at_ms}}}"#)
         }
     };
     out.push_str("\n\n");

@@ -94,8 +94,8 @@ pub trait EventSink: Send + Sync + std::fmt::Debug {
     fn online(&self, session: &Session, first: bool, at_ms: u64);
     /// A session ended with `reason` (the last of its uid on this node when `last`).
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, at_ms: u64);
-    /// A live session sent a DATA frame.
-    fn data(&self, session: &Session, payload: &Bytes, at_ms: u64);
+    /// A live session sent a DATA frame (an MQTT PUBLISH: on `topic`).
+    fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64);
 }
 
 /// One event.
@@ -121,8 +121,8 @@ pub enum What {
     UserOnline,
     /// The uid's last session ended, for `reason`.
     UserOffline { reason: CloseReason },
-    /// The client sent a DATA frame with this payload.
-    Data(Bytes),
+    /// The client sent a DATA frame with this payload (an MQTT PUBLISH: on this topic).
+    Data { payload: Bytes, topic: Option<Arc<str>> },
 }
 
 // === impl What ===
@@ -135,14 +135,14 @@ impl What {
             What::Offline { .. } => "offline",
             What::UserOnline => "user_online",
             What::UserOffline { .. } => "user_offline",
-            What::Data(_) => "data",
+            What::Data { .. } => "data",
         }
     }
 
     /// Payload bytes a consumer is sent for this event.
     pub fn payload_len(&self) -> usize {
         match self {
-            What::Data(payload) => payload.len(),
+            What::Data { payload, topic } => payload.len() + topic.as_ref().map_or(0, |t| t.len()),
             _ => 0,
         }
     }
@@ -222,7 +222,10 @@ pub(crate) enum Kept {
         reason: CloseReason,
         last: bool,
     },
-    Data(Bytes),
+    Data {
+        payload: Bytes,
+        topic: Option<Arc<str>>,
+    },
 }
 
 impl Kept {
@@ -231,7 +234,7 @@ impl Kept {
         match self {
             Kept::Online { .. } => "online",
             Kept::Offline { .. } => "offline",
-            Kept::Data(_) => "data",
+            Kept::Data { .. } => "data",
         }
     }
 }
@@ -246,7 +249,7 @@ impl Logged {
             Kept::Offline { session, device, reason, .. } => {
                 What::Offline { session: *session, device: device.clone(), reason: *reason }
             }
-            Kept::Data(payload) => What::Data(payload.clone()),
+            Kept::Data { payload, topic } => What::Data { payload: payload.clone(), topic: topic.clone() },
         };
         Event { id, at_ms: self.at_ms, uid: self.uid, what }
     }
@@ -263,7 +266,7 @@ impl Logged {
 
     fn payload_len(&self) -> usize {
         match &self.kept {
-            Kept::Data(payload) => payload.len(),
+            Kept::Data { payload, topic } => payload.len() + topic.as_ref().map_or(0, |t| t.len()),
             _ => 0,
         }
     }
@@ -327,20 +330,20 @@ impl EventLog {
         }
     }
 
-    /// Appends a data event for a DATA frame of `session`; dropped if the session has ended.
-    /// Returns whether it was logged.
-    pub fn data(&self, session: &Session, payload: Bytes) -> bool {
+    /// Appends a data event for a DATA frame of `session` (an MQTT PUBLISH: with its
+    /// `topic`); dropped if the session has ended. Returns whether it was logged.
+    pub fn data(&self, session: &Session, payload: Bytes, topic: Option<Arc<str>>) -> bool {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         if !session.is_live() {
             return false;
         }
         if let Some(sink) = &self.sink {
-            sink.data(session, &payload, at_ms);
+            sink.data(session, &payload, topic.as_deref(), at_ms);
             self.metrics.event("data");
             return true;
         }
-        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::Data(payload) });
+        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::Data { payload, topic } });
         self.appended_done(inner);
         true
     }
@@ -548,9 +551,9 @@ mod tests {
         let start = log.last_id();
         let s = Session::new(7, 1, 0, crate::presence::Handle::NONE);
         log.login([], &s, true);
-        assert!(log.data(&s, Bytes::from_static(b"hi")));
+        assert!(log.data(&s, Bytes::from_static(b"hi"), None));
         s.end(CloseReason::Logout);
-        assert!(!log.data(&s, Bytes::from_static(b"late")), "no data after the end");
+        assert!(!log.data(&s, Bytes::from_static(b"late"), None), "no data after the end");
         log.report_ends([&s]);
         log.report_ends([&s]);
         let batch = log.read(start);
@@ -607,7 +610,7 @@ mod tests {
         let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
         log.login([], &s, true);
         for _ in 0..5 {
-            log.data(&s, Bytes::from_static(b"x"));
+            log.data(&s, Bytes::from_static(b"x"), None);
         }
         let batch = log.read(start);
         // The n-th entry's id, when no user-level event follows it.
@@ -639,7 +642,7 @@ mod tests {
         let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
         log.login([], &s, true);
         for _ in 0..5 {
-            log.data(&s, Bytes::from_static(b"abcd"));
+            log.data(&s, Bytes::from_static(b"abcd"), None);
         }
         assert_eq!(log.len(), 2, "two 4-byte payloads fit in 10 bytes");
     }

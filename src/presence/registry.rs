@@ -799,7 +799,7 @@ mod tests {
                         proptest::prop_assert!(replaced, "the uid's last session ended with no user_offline: {:?}", e);
                     }
                 }
-                What::UserOnline | What::UserOffline { .. } | What::Data(_) => {}
+                What::UserOnline | What::UserOffline { .. } | What::Data { .. } => {}
             }
         }
         for uid in 0..3 {

@@ -119,14 +119,9 @@ impl Machine {
                 Ok(())
             }
             (Some(_), Frame::Data(payload)) => {
-                let now = self.activity()?;
-                self.data_allowed(now)?;
-                if let Some(session) = &self.session {
-                    // Copied to a buffer of its own size: the frame's bytes live in the
-                    // worker's read buffer, which the log must not keep alive.
-                    self.gateway.registry.events().data(session, Bytes::copy_from_slice(&payload));
-                }
-                Ok(())
+                // Copied to a buffer of its own size: the frame's bytes live in the worker's
+                // read buffer, which the log must not keep alive.
+                self.data(Bytes::copy_from_slice(&payload), None)
             }
             (Some(_), Frame::Logout) => Err((CloseReason::Logout, String::new())),
             (None, Frame::Ping(_) | Frame::Data(_) | Frame::Logout) => {
@@ -136,6 +131,25 @@ impl Machine {
                 Err((CloseReason::ProtocolError, "gateway-to-client frame kind sent by a client".into()))
             }
         }
+    }
+
+    /// An MQTT PUBLISH: a DATA on `topic`, its payload already in a buffer of its own.
+    pub(crate) fn on_publish(&mut self, topic: Arc<str>, payload: Bytes) -> Result<(), Close> {
+        if self.session.is_none() {
+            return Err((CloseReason::ProtocolError, "PUBLISH before CONNECT".into()));
+        }
+        self.gateway.metrics.frame(&Frame::Data(Bytes::new()));
+        self.data(payload, Some(topic))
+    }
+
+    /// A DATA of the logged-in session: activity, the rate, the event log.
+    fn data(&mut self, payload: Bytes, topic: Option<Arc<str>>) -> Result<(), Close> {
+        let now = self.activity()?;
+        self.data_allowed(now)?;
+        if let Some(session) = &self.session {
+            self.gateway.registry.events().data(session, payload, topic);
+        }
+        Ok(())
     }
 
     /// Something from the client that is not a frame but shows it is there (a WebSocket

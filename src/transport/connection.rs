@@ -79,12 +79,17 @@ pub(crate) enum Input {
     Frame(Frame),
     /// Something that is not a frame but shows the client is there (a WebSocket ping).
     Activity,
+    /// An MQTT PUBLISH: a DATA on a topic.
+    Publish { topic: std::sync::Arc<str>, payload: bytes::Bytes },
 }
 
 /// How a door's plaintext becomes frames and frames become plaintext.
 pub(crate) trait Framing {
     /// WebSocket messages (else length-prefixed frames): with the layer, names the door.
     const WEBSOCKET: bool;
+
+    /// MQTT packets: with the layer, names the door.
+    const MQTT: bool = false;
 
     /// The next unit at the front of `src`, taken off it; `None` until one has arrived.
     /// Whatever the framing must answer by itself (a WebSocket pong, the upgrade's 101) is
@@ -93,6 +98,10 @@ pub(crate) trait Framing {
 
     /// Appends `frame` to `out` as this door sends it.
     fn encode(&mut self, frame: &Frame, out: &mut BytesMut);
+
+    /// The unit decoded last was taken by the protocol machine: appends what the door says
+    /// to that (an MQTT PUBACK, once the DATA is in the event log).
+    fn accepted(&mut self, _out: &mut BytesMut) {}
 
     /// The longest frame it accepts: the bound on unread replies derives from it.
     fn max_frame_bytes(&self) -> u32;
@@ -152,11 +161,13 @@ fn unsent(held: &mut Held) -> &mut BytesMut {
 
 impl<L: Layer, F: Framing> Connection<L, F> {
     /// The door this connection came in by: known from its types, so no connection stores it.
-    pub(crate) const TRANSPORT: Transport = match (L::CLEAR, F::WEBSOCKET) {
-        (true, false) => Transport::Tcp,
-        (false, false) => Transport::Tls,
-        (true, true) => Transport::Ws,
-        (false, true) => Transport::Wss,
+    pub(crate) const TRANSPORT: Transport = match (L::CLEAR, F::WEBSOCKET, F::MQTT) {
+        (true, _, true) => Transport::Mqtt,
+        (false, _, true) => Transport::Mqtts,
+        (true, false, false) => Transport::Tcp,
+        (false, false, false) => Transport::Tls,
+        (true, true, false) => Transport::Ws,
+        (false, true, false) => Transport::Wss,
     };
 
     pub(crate) fn new(stream: TcpStream, layer: L, framing: F) -> Self {
@@ -322,6 +333,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     ) -> Result<(), Close> {
         while let Some(input) = self.framing.decode(src, out)? {
             on_input(input, &mut Encoded { framing: &mut self.framing, out })?;
+            self.framing.accepted(out);
         }
         Ok(())
     }

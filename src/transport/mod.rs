@@ -4,6 +4,7 @@
 
 mod connection;
 mod drive;
+mod mqtt;
 mod records;
 mod tcp;
 mod tls;
@@ -20,14 +21,18 @@ use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES, TLS_ALPN};
 pub use ws::{accept_key, WsPolicy};
 
 /// What every door but plain TCP needs to open a connection, built once at start.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Doors {
     /// The TLS door's configuration (`--tls-cert`, `--tls-key`).
     tls: Option<Arc<ServerConfig>>,
     /// The WSS door's: the same identity, offering HTTP/1.1 for the upgrade.
     wss: Option<Arc<ServerConfig>>,
+    /// The MQTTS door's: the same identity, offering `mqtt`.
+    mqtts: Option<Arc<ServerConfig>>,
     /// Who may upgrade to WebSocket.
     ws: Arc<WsPolicy>,
+    /// What every MQTT connection shares.
+    mqtt: Arc<mqtt::MqttPolicy>,
 }
 
 impl Doors {
@@ -37,7 +42,11 @@ impl Doors {
         Doors {
             tls: identity.map(|id| handing_over_keys(id.server_config(&[TLS_ALPN]))),
             wss: identity.map(|id| handing_over_keys(id.server_config(&[b"http/1.1"]))),
+            // MQTT clients rarely offer ALPN; those that do say "mqtt" (a client offering
+            // none is served whatever the server lists).
+            mqtts: identity.map(|id| handing_over_keys(id.server_config(&[b"mqtt"]))),
             ws: Arc::new(WsPolicy { allowed_origins: config.ws_allowed_origins.clone() }),
+            mqtt: Arc::new(mqtt::MqttPolicy::new(config)),
         }
     }
 
@@ -74,6 +83,19 @@ impl Doors {
             Transport::Wss => {
                 let Some(layer) = secure(&self.wss) else { return false };
                 tokio::spawn(drive::serve(stream, layer, websocket(), gateway, permit));
+            }
+            Transport::Mqtt => {
+                tokio::spawn(drive::serve(
+                    stream,
+                    tcp::Plain,
+                    mqtt::Mqtt::new(max, self.mqtt.clone()),
+                    gateway,
+                    permit,
+                ));
+            }
+            Transport::Mqtts => {
+                let Some(layer) = secure(&self.mqtts) else { return false };
+                tokio::spawn(drive::serve(stream, layer, mqtt::Mqtt::new(max, self.mqtt.clone()), gateway, permit));
             }
         }
         true

@@ -31,9 +31,12 @@ pub struct TestServer {
     pub api: SocketAddr,
     /// The WebSocket door (`--ws-listen`).
     pub ws: SocketAddr,
+    /// The MQTT door (`--mqtt-listen`).
+    pub mqtt: SocketAddr,
     /// The TLS doors, when the config has an identity.
     pub tls: Option<SocketAddr>,
     pub wss: Option<SocketAddr>,
+    pub mqtts: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -63,16 +66,28 @@ impl TestServer {
         // Every door is open: the WebSocket one always, the TLS ones with an identity.
         let ws = bind(old.map(|o| o.ws)).await;
         let ws_addr = ws.local_addr().unwrap();
+        let mqtt = bind(old.map(|o| o.mqtt)).await;
+        let mqtt_addr = mqtt.local_addr().unwrap();
         let secure = config.tls.is_some();
         let tls = if secure { Some(bind(old.and_then(|o| o.tls)).await) } else { None };
         let wss = if secure { Some(bind(old.and_then(|o| o.wss)).await) } else { None };
+        let mqtts = if secure { Some(bind(old.and_then(|o| o.mqtts)).await) } else { None };
+        let mqtts_addr = mqtts.as_ref().map(|l| l.local_addr().unwrap());
         let tls_addr = tls.as_ref().map(|l| l.local_addr().unwrap());
         let wss_addr = wss.as_ref().map(|l| l.local_addr().unwrap());
         let server = Server::new(config);
         let metrics = server.metrics();
         let (stop, stopped) = oneshot::channel::<()>();
-        let listeners =
-            Listeners { admin: Some(admin), api: Some(api), tls, ws: Some(ws), wss, ..Listeners::clients(listener) };
+        let listeners = Listeners {
+            admin: Some(admin),
+            api: Some(api),
+            tls,
+            ws: Some(ws),
+            wss,
+            mqtt: Some(mqtt),
+            mqtts,
+            ..Listeners::clients(listener)
+        };
         let task = tokio::spawn(server.run(listeners, async move {
             let _ = stopped.await;
         }));
@@ -81,8 +96,10 @@ impl TestServer {
             admin: admin_addr,
             api: api_addr,
             ws: ws_addr,
+            mqtt: mqtt_addr,
             tls: tls_addr,
             wss: wss_addr,
+            mqtts: mqtts_addr,
             metrics,
             stop: Some(stop),
             task: Some(task),

@@ -66,6 +66,7 @@ impl DoorClient {
                 assert_eq!(response.status(), 101);
                 DoorClient { inner: Inner::Ws(Box::new(ws)) }
             }
+            Transport::Mqtt | Transport::Mqtts => panic!("an MQTT door speaks MQTT: use an MQTT client"),
         }
     }
 

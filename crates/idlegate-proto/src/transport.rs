@@ -11,13 +11,18 @@ pub enum Transport {
     Ws,
     /// WebSocket inside TLS (`--wss-listen`).
     Wss,
+    /// MQTT 3.1.1 and 5 (`--mqtt-listen`).
+    Mqtt,
+    /// MQTT inside TLS (`--mqtts-listen`).
+    Mqtts,
 }
 
 // === impl Transport ===
 
 impl Transport {
     /// Every transport, in the order metrics list them.
-    pub const ALL: [Transport; 4] = [Transport::Tcp, Transport::Tls, Transport::Ws, Transport::Wss];
+    pub const ALL: [Transport; 6] =
+        [Transport::Tcp, Transport::Tls, Transport::Ws, Transport::Wss, Transport::Mqtt, Transport::Mqtts];
 
     /// The `transport` label of metrics and the status page.
     pub fn label(self) -> &'static str {
@@ -26,6 +31,8 @@ impl Transport {
             Transport::Tls => "tls",
             Transport::Ws => "ws",
             Transport::Wss => "wss",
+            Transport::Mqtt => "mqtt",
+            Transport::Mqtts => "mqtts",
         }
     }
 
@@ -36,12 +43,12 @@ impl Transport {
 
     /// Whether its bytes travel inside TLS.
     pub fn is_tls(self) -> bool {
-        matches!(self, Transport::Tls | Transport::Wss)
+        matches!(self, Transport::Tls | Transport::Wss | Transport::Mqtts)
     }
 
     /// Whether it opens with a handshake of its own before the first LOGIN can arrive.
     pub fn has_handshake(self) -> bool {
-        self != Transport::Tcp
+        self.is_tls() || self == Transport::Ws
     }
 }
 

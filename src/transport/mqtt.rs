@@ -1,0 +1,577 @@
+//! The MQTT door (`--mqtt-listen`): MQTT 3.1.1 and 5.0 clients, unchanged, as sessions of
+//! the same protocol machine every door drives.
+//!
+//! CONNECT is the LOGIN (username: the uid in decimal, password: the token, client
+//! identifier: the device), PINGREQ the PING, PUBLISH (QoS 0 or 1) the DATA, DISCONNECT the
+//! LOGOUT; SUBSCRIBE and UNSUBSCRIBE are answered here and decide which pushes the session
+//! receives, as QoS 0 PUBLISHes on the push topic. The gateway's frames go out as the
+//! version's packets: WELCOME as CONNACK (MQTT 5 with the Server Keep Alive the window
+//! needs), PONG as PINGRESP, a BYE before the session as a refusing CONNACK, after it as
+//! MQTT 5's DISCONNECT with the matching reason code (3.1.1 has none: the socket closes).
+//!
+//! Client packets are decoded with `mqtt5-protocol` (CONNECT's and PUBLISH's properties,
+//! SUBSCRIBE's options); the few the gateway sends are written here, byte for byte, because
+//! the crate encodes through a temporary buffer per packet and maps a 3.1.1 refusal it has no
+//! code for to MQTT 5's 0x87, which a 3.1.1 client cannot read.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
+use mqtt5_protocol::QoS;
+
+use crate::proto::{CloseReason, Device, Frame};
+use crate::protocol::Close;
+use crate::transport::connection::{Framing, Input};
+
+/// MQTT's protocol levels.
+const LEVEL_311: u8 = 4;
+const LEVEL_5: u8 = 5;
+
+/// Longest CONNECT read before a session: the LOGIN's own bound (a 512-byte token, a
+/// 32-byte device) plus room for MQTT's framing, a will of a few hundred bytes and MQTT 5's
+/// properties. A connection that has not logged in costs at most this much.
+const MAX_CONNECT_BYTES: u32 = 2 * 1024;
+
+/// Control packet types (the high nibble of the first byte) the gateway writes.
+mod packet {
+    pub const CONNACK: u8 = 0x20;
+    pub const PUBLISH: u8 = 0x30;
+    pub const PUBACK: u8 = 0x40;
+    pub const SUBACK: u8 = 0x90;
+    pub const UNSUBACK: u8 = 0xB0;
+    pub const PINGRESP: u8 = 0xD0;
+    pub const DISCONNECT: u8 = 0xE0;
+}
+
+/// MQTT 3.1.1 CONNACK return codes (3.2.2.3).
+mod code311 {
+    pub const IDENTIFIER_REJECTED: u8 = 0x02;
+    pub const SERVER_UNAVAILABLE: u8 = 0x03;
+    pub const BAD_USERNAME_OR_PASSWORD: u8 = 0x04;
+    pub const NOT_AUTHORIZED: u8 = 0x05;
+}
+
+/// MQTT 5 reason codes (2.4) the gateway sends.
+mod code5 {
+    pub const MALFORMED_PACKET: u8 = 0x81;
+    pub const PROTOCOL_ERROR: u8 = 0x82;
+    pub const CLIENT_IDENTIFIER_NOT_VALID: u8 = 0x85;
+    pub const BAD_USERNAME_OR_PASSWORD: u8 = 0x86;
+    pub const SERVER_BUSY: u8 = 0x89;
+    pub const SERVER_SHUTTING_DOWN: u8 = 0x8B;
+    pub const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
+    pub const SESSION_TAKEN_OVER: u8 = 0x8E;
+    pub const QUOTA_EXCEEDED: u8 = 0x97;
+    pub const QOS_NOT_SUPPORTED: u8 = 0x9B;
+    /// SUBACK: granted QoS 0.
+    pub const GRANTED_QOS_0: u8 = 0x00;
+}
+
+/// MQTT 5 property identifiers the gateway writes.
+mod property {
+    pub const SERVER_KEEP_ALIVE: u8 = 0x13;
+    pub const REASON_STRING: u8 = 0x1F;
+    pub const RETAIN_AVAILABLE: u8 = 0x25;
+    pub const MAXIMUM_QOS: u8 = 0x24;
+    pub const SHARED_SUBSCRIPTION_AVAILABLE: u8 = 0x2A;
+}
+
+/// What every MQTT connection of a gateway shares, built once at start.
+#[derive(Debug)]
+pub(crate) struct MqttPolicy {
+    /// The topic pushes go out on (`--mqtt-push-topic`).
+    pub push_topic: Arc<str>,
+    /// MQTT 5's Server Keep Alive, in seconds: a third of the timeout, so a client that
+    /// pings a second or two late is still inside the window.
+    pub server_keep_alive: u16,
+    /// The longest keepalive a 3.1.1 client may ask for, in seconds: one that pings at most
+    /// this long after its last packet, even two seconds late, is never expired.
+    pub max_keep_alive_311: u16,
+}
+
+/// Seconds a 3.1.1 client may ping late and still count as following its keepalive: paho
+/// pings a second after the keepalive, and a loaded machine adds another.
+const LATE_PING_SECS: u64 = 2;
+
+// === impl MqttPolicy ===
+
+impl MqttPolicy {
+    pub(crate) fn new(config: &crate::config::Config) -> MqttPolicy {
+        let secs = |d: std::time::Duration| u16::try_from(d.as_secs()).unwrap_or(u16::MAX);
+        // Offline after more than timeout - tick of silence: a client pinging every k s,
+        // LATE_PING_SECS late, stays inside while k + LATE_PING_SECS < timeout - tick.
+        let window = config.timeout.saturating_sub(config.tick).as_secs();
+        MqttPolicy {
+            push_topic: Arc::from(config.mqtt_push_topic.as_str()),
+            server_keep_alive: secs(config.timeout / 3).max(1),
+            max_keep_alive_311: u16::try_from(window.saturating_sub(LATE_PING_SECS + 1)).unwrap_or(u16::MAX),
+        }
+    }
+}
+
+/// One MQTT connection's state: its version once CONNECT arrived, its subscriptions, and a
+/// PUBACK owed.
+pub(crate) struct Mqtt {
+    policy: Arc<MqttPolicy>,
+    max_packet_bytes: u32,
+    /// 0 before CONNECT, then the client's protocol level.
+    version: u8,
+    /// CONNACK accepted the session: a BYE is now a DISCONNECT, no longer a CONNACK.
+    welcomed: bool,
+    /// The connection's last packet (a refusing CONNACK, a DISCONNECT) is written: the BYE
+    /// that follows adds nothing.
+    answered: bool,
+    /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
+    owed_ack: Option<u16>,
+    /// The client's topic filters: a boxed slice, which allocates nothing while empty and
+    /// is rebuilt on the rare SUBSCRIBE or UNSUBSCRIBE.
+    filters: Box<[String]>,
+}
+
+// === impl Mqtt ===
+
+impl Mqtt {
+    pub(crate) fn new(max_packet_bytes: u32, policy: Arc<MqttPolicy>) -> Mqtt {
+        Mqtt {
+            policy,
+            max_packet_bytes,
+            version: 0,
+            welcomed: false,
+            answered: false,
+            owed_ack: None,
+            filters: Box::default(),
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        if self.version == 0 {
+            MAX_CONNECT_BYTES.min(self.max_packet_bytes)
+        } else {
+            self.max_packet_bytes
+        }
+    }
+
+    /// Whether a push goes to this session: a subscription matches the push topic.
+    fn subscribed(&self) -> bool {
+        self.filters.iter().any(|f| matches(&self.policy.push_topic, f))
+    }
+
+    /// The LOGIN a CONNECT stands for, or the refusal (a CONNACK in `out`, then the close).
+    fn connect(
+        &mut self,
+        connect: &mqtt5_protocol::packet::connect::ConnectPacket,
+        out: &mut BytesMut,
+    ) -> Result<Frame, Close> {
+        let version = connect.protocol_version;
+        if version != LEVEL_311 && version != LEVEL_5 {
+            // An unknown level's client reads a 3.1.1 CONNACK (3.1.2.2).
+            put_connack(out, LEVEL_311, 0x01, &[]);
+            self.answered = true;
+            return Err((
+                CloseReason::ProtocolError,
+                format!("MQTT protocol level {version}: 4 (3.1.1) and 5 are served"),
+            ));
+        }
+        self.version = version;
+        let uid = connect.username.as_deref().and_then(|u| u.parse::<u64>().ok());
+        let Some(uid) = uid else {
+            let code =
+                if version == LEVEL_5 { code5::BAD_USERNAME_OR_PASSWORD } else { code311::BAD_USERNAME_OR_PASSWORD };
+            put_connack(out, version, code, b"the username must be the uid, in decimal");
+            self.answered = true;
+            return Err((CloseReason::AuthFailed, "CONNECT username is not a uid".into()));
+        };
+        let client_id = connect.client_id.as_bytes();
+        let device = match if client_id.is_empty() { Ok(Device::DEFAULT) } else { Device::parse(client_id) } {
+            Ok(device) => device,
+            Err(e) => {
+                let code =
+                    if version == LEVEL_5 { code5::CLIENT_IDENTIFIER_NOT_VALID } else { code311::IDENTIFIER_REJECTED };
+                put_connack(out, version, code, e.to_string().as_bytes());
+                self.answered = true;
+                return Err((CloseReason::ProtocolError, format!("CONNECT client identifier: {e}")));
+            }
+        };
+        if version == LEVEL_311 && !(1..=self.policy.max_keep_alive_311).contains(&connect.keep_alive) {
+            // A 3.1.1 client cannot be told another keepalive: accepting it would expire a
+            // client that follows the spec (keepalive 0 never pings at all).
+            put_connack(out, version, code311::NOT_AUTHORIZED, &[]);
+            self.answered = true;
+            return Err((
+                CloseReason::ProtocolError,
+                format!(
+                    "MQTT 3.1.1 keepalive {} s outside 1..={} s",
+                    connect.keep_alive, self.policy.max_keep_alive_311
+                ),
+            ));
+        }
+        let token = Bytes::from(connect.password.clone().unwrap_or_default());
+        Ok(Frame::Login { uid, token, device })
+    }
+}
+
+impl Framing for Mqtt {
+    const WEBSOCKET: bool = false;
+    const MQTT: bool = true;
+
+    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
+        let Some((at, len)) = header(src).map_err(|why| self.malformed(out, &why))? else {
+            src.reserve(8);
+            return Ok(None);
+        };
+        if len > self.limit() as usize {
+            let why = format!("packet of {len} bytes over the limit of {}", self.limit());
+            return Err(self.malformed(out, &why));
+        }
+        if src.len() < at + len {
+            src.reserve((at + len - src.len()).min(src.len().max(64)));
+            return Ok(None);
+        }
+        let mut whole = src.split_to(at + len);
+        let fixed = FixedHeader::decode(&mut whole).map_err(|e| self.malformed(out, &e.to_string()))?;
+        if fixed.packet_type == PacketType::PingReq {
+            return Ok(Some(Input::Frame(Frame::Ping(Bytes::new()))));
+        }
+        let level = if self.version == 0 { LEVEL_5 } else { self.version };
+        let packet = Packet::decode_from_body_with_version(fixed.packet_type, &fixed, &mut whole, level)
+            .map_err(|e| self.malformed(out, &e.to_string()))?;
+        match (self.version, packet) {
+            (0, Packet::Connect(connect)) => self.connect(&connect, out).map(|f| Some(Input::Frame(f))),
+            (0, _) => Err((CloseReason::ProtocolError, "CONNECT must be the first packet".into())),
+            (_, Packet::Connect(_)) => Err(self.refuse(out, code5::PROTOCOL_ERROR, "a second CONNECT")),
+            (_, Packet::Publish(publish)) => match publish.qos {
+                QoS::ExactlyOnce => Err(self.refuse(out, code5::QOS_NOT_SUPPORTED, "QoS 2 is not offered")),
+                qos => {
+                    if qos == QoS::AtLeastOnce {
+                        self.owed_ack = publish.packet_id;
+                    }
+                    let topic = std::sync::Arc::from(publish.topic_name.as_str());
+                    Ok(Some(Input::Publish { topic, payload: Bytes::from(publish.payload) }))
+                }
+            },
+            (_, Packet::Subscribe(subscribe)) => {
+                let mut filters = std::mem::take(&mut self.filters).into_vec();
+                for filter in &subscribe.filters {
+                    if !filters.contains(&filter.filter) {
+                        filters.push(filter.filter.clone());
+                    }
+                }
+                self.filters = filters.into_boxed_slice();
+                put_suback(out, self.version, packet::SUBACK, subscribe.packet_id, subscribe.filters.len());
+                Ok(Some(Input::Activity))
+            }
+            (_, Packet::Unsubscribe(unsubscribe)) => {
+                let mut filters = std::mem::take(&mut self.filters).into_vec();
+                filters.retain(|f| !unsubscribe.filters.contains(f));
+                self.filters = filters.into_boxed_slice();
+                put_suback(out, self.version, packet::UNSUBACK, unsubscribe.packet_id, unsubscribe.filters.len());
+                Ok(Some(Input::Activity))
+            }
+            (_, Packet::Disconnect(_)) => Ok(Some(Input::Frame(Frame::Logout))),
+            // Acknowledgements of QoS the gateway never sends, AUTH: nothing to do, but the
+            // client is there.
+            (_, Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubRel(_) | Packet::PubComp(_) | Packet::Auth(_)) => {
+                Ok(Some(Input::Activity))
+            }
+            (_, other) => {
+                let why = format!("a client does not send {}", other_type(&other));
+                Err(self.refuse(out, code5::PROTOCOL_ERROR, &why))
+            }
+        }
+    }
+
+    fn accepted(&mut self, out: &mut BytesMut) {
+        if let Some(id) = self.owed_ack.take() {
+            out.put_slice(&[packet::PUBACK, 2]);
+            out.put_u16(id);
+        }
+    }
+
+    fn encode(&mut self, frame: &Frame, out: &mut BytesMut) {
+        match frame {
+            Frame::Welcome { .. } => {
+                let mut props = BytesMut::new();
+                if self.version == LEVEL_5 {
+                    props.put_u8(property::SERVER_KEEP_ALIVE);
+                    props.put_u16(self.policy.server_keep_alive);
+                    // What the door does not offer, said up front.
+                    props.put_slice(&[property::MAXIMUM_QOS, 1, property::RETAIN_AVAILABLE, 0]);
+                    props.put_slice(&[property::SHARED_SUBSCRIPTION_AVAILABLE, 0]);
+                }
+                put_connack_props(out, self.version, 0, &props);
+                self.welcomed = true;
+            }
+            Frame::Pong(_) => out.put_slice(&[packet::PINGRESP, 0]),
+            Frame::Push(payload) if self.subscribed() => {
+                let topic = self.policy.push_topic.as_bytes();
+                let properties = usize::from(self.version == LEVEL_5);
+                put_header(out, packet::PUBLISH, 2 + topic.len() + properties + payload.len());
+                put_str(out, topic);
+                if properties == 1 {
+                    out.put_u8(0);
+                }
+                out.put_slice(payload);
+            }
+            Frame::Push(_) => {}
+            Frame::Bye { reason, text } => self.bye(*reason, text, out),
+            // Client frames never come back out.
+            Frame::Login { .. } | Frame::Ping(_) | Frame::Data(_) | Frame::Logout => {}
+        }
+    }
+
+    fn max_frame_bytes(&self) -> u32 {
+        self.max_packet_bytes
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+impl Mqtt {
+    /// The gateway's BYE as this version says it: a refusing CONNACK before the session,
+    /// MQTT 5's DISCONNECT after it, nothing for 3.1.1 (its server closes without a word).
+    fn bye(&mut self, reason: CloseReason, text: &str, out: &mut BytesMut) {
+        if self.answered {
+            return;
+        }
+        self.answered = true;
+        let v5 = self.version == LEVEL_5;
+        if !self.welcomed {
+            let code = match (v5, reason) {
+                (true, CloseReason::AuthFailed) => code5::BAD_USERNAME_OR_PASSWORD,
+                (true, CloseReason::ServerFull) => code5::SERVER_BUSY,
+                (true, CloseReason::Shutdown) => code5::SERVER_SHUTTING_DOWN,
+                (true, _) => code5::PROTOCOL_ERROR,
+                (false, CloseReason::AuthFailed) => code311::BAD_USERNAME_OR_PASSWORD,
+                (false, CloseReason::ServerFull | CloseReason::Shutdown) => code311::SERVER_UNAVAILABLE,
+                (false, _) => return,
+            };
+            // Before CONNECT there is no version to answer in: the socket just closes.
+            if self.version != 0 {
+                put_connack(out, self.version, code, text.as_bytes());
+            }
+            return;
+        }
+        if !v5 {
+            return;
+        }
+        let code = match reason {
+            CloseReason::Logout | CloseReason::Disconnect | CloseReason::NodeLost => return,
+            CloseReason::Kicked => code5::SESSION_TAKEN_OVER,
+            CloseReason::Shutdown | CloseReason::ServerFull => code5::SERVER_SHUTTING_DOWN,
+            CloseReason::IdleTimeout => code5::KEEP_ALIVE_TIMEOUT,
+            CloseReason::SlowConsumer => code5::QUOTA_EXCEEDED,
+            CloseReason::ProtocolError | CloseReason::LoginTimeout | CloseReason::AuthFailed => code5::PROTOCOL_ERROR,
+        };
+        put_disconnect(out, code, text.as_bytes());
+    }
+
+    /// A packet that cannot be read: MQTT 5 is told why (DISCONNECT 0x81); the connection
+    /// closes as a protocol error.
+    fn malformed(&mut self, out: &mut BytesMut, why: &str) -> Close {
+        self.refuse(out, code5::MALFORMED_PACKET, why)
+    }
+
+    /// Ends a connection for a client's packet: MQTT 5 gets DISCONNECT `code` (after
+    /// CONNECT) with `why` as its reason string.
+    fn refuse(&mut self, out: &mut BytesMut, code: u8, why: &str) -> Close {
+        if self.version == LEVEL_5 && self.welcomed && !self.answered {
+            put_disconnect(out, code, why.as_bytes());
+            self.answered = true;
+        }
+        (CloseReason::ProtocolError, format!("MQTT: {why}"))
+    }
+}
+
+/// Where a packet's body starts and how long it is, from its fixed header; `None` until the
+/// header has arrived.
+fn header(src: &[u8]) -> Result<Option<(usize, usize)>, String> {
+    let mut len = 0usize;
+    for (i, &byte) in src.iter().skip(1).take(4).enumerate() {
+        len |= usize::from(byte & 0x7F) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok(Some((i + 2, len)));
+        }
+    }
+    if src.len() >= 5 {
+        return Err("remaining length over four bytes".into());
+    }
+    Ok(None)
+}
+
+fn put_header(out: &mut BytesMut, first: u8, mut len: usize) {
+    out.put_u8(first);
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.put_u8(byte);
+        if len == 0 {
+            break;
+        }
+    }
+}
+
+fn put_str(out: &mut BytesMut, s: &[u8]) {
+    out.put_u16(s.len() as u16);
+    out.put_slice(s);
+}
+
+/// Properties of a reason string, if there is one (MQTT 5).
+fn reason_string(text: &[u8]) -> BytesMut {
+    let mut props = BytesMut::new();
+    if !text.is_empty() {
+        // A reason string longer than a u16 says cannot be sent; the gateway's are short.
+        let text = &text[..text.len().min(usize::from(u16::MAX))];
+        props.put_u8(property::REASON_STRING);
+        put_str(&mut props, text);
+    }
+    props
+}
+
+fn put_connack(out: &mut BytesMut, version: u8, code: u8, text: &[u8]) {
+    put_connack_props(out, version, code, &reason_string(text));
+}
+
+fn put_connack_props(out: &mut BytesMut, version: u8, code: u8, props: &[u8]) {
+    if version == LEVEL_5 {
+        let mut len_bytes = BytesMut::new();
+        put_varint(&mut len_bytes, props.len());
+        put_header(out, packet::CONNACK, 2 + len_bytes.len() + props.len());
+        out.put_slice(&[0, code]);
+        out.put_slice(&len_bytes);
+        out.put_slice(props);
+    } else {
+        out.put_slice(&[packet::CONNACK, 2, 0, code]);
+    }
+}
+
+fn put_disconnect(out: &mut BytesMut, code: u8, text: &[u8]) {
+    let props = reason_string(text);
+    let mut len_bytes = BytesMut::new();
+    put_varint(&mut len_bytes, props.len());
+    put_header(out, packet::DISCONNECT, 1 + len_bytes.len() + props.len());
+    out.put_u8(code);
+    out.put_slice(&len_bytes);
+    out.put_slice(&props);
+}
+
+/// SUBACK granting QoS 0 to each of `count` filters, or UNSUBACK (MQTT 5: success for each).
+fn put_suback(out: &mut BytesMut, version: u8, kind: u8, id: u16, count: usize) {
+    let v5 = version == LEVEL_5;
+    let codes = if kind == packet::SUBACK || v5 { count } else { 0 };
+    put_header(out, kind, 2 + usize::from(v5) + codes);
+    out.put_u16(id);
+    if v5 {
+        out.put_u8(0);
+    }
+    out.put_bytes(code5::GRANTED_QOS_0, codes);
+}
+
+fn put_varint(out: &mut BytesMut, mut value: usize) {
+    loop {
+        let mut byte = (value % 128) as u8;
+        value /= 128;
+        if value > 0 {
+            byte |= 0x80;
+        }
+        out.put_u8(byte);
+        if value == 0 {
+            break;
+        }
+    }
+}
+
+fn other_type(packet: &Packet) -> &'static str {
+    match packet {
+        Packet::ConnAck(_) => "CONNACK",
+        Packet::SubAck(_) => "SUBACK",
+        Packet::UnsubAck(_) => "UNSUBACK",
+        Packet::PingResp => "PINGRESP",
+        _ => "this packet",
+    }
+}
+
+/// Whether `topic` matches the subscription `filter` by MQTT's rules (4.7): `+` one level,
+/// `#` (last) the level it stands at and everything below; a topic starting with `$` is
+/// matched by no filter starting with a wildcard.
+pub(crate) fn matches(topic: &str, filter: &str) -> bool {
+    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+        return false;
+    }
+    let mut levels = topic.split('/');
+    let mut parts = filter.split('/').peekable();
+    while let Some(part) = parts.next() {
+        if part == "#" {
+            return parts.peek().is_none();
+        }
+        match levels.next() {
+            Some(level) if part == "+" || part == level => {}
+            _ => return false,
+        }
+    }
+    levels.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// MQTT 4.7, read plainly: level by level, recursively.
+    fn plain(topic: &[&str], filter: &[&str]) -> bool {
+        match (topic, filter) {
+            (_, ["#"]) => true,
+            ([], []) => true,
+            ([level, rest @ ..], [part, more @ ..]) if *part == "+" || part == level => plain(rest, more),
+            _ => false,
+        }
+    }
+
+    fn levels() -> impl Strategy<Value = Vec<&'static str>> {
+        proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")], 1..5)
+    }
+
+    proptest! {
+        #[test]
+        fn filters_match_as_the_plain_reading_says(
+            topic in levels(),
+            filter in proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("+"), Just("$s")], 0..4),
+            hash in any::<bool>(),
+        ) {
+            let mut filter = filter;
+            if hash || filter.is_empty() {
+                filter.push("#");
+            }
+            let (t, f) = (topic.join("/"), filter.join("/"));
+            let dollar = t.starts_with('$') && (f.starts_with('+') || f.starts_with('#'));
+            prop_assert_eq!(matches(&t, &f), plain(&topic, &filter) && !dollar, "{} against {}", t, f);
+        }
+    }
+
+    #[test]
+    fn filters_match_by_mqtt_s_rules() {
+        for (topic, filter, want) in [
+            ("idlegate/push", "idlegate/push", true),
+            ("idlegate/push", "idlegate/+", true),
+            ("idlegate/push", "#", true),
+            ("idlegate/push", "idlegate/#", true),
+            ("idlegate", "idlegate/#", true),
+            ("idlegate/push", "+/+", true),
+            ("idlegate/push", "+", false),
+            ("idlegate/push/x", "idlegate/+", false),
+            ("idlegate/push", "idlegate/push/#", true),
+            ("idlegate/push", "idlegate/pus", false),
+            ("$SYS/x", "#", false),
+            ("$SYS/x", "$SYS/#", true),
+            ("a//b", "a/+/b", true),
+        ] {
+            assert_eq!(matches(topic, filter), want, "{topic} against {filter}");
+        }
+    }
+}
