@@ -210,25 +210,31 @@ struct Logged {
 #[derive(Debug, Clone)]
 pub(crate) enum Kept {
     /// An online event; `user_online` follows when `first`.
-    Online {
-        session: u64,
-        device: Device,
-        first: bool,
-    },
+    Online { session: u64, device: Device, first: bool },
     /// An offline event; `user_offline` follows when `last`.
-    Offline {
-        session: u64,
-        device: Device,
-        reason: CloseReason,
-        last: bool,
-    },
-    Data {
-        payload: Bytes,
-        topic: Option<Arc<str>>,
-    },
+    Offline { session: u64, device: Device, reason: CloseReason, last: bool },
+    /// `bytes` holds an MQTT PUBLISH's topic (its first `topic_len` bytes, UTF-8, never
+    /// empty by MQTT's rules) before the payload; `topic_len` 0 for a DATA frame. One buffer,
+    /// not a second pointer: every connection's online event is kept, and a wider variant
+    /// would widen them all.
+    Data { bytes: Bytes, topic_len: u16 },
 }
 
 impl Kept {
+    /// A data event's compact form: the topic, if any (MQTT bounds it to a u16 length), in
+    /// front of the payload.
+    fn data(payload: Bytes, topic: Option<&str>) -> Kept {
+        match topic.filter(|t| !t.is_empty()).map(|t| &t.as_bytes()[..t.len().min(usize::from(u16::MAX))]) {
+            None => Kept::Data { bytes: payload, topic_len: 0 },
+            Some(topic) => {
+                let mut bytes = bytes::BytesMut::with_capacity(topic.len() + payload.len());
+                bytes.extend_from_slice(topic);
+                bytes.extend_from_slice(&payload);
+                Kept::Data { bytes: bytes.freeze(), topic_len: topic.len() as u16 }
+            }
+        }
+    }
+
     /// The session event's name, as [`What::name`] gives it.
     fn name(&self) -> &'static str {
         match self {
@@ -249,7 +255,11 @@ impl Logged {
             Kept::Offline { session, device, reason, .. } => {
                 What::Offline { session: *session, device: device.clone(), reason: *reason }
             }
-            Kept::Data { payload, topic } => What::Data { payload: payload.clone(), topic: topic.clone() },
+            Kept::Data { bytes, topic_len } => {
+                let at = usize::from(*topic_len);
+                let topic = (at > 0).then(|| Arc::from(String::from_utf8_lossy(&bytes[..at]).as_ref()));
+                What::Data { payload: bytes.slice(at..), topic }
+            }
         };
         Event { id, at_ms: self.at_ms, uid: self.uid, what }
     }
@@ -266,7 +276,7 @@ impl Logged {
 
     fn payload_len(&self) -> usize {
         match &self.kept {
-            Kept::Data { payload, topic } => payload.len() + topic.as_ref().map_or(0, |t| t.len()),
+            Kept::Data { bytes, .. } => bytes.len(),
             _ => 0,
         }
     }
@@ -332,18 +342,18 @@ impl EventLog {
 
     /// Appends a data event for a DATA frame of `session` (an MQTT PUBLISH: with its
     /// `topic`); dropped if the session has ended. Returns whether it was logged.
-    pub fn data(&self, session: &Session, payload: Bytes, topic: Option<Arc<str>>) -> bool {
+    pub fn data(&self, session: &Session, payload: Bytes, topic: Option<&str>) -> bool {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         if !session.is_live() {
             return false;
         }
         if let Some(sink) = &self.sink {
-            sink.data(session, &payload, topic.as_deref(), at_ms);
+            sink.data(session, &payload, topic, at_ms);
             self.metrics.event("data");
             return true;
         }
-        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::Data { payload, topic } });
+        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::data(payload, topic) });
         self.appended_done(inner);
         true
     }
@@ -645,5 +655,23 @@ mod tests {
             log.data(&s, Bytes::from_static(b"abcd"), None);
         }
         assert_eq!(log.len(), 2, "two 4-byte payloads fit in 10 bytes");
+    }
+}
+
+#[cfg(test)]
+mod footprint {
+    use super::*;
+
+    #[test]
+    fn a_kept_event_stays_small_and_a_topic_comes_back_whole() {
+        // Every logged-in connection keeps its online event: its size is per connection.
+        assert!(std::mem::size_of::<Logged>() <= 56, "{} bytes", std::mem::size_of::<Logged>());
+        let logged = |kept| Logged { at_ms: 0, uid: 1, kept };
+        let id = EventId { ms: 0, seq: 1 };
+        let with = logged(Kept::data(Bytes::from_static(b"21.5"), Some("sensors/\u{fc}"))).event(id);
+        let What::Data { payload, topic } = with.what else { panic!("{with:?}") };
+        assert_eq!((payload.as_ref(), topic.as_deref()), (&b"21.5"[..], Some("sensors/\u{fc}")));
+        let without = logged(Kept::data(Bytes::from_static(b"x"), None)).event(id);
+        assert!(matches!(without.what, What::Data { topic: None, .. }), "{without:?}");
     }
 }

@@ -139,11 +139,11 @@ impl Machine {
             return Err((CloseReason::ProtocolError, "PUBLISH before CONNECT".into()));
         }
         self.gateway.metrics.frame(&Frame::Data(Bytes::new()));
-        self.data(payload, Some(topic))
+        self.data(payload, Some(&topic))
     }
 
     /// A DATA of the logged-in session: activity, the rate, the event log.
-    fn data(&mut self, payload: Bytes, topic: Option<Arc<str>>) -> Result<(), Close> {
+    fn data(&mut self, payload: Bytes, topic: Option<&str>) -> Result<(), Close> {
         let now = self.activity()?;
         self.data_allowed(now)?;
         if let Some(session) = &self.session {
