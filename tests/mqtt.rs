@@ -281,3 +281,79 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
         node.shutdown().await;
     }
 }
+
+/// An MQTT 5 CONNECT as uid `uid`, client identifier `id`, keepalive `keep`, with a will.
+fn connect_v5_will(uid: &str, id: &str, keep: u16, topic: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x82 | 0x04];
+    body.extend_from_slice(&keep.to_be_bytes());
+    body.push(0); // no properties
+    body.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    body.extend_from_slice(id.as_bytes());
+    body.push(0); // no will properties
+    body.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    body.extend_from_slice(topic.as_bytes());
+    body.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    body.extend_from_slice(payload);
+    body.extend_from_slice(&(uid.len() as u16).to_be_bytes());
+    body.extend_from_slice(uid.as_bytes());
+    [&[0x10, body.len() as u8][..], &body].concat()
+}
+
+#[tokio::test]
+async fn a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly() {
+    let mut server = TestServer::start(config()).await;
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=offline", &[]).await;
+    let will = |topic: &str, payload: &[u8]| json!({"topic": topic, "payload": BASE64.encode(payload)});
+
+    // Silent: expired, will told.
+    let mut silent = TcpStream::connect(server.mqtt).await.unwrap();
+    silent.write_all(&connect_v5_will("21", "", 60, "status/21", b"gone\0")).await.unwrap();
+    assert_eq!(packet(&mut silent).await.unwrap()[3], 0);
+    let offline = events.expect("offline", 21).await;
+    assert_eq!(
+        (offline.data["reason"].clone(), offline.data["will"].clone()),
+        (json!("idle_timeout"), will("status/21", b"gone\0"))
+    );
+
+    // A clean DISCONNECT: a logout, no will.
+    let mut clean = TcpStream::connect(server.mqtt).await.unwrap();
+    clean.write_all(&connect_v5_will("22", "", 60, "status/22", b"x")).await.unwrap();
+    assert_eq!(packet(&mut clean).await.unwrap()[3], 0);
+    clean.write_all(&[0xE0, 0]).await.unwrap();
+    let offline = events.expect("offline", 22).await;
+    assert_eq!((offline.data["reason"].clone(), offline.data.get("will")), (json!("logout"), None));
+
+    // Taken over: the older session's will, once; the newer one's stays for its own end.
+    let mut old = TcpStream::connect(server.mqtt).await.unwrap();
+    old.write_all(&connect_v5_will("23", "d", 60, "status/23", b"old")).await.unwrap();
+    assert_eq!(packet(&mut old).await.unwrap()[3], 0);
+    let mut new = TcpStream::connect(server.mqtt).await.unwrap();
+    new.write_all(&connect_v5_will("23", "d", 60, "status/23", b"new")).await.unwrap();
+    assert_eq!(packet(&mut new).await.unwrap()[3], 0);
+    let kicked = events.expect("offline", 23).await;
+    assert_eq!(
+        (kicked.data["reason"].clone(), kicked.data["will"].clone()),
+        (json!("kicked"), will("status/23", b"old"))
+    );
+    drop(new);
+    let dropped = events.expect("offline", 23).await;
+    assert_eq!(
+        (dropped.data["reason"].clone(), dropped.data["will"].clone()),
+        (json!("disconnect"), will("status/23", b"new"))
+    );
+    server.shutdown().await;
+
+    // In a cluster: the will travels through the shared stream.
+    let Some(redis) = common::redis::RedisServer::start().await else { return };
+    let nodes = common::cluster::gateways(&redis.url(), &["a", "b"]).await;
+    let (_, mut from_b) = Sse::open(nodes[1].api, "/v1/events?types=offline", &[]).await;
+    let mut client = TcpStream::connect(nodes[0].mqtt).await.unwrap();
+    client.write_all(&connect_v5_will("24", "", 60, "status/24", b"a|b\0c")).await.unwrap();
+    assert_eq!(packet(&mut client).await.unwrap()[3], 0);
+    drop(client);
+    let offline = from_b.expect("offline", 24).await;
+    assert_eq!(offline.data["will"], will("status/24", b"a|b\0c"));
+    for mut node in nodes {
+        node.shutdown().await;
+    }
+}

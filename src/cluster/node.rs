@@ -18,7 +18,7 @@ use crate::cluster::queue::{Op, Queue};
 use crate::cluster::shared::Cluster;
 use crate::metrics::Metrics;
 use crate::presence::EventSink;
-use crate::presence::Session;
+use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
 /// How often `leave` looks whether the writer has finished.
@@ -118,9 +118,10 @@ impl EventSink for Forward {
         self.push(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms });
     }
 
-    fn offline(&self, session: &Session, reason: CloseReason, last: bool, at_ms: u64) {
+    fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64) {
         let device = session.device().clone();
-        self.push(Op::Offline { uid: session.uid(), session: session.id(), device, reason, last, at_ms });
+        let (uid, id, will) = (session.uid(), session.id(), will.map(|w| Box::new(w.clone())));
+        self.push(Op::Offline { uid, session: id, device, reason, last, will, at_ms });
     }
 
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) {

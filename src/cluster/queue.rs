@@ -22,6 +22,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use crate::presence::Will;
 use crate::proto::{CloseReason, Device};
 
 /// One session change.
@@ -33,7 +34,16 @@ pub(crate) enum Op {
     Online { uid: u64, session: u64, device: Device, first: bool, since_ms: u64, at_ms: u64 },
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
-    Offline { uid: u64, session: u64, device: Device, reason: CloseReason, last: bool, at_ms: u64 },
+    /// An MQTT session's will rides along.
+    Offline {
+        uid: u64,
+        session: u64,
+        device: Device,
+        reason: CloseReason,
+        last: bool,
+        will: Option<Box<Will>>,
+        at_ms: u64,
+    },
     /// A DATA frame of the session on `device` (an MQTT PUBLISH: with its topic).
     Data { uid: u64, session: u64, device: Device, payload: Bytes, topic: Option<Box<str>>, at_ms: u64 },
 }
@@ -205,7 +215,15 @@ mod tests {
     }
 
     fn offline(uid: u64, session: u64) -> Op {
-        Op::Offline { uid, session, device: Device::DEFAULT, reason: CloseReason::Logout, last: true, at_ms: 0 }
+        Op::Offline {
+            uid,
+            session,
+            device: Device::DEFAULT,
+            reason: CloseReason::Logout,
+            last: true,
+            will: None,
+            at_ms: 0,
+        }
     }
 
     #[test]

@@ -119,6 +119,8 @@ end
 ///   anywhere (a plain `E` is a session a login of the same uid replaced);
 /// - `D uid session payload at device`: a DATA frame, logged only while its session is held;
 ///   `D|<topic>` for an MQTT PUBLISH, whose topic goes in the event as `tp`.
+/// - An `E` (or `E1`) may carry an MQTT will after a `|`: its topic, 0x00, its payload, for
+///   the offline event's `wt` and `wp`.
 ///
 /// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
 /// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -148,8 +150,14 @@ local function count(uid, by)
 end
 for i = 8, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  -- What rides after a '|' in the kind: a data event's topic, an offline event's will.
+  local extra = nil
+  local bar = string.find(kind, '|', 1, true)
+  if bar then
+    extra = string.sub(kind, bar + 1)
+    kind = string.sub(kind, 1, bar - 1)
+  end
   local user = string.sub(kind, 2) == '1'
-  local topic = string.sub(kind, 1, 2) == 'D|' and string.sub(kind, 3) or nil
   kind = string.sub(kind, 1, 1)
   local f = field(uid, d)
   if kind == 'L' then
@@ -188,15 +196,21 @@ for i = 8, #ARGV, 6 do
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
       local n = count(uid, -1)
-      ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x, 'at', at)
+      if extra then
+        local z = string.find(extra, '\0', 1, true)
+        ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x,
+          'wt', string.sub(extra, 1, z - 1), 'wp', string.sub(extra, z + 1), 'at', at)
+      else
+        ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x, 'at', at)
+      end
       if user and n <= 0 then
         ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
       end
     end
   elseif kind == 'D' then
     if redis.call('HGET', KEYS[1], f) == s then
-      if topic then
-        ev.emit('t', 'data', 'uid', uid, 'p', x, 'tp', topic, 'at', at)
+      if extra then
+        ev.emit('t', 'data', 'uid', uid, 'p', x, 'tp', extra, 'at', at)
       else
         ev.emit('t', 'data', 'uid', uid, 'p', x, 'at', at)
       end

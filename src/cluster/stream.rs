@@ -20,7 +20,7 @@ use redis::Value;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{within_batch_budget, Batch, Event, EventId, What, READ_BATCH};
+use crate::presence::{within_batch_budget, Batch, Event, EventId, What, Will, READ_BATCH};
 use crate::proto::{CloseReason, Device};
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
@@ -185,6 +185,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let (mut uid, mut session, mut at_ms) = (None, None, 0);
     let (mut reason, mut node, mut payload, mut device) = (None, None, None, None::<Device>);
     let mut topic = None;
+    let (mut will_topic, mut will_payload) = (None, None);
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -197,6 +198,8 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "node" => node = Some(Arc::<str>::from(text())),
             "p" => payload = Some(Bytes::from(bytes)),
             "tp" => topic = Some(Arc::<str>::from(text())),
+            "wt" => will_topic = Some(text().into_boxed_str()),
+            "wp" => will_payload = Some(Bytes::from(bytes)),
             // A name Redis holds was checked when its LOGIN was read; anything else reads as
             // the default device rather than losing the event.
             "d" => device = Device::parse(&bytes).ok(),
@@ -205,7 +208,10 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     }
     let what = match kind.as_deref()? {
         "online" => What::Online { session: session?, device: device.unwrap_or_default(), node },
-        "offline" => What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason? },
+        "offline" => {
+            let will = will_topic.map(|topic| Arc::new(Will { topic, payload: will_payload.unwrap_or_default() }));
+            What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will }
+        }
         "user_online" => What::UserOnline,
         "user_offline" => What::UserOffline { reason: reason? },
         "data" => What::Data { payload: payload.unwrap_or_default(), topic },
@@ -242,7 +248,10 @@ mod tests {
             ("r".into(), bulk("node_lost")),
         ];
         let Some(Entry::Event(event)) = parse("5-10", lost) else { panic!("an event") };
-        assert_eq!(event.what, What::Offline { session: 255, device: Device::DEFAULT, reason: CloseReason::NodeLost });
+        assert_eq!(
+            event.what,
+            What::Offline { session: 255, device: Device::DEFAULT, reason: CloseReason::NodeLost, will: None }
+        );
         assert!(parse("5-11", vec![("t".into(), bulk("other"))]).is_none());
         assert_eq!(parse("5-12", vec![("t".into(), bulk("epoch"))]), Some(Entry::Epoch(EventId { ms: 5, seq: 12 })));
     }

@@ -287,8 +287,14 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
                 let kind = if *first { "L1" } else { "L" };
                 cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device.as_str());
             }
-            Op::Offline { uid, session, device, reason, last, at_ms } => {
+            Op::Offline { uid, session, device, reason, last, will, at_ms } => {
                 let kind = if *last { "E1" } else { "E" };
+                // A will rides in the kind's argument, after "|": its topic, 0x00 (which no
+                // MQTT topic holds), its payload.
+                let kind: Vec<u8> = match will {
+                    Some(will) => [kind.as_bytes(), b"|", will.topic.as_bytes(), b"\0", &will.payload].concat(),
+                    None => kind.as_bytes().to_vec(),
+                };
                 let s = keys::session_hex(*session);
                 cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device.as_str());
             }
@@ -338,7 +344,7 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         if local.get(field) != Some(&session) {
             let at_ms = crate::presence::unix_ms_now();
             let reason = CloseReason::Disconnect;
-            cluster.queue.push(Op::Offline { uid, session, device, reason, last: true, at_ms });
+            cluster.queue.push(Op::Offline { uid, session, device, reason, last: true, will: None, at_ms });
             ended += 1;
         }
     }

@@ -449,12 +449,16 @@ fn format_event(out: &mut String, event: &Event, node: &str) {
             let d = device(d);
             write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at},"at_ms":{at_ms}}}"#)
         }
-        What::Offline { session, device: d, reason } => {
+        What::Offline { session, device: d, reason, will } => {
             let d = device(d);
-            write!(
-                out,
-                r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"reason":"{reason}","at_ms":{at_ms}}}"#
-            )
+            let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"reason":"{reason}""#);
+            if let Some(will) = will {
+                let topic = serde_json::Value::from(will.topic.as_ref());
+                let _ = write!(out, r#","will":{{"topic":{topic},"payload":""#);
+                BASE64.encode_string(&will.payload, out);
+                out.push_str("\"}");
+            }
+            write!(out, r#","at_ms":{at_ms}}}"#)
         }
         What::UserOnline => write!(out, r#"{{"uid":{uid},"at_ms":{at_ms}}}"#),
         What::UserOffline { reason } => write!(out, r#"{{"uid":{uid},"reason":"{reason}","at_ms":{at_ms}}}"#),

@@ -87,13 +87,21 @@ impl std::str::FromStr for EventId {
     }
 }
 
+/// An MQTT session's will: told in its `offline` event when it ends in any way but a clean
+/// DISCONNECT (a logout), once, as MQTT means it; never published to other clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Will {
+    pub topic: Box<str>,
+    pub payload: Bytes,
+}
+
 /// Where a log in a cluster sends its session changes instead of keeping them: called
 /// under the log's lock, in event order, so it must only queue, never wait.
 pub trait EventSink: Send + Sync + std::fmt::Debug {
     /// A session logged in (the first of its uid on this node when `first`).
     fn online(&self, session: &Session, first: bool, at_ms: u64);
     /// A session ended with `reason` (the last of its uid on this node when `last`).
-    fn offline(&self, session: &Session, reason: CloseReason, last: bool, at_ms: u64);
+    fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64);
     /// A live session sent a DATA frame (an MQTT PUBLISH: on `topic`).
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64);
 }
@@ -115,8 +123,9 @@ pub enum What {
     /// A LOGIN succeeded, on `device` (`None` for the default one); on `node`, or on this
     /// one when `None`.
     Online { session: u64, device: Device, node: Option<Arc<str>> },
-    /// A logged-in session ended.
-    Offline { session: u64, device: Device, reason: CloseReason },
+    /// A logged-in session ended (an MQTT session with a will: told here, unless it
+    /// logged out).
+    Offline { session: u64, device: Device, reason: CloseReason, will: Option<Arc<Will>> },
     /// The uid went from no session to one.
     UserOnline,
     /// The uid's last session ended, for `reason`.
@@ -194,6 +203,8 @@ struct Inner {
     next_seq: u64,
     /// Payload bytes held.
     bytes: usize,
+    /// The wills of live MQTT sessions, by session id: taken by their offline event.
+    wills: std::collections::HashMap<u64, Box<Will>>,
 }
 
 /// An event as the log keeps it: without its id, which its place gives, and with the
@@ -212,7 +223,8 @@ pub(crate) enum Kept {
     /// An online event; `user_online` follows when `first`.
     Online { session: u64, device: Device, first: bool },
     /// An offline event; `user_offline` follows when `last`.
-    Offline { session: u64, device: Device, reason: CloseReason, last: bool },
+    /// An MQTT session's will rides along (boxed: most sessions have none).
+    Offline { session: u64, device: Device, reason: CloseReason, last: bool, will: Option<Box<Will>> },
     /// `bytes` holds an MQTT PUBLISH's topic (its first `topic_len` bytes, UTF-8, never
     /// empty by MQTT's rules) before the payload; `topic_len` 0 for a DATA frame. One buffer,
     /// not a second pointer: every connection's online event is kept, and a wider variant
@@ -252,8 +264,9 @@ impl Logged {
             Kept::Online { session, device, .. } => {
                 What::Online { session: *session, device: device.clone(), node: None }
             }
-            Kept::Offline { session, device, reason, .. } => {
-                What::Offline { session: *session, device: device.clone(), reason: *reason }
+            Kept::Offline { session, device, reason, will, .. } => {
+                let will = will.as_deref().map(|w| Arc::new(w.clone()));
+                What::Offline { session: *session, device: device.clone(), reason: *reason, will }
             }
             Kept::Data { bytes, topic_len } => {
                 let at = usize::from(*topic_len);
@@ -288,7 +301,7 @@ impl EventLog {
     /// An empty log holding at most `capacity` events and `max_bytes` of payload.
     pub fn new(capacity: usize, max_bytes: usize, metrics: Arc<Metrics>) -> EventLog {
         EventLog {
-            inner: Mutex::new(Inner { events: VecDeque::new(), next_seq: 1, bytes: 0 }),
+            inner: Mutex::new(Inner { events: VecDeque::new(), next_seq: 1, bytes: 0, wills: Default::default() }),
             appended: Notify::new(),
             consumers: AtomicUsize::new(0),
             capacity: capacity.max(1),
@@ -356,6 +369,15 @@ impl EventLog {
         self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::data(payload, topic) });
         self.appended_done(inner);
         true
+    }
+
+    /// Keeps `will` for `session`'s offline event, if the session is still live (under the
+    /// lock its offline event is logged under, so it cannot be missed or outlive it).
+    pub fn set_will(&self, session: &Session, will: Will) {
+        let mut inner = self.lock();
+        if session.is_live() {
+            inner.wills.insert(session.id(), Box::new(will));
+        }
     }
 
     /// Announces `session` to the sink again, if it is still live: after Redis was away
@@ -483,15 +505,17 @@ impl EventLog {
         };
         if session.mark_reported() {
             let last = session.was_last();
+            // Its will, unless it logged out (a clean DISCONNECT): taken either way.
+            let will = inner.wills.remove(&session.id()).filter(|_| reason != CloseReason::Logout);
             if let Some(sink) = &self.sink {
-                sink.offline(session, reason, last, at_ms);
+                sink.offline(session, reason, last, will.as_deref(), at_ms);
                 self.metrics.event("offline");
                 if last {
                     self.metrics.event("user_offline");
                 }
                 return;
             }
-            let kept = Kept::Offline { session: session.id(), device: session.device().clone(), reason, last };
+            let kept = Kept::Offline { session: session.id(), device: session.device().clone(), reason, last, will };
             self.push(inner, Logged { at_ms, uid: session.uid(), kept });
         }
     }
@@ -571,7 +595,7 @@ mod tests {
         assert_eq!(batch.missed, 0);
         assert_eq!(
             batch.events[3].what,
-            What::Offline { session: 1, device: Device::DEFAULT, reason: CloseReason::Logout }
+            What::Offline { session: 1, device: Device::DEFAULT, reason: CloseReason::Logout, will: None }
         );
         assert!(log.read(batch.events[3].id).events.is_empty());
     }

@@ -142,6 +142,14 @@ impl Machine {
         self.data(payload, Some(&topic))
     }
 
+    /// The will of the MQTT session that just logged in: told in its offline event.
+    pub(crate) fn on_will(&mut self, will: crate::presence::Will) -> Result<(), Close> {
+        if let Some(session) = &self.session {
+            self.gateway.registry.events().set_will(session, will);
+        }
+        Ok(())
+    }
+
     /// A DATA of the logged-in session: activity, the rate, the event log.
     fn data(&mut self, payload: Bytes, topic: Option<&str>) -> Result<(), Close> {
         let now = self.activity()?;

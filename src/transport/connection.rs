@@ -81,6 +81,8 @@ pub(crate) enum Input {
     Activity,
     /// An MQTT PUBLISH: a DATA on a topic.
     Publish { topic: std::sync::Arc<str>, payload: bytes::Bytes },
+    /// The will of the MQTT session that just logged in.
+    Will(Box<crate::presence::Will>),
 }
 
 /// How a door's plaintext becomes frames and frames become plaintext.

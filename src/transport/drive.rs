@@ -133,6 +133,7 @@ fn on_input(machine: &mut Machine, input: Input, out: &mut dyn crate::protocol::
         Input::Frame(frame) => machine.on_frame(frame, out),
         Input::Activity => machine.on_activity(),
         Input::Publish { topic, payload } => machine.on_publish(topic, payload),
+        Input::Will(will) => machine.on_will(*will),
     }
 }
 

@@ -20,6 +20,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
 use mqtt5_protocol::QoS;
 
+use crate::presence::Will;
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
 use crate::transport::connection::{Framing, Input};
@@ -124,6 +125,8 @@ pub(crate) struct Mqtt {
     answered: bool,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
     owed_ack: Option<u16>,
+    /// CONNECT's will, handed over as soon as the session it belongs to exists.
+    will: Option<Box<Will>>,
     /// The client's topic filters: a boxed slice, which allocates nothing while empty and
     /// is rebuilt on the rare SUBSCRIBE or UNSUBSCRIBE.
     filters: Box<[String]>,
@@ -140,6 +143,7 @@ impl Mqtt {
             welcomed: false,
             answered: false,
             owed_ack: None,
+            will: None,
             filters: Box::default(),
         }
     }
@@ -207,6 +211,9 @@ impl Mqtt {
             ));
         }
         let token = Bytes::from(connect.password.clone().unwrap_or_default());
+        self.will = connect.will.as_ref().map(|will| {
+            Box::new(Will { topic: will.topic.as_str().into(), payload: Bytes::from(will.payload.clone()) })
+        });
         Ok(Frame::Login { uid, token, device })
     }
 }
@@ -216,6 +223,10 @@ impl Framing for Mqtt {
     const MQTT: bool = true;
 
     fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
+        // Asked again right after the LOGIN was taken: the session exists now.
+        if let Some(will) = self.will.take().filter(|_| self.welcomed) {
+            return Ok(Some(Input::Will(will)));
+        }
         let Some((at, len)) = header(src).map_err(|why| self.malformed(out, &why))? else {
             src.reserve(8);
             return Ok(None);
