@@ -6,6 +6,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use idlegate_proto::mqtt::{fixed_header, put_fixed_header, put_str};
 use idlegate_proto::{CloseReason, Device, Frame, FrameCodec};
 use tokio_util::codec::Decoder;
 
@@ -25,8 +26,6 @@ mod mqtt {
     pub const CLEAN_SESSION: u8 = 0x02;
     /// Topic the DATA load is published to; nobody subscribes.
     pub const DATA_TOPIC: &[u8] = b"idlegate/load";
-    /// Largest remaining length MQTT can express (four varint bytes).
-    pub const MAX_REMAINING: usize = 268_435_455;
 }
 
 /// Something the server said.
@@ -101,11 +100,11 @@ impl Wire {
                 };
                 let keepalive = u16::try_from(self.keepalive.as_secs()).unwrap_or(u16::MAX);
                 let mut body = BytesMut::with_capacity(12 + client_id.len());
-                put_mqtt_str(&mut body, b"MQTT");
+                put_str(&mut body, b"MQTT");
                 body.put_u8(mqtt::LEVEL_311);
                 body.put_u8(mqtt::CLEAN_SESSION);
                 body.put_u16(keepalive);
-                put_mqtt_str(&mut body, client_id.as_bytes());
+                put_str(&mut body, client_id.as_bytes());
                 put_mqtt_packet(out, mqtt::CONNECT, &body);
             }
         }
@@ -129,7 +128,7 @@ impl Wire {
             Protocol::Idlegate => self.frame(Frame::Data(Bytes::copy_from_slice(&payload)), out),
             Protocol::Mqtt => {
                 let mut body = BytesMut::with_capacity(2 + mqtt::DATA_TOPIC.len() + payload.len());
-                put_mqtt_str(&mut body, mqtt::DATA_TOPIC);
+                put_str(&mut body, mqtt::DATA_TOPIC);
                 body.put_slice(&payload);
                 put_mqtt_packet(out, mqtt::PUBLISH_QOS0, &body);
             }
@@ -197,26 +196,8 @@ impl Wire {
     }
 }
 
-fn put_mqtt_str(out: &mut BytesMut, s: &[u8]) {
-    out.put_u16(s.len() as u16);
-    out.put_slice(s);
-}
-
 fn put_mqtt_packet(out: &mut BytesMut, header: u8, body: &[u8]) {
-    debug_assert!(body.len() <= mqtt::MAX_REMAINING);
-    out.put_u8(header);
-    let mut len = body.len();
-    loop {
-        let mut byte = (len % 128) as u8;
-        len /= 128;
-        if len > 0 {
-            byte |= 0x80;
-        }
-        out.put_u8(byte);
-        if len == 0 {
-            break;
-        }
-    }
+    put_fixed_header(out, header, body.len());
     out.put_slice(body);
 }
 
@@ -287,20 +268,10 @@ fn ws_header(src: &[u8]) -> io::Result<Option<(u8, usize, usize)>> {
 
 /// Parses an MQTT fixed header: (first byte, where the body starts, body length).
 fn mqtt_header(src: &[u8]) -> io::Result<Option<(u8, usize, usize)>> {
-    let Some(&header) = src.first() else {
+    let Some(&first) = src.first() else {
         return Ok(None);
     };
-    let mut len = 0usize;
-    for (i, &byte) in src[1..].iter().take(4).enumerate() {
-        len |= usize::from(byte & 0x7F) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Ok(Some((header, i + 2, len)));
-        }
-    }
-    if src.len() >= 5 {
-        return Err(invalid("MQTT remaining length longer than four bytes"));
-    }
-    Ok(None)
+    Ok(fixed_header(src).map_err(invalid)?.map(|(at, len)| (first, at, len)))
 }
 
 fn invalid(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {

@@ -21,6 +21,7 @@ use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
 use mqtt5_protocol::QoS;
 
 use crate::presence::Will;
+use crate::proto::mqtt::{fixed_header, put_fixed_header as put_header, put_str, put_varint};
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
 use crate::transport::connection::{Framing, Input};
@@ -227,7 +228,7 @@ impl Framing for Mqtt {
         if let Some(will) = self.will.take().filter(|_| self.welcomed) {
             return Ok(Some(Input::Will(will)));
         }
-        let Some((at, len)) = header(src).map_err(|why| self.malformed(out, &why))? else {
+        let Some((at, len)) = fixed_header(src).map_err(|why| self.malformed(out, &why.to_string()))? else {
             src.reserve(8);
             return Ok(None);
         };
@@ -396,42 +397,6 @@ impl Mqtt {
     }
 }
 
-/// Where a packet's body starts and how long it is, from its fixed header; `None` until the
-/// header has arrived.
-fn header(src: &[u8]) -> Result<Option<(usize, usize)>, String> {
-    let mut len = 0usize;
-    for (i, &byte) in src.iter().skip(1).take(4).enumerate() {
-        len |= usize::from(byte & 0x7F) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Ok(Some((i + 2, len)));
-        }
-    }
-    if src.len() >= 5 {
-        return Err("remaining length over four bytes".into());
-    }
-    Ok(None)
-}
-
-fn put_header(out: &mut BytesMut, first: u8, mut len: usize) {
-    out.put_u8(first);
-    loop {
-        let mut byte = (len % 128) as u8;
-        len /= 128;
-        if len > 0 {
-            byte |= 0x80;
-        }
-        out.put_u8(byte);
-        if len == 0 {
-            break;
-        }
-    }
-}
-
-fn put_str(out: &mut BytesMut, s: &[u8]) {
-    out.put_u16(s.len() as u16);
-    out.put_slice(s);
-}
-
 /// Properties of a reason string, if there is one (MQTT 5).
 fn reason_string(text: &[u8]) -> BytesMut {
     let mut props = BytesMut::new();
@@ -481,20 +446,6 @@ fn put_suback(out: &mut BytesMut, version: u8, kind: u8, id: u16, count: usize) 
         out.put_u8(0);
     }
     out.put_bytes(code5::GRANTED_QOS_0, codes);
-}
-
-fn put_varint(out: &mut BytesMut, mut value: usize) {
-    loop {
-        let mut byte = (value % 128) as u8;
-        value /= 128;
-        if value > 0 {
-            byte |= 0x80;
-        }
-        out.put_u8(byte);
-        if value == 0 {
-            break;
-        }
-    }
 }
 
 fn other_type(packet: &Packet) -> &'static str {

@@ -1,8 +1,8 @@
 //! idlegate's wire vocabulary, shared by the gateway, its client libraries and its load
 //! tests: what a frame is (`frame`), how frames become bytes and back (`codec`, no IO),
 //! what can be wrong with them (`error`), device names (`device`), how a client sent away
-//! learns when to come back (`retry`), and the doors clients come in by (`transport`,
-//! `door`).
+//! learns when to come back (`retry`), the doors clients come in by (`transport`, `door`),
+//! and MQTT's framing for the MQTT door (`mqtt`).
 //!
 //! Nothing here knows a socket or a runtime: no tokio, no IO, only `bytes` and `thiserror`.
 //! The feature `tokio-codec` adds tokio-util's `Decoder` and `Encoder` to [`FrameCodec`].
@@ -24,6 +24,7 @@ mod device;
 mod door;
 mod error;
 mod frame;
+pub mod mqtt;
 mod retry;
 #[cfg(feature = "tokio-codec")]
 mod tokio_codec;
