@@ -132,16 +132,40 @@ async fn refusals_use_each_version_s_connack_codes() {
 
 /// An MQTT 5 CONNECT as uid `uid` (no password), client identifier `id`, keepalive `keep`.
 fn connect_v5(uid: &str, id: &str, keep: u16) -> Vec<u8> {
-    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x82];
+    connect_v5_with(uid, id, keep, None)
+}
+
+/// The same with a will of `topic` and `payload`.
+fn connect_v5_will(uid: &str, id: &str, keep: u16, topic: &str, payload: &[u8]) -> Vec<u8> {
+    connect_v5_with(uid, id, keep, Some((topic, payload)))
+}
+
+fn connect_v5_with(uid: &str, id: &str, keep: u16, will: Option<(&str, &[u8])>) -> Vec<u8> {
+    let put = |body: &mut Vec<u8>, s: &[u8]| {
+        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        body.extend_from_slice(s);
+    };
+    let flags = 0x82 | if will.is_some() { 0x04 } else { 0 };
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, flags];
     body.extend_from_slice(&keep.to_be_bytes());
     body.push(0); // no properties
-    for s in [id, uid] {
-        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
-        body.extend_from_slice(s.as_bytes());
+    put(&mut body, id.as_bytes());
+    if let Some((topic, payload)) = will {
+        body.push(0); // no will properties
+        put(&mut body, topic.as_bytes());
+        put(&mut body, payload);
     }
-    let mut packet = vec![0x10, body.len() as u8];
-    packet.extend_from_slice(&body);
-    packet
+    put(&mut body, uid.as_bytes());
+    [&[0x10, body.len() as u8][..], &body].concat()
+}
+
+/// A connection that sent `connect` and was accepted (CONNACK 0).
+async fn session(addr: std::net::SocketAddr, connect: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(connect).await.unwrap();
+    let connack = packet(&mut stream).await.expect("a CONNACK");
+    assert_eq!(connack[3], 0, "accepted: {connack:02x?}");
+    stream
 }
 
 /// Reads one whole packet (short ones: a one-byte remaining length).
@@ -179,12 +203,8 @@ async fn mqtt_5_is_told_its_keepalive_and_a_silent_client_goes_offline_in_the_wi
 #[tokio::test]
 async fn a_second_connect_of_a_client_identifier_takes_the_session_over() {
     let mut server = TestServer::start(config()).await;
-    let mut first = TcpStream::connect(server.mqtt).await.unwrap();
-    first.write_all(&connect_v5("5", "desk", 2)).await.unwrap();
-    assert_eq!(packet(&mut first).await.unwrap()[3], 0, "first accepted");
-    let mut second = TcpStream::connect(server.mqtt).await.unwrap();
-    second.write_all(&connect_v5("5", "desk", 2)).await.unwrap();
-    assert_eq!(packet(&mut second).await.unwrap()[3], 0, "second accepted");
+    let mut first = session(server.mqtt, &connect_v5("5", "desk", 2)).await;
+    let mut second = session(server.mqtt, &connect_v5("5", "desk", 2)).await;
     let taken = packet(&mut first).await.expect("DISCONNECT to the first");
     assert_eq!(&taken[..3], &[0xE0, taken[1], 0x8E], "session taken over: {taken:02x?}");
     assert_eq!(packet(&mut first).await, None, "then closed");
@@ -197,9 +217,7 @@ async fn a_second_connect_of_a_client_identifier_takes_the_session_over() {
 #[tokio::test]
 async fn malformed_packets_close_only_their_own_connection() {
     let mut server = TestServer::start(config()).await;
-    let mut good = TcpStream::connect(server.mqtt).await.unwrap();
-    good.write_all(&connect_v5("1", "", 2)).await.unwrap();
-    assert_eq!(packet(&mut good).await.unwrap()[3], 0);
+    let mut good = session(server.mqtt, &connect_v5("1", "", 2)).await;
     for bad in [
         vec![0x30, 0xff, 0xff, 0xff, 0xff, 0x01], // remaining length of five bytes
         vec![0x82, 0x00],                         // SUBSCRIBE before CONNECT
@@ -252,9 +270,7 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
     // Alone: a topic with JSON's special characters comes back escaped, exactly.
     let mut server = TestServer::start(config()).await;
     let (_, mut events) = Sse::open(server.api, "/v1/events?types=data", &[]).await;
-    let mut client = TcpStream::connect(server.mqtt).await.unwrap();
-    client.write_all(&connect_v5("3", "", 60)).await.unwrap();
-    assert_eq!(packet(&mut client).await.unwrap()[3], 0);
+    let mut client = session(server.mqtt, &connect_v5("3", "", 60)).await;
     client.write_all(&publish_v5("q\"uote/ü/+x", b"v")).await.unwrap();
     assert_eq!(events.expect("data", 3).await.data["topic"], json!("q\"uote/ü/+x"));
     // DATA from the other doors has no topic.
@@ -268,9 +284,7 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
     let Some(redis) = common::redis::RedisServer::start().await else { return };
     let nodes = common::cluster::gateways(&redis.url(), &["a", "b"]).await;
     let (_, mut from_b) = Sse::open(nodes[1].api, "/v1/events?types=data", &[]).await;
-    let mut client = TcpStream::connect(nodes[0].mqtt).await.unwrap();
-    client.write_all(&connect_v5("5", "", 60)).await.unwrap();
-    assert_eq!(packet(&mut client).await.unwrap()[3], 0);
+    let mut client = session(nodes[0].mqtt, &connect_v5("5", "", 60)).await;
     client.write_all(&publish_v5("sensors/t", b"21.5")).await.unwrap();
     let data = from_b.expect("data", 5).await;
     assert_eq!(
@@ -282,23 +296,6 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
     }
 }
 
-/// An MQTT 5 CONNECT as uid `uid`, client identifier `id`, keepalive `keep`, with a will.
-fn connect_v5_will(uid: &str, id: &str, keep: u16, topic: &str, payload: &[u8]) -> Vec<u8> {
-    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x82 | 0x04];
-    body.extend_from_slice(&keep.to_be_bytes());
-    body.push(0); // no properties
-    body.extend_from_slice(&(id.len() as u16).to_be_bytes());
-    body.extend_from_slice(id.as_bytes());
-    body.push(0); // no will properties
-    body.extend_from_slice(&(topic.len() as u16).to_be_bytes());
-    body.extend_from_slice(topic.as_bytes());
-    body.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-    body.extend_from_slice(payload);
-    body.extend_from_slice(&(uid.len() as u16).to_be_bytes());
-    body.extend_from_slice(uid.as_bytes());
-    [&[0x10, body.len() as u8][..], &body].concat()
-}
-
 #[tokio::test]
 async fn a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly() {
     let mut server = TestServer::start(config()).await;
@@ -306,9 +303,7 @@ async fn a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly
     let will = |topic: &str, payload: &[u8]| json!({"topic": topic, "payload": BASE64.encode(payload)});
 
     // Silent: expired, will told.
-    let mut silent = TcpStream::connect(server.mqtt).await.unwrap();
-    silent.write_all(&connect_v5_will("21", "", 60, "status/21", b"gone\0")).await.unwrap();
-    assert_eq!(packet(&mut silent).await.unwrap()[3], 0);
+    let _silent = session(server.mqtt, &connect_v5_will("21", "", 60, "status/21", b"gone\0")).await;
     let offline = events.expect("offline", 21).await;
     assert_eq!(
         (offline.data["reason"].clone(), offline.data["will"].clone()),
@@ -316,20 +311,14 @@ async fn a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly
     );
 
     // A clean DISCONNECT: a logout, no will.
-    let mut clean = TcpStream::connect(server.mqtt).await.unwrap();
-    clean.write_all(&connect_v5_will("22", "", 60, "status/22", b"x")).await.unwrap();
-    assert_eq!(packet(&mut clean).await.unwrap()[3], 0);
+    let mut clean = session(server.mqtt, &connect_v5_will("22", "", 60, "status/22", b"x")).await;
     clean.write_all(&[0xE0, 0]).await.unwrap();
     let offline = events.expect("offline", 22).await;
     assert_eq!((offline.data["reason"].clone(), offline.data.get("will")), (json!("logout"), None));
 
     // Taken over: the older session's will, once; the newer one's stays for its own end.
-    let mut old = TcpStream::connect(server.mqtt).await.unwrap();
-    old.write_all(&connect_v5_will("23", "d", 60, "status/23", b"old")).await.unwrap();
-    assert_eq!(packet(&mut old).await.unwrap()[3], 0);
-    let mut new = TcpStream::connect(server.mqtt).await.unwrap();
-    new.write_all(&connect_v5_will("23", "d", 60, "status/23", b"new")).await.unwrap();
-    assert_eq!(packet(&mut new).await.unwrap()[3], 0);
+    let _old = session(server.mqtt, &connect_v5_will("23", "d", 60, "status/23", b"old")).await;
+    let new = session(server.mqtt, &connect_v5_will("23", "d", 60, "status/23", b"new")).await;
     let kicked = events.expect("offline", 23).await;
     assert_eq!(
         (kicked.data["reason"].clone(), kicked.data["will"].clone()),
@@ -347,9 +336,7 @@ async fn a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly
     let Some(redis) = common::redis::RedisServer::start().await else { return };
     let nodes = common::cluster::gateways(&redis.url(), &["a", "b"]).await;
     let (_, mut from_b) = Sse::open(nodes[1].api, "/v1/events?types=offline", &[]).await;
-    let mut client = TcpStream::connect(nodes[0].mqtt).await.unwrap();
-    client.write_all(&connect_v5_will("24", "", 60, "status/24", b"a|b\0c")).await.unwrap();
-    assert_eq!(packet(&mut client).await.unwrap()[3], 0);
+    let client = session(nodes[0].mqtt, &connect_v5_will("24", "", 60, "status/24", b"a|b\0c")).await;
     drop(client);
     let offline = from_b.expect("offline", 24).await;
     assert_eq!(offline.data["will"], will("status/24", b"a|b\0c"));
