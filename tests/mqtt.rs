@@ -344,3 +344,57 @@ async fn a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly
         node.shutdown().await;
     }
 }
+
+/// The next line a child printed, within a patience that covers its idle spell.
+async fn next_line(lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>) -> Option<String> {
+    timeout(PATIENCE * 3, lines.next_line()).await.expect("the client says something").unwrap()
+}
+
+/// Python with paho-mqtt, or `None` after saying how to install it.
+fn paho() -> Option<()> {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import paho.mqtt"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip_without("paho-mqtt", "python3 -m pip install paho-mqtt");
+        return None;
+    }
+    Some(())
+}
+
+#[tokio::test]
+async fn paho_follows_the_server_keep_alive_publishes_and_receives_a_push() {
+    use tokio::io::AsyncBufReadExt;
+    let Some(()) = paho() else { return };
+    let mut server = TestServer::start(config()).await;
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=offline,data", &[]).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/paho_client.py");
+    // Idle for longer than the 9 s timeout: alive only if paho pings every 3 s, as CONNACK
+    // says, rather than every 60 s, as it asked.
+    let idle = (config().timeout + Duration::from_secs(3)).as_secs().to_string();
+    let port = server.mqtt.port().to_string();
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .args(["127.0.0.1", &port, "77", &idle])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(next_line(&mut lines).await.as_deref(), Some("connected 3"), "the Server Keep Alive paho read");
+    assert_eq!(next_line(&mut lines).await.as_deref(), Some("published"));
+    let data = events.expect("data", 77).await;
+    assert_eq!(
+        (data.data["topic"].clone(), data.data["payload"].clone()),
+        (json!("sensors/paho"), json!(BASE64.encode("from paho")))
+    );
+    let body = json!({"uids": [77], "payload": BASE64.encode("to paho")}).to_string();
+    let (status, answer) = http(server.api, "POST", "/v1/push", &[], &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(next_line(&mut lines).await.as_deref(), Some("push to paho"));
+    assert_eq!(next_line(&mut lines).await.as_deref(), Some("alive"));
+    assert_eq!(events.expect("offline", 77).await.data["reason"], json!("logout"), "never expired");
+    assert!(child.wait().await.unwrap().success());
+    server.shutdown().await;
+}

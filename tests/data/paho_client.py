@@ -1,0 +1,53 @@
+"""An unmodified paho-mqtt client for tests/mqtt.rs: MQTT 5, uid and token as username and
+password, a keepalive of 60 s that the gateway's Server Keep Alive shortens.
+
+    paho_client.py HOST PORT UID IDLE_SECONDS
+
+Prints one line per step: "connected <server keep alive>", "published", "push <payload>",
+then, after IDLE_SECONDS without a packet of its own, "alive" if still connected, and
+disconnects cleanly.
+"""
+import sys
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.properties import Properties  # noqa: F401  (paho 1.6 and 2.x both have it)
+
+host, port, uid, idle = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+pushed = threading.Event()
+connected = threading.Event()
+
+try:
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho", protocol=mqtt.MQTTv5)
+except AttributeError:  # paho 1.6
+    client = mqtt.Client(client_id="paho", protocol=mqtt.MQTTv5)
+client.username_pw_set(uid, "token")
+
+
+def on_connect(client, userdata, flags, reason, properties=None):
+    keep = getattr(properties, "ServerKeepAlive", None)
+    print("connected", keep, flush=True)
+    client.subscribe("idlegate/#", qos=0)
+    connected.set()
+
+
+def on_message(client, userdata, message):
+    print("push", message.payload.decode(), flush=True)
+    pushed.set()
+
+
+client.on_connect = on_connect
+client.on_message = on_message
+client.connect(host, port, keepalive=60)
+client.loop_start()
+if not connected.wait(10):
+    sys.exit("no CONNACK")
+client.publish("sensors/paho", b"from paho", qos=1).wait_for_publish(10)
+print("published", flush=True)
+if not pushed.wait(20):
+    sys.exit("no push")
+time.sleep(idle)
+print("alive" if client.is_connected() else "dropped", flush=True)
+client.disconnect()
+client.loop_stop()
