@@ -58,6 +58,8 @@ export class Client {
     this.ws = null;
     this.timer = null;
     this.stopped = false;
+    /** A LOGOUT went out: the close that follows is the logout's. */
+    this.loggingOut = false;
     if (autoConnect) queueMicrotask(() => this.reconnect());
   }
 
