@@ -41,6 +41,8 @@ pub(crate) struct Gateway {
     pub(crate) pending: Arc<Pending>,
     /// `--max-data-rate` in the session bucket's units, worked out once.
     pub(crate) data_bucket: Option<(u64, u64)>,
+    /// The topic of a push that names none (`--mqtt-push-topic`), shared by every push.
+    pub(crate) push_topic: Arc<str>,
 }
 
 /// Most bytes of event-stream chunks all consumers together hold: 64 consumers' worth of
@@ -55,6 +57,7 @@ impl Gateway {
     pub(crate) fn new(config: Config) -> Arc<Gateway> {
         debug_assert!(config.validate().is_ok(), "Gateway::new with an invalid config: {:?}", config.validate());
         let metrics = Arc::new(Metrics::new(&config));
+        let push_topic: Arc<str> = Arc::from(config.mqtt_push_topic.as_str());
         let cluster = config.redis.clone().map(|target| {
             let settings = Settings {
                 node: config.node_id.clone(),
@@ -65,6 +68,7 @@ impl Gateway {
                 max_queued: config.max_queued_bytes(),
                 min_replicas: config.redis_min_replicas,
                 max_devices: config.max_devices,
+                push_topic: push_topic.clone(),
             };
             let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
             Arc::new(Cluster::new(target, settings, metrics.clone(), capacity, bytes))
@@ -103,6 +107,7 @@ impl Gateway {
             event_stream_bytes: Arc::new(Semaphore::new(EVENT_STREAMS_BYTES)),
             pending,
             data_bucket,
+            push_topic,
         })
     }
 }

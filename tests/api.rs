@@ -185,7 +185,10 @@ async fn pushes_reach_online_clients_byte_for_byte() {
     b.login(2).await;
     let payload: Vec<u8> = (0..=255).collect();
     let body = json!({"uids": [1, 2, 3, 2], "payload": BASE64.encode(&payload)});
-    assert_eq!(post(&server, "/v1/push", &body).await, (200, json!({"sent": [1, 2], "offline": [3], "sessions": 2})));
+    assert_eq!(
+        post(&server, "/v1/push", &body).await,
+        (200, json!({"sent": [1, 2], "offline": [3], "unsubscribed": [], "sessions": 2}))
+    );
     for c in [&mut a, &mut b] {
         assert_eq!(c.recv().await, Some(Frame::Push(Bytes::from(payload.clone()))));
     }

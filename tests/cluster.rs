@@ -36,7 +36,10 @@ async fn cross_node_checks(url: &str) {
 
     // A push through C reaches the client on A.
     let (status, pushed) = api_json(c, "POST", "/v1/push", r#"{"uids":[42,43],"payload":"aGk="}"#).await;
-    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [42], "offline": [43], "sessions": 1})));
+    assert_eq!(
+        (status, pushed),
+        (200, serde_json::json!({"sent": [42], "offline": [43], "unsubscribed": [], "sessions": 1}))
+    );
     assert_eq!(on_a.recv().await, Some(Frame::Push(bytes::Bytes::from_static(b"hi"))));
 
     // DATA on A is an event on C.
@@ -360,7 +363,10 @@ async fn devices_of_one_uid_on_two_nodes_share_the_limit_and_the_user_events() {
     }
     // A push through B reaches both devices; one to a device reaches that one.
     let (status, pushed) = api_json(b, "POST", "/v1/push", r#"{"uids":[7],"payload":"aGk="}"#).await;
-    assert_eq!((status, pushed), (200, serde_json::json!({"sent": [7], "offline": [], "sessions": 2})));
+    assert_eq!(
+        (status, pushed),
+        (200, serde_json::json!({"sent": [7], "offline": [], "unsubscribed": [], "sessions": 2}))
+    );
     for c in [&mut phone, &mut desktop] {
         assert_eq!(c.recv().await, Some(Frame::Push(bytes::Bytes::from_static(b"hi"))));
     }

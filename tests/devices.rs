@@ -70,15 +70,15 @@ async fn two_devices_of_one_uid_get_pushes_and_a_backend_sees_the_user_come_and_
     // A push reaches both devices; one naming a device reaches that one only.
     let hi = BASE64.encode(b"hi");
     let answer = push(&server, json!({"uids": [7, 8], "payload": hi})).await;
-    assert_eq!(answer, json!({"sent": [7], "offline": [8], "sessions": 2}));
+    assert_eq!(answer, json!({"sent": [7], "offline": [8], "unsubscribed": [], "sessions": 2}));
     for c in [&mut phone, &mut desktop] {
         assert_eq!(c.recv().await, Some(Frame::Push(Bytes::from_static(b"hi"))));
     }
     let answer = push(&server, json!({"uids": [7], "payload": BASE64.encode(b"to phone"), "device": "phone"})).await;
-    assert_eq!(answer, json!({"sent": [7], "offline": [], "sessions": 1}));
+    assert_eq!(answer, json!({"sent": [7], "offline": [], "unsubscribed": [], "sessions": 1}));
     assert_eq!(phone.recv().await, Some(Frame::Push(Bytes::from_static(b"to phone"))));
     let answer = push(&server, json!({"uids": [7], "payload": hi, "device": "tablet"})).await;
-    assert_eq!(answer, json!({"sent": [], "offline": [7], "sessions": 0}));
+    assert_eq!(answer, json!({"sent": [], "offline": [7], "unsubscribed": [], "sessions": 0}));
 
     // The phone falls silent while the desktop pings: the phone alone expires, and the uid
     // stays online as a user.

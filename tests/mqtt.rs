@@ -398,3 +398,104 @@ async fn paho_follows_the_server_keep_alive_publishes_and_receives_a_push() {
     assert!(child.wait().await.unwrap().success());
     server.shutdown().await;
 }
+
+/// An MQTT 5 SUBSCRIBE (packet id 1) or UNSUBSCRIBE (packet id 2) of `filter`.
+fn subscription_v5(subscribe: bool, filter: &str) -> Vec<u8> {
+    let mut body = vec![0, if subscribe { 1 } else { 2 }, 0]; // packet id, no properties
+    body.extend_from_slice(&(filter.len() as u16).to_be_bytes());
+    body.extend_from_slice(filter.as_bytes());
+    if subscribe {
+        body.push(0); // options: QoS 0
+    }
+    [&[if subscribe { 0x82 } else { 0xA2 }, body.len() as u8][..], &body].concat()
+}
+
+/// `POST /v1/push` of `payload` to `uids`, on `topic` when given: the answer.
+async fn push(api: std::net::SocketAddr, uids: &[u64], payload: &str, topic: Option<&str>) -> serde_json::Value {
+    let mut body = json!({"uids": uids, "payload": BASE64.encode(payload)});
+    if let Some(topic) = topic {
+        body["topic"] = json!(topic);
+    }
+    let (status, answer) = http(api, "POST", "/v1/push", &[], &body.to_string()).await;
+    assert_eq!(status, 200, "{answer}");
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// The PUBLISH an MQTT 5 session reads: (topic, payload).
+async fn published(stream: &mut TcpStream) -> (String, Vec<u8>) {
+    let p = packet(stream).await.expect("a PUBLISH");
+    assert_eq!(p[0], 0x30, "a QoS 0 PUBLISH: {p:02x?}");
+    let len = usize::from(u16::from_be_bytes([p[2], p[3]]));
+    let topic = String::from_utf8(p[4..4 + len].to_vec()).unwrap();
+    (topic, p[4 + len + 1..].to_vec()) // after the topic, an empty property list
+}
+
+/// `POST /v1/push`'s `topic`: an MQTT session takes a push only on a topic one of its
+/// subscriptions matches and is counted only then; a uid online only on such sessions is
+/// `unsubscribed`, not `sent` nor `offline`; a TCP session of the same uid takes every push.
+/// Alone, and with the MQTT session on another node than the API asked.
+#[tokio::test]
+async fn pushes_reach_mqtt_sessions_only_on_topics_they_subscribed_to() {
+    let config = || Config { max_devices: 4, ..config() };
+    let mut server = TestServer::start(config()).await;
+    let mut tcp = server.client().await;
+    tcp.login(50).await;
+    let mut mqtt = session(server.mqtt, &connect_v5("50", "m", 60)).await;
+    let mut only_mqtt = session(server.mqtt, &connect_v5("51", "", 60)).await;
+
+    let answer = push(server.api, &[50, 51, 52], "a", None).await;
+    assert_eq!(answer, json!({"sent": [50], "offline": [52], "unsubscribed": [51], "sessions": 1}));
+    assert_eq!(tcp.recv().await, Some(idlegate::Frame::Push(bytes::Bytes::from_static(b"a"))));
+
+    for client in [&mut mqtt, &mut only_mqtt] {
+        client.write_all(&subscription_v5(true, "alerts/#")).await.unwrap();
+        assert_eq!(packet(client).await.unwrap(), [0x90, 4, 0, 1, 0, 0], "SUBACK, QoS 0 granted");
+    }
+    let answer = push(server.api, &[50, 51], "fire", Some("alerts/fire")).await;
+    assert_eq!(answer, json!({"sent": [50, 51], "offline": [], "unsubscribed": [], "sessions": 3}));
+    for client in [&mut mqtt, &mut only_mqtt] {
+        assert_eq!(published(client).await, ("alerts/fire".to_string(), b"fire".to_vec()));
+    }
+    // The default topic (--mqtt-push-topic) is not under alerts/#.
+    let answer = push(server.api, &[51], "b", None).await;
+    assert_eq!(answer, json!({"sent": [], "offline": [], "unsubscribed": [51], "sessions": 0}));
+    only_mqtt.write_all(&subscription_v5(false, "alerts/#")).await.unwrap();
+    assert_eq!(packet(&mut only_mqtt).await.unwrap(), [0xB0, 4, 0, 2, 0, 0], "UNSUBACK");
+    let answer = push(server.api, &[51], "c", Some("alerts/fire")).await;
+    assert_eq!(answer["unsubscribed"], json!([51]), "unsubscribed: {answer}");
+    // Only what was pushed to it came: the next packet is the PINGRESP to this PINGREQ.
+    only_mqtt.write_all(&[0xC0, 0]).await.unwrap();
+    assert_eq!(packet(&mut only_mqtt).await.unwrap(), [0xD0, 0]);
+
+    for bad in [json!("a/+"), json!(""), json!(7)] {
+        let body = json!({"uids": [51], "payload": "", "topic": bad}).to_string();
+        let (status, answer) = http(server.api, "POST", "/v1/push", &[], &body).await;
+        assert_eq!(status, 400, "topic {bad}: {answer}");
+        assert!(answer.contains("topic"), "{answer}");
+    }
+    server.shutdown().await;
+
+    // Across nodes: the MQTT session on node b, the push asked of node a.
+    let Some(redis) = common::redis::RedisServer::start().await else { return };
+    let nodes = common::cluster::gateways(&redis.url(), &["a", "b"]).await;
+    let mut remote = session(nodes[1].mqtt, &connect_v5("60", "", 60)).await;
+    remote.write_all(&subscription_v5(true, "alerts/+")).await.unwrap();
+    assert_eq!(packet(&mut remote).await.unwrap()[0], 0x90);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        // The route is written to Redis in the node's next batch: until then, 60 is offline.
+        let answer = push(nodes[0].api, &[60], "x", Some("other")).await;
+        if answer["unsubscribed"] == json!([60]) {
+            break;
+        }
+        assert_eq!(answer["offline"], json!([60]), "{answer}");
+        assert!(Instant::now() < deadline, "uid 60 never came online in the cluster");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = push(nodes[0].api, &[60], "y", Some("alerts/now")).await;
+    assert_eq!(answer, json!({"sent": [60], "offline": [], "unsubscribed": [], "sessions": 1}));
+    assert_eq!(published(&mut remote).await, ("alerts/now".to_string(), b"y".to_vec()));
+    for mut node in nodes {
+        node.shutdown().await;
+    }
+}

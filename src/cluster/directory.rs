@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::FutureExt;
@@ -25,8 +24,24 @@ use crate::cluster::keys::{self, Route};
 use crate::cluster::membership::{liveness, nodes, Liveness};
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount};
+use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Push, Reach};
 use crate::proto::Device;
+
+/// One uid's answer to a push request: `<sessions>`, or `<sessions>:<unsubscribed>` when
+/// MQTT sessions there did not take it (`render_reach`); anything unreadable reached none.
+pub(crate) fn parse_reach(answer: &str) -> Reach {
+    let mut parts = answer.splitn(2, ':');
+    let mut next = || parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    Reach { sessions: next(), unsubscribed: next() }
+}
+
+/// One uid's reach as a push request's answer says it (`parse_reach`).
+pub(crate) fn render_reach(reach: &Reach) -> String {
+    match reach.unsubscribed {
+        0 => reach.sessions.to_string(),
+        n => format!("{}:{n}", reach.sessions),
+    }
+}
 
 impl From<StoreError> for DirectoryError {
     fn from(e: StoreError) -> DirectoryError {
@@ -238,10 +253,10 @@ impl Directory for ClusterDirectory {
         &'a self,
         uids: &'a [u64],
         device: Option<Device>,
-        payload: Bytes,
-    ) -> BoxFuture<'a, Result<Vec<usize>, DirectoryError>> {
+        push: Push,
+    ) -> BoxFuture<'a, Result<Vec<Reach>, DirectoryError>> {
         async move {
-            let mut sent = vec![0; uids.len()];
+            let mut sent = vec![Reach::default(); uids.len()];
             if uids.is_empty() {
                 return Ok(sent);
             }
@@ -255,31 +270,34 @@ impl Directory for ClusterDirectory {
             let owners = self.owners(uids, &routes).await?;
             let me = self.cluster.member();
             let asks = by_member(&owners).into_iter().map(|(member, indices)| {
-                let payload = payload.clone();
+                let push = &push;
                 let me = me.clone();
                 async move {
                     if *member == *me {
-                        let counts = self.cluster.push_here(indices.iter().map(|&i| uids[i]), device, &payload);
+                        let counts = self.cluster.push_here(indices.iter().map(|&i| uids[i]), device, push);
                         return Ok::<_, StoreError>((indices, counts));
                     }
                     let list = indices.iter().map(|&i| uids[i].to_string()).collect::<Vec<_>>().join(",");
-                    let mut fields = vec![("uids", list.into_bytes()), ("p", payload.to_vec())];
+                    let mut fields = vec![
+                        ("uids", list.into_bytes()),
+                        ("p", push.payload.to_vec()),
+                        ("t", push.topic.as_bytes().to_vec()),
+                    ];
                     if let Some(device) = device {
                         fields.push(("d", device.as_str().as_bytes().to_vec()));
                     }
                     // No answer in time: nobody can say it was handed over, so it was not.
                     let counts = match ask(&self.cluster, &member, "push", fields).await? {
-                        Some(answer) => {
-                            String::from_utf8_lossy(&answer).split(',').map(|n| n.parse().unwrap_or(0)).collect()
-                        }
-                        None => vec![0; indices.len()],
+                        Some(answer) => String::from_utf8_lossy(&answer).split(',').map(parse_reach).collect(),
+                        None => vec![Reach::default(); indices.len()],
                     };
                     Ok((indices, counts))
                 }
             });
             for (indices, counts) in futures_util::future::try_join_all(asks).await? {
-                for (i, count) in indices.into_iter().zip(counts) {
-                    sent[i] += count;
+                for (i, reach) in indices.into_iter().zip(counts) {
+                    sent[i].sessions += reach.sessions;
+                    sent[i].unsubscribed += reach.unsubscribed;
                 }
             }
             Ok(sent)

@@ -22,11 +22,12 @@ use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::directory::render_reach;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::{StoreError, BLOCK};
 use crate::cluster::stream::recent;
-use crate::presence::EventId;
+use crate::presence::{EventId, Push};
 
 /// Entries one read takes from the inbox and the event stream.
 const READ_COUNT: usize = 1024;
@@ -177,10 +178,12 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
                 return;
             };
             let payload = Bytes::copy_from_slice(field(entry, "p").unwrap_or_default());
+            // From a node that names no topic (one older than topics): the default one.
+            let topic = text_field(entry, "t").map_or_else(|| cluster.push_topic(), Arc::from);
             let device = device_field(entry);
             let uids = uids.split(',').filter_map(|u| u.parse::<u64>().ok());
-            let sent = cluster.push_here(uids, device.as_ref(), &payload);
-            let counts = sent.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+            let sent = cluster.push_here(uids, device.as_ref(), &Push { topic, payload });
+            let counts = sent.iter().map(render_reach).collect::<Vec<_>>().join(",");
             reply(cluster, member, &from, req, counts.into_bytes()).await;
         }
         Some(b"locate") => {

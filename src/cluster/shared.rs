@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::try_join_all;
 use redis::{Cmd, Script, Value};
 use tokio::sync::{oneshot, watch};
@@ -27,7 +26,7 @@ use crate::cluster::scripts::Scripts;
 use crate::cluster::store::{Conn, Store, StoreError};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::{Clock, EventId, Registry};
+use crate::presence::{Clock, EventId, Push, Reach, Registry};
 use crate::proto::{CloseReason, Device};
 
 /// A Redis call slower than this counts as Redis being away: a paused or overloaded Redis
@@ -52,6 +51,9 @@ pub(crate) struct Settings {
     /// Sessions one uid may hold across the cluster (`--max-devices`): every node must be
     /// started with the same.
     pub max_devices: usize,
+    /// The topic a push names none (`--mqtt-push-topic`): every node must be started with
+    /// the same.
+    pub push_topic: Arc<str>,
 }
 
 /// This node in the cluster; see the module documentation.
@@ -124,17 +126,22 @@ impl Cluster {
         self.target.is_cluster()
     }
 
-    /// Hands one PUSH of `payload` to the sessions of each of `uids` held here (only those
-    /// on `device` when given); for each uid, how many it was handed to. What a push
-    /// through this node and a push request from another do.
+    /// Hands `push` to the sessions of each of `uids` held here that take it (only those on
+    /// `device` when given); for each uid, whom it reached. What a push through this node
+    /// and a push request from another do.
+    /// The topic of a push that names none (`--mqtt-push-topic`).
+    pub(crate) fn push_topic(&self) -> Arc<str> {
+        self.settings.push_topic.clone()
+    }
+
     pub(crate) fn push_here(
         &self,
         uids: impl IntoIterator<Item = u64>,
         device: Option<&Device>,
-        payload: &Bytes,
-    ) -> Vec<usize> {
+        push: &Push,
+    ) -> Vec<Reach> {
         let registry = self.registry();
-        uids.into_iter().map(|uid| registry.push(uid, device, payload, self.settings.max_queued)).collect()
+        uids.into_iter().map(|uid| registry.push(uid, device, push, self.settings.max_queued)).collect()
     }
 
     /// `uid`'s sessions on this node, each as `(device, session, since_ms, silent_ms)`.

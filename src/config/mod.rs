@@ -193,6 +193,9 @@ impl Config {
     /// Checks every value; the error names the flag at fault.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let whole_ms = |d: Duration| d.as_nanos().is_multiple_of(1_000_000);
+        if let Err(e) = crate::proto::mqtt::check_topic_name(&self.mqtt_push_topic) {
+            return Err(ConfigError::new("--mqtt-push-topic", e.to_string()));
+        }
         if self.tick < Duration::from_millis(1) || !whole_ms(self.tick) {
             return Err(ConfigError::new(
                 "--tick",

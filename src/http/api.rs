@@ -34,7 +34,8 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::metrics::EVENT_TYPES;
-use crate::presence::{session_hex, Batch, DirectoryError, Event, EventId, Located, NodeCount, What};
+use crate::presence::{session_hex, Batch, DirectoryError, Event, EventId, Located, NodeCount, Push, What};
+use crate::proto::mqtt::check_topic_name;
 use crate::proto::Device;
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
@@ -251,8 +252,9 @@ async fn online(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
 }
 
 /// `POST /v1/push` with `{"uids": [...], "payload": "<base64>"}` and optionally
-/// `"device": "<name>"`: one PUSH to every session of each listed uid, or to its session on
-/// that device.
+/// `"device": "<name>"` and `"topic": "<MQTT topic name>"`: one PUSH to every session of
+/// each listed uid, or to its session on that device; an MQTT session takes it only when
+/// one of its subscriptions matches the topic (by default `--mqtt-push-topic`).
 async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let body = json_body(&body?)?;
     let (mut uids, form) = uid_list(&body)?;
@@ -278,13 +280,37 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
         Some(_) => return Err(ApiError::bad_request("device: must be a string")),
         None => None,
     };
-    let handed = state.gateway.directory.push(&uids, device, Bytes::from(payload)).await?;
-    let sessions: usize = handed.iter().sum();
-    let (sent, offline) = split_by(uids, handed.into_iter().map(|n| n > 0).collect());
+    let topic = match body.get("topic") {
+        Some(Value::String(name)) => {
+            check_topic_name(name).map_err(|e| ApiError::bad_request(format!("topic: {e}")))?;
+            Arc::from(name.as_str())
+        }
+        Some(_) => return Err(ApiError::bad_request("topic: must be a string")),
+        None => state.gateway.push_topic.clone(),
+    };
+    let push = Push { topic, payload: Bytes::from(payload) };
+    let reached = state.gateway.directory.push(&uids, device, push).await?;
+    let sessions: usize = reached.iter().map(|r| r.sessions).sum();
+    // A uid online only on MQTT sessions that did not subscribe to the topic was not
+    // reached, and is not offline either: it is listed as unsubscribed.
+    let (mut sent, mut offline, mut unsubscribed) = (Vec::new(), Vec::new(), Vec::new());
+    for (uid, reach) in uids.into_iter().zip(&reached) {
+        match (reach.sessions, reach.unsubscribed) {
+            (0, 0) => offline.push(uid),
+            (0, _) => unsubscribed.push(uid),
+            _ => sent.push(uid),
+        }
+    }
     let metrics = &state.gateway.metrics;
     metrics.pushes_sent.inc_by(sent.len() as u64);
     metrics.pushes_offline.inc_by(offline.len() as u64);
-    Ok(Json(json!({ "sent": form.render(sent), "offline": form.render(offline), "sessions": sessions })))
+    metrics.pushes_unsubscribed.inc_by(unsubscribed.len() as u64);
+    Ok(Json(json!({
+        "sent": form.render(sent),
+        "offline": form.render(offline),
+        "unsubscribed": form.render(unsubscribed),
+        "sessions": sessions,
+    })))
 }
 
 /// `DELETE /v1/sessions/{uid}`: BYE(kicked) to every session of the uid, or with

@@ -89,6 +89,8 @@ pub struct Metrics {
     /// Pushes handed to a connection, and pushes to a uid that was offline.
     pub pushes_sent: IntCounter,
     pub pushes_offline: IntCounter,
+    /// Pushes to a uid online only on MQTT sessions not subscribed to the push's topic.
+    pub pushes_unsubscribed: IntCounter,
     events: Vec<IntCounter>,
     /// Events the event log holds now.
     pub event_log_events: IntGauge,
@@ -267,7 +269,8 @@ impl Metrics {
         let pushes_vec = IntCounterVec::new(
             Opts::new(
                 "idlegate_pushes_total",
-                "pushes by result: sent (handed to the uid's connection) or offline (no live session)",
+                "pushes by result: sent (handed to the uid's connection), offline (no live session) \
+                 or unsubscribed (only MQTT sessions, none subscribed to the push's topic)",
             ),
             &["result"],
         )
@@ -275,6 +278,7 @@ impl Metrics {
         reg(Box::new(pushes_vec.clone()));
         let pushes_sent = pushes_vec.with_label_values(&["sent"]);
         let pushes_offline = pushes_vec.with_label_values(&["offline"]);
+        let pushes_unsubscribed = pushes_vec.with_label_values(&["unsubscribed"]);
         let events_vec = IntCounterVec::new(Opts::new("idlegate_events_total", "events logged, by type"), &["type"])
             .expect("valid counter vec");
         reg(Box::new(events_vec.clone()));
@@ -365,6 +369,7 @@ impl Metrics {
             shed_pending_logins,
             pushes_sent,
             pushes_offline,
+            pushes_unsubscribed,
             events,
             event_log_events,
             event_consumers,

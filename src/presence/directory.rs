@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
@@ -16,6 +15,7 @@ use prometheus::IntGauge;
 use crate::presence::clock::Clock;
 use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
+use crate::presence::{Push, Reach};
 use crate::proto::Device;
 
 /// Why a directory could not answer.
@@ -69,14 +69,15 @@ pub trait Directory: Send + Sync + std::fmt::Debug {
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
     /// How many are online.
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>>;
-    /// Hands one PUSH of `payload` to every session of each uid (only the one on `device`
-    /// when given); for each uid, how many sessions it was handed to.
+    /// Hands `push` to every session of each uid that takes it (only the one on `device`
+    /// when given; an MQTT session only on a topic it subscribed to); for each uid, whom it
+    /// reached.
     fn push<'a>(
         &'a self,
         uids: &'a [u64],
         device: Option<Device>,
-        payload: Bytes,
-    ) -> BoxFuture<'a, Result<Vec<usize>, DirectoryError>>;
+        push: Push,
+    ) -> BoxFuture<'a, Result<Vec<Reach>, DirectoryError>>;
     /// Ends `uid`'s sessions (only the one on `device` when given) as kicked; how many.
     fn kick(&self, uid: u64, device: Option<Device>) -> BoxFuture<'_, Result<usize, DirectoryError>>;
     /// The event stream after `after` (or from now), in batches. Ids have the shape of a
@@ -145,10 +146,9 @@ impl Directory for Local {
         &'a self,
         uids: &'a [u64],
         device: Option<Device>,
-        payload: Bytes,
-    ) -> BoxFuture<'a, Result<Vec<usize>, DirectoryError>> {
-        let sent =
-            uids.iter().map(|&uid| self.registry.push(uid, device.as_ref(), &payload, self.max_queued)).collect();
+        push: Push,
+    ) -> BoxFuture<'a, Result<Vec<Reach>, DirectoryError>> {
+        let sent = uids.iter().map(|&uid| self.registry.push(uid, device.as_ref(), &push, self.max_queued)).collect();
         async move { Ok(sent) }.boxed()
     }
 

@@ -3,7 +3,8 @@
 //! `ring` is the pure slot ring (ticks in, expired uids out); `clock` is the one place time
 //! becomes ticks; `registry` maps uids to sessions and keeps them consistent with the ring;
 //! `ticker` moves the ring; `session` is what a logged-in client shares with the rest of the
-//! gateway and `outbox` holds pushes until its connection takes them; `pending` bounds the
+//! gateway, `outbox` holds pushes until its connection takes them and `subscriptions` says
+//! which pushes an MQTT session takes; `pending` bounds the
 //! connections waiting to log in; `events` logs every
 //! online, offline and data event; `directory` answers presence questions for the backend
 //! API, whether from this process or a cluster.
@@ -16,16 +17,18 @@ mod pending;
 mod registry;
 mod ring;
 mod session;
+mod subscriptions;
 mod ticker;
 
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::{unix_now, Clock};
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, Will, READ_BATCH};
-pub use outbox::{Outboxes, Pushed};
+pub use outbox::{Outboxes, Push, Pushed, Reach};
 pub(crate) use pending::{Pending, Refused};
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};
 pub(crate) use session::data_bucket;
 pub use session::{session_hex, Session};
+pub use subscriptions::Subscriptions;
 pub use ticker::Ticker;

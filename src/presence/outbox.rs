@@ -5,6 +5,8 @@
 //! writes it. A session that ended gets nothing queued, and a push that raced with the end
 //! is taken back by its pusher, so no queue outlives its session.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
@@ -13,6 +15,24 @@ use crate::presence::Session;
 
 /// Bytes a PUSH frame adds around its payload: the length prefix and the kind byte.
 const PUSH_OVERHEAD: usize = 5;
+
+/// One push from the backend: its payload, and the topic an MQTT session receives it on
+/// (`POST /v1/push`'s `topic`, by default `--mqtt-push-topic`); other doors send only the
+/// payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Push {
+    pub topic: Arc<str>,
+    pub payload: Bytes,
+}
+
+/// Whom one push reached of one uid's sessions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// Sessions it was handed to.
+    pub sessions: usize,
+    /// Live MQTT sessions that did not take it: none of their subscriptions matches its topic.
+    pub unsubscribed: usize,
+}
 
 /// What [`Outboxes::push`] did with a payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,25 +49,26 @@ pub enum Pushed {
 #[derive(Debug, Default)]
 pub struct Outboxes {
     /// Session id -> payloads not yet taken by its connection, oldest first.
-    pending: DashMap<u64, Vec<Bytes>, RandomState>,
+    pending: DashMap<u64, Vec<Push>, RandomState>,
 }
 
 // === impl Outboxes ===
 
 impl Outboxes {
-    /// Queues `payload` for `session` unless it has ended or the queue would pass
-    /// `max_queued` bytes (frame headers counted), and wakes its connection.
-    pub fn push(&self, session: &Session, payload: &Bytes, max_queued: usize) -> Pushed {
+    /// Queues `push` for `session` unless it has ended or the queue would pass `max_queued`
+    /// bytes (frame headers counted; the topic, shared by every copy, not), and wakes its
+    /// connection.
+    pub fn push(&self, session: &Session, push: &Push, max_queued: usize) -> Pushed {
         if !session.is_live() {
             return Pushed::Ended;
         }
         {
             let mut queue = self.pending.entry(session.id()).or_default();
-            let queued: usize = queue.iter().map(|p| PUSH_OVERHEAD + p.len()).sum();
-            if queued + PUSH_OVERHEAD + payload.len() > max_queued {
+            let queued: usize = queue.iter().map(|p| PUSH_OVERHEAD + p.payload.len()).sum();
+            if queued + PUSH_OVERHEAD + push.payload.len() > max_queued {
                 return Pushed::Full;
             }
-            queue.push(payload.clone());
+            queue.push(push.clone());
         }
         if !session.is_live() {
             // Ended while we queued: its connection may already have taken its last pushes.
@@ -59,7 +80,7 @@ impl Outboxes {
     }
 
     /// Takes every push queued for `session`, oldest first.
-    pub fn take(&self, session: &Session) -> Vec<Bytes> {
+    pub fn take(&self, session: &Session) -> Vec<Push> {
         self.pending.remove(&session.id()).map(|(_, queue)| queue).unwrap_or_default()
     }
 
@@ -81,14 +102,18 @@ mod tests {
     use super::*;
     use crate::proto::CloseReason;
 
+    fn push(payload: &'static [u8]) -> Push {
+        Push { topic: Arc::from("t"), payload: Bytes::from_static(payload) }
+    }
+
     #[test]
     fn queues_exist_only_while_pushes_are_pending() {
         let outboxes = Outboxes::default();
         let s = Session::new(1, 7, 0, crate::presence::Handle::NONE);
-        assert_eq!(outboxes.push(&s, &Bytes::from_static(b"a"), 100), Pushed::Queued);
-        assert_eq!(outboxes.push(&s, &Bytes::from_static(b"b"), 100), Pushed::Queued);
+        assert_eq!(outboxes.push(&s, &push(b"a"), 100), Pushed::Queued);
+        assert_eq!(outboxes.push(&s, &push(b"b"), 100), Pushed::Queued);
         assert_eq!(outboxes.len(), 1);
-        assert_eq!(outboxes.take(&s), [Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
+        assert_eq!(outboxes.take(&s), [push(b"a"), push(b"b")]);
         assert!(outboxes.is_empty());
         assert!(outboxes.take(&s).is_empty());
     }
@@ -97,7 +122,7 @@ mod tests {
     fn a_full_queue_refuses_and_an_ended_session_gets_nothing() {
         let outboxes = Outboxes::default();
         let s = Session::new(1, 7, 0, crate::presence::Handle::NONE);
-        let ten = Bytes::from_static(b"0123456789");
+        let ten = push(b"0123456789");
         assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Queued);
         assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Queued);
         assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Full);

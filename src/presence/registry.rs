@@ -29,6 +29,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+#[cfg(test)]
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -39,7 +40,7 @@ use crate::presence::clock::unix_ms;
 use crate::presence::events::EventLog;
 use crate::presence::ring::{Ring, Touch};
 use crate::presence::session::Ending;
-use crate::presence::{Outboxes, Pushed, Session};
+use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions};
 use crate::proto::{CloseReason, Device};
 
 /// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
@@ -79,6 +80,8 @@ pub struct Registry {
     events: Arc<EventLog>,
     /// Pushes waiting for their connections.
     outboxes: Outboxes,
+    /// MQTT sessions' topic filters: which pushes they take.
+    subscriptions: Subscriptions,
     metrics: Arc<Metrics>,
     /// Next session id. Starts at a random value, so ids from two gateways, or two runs of
     /// one, do not collide in a backend that pairs online and offline events.
@@ -108,6 +111,7 @@ impl Registry {
             max_devices: max_devices.max(1),
             events,
             outboxes: Outboxes::default(),
+            subscriptions: Subscriptions::default(),
             metrics,
             next_session: AtomicU64::new(salt),
             #[cfg(test)]
@@ -134,6 +138,16 @@ impl Registry {
     /// the uid holds `--max-devices` live sessions, its least recently active one does
     /// (evicted). Their offline events go to the log before this one's online event.
     pub fn login(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
+        self.login_as(uid, device, now, false)
+    }
+
+    /// Logs in an MQTT session, as [`Registry::login`] does: one that takes only the pushes
+    /// its subscriptions match.
+    pub fn login_subscriber(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
+        self.login_as(uid, device, now, true)
+    }
+
+    fn login_as(&self, uid: u64, device: Device, now: u64, filters_pushes: bool) -> Arc<Session> {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
         let held = self.sessions.entry(uid);
@@ -162,7 +176,8 @@ impl Registry {
             ring.remove(list[i].handle(), uid);
             list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
         }
-        let session = Arc::new(Session::on_device(uid, device, id, since, ring.insert(uid, now)));
+        let session = Session::on_device(uid, device, id, since, ring.insert(uid, now));
+        let session = Arc::new(if filters_pushes { session.filtering_pushes() } else { session });
         drop(ring);
         self.events.login(unreported(&list), &session, live.is_empty());
         for s in list.iter().filter(|s| !s.is_live()) {
@@ -231,22 +246,31 @@ impl Registry {
             .count()
     }
 
-    /// Queues a PUSH of `payload` for every live session of `uid` (only the one on `device`
-    /// when given); returns how many it was handed to. A session whose client has let more
-    /// than `max_queued` bytes pile up is ended as a slow consumer instead, and is not
-    /// counted.
-    pub fn push(&self, uid: u64, device: Option<&Device>, payload: &Bytes, max_queued: usize) -> usize {
-        let mut reached = 0;
+    /// Queues `push` for every live session of `uid` (only the one on `device` when given)
+    /// that takes it: every session but an MQTT one none of whose subscriptions matches its
+    /// topic. Returns whom it reached. A session whose client has let more than
+    /// `max_queued` bytes pile up is ended as a slow consumer instead, and is not counted.
+    pub fn push(&self, uid: u64, device: Option<&Device>, push: &Push, max_queued: usize) -> Reach {
+        let mut reach = Reach::default();
         for session in self.sessions_of(uid, device) {
-            match self.outboxes.push(&session, payload, max_queued) {
-                Pushed::Queued => reached += 1,
+            if session.filters_pushes() && !self.subscriptions.matches(session.id(), &push.topic) {
+                reach.unsubscribed += usize::from(session.is_live());
+                continue;
+            }
+            match self.outboxes.push(&session, push, max_queued) {
+                Pushed::Queued => reach.sessions += 1,
                 Pushed::Ended => {}
                 Pushed::Full => {
                     self.leave(&session, CloseReason::SlowConsumer);
                 }
             }
         }
-        reached
+        reach
+    }
+
+    /// MQTT sessions' topic filters.
+    pub fn subscriptions(&self) -> &Subscriptions {
+        &self.subscriptions
     }
 
     /// Ends `uid`'s session `session` as kicked, if it is still live (and on `device` when
@@ -267,7 +291,7 @@ impl Registry {
     }
 
     /// Takes the pushes queued for `session`, for its connection to write.
-    pub fn take_pushes(&self, session: &Session) -> Vec<Bytes> {
+    pub fn take_pushes(&self, session: &Session) -> Vec<Push> {
         self.outboxes.take(session)
     }
 
@@ -617,9 +641,31 @@ mod tests {
         let live: Vec<u64> = reg.sessions_of(1, None).iter().map(|s| s.id()).collect();
         assert_eq!(live, [c.id(), a2.id()]);
         assert_eq!(reg.kick(1, Some(&device(3))), 1);
-        assert_eq!(reg.push(1, None, &Bytes::from_static(b"x"), 1 << 20), 1);
+        assert_eq!(reg.push(1, None, &push("t"), 1 << 20).sessions, 1);
         assert_eq!(reg.kick(1, None), 1);
         assert!(a2.was_last() && !reg.is_online(1));
+    }
+
+    fn push(topic: &str) -> Push {
+        Push { topic: Arc::from(topic), payload: Bytes::from_static(b"x") }
+    }
+
+    /// An MQTT session takes a push only on a topic it subscribed to, and is not counted
+    /// otherwise; the uid's other sessions take every push.
+    #[test]
+    fn a_subscriber_takes_only_the_topics_it_subscribed_to() {
+        let reg = registry_with_devices(5, 3);
+        let tcp = reg.login(1, device(1), 0);
+        let mqtt = reg.login_subscriber(1, device(2), 0);
+        assert!(mqtt.filters_pushes() && !tcp.filters_pushes());
+        let reach = reg.push(1, None, &push("idlegate/push"), 1 << 20);
+        assert_eq!(reach, Reach { sessions: 1, unsubscribed: 1 });
+        reg.subscriptions().subscribe(mqtt.id(), &["idlegate/+".to_string()]);
+        assert_eq!(reg.push(1, None, &push("idlegate/push"), 1 << 20), Reach { sessions: 2, unsubscribed: 0 });
+        assert_eq!(reg.push(1, None, &push("other"), 1 << 20), Reach { sessions: 1, unsubscribed: 1 });
+        assert_eq!(reg.take_pushes(&mqtt).len(), 1, "only the matching push was queued");
+        assert_eq!(reg.take_pushes(&tcp).len(), 3);
+        assert_eq!(reg.push(1, Some(&device(2)), &push("other"), 1 << 20), Reach { sessions: 0, unsubscribed: 1 });
     }
 
     /// Two devices of one uid swept in one chunk end together; only the second is the last,

@@ -53,6 +53,9 @@ pub struct Session {
     end: AtomicU8,
     /// Set by a wake-up the connection task has not seen yet.
     woken: AtomicBool,
+    /// An MQTT session: it takes a push only on a topic one of its subscriptions matches
+    /// (`subscriptions.rs`). In padding the allocation had anyway.
+    filters_pushes: bool,
     /// The connection task, woken for an ending or a push. An `AtomicWaker` and a flag
     /// rather than a `Notify`: waiting on a `Notify` takes a waiter node in the waiting
     /// future (80 bytes in every open connection's task), this takes a reference.
@@ -113,6 +116,7 @@ impl Session {
             device,
             end: AtomicU8::new(LIVE),
             woken: AtomicBool::new(false),
+            filters_pushes: false,
             waker: AtomicWaker::new(),
             data_bucket: AtomicU64::new(FRESH),
         }
@@ -137,6 +141,17 @@ impl Session {
         }
         self.data_bucket.store((u64::from(now as u32) << 32) | tokens, Ordering::Relaxed);
         allowed
+    }
+
+    /// The same session, taking only pushes its subscriptions match (an MQTT session).
+    pub(crate) fn filtering_pushes(mut self) -> Session {
+        self.filters_pushes = true;
+        self
+    }
+
+    /// Whether it takes only the pushes its subscriptions match, not every push.
+    pub fn filters_pushes(&self) -> bool {
+        self.filters_pushes
     }
 
     /// Its uid's place in the ring shard.

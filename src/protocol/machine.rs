@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use crate::error::AuthError;
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
-use crate::presence::{session_hex, unix_now, Liveness, Session};
+use crate::presence::{session_hex, unix_now, Liveness, Push, Session, Will};
 use crate::proto::{
     jittered_ms, put_frame, retry_text, CloseReason, Device, Frame, Transport, REFUSED_RETRY_BASE,
     REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
@@ -42,7 +42,7 @@ pub(crate) enum Wake {
     /// Someone ended the session (an expiry, a kick, shutdown): close with this reason.
     End(CloseReason),
     /// Pushes to send.
-    Push(Vec<Bytes>),
+    Push(Vec<Push>),
 }
 
 /// The protocol state of one connection.
@@ -111,7 +111,7 @@ impl Machine {
         let metrics: &Metrics = &self.gateway.metrics;
         metrics.frame(&frame);
         match (&self.session, frame) {
-            (None, Frame::Login { uid, token, device }) => self.login(uid, &token, device, out),
+            (None, Frame::Login { uid, token, device }) => self.login(uid, &token, device, false, out),
             (Some(_), Frame::Login { .. }) => Err((CloseReason::ProtocolError, "second LOGIN".into())),
             (Some(_), Frame::Ping(payload)) => {
                 self.activity()?;
@@ -142,10 +142,39 @@ impl Machine {
         self.data(payload, Some(&topic))
     }
 
-    /// The will of the MQTT session that just logged in: told in its offline event.
-    pub(crate) fn on_will(&mut self, will: crate::presence::Will) -> Result<(), Close> {
+    /// An MQTT CONNECT: the LOGIN of a session that takes only the pushes it subscribes to,
+    /// and its will, told in its offline event.
+    pub(crate) fn on_connect(
+        &mut self,
+        login: Frame,
+        will: Option<Box<Will>>,
+        out: &mut (impl Out + ?Sized),
+    ) -> Result<(), Close> {
+        self.gateway.metrics.frame(&login);
+        let Frame::Login { uid, token, device } = login else {
+            return Err((CloseReason::ProtocolError, "CONNECT must be the first packet".into()));
+        };
+        if self.session.is_some() {
+            return Err((CloseReason::ProtocolError, "a second CONNECT".into()));
+        }
+        self.login(uid, &token, device, true, out)?;
+        if let (Some(session), Some(will)) = (&self.session, will) {
+            self.gateway.registry.events().set_will(session, *will);
+        }
+        Ok(())
+    }
+
+    /// An MQTT SUBSCRIBE (`subscribe`) or UNSUBSCRIBE: activity, and the session's topic
+    /// filters change.
+    pub(crate) fn on_subscriptions(&mut self, filters: &[String], subscribe: bool) -> Result<(), Close> {
+        self.activity()?;
         if let Some(session) = &self.session {
-            self.gateway.registry.events().set_will(session, will);
+            let subscriptions = self.gateway.registry.subscriptions();
+            if subscribe {
+                subscriptions.subscribe(session.id(), filters);
+            } else {
+                subscriptions.unsubscribe(session.id(), filters);
+            }
         }
         Ok(())
     }
@@ -166,7 +195,16 @@ impl Machine {
         self.activity().map(|_| ())
     }
 
-    fn login(&mut self, uid: u64, token: &[u8], device: Device, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
+    /// Logs in; `subscriber` for an MQTT session, which takes only the pushes its
+    /// subscriptions match.
+    fn login(
+        &mut self,
+        uid: u64,
+        token: &[u8],
+        device: Device,
+        subscriber: bool,
+        out: &mut (impl Out + ?Sized),
+    ) -> Result<(), Close> {
         let gateway = &self.gateway;
         if let Some(auth) = &gateway.config.auth {
             if let Err(e) = auth.verify(uid, token, unix_now()) {
@@ -183,7 +221,10 @@ impl Machine {
             }
         }
         let now = gateway.clock.now();
-        let session = gateway.registry.login(uid, device, now);
+        let session = match subscriber {
+            true => gateway.registry.login_subscriber(uid, device, now),
+            false => gateway.registry.login(uid, device, now),
+        };
         let id = session_hex(session.id());
         self.session = Some(session);
         self.last_tick = now;
@@ -236,9 +277,14 @@ impl Machine {
     /// Ends the session (the first reason given wins) and says what to send last: the pushes
     /// a backend was told were sent, then the BYE (with a retry hint for shutdown). Returns
     /// the reason the connection closes with.
-    pub(crate) fn goodbye(&self, reason: CloseReason, text: String) -> (CloseReason, Vec<Frame>) {
+    pub(crate) fn goodbye(&self, reason: CloseReason, text: String) -> (CloseReason, Vec<Push>, Option<Frame>) {
         let reason = match &self.session {
-            Some(session) => self.gateway.registry.leave(session, reason),
+            Some(session) => {
+                // Here, the connection's last word, not at the ending: a SUBSCRIBE read after
+                // a kick but before its wake-up would otherwise leave its filters behind.
+                self.gateway.registry.subscriptions().forget(session.id());
+                self.gateway.registry.leave(session, reason)
+            }
             None => reason,
         };
         // Counted before the client can see the close, so whoever watches both never sees
@@ -265,7 +311,7 @@ impl Machine {
             _ => text,
         };
         let bye = reason.wire_code().map(|_| Frame::Bye { reason, text });
-        (reason, pushes.into_iter().map(Frame::Push).chain(bye).collect())
+        (reason, pushes, bye)
     }
 
     /// After the connection on `transport` closed with `reason`.

@@ -26,6 +26,7 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use crate::config::max_queued_bytes;
+use crate::presence::Push;
 use crate::proto::{CloseReason, Frame, Transport};
 use crate::protocol::{Close, Out};
 
@@ -81,8 +82,13 @@ pub(crate) enum Input {
     Activity,
     /// An MQTT PUBLISH: a DATA on a topic.
     Publish { topic: std::sync::Arc<str>, payload: bytes::Bytes },
-    /// The will of the MQTT session that just logged in.
-    Will(Box<crate::presence::Will>),
+    /// An MQTT CONNECT: a LOGIN of a session that takes only the pushes it subscribes to,
+    /// and its will.
+    Connect { login: Frame, will: Option<Box<crate::presence::Will>> },
+    /// An MQTT SUBSCRIBE's topic filters.
+    Subscribe(Vec<String>),
+    /// An MQTT UNSUBSCRIBE's topic filters.
+    Unsubscribe(Vec<String>),
 }
 
 /// How a door's plaintext becomes frames and frames become plaintext.
@@ -100,6 +106,12 @@ pub(crate) trait Framing {
 
     /// Appends `frame` to `out` as this door sends it.
     fn encode(&mut self, frame: &Frame, out: &mut BytesMut);
+
+    /// Appends a backend's push to `out`: a PUSH frame of its payload, or (MQTT) a PUBLISH
+    /// on its topic.
+    fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
+        self.encode(&Frame::Push(push.payload.clone()), out);
+    }
 
     /// The unit decoded last was taken by the protocol machine: appends what the door says
     /// to that (an MQTT PUBACK, once the DATA is in the event log).
@@ -220,26 +232,29 @@ impl<L: Layer, F: Framing> Connection<L, F> {
         })
     }
 
-    /// Queues `frames` after the replies already waiting and writes what the socket takes.
-    pub(crate) fn send(&mut self, frames: impl IntoIterator<Item = Frame>) -> Result<(), Close> {
+    /// Queues `pushes` after the replies already waiting and writes what the socket takes.
+    pub(crate) fn send(&mut self, pushes: &[Push]) -> Result<(), Close> {
         self.write_with(|conn, plain, _| {
-            for frame in frames {
-                conn.framing.encode(&frame, plain);
+            for push in pushes {
+                conn.framing.encode_push(push, plain);
             }
             Ok(())
         })
     }
 
-    /// Sends `last` (pushes still queued, then the BYE) after the replies still waiting,
-    /// within a deadline, and closes. Best effort: a client that does not read loses them,
-    /// not our time.
-    pub(crate) async fn close(mut self, last: impl IntoIterator<Item = Frame>) {
+    /// Sends `pushes` still queued, then `bye`, after the replies still waiting, within a
+    /// deadline, and closes. Best effort: a client that does not read loses them, not our
+    /// time.
+    pub(crate) async fn close(mut self, pushes: &[Push], bye: Option<Frame>) {
         let mut out = self.take(unsent);
         // On a clear layer the frames are written where they are sent from, as replies are.
         let mut plain = BytesMut::new();
         let to = if L::CLEAR { &mut out } else { &mut plain };
-        for frame in last {
-            self.framing.encode(&frame, to);
+        for push in pushes {
+            self.framing.encode_push(push, to);
+        }
+        if let Some(bye) = bye {
+            self.framing.encode(&bye, to);
         }
         if !L::CLEAR && self.layer.ready() {
             // A BYE the handshake never reached has nobody to read it: dropped.

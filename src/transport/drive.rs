@@ -15,7 +15,7 @@ use tokio::time::{sleep, Instant};
 
 use crate::gateway::Gateway;
 use crate::presence::Session;
-use crate::proto::{CloseReason, Frame, Transport};
+use crate::proto::{CloseReason, Transport};
 use crate::protocol::{Close, Machine, Wake};
 use crate::transport::connection::{Connection, Framing, Input, Layer};
 
@@ -103,7 +103,7 @@ async fn until_end<L: Layer, F: Framing>(machine: &mut Machine, conn: &mut Conne
             biased;
             _ = woken(machine.session()) => match machine.on_wake() {
                 Some(Wake::End(reason)) => return (reason, String::new()),
-                Some(Wake::Push(pushes)) => conn.send(pushes.into_iter().map(Frame::Push)),
+                Some(Wake::Push(pushes)) => conn.send(&pushes),
                 None => Ok(()),
             },
             ready = conn.ready() => conn.on_ready(ready, |input, out| on_input(machine, input, out)),
@@ -121,8 +121,8 @@ async fn close<L: Layer, F: Framing>(
     reason: CloseReason,
     text: String,
 ) -> CloseReason {
-    let (reason, last) = machine.goodbye(reason, text);
-    conn.close(last).await;
+    let (reason, pushes, bye) = machine.goodbye(reason, text);
+    conn.close(&pushes, bye).await;
     machine.closed(Connection::<L, F>::TRANSPORT, reason);
     reason
 }
@@ -133,7 +133,9 @@ fn on_input(machine: &mut Machine, input: Input, out: &mut dyn crate::protocol::
         Input::Frame(frame) => machine.on_frame(frame, out),
         Input::Activity => machine.on_activity(),
         Input::Publish { topic, payload } => machine.on_publish(topic, payload),
-        Input::Will(will) => machine.on_will(*will),
+        Input::Connect { login, will } => machine.on_connect(login, will, out),
+        Input::Subscribe(filters) => machine.on_subscriptions(&filters, true),
+        Input::Unsubscribe(filters) => machine.on_subscriptions(&filters, false),
     }
 }
 

@@ -3,8 +3,8 @@
 //!
 //! CONNECT is the LOGIN (username: the uid in decimal, password: the token, client
 //! identifier: the device), PINGREQ the PING, PUBLISH (QoS 0 or 1) the DATA, DISCONNECT the
-//! LOGOUT; SUBSCRIBE and UNSUBSCRIBE are answered here and decide which pushes the session
-//! receives, as QoS 0 PUBLISHes on the push topic. The gateway's frames go out as the
+//! LOGOUT; SUBSCRIBE and UNSUBSCRIBE are answered here and tell the registry which pushes
+//! the session takes (`presence/subscriptions.rs`), as QoS 0 PUBLISHes on their topics. The gateway's frames go out as the
 //! version's packets: WELCOME as CONNACK (MQTT 5 with the Server Keep Alive the window
 //! needs), PONG as PINGRESP, a BYE before the session as a refusing CONNACK, after it as
 //! MQTT 5's DISCONNECT with the matching reason code (3.1.1 has none: the socket closes).
@@ -20,7 +20,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
 use mqtt5_protocol::QoS;
 
-use crate::presence::Will;
+use crate::presence::{Push, Will};
 use crate::proto::mqtt::{fixed_header, put_fixed_header as put_header, put_str, put_varint};
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
@@ -126,27 +126,13 @@ pub(crate) struct Mqtt {
     answered: bool,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
     owed_ack: Option<u16>,
-    /// CONNECT's will, handed over as soon as the session it belongs to exists.
-    will: Option<Box<Will>>,
-    /// The client's topic filters: a boxed slice, which allocates nothing while empty and
-    /// is rebuilt on the rare SUBSCRIBE or UNSUBSCRIBE.
-    filters: Box<[String]>,
 }
 
 // === impl Mqtt ===
 
 impl Mqtt {
     pub(crate) fn new(max_packet_bytes: u32, policy: Arc<MqttPolicy>) -> Mqtt {
-        Mqtt {
-            policy,
-            max_packet_bytes,
-            version: 0,
-            welcomed: false,
-            answered: false,
-            owed_ack: None,
-            will: None,
-            filters: Box::default(),
-        }
+        Mqtt { policy, max_packet_bytes, version: 0, welcomed: false, answered: false, owed_ack: None }
     }
 
     fn limit(&self) -> u32 {
@@ -157,17 +143,13 @@ impl Mqtt {
         }
     }
 
-    /// Whether a push goes to this session: a subscription matches the push topic.
-    fn subscribed(&self) -> bool {
-        self.filters.iter().any(|f| matches(&self.policy.push_topic, f))
-    }
-
-    /// The LOGIN a CONNECT stands for, or the refusal (a CONNACK in `out`, then the close).
+    /// The LOGIN a CONNECT stands for, with its will, or the refusal (a CONNACK in `out`,
+    /// then the close).
     fn connect(
         &mut self,
         connect: &mqtt5_protocol::packet::connect::ConnectPacket,
         out: &mut BytesMut,
-    ) -> Result<Frame, Close> {
+    ) -> Result<Input, Close> {
         let version = connect.protocol_version;
         if version != LEVEL_311 && version != LEVEL_5 {
             // An unknown level's client reads a 3.1.1 CONNACK (3.1.2.2).
@@ -212,10 +194,10 @@ impl Mqtt {
             ));
         }
         let token = Bytes::from(connect.password.clone().unwrap_or_default());
-        self.will = connect.will.as_ref().map(|will| {
+        let will = connect.will.as_ref().map(|will| {
             Box::new(Will { topic: will.topic.as_str().into(), payload: Bytes::from(will.payload.clone()) })
         });
-        Ok(Frame::Login { uid, token, device })
+        Ok(Input::Connect { login: Frame::Login { uid, token, device }, will })
     }
 }
 
@@ -224,10 +206,6 @@ impl Framing for Mqtt {
     const MQTT: bool = true;
 
     fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
-        // Asked again right after the LOGIN was taken: the session exists now.
-        if let Some(will) = self.will.take().filter(|_| self.welcomed) {
-            return Ok(Some(Input::Will(will)));
-        }
         let Some((at, len)) = fixed_header(src).map_err(|why| self.malformed(out, &why.to_string()))? else {
             src.reserve(8);
             return Ok(None);
@@ -249,7 +227,7 @@ impl Framing for Mqtt {
         let packet = Packet::decode_from_body_with_version(fixed.packet_type, &fixed, &mut whole, level)
             .map_err(|e| self.malformed(out, &e.to_string()))?;
         match (self.version, packet) {
-            (0, Packet::Connect(connect)) => self.connect(&connect, out).map(|f| Some(Input::Frame(f))),
+            (0, Packet::Connect(connect)) => self.connect(&connect, out).map(Some),
             (0, _) => Err((CloseReason::ProtocolError, "CONNECT must be the first packet".into())),
             (_, Packet::Connect(_)) => Err(self.refuse(out, code5::PROTOCOL_ERROR, "a second CONNECT")),
             (_, Packet::Publish(publish)) => match publish.qos {
@@ -263,22 +241,12 @@ impl Framing for Mqtt {
                 }
             },
             (_, Packet::Subscribe(subscribe)) => {
-                let mut filters = std::mem::take(&mut self.filters).into_vec();
-                for filter in &subscribe.filters {
-                    if !filters.contains(&filter.filter) {
-                        filters.push(filter.filter.clone());
-                    }
-                }
-                self.filters = filters.into_boxed_slice();
                 put_suback(out, self.version, packet::SUBACK, subscribe.packet_id, subscribe.filters.len());
-                Ok(Some(Input::Activity))
+                Ok(Some(Input::Subscribe(subscribe.filters.into_iter().map(|f| f.filter).collect())))
             }
             (_, Packet::Unsubscribe(unsubscribe)) => {
-                let mut filters = std::mem::take(&mut self.filters).into_vec();
-                filters.retain(|f| !unsubscribe.filters.contains(f));
-                self.filters = filters.into_boxed_slice();
                 put_suback(out, self.version, packet::UNSUBACK, unsubscribe.packet_id, unsubscribe.filters.len());
-                Ok(Some(Input::Activity))
+                Ok(Some(Input::Unsubscribe(unsubscribe.filters)))
             }
             (_, Packet::Disconnect(_)) => Ok(Some(Input::Frame(Frame::Logout))),
             // Acknowledgements of QoS the gateway never sends, AUTH: nothing to do, but the
@@ -291,6 +259,10 @@ impl Framing for Mqtt {
                 Err(self.refuse(out, code5::PROTOCOL_ERROR, &why))
             }
         }
+    }
+
+    fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
+        self.publish(&push.topic, &push.payload, out);
     }
 
     fn accepted(&mut self, out: &mut BytesMut) {
@@ -315,17 +287,8 @@ impl Framing for Mqtt {
                 self.welcomed = true;
             }
             Frame::Pong(_) => out.put_slice(&[packet::PINGRESP, 0]),
-            Frame::Push(payload) if self.subscribed() => {
-                let topic = self.policy.push_topic.as_bytes();
-                let properties = usize::from(self.version == LEVEL_5);
-                put_header(out, packet::PUBLISH, 2 + topic.len() + properties + payload.len());
-                put_str(out, topic);
-                if properties == 1 {
-                    out.put_u8(0);
-                }
-                out.put_slice(payload);
-            }
-            Frame::Push(_) => {}
+            // Pushes come through `encode_push`, with their topics.
+            Frame::Push(payload) => self.publish(&self.policy.push_topic.clone(), payload, out),
             Frame::Bye { reason, text } => self.bye(*reason, text, out),
             // Client frames never come back out.
             Frame::Login { .. } | Frame::Ping(_) | Frame::Data(_) | Frame::Logout => {}
@@ -342,6 +305,19 @@ impl Framing for Mqtt {
 }
 
 impl Mqtt {
+    /// A QoS 0 PUBLISH of `payload` on `topic` (the registry queued it only for a session
+    /// that subscribed to the topic).
+    fn publish(&self, topic: &str, payload: &[u8], out: &mut BytesMut) {
+        let topic = topic.as_bytes();
+        let properties = usize::from(self.version == LEVEL_5);
+        put_header(out, packet::PUBLISH, 2 + topic.len() + properties + payload.len());
+        put_str(out, topic);
+        if properties == 1 {
+            out.put_u8(0);
+        }
+        out.put_slice(payload);
+    }
+
     /// The gateway's BYE as this version says it: a refusing CONNACK before the session,
     /// MQTT 5's DISCONNECT after it, nothing for 3.1.1 (its server closes without a word).
     fn bye(&mut self, reason: CloseReason, text: &str, out: &mut BytesMut) {
@@ -455,85 +431,5 @@ fn other_type(packet: &Packet) -> &'static str {
         Packet::UnsubAck(_) => "UNSUBACK",
         Packet::PingResp => "PINGRESP",
         _ => "this packet",
-    }
-}
-
-/// Whether `topic` matches the subscription `filter` by MQTT's rules (4.7): `+` one level,
-/// `#` (last) the level it stands at and everything below; a topic starting with `$` is
-/// matched by no filter starting with a wildcard.
-pub(crate) fn matches(topic: &str, filter: &str) -> bool {
-    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let mut levels = topic.split('/');
-    let mut parts = filter.split('/').peekable();
-    while let Some(part) = parts.next() {
-        if part == "#" {
-            return parts.peek().is_none();
-        }
-        match levels.next() {
-            Some(level) if part == "+" || part == level => {}
-            _ => return false,
-        }
-    }
-    levels.next().is_none()
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    /// MQTT 4.7, read plainly: level by level, recursively.
-    fn plain(topic: &[&str], filter: &[&str]) -> bool {
-        match (topic, filter) {
-            (_, ["#"]) => true,
-            ([], []) => true,
-            ([level, rest @ ..], [part, more @ ..]) if *part == "+" || part == level => plain(rest, more),
-            _ => false,
-        }
-    }
-
-    fn levels() -> impl Strategy<Value = Vec<&'static str>> {
-        proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")], 1..5)
-    }
-
-    proptest! {
-        #[test]
-        fn filters_match_as_the_plain_reading_says(
-            topic in levels(),
-            filter in proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("+"), Just("$s")], 0..4),
-            hash in any::<bool>(),
-        ) {
-            let mut filter = filter;
-            if hash || filter.is_empty() {
-                filter.push("#");
-            }
-            let (t, f) = (topic.join("/"), filter.join("/"));
-            let dollar = t.starts_with('$') && (f.starts_with('+') || f.starts_with('#'));
-            prop_assert_eq!(matches(&t, &f), plain(&topic, &filter) && !dollar, "{} against {}", t, f);
-        }
-    }
-
-    #[test]
-    fn filters_match_by_mqtt_s_rules() {
-        for (topic, filter, want) in [
-            ("idlegate/push", "idlegate/push", true),
-            ("idlegate/push", "idlegate/+", true),
-            ("idlegate/push", "#", true),
-            ("idlegate/push", "idlegate/#", true),
-            ("idlegate", "idlegate/#", true),
-            ("idlegate/push", "+/+", true),
-            ("idlegate/push", "+", false),
-            ("idlegate/push/x", "idlegate/+", false),
-            ("idlegate/push", "idlegate/push/#", true),
-            ("idlegate/push", "idlegate/pus", false),
-            ("$SYS/x", "#", false),
-            ("$SYS/x", "$SYS/#", true),
-            ("a//b", "a/+/b", true),
-        ] {
-            assert_eq!(matches(topic, filter), want, "{topic} against {filter}");
-        }
     }
 }

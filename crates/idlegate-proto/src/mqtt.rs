@@ -1,6 +1,7 @@
 //! MQTT's framing (3.1.1 and 5, section 2.2): the fixed header with its variable-length
-//! remaining length, and length-prefixed strings. What the MQTT door and the load tests'
-//! MQTT clients share; the packets themselves are theirs.
+//! remaining length, and length-prefixed strings; and its topic rules (4.7): which names a
+//! push may go out on, and which subscriptions match them. What the MQTT door, the backend
+//! API and the load tests' MQTT clients share; the packets themselves are theirs.
 
 use bytes::BufMut;
 
@@ -59,9 +60,129 @@ pub fn put_str(out: &mut impl BufMut, s: &[u8]) {
     out.put_slice(s);
 }
 
+/// Longest topic name: a u16-prefixed string (1.5.3).
+pub const MAX_TOPIC_BYTES: usize = u16::MAX as usize;
+
+/// Why a string cannot be a topic name a message is published on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopicError {
+    #[error("a topic name is at least one character")]
+    Empty,
+    #[error("a topic name is at most {MAX_TOPIC_BYTES} bytes")]
+    TooLong,
+    #[error("a topic name holds no wildcard ('+' or '#'): those are for subscriptions")]
+    Wildcard,
+    #[error("a topic name holds no NUL character")]
+    Nul,
+}
+
+/// Checks `name` as a topic a message may be published on (4.7.3): not empty, no
+/// wildcards, no NUL, short enough for its length prefix.
+pub fn check_topic_name(name: &str) -> Result<(), TopicError> {
+    if name.is_empty() {
+        return Err(TopicError::Empty);
+    }
+    if name.len() > MAX_TOPIC_BYTES {
+        return Err(TopicError::TooLong);
+    }
+    if name.contains(['+', '#']) {
+        return Err(TopicError::Wildcard);
+    }
+    if name.contains('\0') {
+        return Err(TopicError::Nul);
+    }
+    Ok(())
+}
+
+/// Whether `topic` matches the subscription `filter` by MQTT's rules (4.7): `+` one level,
+/// `#` (last) the level it stands at and everything below; a topic starting with `$` is
+/// matched by no filter starting with a wildcard.
+pub fn topic_matches(topic: &str, filter: &str) -> bool {
+    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+        return false;
+    }
+    let mut levels = topic.split('/');
+    let mut parts = filter.split('/').peekable();
+    while let Some(part) = parts.next() {
+        if part == "#" {
+            return parts.peek().is_none();
+        }
+        match levels.next() {
+            Some(level) if part == "+" || part == level => {}
+            _ => return false,
+        }
+    }
+    levels.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// MQTT 4.7, read plainly: level by level, recursively.
+    fn plain(topic: &[&str], filter: &[&str]) -> bool {
+        match (topic, filter) {
+            (_, ["#"]) => true,
+            ([], []) => true,
+            ([level, rest @ ..], [part, more @ ..]) if *part == "+" || part == level => plain(rest, more),
+            _ => false,
+        }
+    }
+
+    fn levels() -> impl Strategy<Value = Vec<&'static str>> {
+        proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")], 1..5)
+    }
+
+    proptest! {
+        #[test]
+        fn filters_match_as_the_plain_reading_says(
+            topic in levels(),
+            filter in proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("+"), Just("$s")], 0..4),
+            hash in any::<bool>(),
+        ) {
+            let mut filter = filter;
+            if hash || filter.is_empty() {
+                filter.push("#");
+            }
+            let (t, f) = (topic.join("/"), filter.join("/"));
+            let dollar = t.starts_with('$') && (f.starts_with('+') || f.starts_with('#'));
+            prop_assert_eq!(topic_matches(&t, &f), plain(&topic, &filter) && !dollar, "{} against {}", t, f);
+        }
+    }
+
+    #[test]
+    fn filters_match_by_mqtt_s_rules() {
+        for (topic, filter, want) in [
+            ("idlegate/push", "idlegate/push", true),
+            ("idlegate/push", "idlegate/+", true),
+            ("idlegate/push", "#", true),
+            ("idlegate/push", "idlegate/#", true),
+            ("idlegate", "idlegate/#", true),
+            ("idlegate/push", "+/+", true),
+            ("idlegate/push", "+", false),
+            ("idlegate/push/x", "idlegate/+", false),
+            ("idlegate/push", "idlegate/push/#", true),
+            ("idlegate/push", "idlegate/pus", false),
+            ("$SYS/x", "#", false),
+            ("$SYS/x", "$SYS/#", true),
+            ("a//b", "a/+/b", true),
+        ] {
+            assert_eq!(topic_matches(topic, filter), want, "{topic} against {filter}");
+        }
+    }
+
+    #[test]
+    fn topic_names_refuse_wildcards_and_emptiness() {
+        assert_eq!(check_topic_name("idlegate/push"), Ok(()));
+        assert_eq!(check_topic_name("/"), Ok(()));
+        assert_eq!(check_topic_name(""), Err(TopicError::Empty));
+        assert_eq!(check_topic_name("a/+"), Err(TopicError::Wildcard));
+        assert_eq!(check_topic_name("a/#"), Err(TopicError::Wildcard));
+        assert_eq!(check_topic_name("a\0b"), Err(TopicError::Nul));
+        assert_eq!(check_topic_name(&"x".repeat(MAX_TOPIC_BYTES + 1)), Err(TopicError::TooLong));
+    }
 
     #[test]
     fn remaining_lengths_round_trip_at_every_width() {
