@@ -1,6 +1,7 @@
 //! The doors clients come in by, each driving the one protocol machine (`drive`) over a
 //! [`connection::Connection`] with its own layer and framing: plain TCP (`tcp`), TLS
-//! (`tls` under the length-prefixed frames), WebSocket (`ws`), and WebSocket under TLS.
+//! (`tls` under the length-prefixed frames), WebSocket (`ws`), WebSocket under TLS, and MQTT
+//! (`mqtt`) alone, under TLS, or inside WebSocket (the `mqtt` subprotocol).
 
 mod connection;
 mod drive;
@@ -39,14 +40,15 @@ impl Doors {
     pub(crate) fn new(gateway: &Gateway) -> Doors {
         let config = &gateway.config;
         let identity = config.tls.as_ref();
+        let mqtt = Arc::new(mqtt::MqttPolicy::new(config));
         Doors {
             tls: identity.map(|id| handing_over_keys(id.server_config(&[TLS_ALPN]))),
             wss: identity.map(|id| handing_over_keys(id.server_config(&[b"http/1.1"]))),
             // MQTT clients rarely offer ALPN; those that do say "mqtt" (a client offering
             // none is served whatever the server lists).
             mqtts: identity.map(|id| handing_over_keys(id.server_config(&[b"mqtt"]))),
-            ws: Arc::new(WsPolicy { allowed_origins: config.ws_allowed_origins.clone() }),
-            mqtt: Arc::new(mqtt::MqttPolicy::new(config)),
+            ws: Arc::new(WsPolicy { allowed_origins: config.ws_allowed_origins.clone(), mqtt: Some(mqtt.clone()) }),
+            mqtt,
         }
     }
 

@@ -135,7 +135,8 @@ impl Mqtt {
         Mqtt { policy, max_packet_bytes, version: 0, welcomed: false, answered: false, owed_ack: None }
     }
 
-    fn limit(&self) -> u32 {
+    /// The longest packet accepted now: a CONNECT's bound until there is a session.
+    pub(crate) fn limit(&self) -> u32 {
         if self.version == 0 {
             MAX_CONNECT_BYTES.min(self.max_packet_bytes)
         } else {
@@ -206,16 +207,58 @@ impl Framing for Mqtt {
     const MQTT: bool = true;
 
     fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
-        let Some((at, len)) = fixed_header(src).map_err(|why| self.malformed(out, &why.to_string()))? else {
-            src.reserve(8);
+        let mut missing = 0;
+        let input = self.next(src, src.len(), &mut missing, out)?;
+        if input.is_none() {
+            src.reserve(missing);
+        }
+        Ok(input)
+    }
+
+    fn encode(&mut self, frame: &Frame, out: &mut BytesMut) {
+        self.encode_frame(frame, out);
+    }
+
+    fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
+        self.publish(&push.topic, &push.payload, out);
+    }
+
+    fn accepted(&mut self, out: &mut BytesMut) {
+        self.acknowledge(out);
+    }
+
+    fn max_frame_bytes(&self) -> u32 {
+        self.max_packet_bytes
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+impl Mqtt {
+    /// The next packet among the first `avail` bytes of `src` (an MQTT stream: the socket's
+    /// bytes, or WebSocket messages' payloads), taken off it; `None` until it has all
+    /// arrived, with `missing` set to how much more to make room for. Replies the door makes
+    /// by itself (SUBACK, a refusing CONNACK) go to `out`.
+    pub(crate) fn next(
+        &mut self,
+        src: &mut BytesMut,
+        avail: usize,
+        missing: &mut usize,
+        out: &mut BytesMut,
+    ) -> Result<Option<Input>, Close> {
+        debug_assert!(avail <= src.len());
+        let Some((at, len)) = fixed_header(&src[..avail]).map_err(|why| self.malformed(out, &why.to_string()))? else {
+            *missing = 8;
             return Ok(None);
         };
         if len > self.limit() as usize {
             let why = format!("packet of {len} bytes over the limit of {}", self.limit());
             return Err(self.malformed(out, &why));
         }
-        if src.len() < at + len {
-            src.reserve((at + len - src.len()).min(src.len().max(64)));
+        if avail < at + len {
+            *missing = (at + len - avail).min(avail.max(64));
             return Ok(None);
         }
         let mut whole = src.split_to(at + len);
@@ -261,18 +304,16 @@ impl Framing for Mqtt {
         }
     }
 
-    fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
-        self.publish(&push.topic, &push.payload, out);
-    }
-
-    fn accepted(&mut self, out: &mut BytesMut) {
+    /// The PUBACK a QoS 1 PUBLISH is owed, once the machine took its DATA.
+    pub(crate) fn acknowledge(&mut self, out: &mut BytesMut) {
         if let Some(id) = self.owed_ack.take() {
             out.put_slice(&[packet::PUBACK, 2]);
             out.put_u16(id);
         }
     }
 
-    fn encode(&mut self, frame: &Frame, out: &mut BytesMut) {
+    /// Appends `frame` as this version's packet.
+    pub(crate) fn encode_frame(&mut self, frame: &Frame, out: &mut BytesMut) {
         match frame {
             Frame::Welcome { .. } => {
                 let mut props = BytesMut::new();
@@ -294,20 +335,12 @@ impl Framing for Mqtt {
             Frame::Login { .. } | Frame::Ping(_) | Frame::Data(_) | Frame::Logout => {}
         }
     }
-
-    fn max_frame_bytes(&self) -> u32 {
-        self.max_packet_bytes
-    }
-
-    fn ready(&self) -> bool {
-        true
-    }
 }
 
 impl Mqtt {
     /// A QoS 0 PUBLISH of `payload` on `topic` (the registry queued it only for a session
     /// that subscribed to the topic).
-    fn publish(&self, topic: &str, payload: &[u8], out: &mut BytesMut) {
+    pub(crate) fn publish(&self, topic: &str, payload: &[u8], out: &mut BytesMut) {
         let topic = topic.as_bytes();
         let properties = usize::from(self.version == LEVEL_5);
         put_header(out, packet::PUBLISH, 2 + topic.len() + properties + payload.len());

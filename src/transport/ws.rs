@@ -13,6 +13,13 @@
 //! `4000 + reason byte` and the reason's name; a text message closes with 1003, a message
 //! over `--max-frame-bytes` with 1009, any other malformed frame with 4004 after its
 //! BYE(protocol_error). Pings are answered with pongs; every frame counts as activity.
+//!
+//! A client that offers the `mqtt` subprotocol (`Sec-WebSocket-Protocol: mqtt`, as MQTT.js
+//! and paho's WebSocket transports do; `mqttv3.1` too) speaks MQTT inside instead: binary
+//! messages carry an MQTT byte stream, packets need not line up with messages (MQTT 5,
+//! 6.0), and the MQTT door's framing (`mqtt.rs`) reads it from the front of the same buffer,
+//! so nothing new is held between packets. Each packet the gateway sends is one binary
+//! message.
 
 use std::sync::Arc;
 
@@ -20,9 +27,11 @@ use base64::Engine;
 use bytes::{Buf, BufMut, BytesMut};
 use sha1::{Digest, Sha1};
 
+use crate::presence::Push;
 use crate::proto::{CloseReason, Frame, BYE_CLOSE_BASE, MAX_LOGIN_FRAME_BYTES, WS_PATH};
 use crate::protocol::Close;
 use crate::transport::connection::{disconnect, Framing, Input};
+use crate::transport::mqtt::{Mqtt, MqttPolicy};
 
 /// Longest upgrade request read: browsers send well under 2 KiB, cookies included.
 const MAX_UPGRADE_BYTES: usize = 8 * 1024;
@@ -57,6 +66,17 @@ const MIN_SPLIT_GROWTH: usize = 64;
 /// `refusal` after a close frame went out: nothing more may follow it.
 const CLOSED: u16 = u16::MAX;
 
+/// Longest header of a frame the gateway sends (no mask): 2 bytes, and 8 of length.
+const MAX_SERVER_HEADER: usize = 10;
+
+/// The subprotocols that carry MQTT: MQTT's own name (MQTT 3.1.1 section 6, MQTT 5 section
+/// 6), and the one MQTT 3.1 clients still offer.
+const MQTT_SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
+
+/// In MQTT mode, how many packets' worth of bytes may wait in the stream: a packet's tail
+/// and the message after it (packets need not line up with messages).
+const MQTT_STREAM_PACKETS: u32 = 2;
+
 mod opcode {
     pub const CONTINUATION: u8 = 0x0;
     pub const TEXT: u8 = 0x1;
@@ -66,11 +86,14 @@ mod opcode {
     pub const PONG: u8 = 0xA;
 }
 
-/// Who may upgrade: `--ws-allowed-origins` (none: any origin).
+/// Who may upgrade: `--ws-allowed-origins` (none: any origin); and how MQTT inside is
+/// served.
 #[derive(Debug, Default)]
 pub struct WsPolicy {
     /// Origins allowed, compared without regard to ASCII case; `None` allows any.
     pub allowed_origins: Option<Vec<String>>,
+    /// What MQTT connections share; `None` refuses the `mqtt` subprotocol.
+    pub(crate) mqtt: Option<Arc<MqttPolicy>>,
 }
 
 /// One WebSocket connection's framing; see the module documentation.
@@ -87,13 +110,24 @@ pub(crate) struct WebSocket {
     /// The close code (or, before the upgrade, the HTTP status) the next BYE goes out with
     /// instead of its own; [`CLOSED`] once a close frame went out.
     refusal: u16,
+    /// The MQTT framing, when the upgrade agreed on the `mqtt` subprotocol; `gathered` is
+    /// then the MQTT stream's unread bytes.
+    mqtt: Option<Box<Mqtt>>,
 }
 
 // === impl WebSocket ===
 
 impl WebSocket {
     pub(crate) fn new(max_frame_bytes: u32, policy: Arc<WsPolicy>) -> WebSocket {
-        WebSocket { max_frame_bytes, gathered: 0, upgrade: Some(policy), fragmented: false, first: true, refusal: 0 }
+        WebSocket {
+            max_frame_bytes,
+            gathered: 0,
+            upgrade: Some(policy),
+            fragmented: false,
+            first: true,
+            refusal: 0,
+            mqtt: None,
+        }
     }
 
     /// Fails the connection, answering with `code` (a close code, or an HTTP status before
@@ -152,16 +186,32 @@ impl WebSocket {
             }
         }
         let accept = accept_key(key.as_bytes());
+        let offered = header("sec-websocket-protocol").unwrap_or_default();
+        let subprotocol = match &policy.mqtt {
+            // Subprotocol names are tokens, compared exactly (RFC 6455 section 4.1).
+            Some(mqtt) => offered.split(',').map(str::trim).find(|p| MQTT_SUBPROTOCOLS.contains(p)).map(|p| {
+                self.mqtt = Some(Box::new(Mqtt::new(self.max_frame_bytes, mqtt.clone())));
+                p.to_string()
+            }),
+            None => None,
+        };
         src.advance(consumed);
         out.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n");
         out.extend_from_slice(b"Sec-WebSocket-Accept: ");
         out.extend_from_slice(accept.as_bytes());
+        if let Some(subprotocol) = subprotocol {
+            out.extend_from_slice(b"\r\nSec-WebSocket-Protocol: ");
+            out.extend_from_slice(subprotocol.as_bytes());
+        }
         out.extend_from_slice(b"\r\n\r\n");
         Ok(true)
     }
 
-    /// The longest message accepted now.
+    /// The longest message accepted now (in MQTT mode: the stream's bytes, with it).
     fn limit(&self) -> u32 {
+        if let Some(mqtt) = &self.mqtt {
+            return mqtt.limit().saturating_mul(MQTT_STREAM_PACKETS);
+        }
         if self.first {
             self.max_frame_bytes.min(MAX_LOGIN_FRAME_BYTES)
         } else {
@@ -212,6 +262,16 @@ impl Framing for WebSocket {
         }
         loop {
             let g = self.gathered as usize;
+            if let Some(mqtt) = self.mqtt.as_deref_mut().filter(|_| g > 0) {
+                let (before, mut missing) = (src.len(), 0);
+                let at = open_message(out);
+                let input = mqtt.next(src, g, &mut missing, out);
+                close_message(out, at);
+                if let Some(input) = input? {
+                    self.gathered -= (before - src.len()) as u32;
+                    return Ok(Some(input));
+                }
+            }
             let Some(head) = Head::parse(&src[g..]).map_err(|why| self.refuse(MALFORMED, why))? else {
                 src.reserve(MIN_SPLIT_GROWTH);
                 return Ok(None);
@@ -267,16 +327,20 @@ impl Framing for WebSocket {
                 remove(src, g, whole);
                 return reply.map(Some);
             }
-            if g == 0 && head.fin {
+            if g == 0 && head.fin && self.mqtt.is_none() {
                 // A whole message in one frame: taken where it lies.
                 src.advance(head.header_len);
                 return self.message(src.split_to(len));
             }
-            // A fragment: its payload moves down over its header, next to what was gathered.
-            src.copy_within(g + head.header_len.., g);
-            src.truncate(src.len() - head.header_len);
+            // A fragment (or MQTT's stream): its payload moves down over its header, next to
+            // what was gathered.
+            remove(src, g, head.header_len);
             self.gathered += len as u32;
             self.fragmented = !head.fin;
+            if self.mqtt.is_some() {
+                // Read from the stream at the top of the loop, whatever the message bounds.
+                continue;
+            }
             if head.fin {
                 let message = src.split_to(self.gathered as usize);
                 self.gathered = 0;
@@ -297,8 +361,14 @@ impl Framing for WebSocket {
             }
             return;
         }
-        put_header(out, opcode::BINARY, frame.body_len());
-        frame.encode(out);
+        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+            let at = open_message(out);
+            mqtt.encode_frame(frame, out);
+            close_message(out, at);
+        } else {
+            put_header(out, opcode::BINARY, frame.body_len());
+            frame.encode(out);
+        }
         if let Frame::Bye { reason, .. } = frame {
             let code = match self.refusal {
                 0 => reason.close_code().unwrap_or(BYE_CLOSE_BASE),
@@ -309,6 +379,25 @@ impl Framing for WebSocket {
         }
     }
 
+    fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
+        match self.mqtt.as_deref() {
+            Some(mqtt) if self.refusal != CLOSED => {
+                let at = open_message(out);
+                mqtt.publish(&push.topic, &push.payload, out);
+                close_message(out, at);
+            }
+            _ => self.encode(&Frame::Push(push.payload.clone()), out),
+        }
+    }
+
+    fn accepted(&mut self, out: &mut BytesMut) {
+        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+            let at = open_message(out);
+            mqtt.acknowledge(out);
+            close_message(out, at);
+        }
+    }
+
     fn max_frame_bytes(&self) -> u32 {
         self.max_frame_bytes
     }
@@ -316,6 +405,28 @@ impl Framing for WebSocket {
     fn ready(&self) -> bool {
         self.upgrade.is_none()
     }
+}
+
+/// Leaves room for a binary message's header before what is appended next; `close_message`
+/// then writes it, once the length is known, so a packet is encoded where it is sent from.
+fn open_message(out: &mut BytesMut) -> usize {
+    let at = out.len();
+    out.put_bytes(0, MAX_SERVER_HEADER);
+    at
+}
+
+/// Writes the header of the binary message whose room `open_message` left at `at` (none
+/// at all if nothing was appended), closing the gap a shorter header leaves.
+fn close_message(out: &mut BytesMut, at: usize) {
+    let len = out.len() - at - MAX_SERVER_HEADER;
+    if len == 0 {
+        out.truncate(at);
+        return;
+    }
+    let (header, n) = header_bytes(opcode::BINARY, len);
+    out.copy_within(at + MAX_SERVER_HEADER.., at + n);
+    out.truncate(at + n + len);
+    out[at..at + n].copy_from_slice(&header[..n]);
 }
 
 impl WebSocket {
@@ -390,17 +501,28 @@ fn unmask(payload: &mut [u8], mask: [u8; 4]) {
 
 /// A server frame's header (never masked).
 fn put_header(out: &mut BytesMut, opcode: u8, len: usize) {
-    out.reserve(10 + len);
-    out.put_u8(0x80 | opcode);
-    if len < 126 {
-        out.put_u8(len as u8);
+    out.reserve(MAX_SERVER_HEADER + len);
+    let (header, n) = header_bytes(opcode, len);
+    out.put_slice(&header[..n]);
+}
+
+/// A server frame's header, and how many of its bytes are used.
+fn header_bytes(opcode: u8, len: usize) -> ([u8; MAX_SERVER_HEADER], usize) {
+    let mut header = [0u8; MAX_SERVER_HEADER];
+    header[0] = 0x80 | opcode;
+    let n = if len < 126 {
+        header[1] = len as u8;
+        2
     } else if let Ok(len) = u16::try_from(len) {
-        out.put_u8(126);
-        out.put_u16(len);
+        header[1] = 126;
+        header[2..4].copy_from_slice(&len.to_be_bytes());
+        4
     } else {
-        out.put_u8(127);
-        out.put_u64(len as u64);
-    }
+        header[1] = 127;
+        header[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+        10
+    };
+    (header, n)
 }
 
 /// A close frame with `code` and `reason` (none without a code).
@@ -497,6 +619,57 @@ mod tests {
         assert_eq!(&out[..2], &[0x82, 0x02]);
         assert_eq!(&out[4..8], &close, "close 4001 after the BYE: {out:?}");
         assert_eq!(&out[8..], b"idle_timeout", "and nothing after the close");
+    }
+
+    /// MQTT inside: the subprotocol is agreed, packets are read across message bounds (a
+    /// CONNECT split over two messages, a PINGREQ sharing the second) and split reads, and
+    /// each packet the gateway sends is one binary message.
+    #[test]
+    fn the_mqtt_subprotocol_carries_an_mqtt_stream() {
+        let config = crate::config::Config::default();
+        let policy = WsPolicy { allowed_origins: None, mqtt: Some(Arc::new(MqttPolicy::new(&config))) };
+        let mut ws = WebSocket::new(1024, Arc::new(policy));
+        let upgrade = "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                       Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+                       Sec-WebSocket-Protocol: chat, mqtt\r\n\r\n";
+        // MQTT 3.1.1 CONNECT: uid 42, client identifier "d", keepalive 10 s.
+        let mut connect = vec![0x10, 0];
+        connect.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0x80, 0, 10, 0, 1, b'd', 0, 2, b'4', b'2']);
+        connect[1] = (connect.len() - 2) as u8;
+        let mut wire = upgrade.as_bytes().to_vec();
+        wire.extend(masked(true, opcode::BINARY, &connect[..5]));
+        wire.extend(masked(true, opcode::BINARY, &[&connect[5..], &[0xC0, 0][..]].concat()));
+        for chunk in [1, 3, 7, wire.len()] {
+            let mut ws = WebSocket::new(1024, ws.upgrade.clone().unwrap());
+            let (mut src, mut out, mut got) = (BytesMut::new(), BytesMut::new(), Vec::new());
+            for piece in wire.chunks(chunk) {
+                src.extend_from_slice(piece);
+                while let Some(input) = ws.decode(&mut src, &mut out).unwrap() {
+                    got.push(match input {
+                        Input::Connect { login, will: None } => format!("{login:?}"),
+                        Input::Frame(f) => format!("{f:?}"),
+                        _ => "other".into(),
+                    });
+                }
+            }
+            let login = Frame::Login { uid: 42, token: bytes::Bytes::new(), device: "d".parse().unwrap() };
+            let ping = Frame::Ping(bytes::Bytes::new());
+            assert_eq!(got, [format!("{login:?}"), format!("{ping:?}")], "read {chunk} bytes at a time");
+            assert!(src.is_empty() && ws.gathered == 0);
+            let answer = String::from_utf8_lossy(&out);
+            assert!(answer.contains("\r\nSec-WebSocket-Protocol: mqtt\r\n"), "{answer}");
+        }
+        let _ = ws.upgrade.take();
+        ws.mqtt = Some(Box::new(Mqtt::new(1024, Arc::new(MqttPolicy::new(&config)))));
+        let mut out = BytesMut::new();
+        ws.encode(&Frame::Pong(bytes::Bytes::new()), &mut out);
+        assert_eq!(&out[..], &[0x82, 2, 0xD0, 0], "PINGRESP in a binary message of its own");
+        out.clear();
+        let push = Push { topic: Arc::from("t"), payload: bytes::Bytes::from(vec![7; 200]) };
+        ws.encode_push(&push, &mut out);
+        assert_eq!(&out[..4], &[0x82, 126, 0, 206], "a 206-byte PUBLISH: a 16-bit length");
+        assert_eq!(&out[4..9], &[0x30, 203, 1, 0, 1], "then the PUBLISH, whole");
+        assert_eq!(out.len(), 4 + 206);
     }
 
     #[test]
