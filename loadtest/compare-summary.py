@@ -19,7 +19,11 @@ import statistics
 import sys
 
 SERVERS = ["idlegate", "per_connection_timer", "echo_floor", "mosquitto",
-           "idlegate_ws", "idlegate_tls", "idlegate_wss", "mosquitto_tls", "node_ws"]
+           "idlegate_ws", "idlegate_tls", "idlegate_wss", "mosquitto_tls", "node_ws", "idlegate_mqtt"]
+
+# Servers held to each other under one load, run by run: (server, against, goal on the
+# ratios of CPU per PING and of bytes per connection: below 1.0 is below the other's).
+PAIRS = [("idlegate_mqtt", "mosquitto", 1.0)]
 
 # (door, its plain counterpart, the goal on added bytes per connection, on the CPU ratio).
 DOORS = [("idlegate_ws", "idlegate", 256, 1.10), ("idlegate_tls", "idlegate", 2048, 1.20),
@@ -111,6 +115,27 @@ def main(out):
             print(f"  {door:<14} vs {plain:<10} +{spread(added, 0)} B/conn   cpu per PING x{spread(cpu, 3)}   "
                   f"cpu per frame with the ramp's handshakes x{spread(ramp, 3)}   " + "; ".join(goals))
 
+    pairs = [(a, b, goal) for a, b, goal in PAIRS if a in ping and b in ping]
+    if pairs:
+        print("\nside by side, ping load, run by run: median (range)")
+        summary["pairs"] = {}
+        for mine_name, other_name, goal in pairs:
+            mine, other = ping[mine_name], ping[other_name]
+            both = [k for k in mine if k in other]
+            steady = [mine[k][STEADY] / other[k][STEADY] for k in both if other[k].get(STEADY) and mine[k].get(STEADY)]
+            frame = [mine[k]["cpu_us_per_frame"] / other[k]["cpu_us_per_frame"] for k in both]
+            rss = [mine[k]["rss_bytes_per_connection"] / other[k]["rss_bytes_per_connection"] for k in both]
+            row = {name: {"median": statistics.median(v), "min": min(v), "max": max(v)} if v else None
+                   for name, v in [("cpu_per_ping_ratio", steady), ("cpu_per_frame_ratio", frame),
+                                   ("rss_per_connection_ratio", rss)]}
+            verdict = lambda v: "-" if not v else ("met" if max(v) < goal else
+                                                   ("met at the median" if statistics.median(v) < goal else "not met"))
+            row["goal"] = goal
+            summary["pairs"][f"{mine_name}/{other_name}"] = row
+            print(f"  {mine_name} / {other_name}: cpu per PING x{spread(steady, 3)} ({verdict(steady)}), "
+                  f"cpu per frame with the ramp x{spread(frame, 3)}, "
+                  f"rss per connection x{spread(rss, 3)} ({verdict(rss)}); goal below {goal:.2f}")
+
     floor = summary["loads"].get("ping", {}).get("ratios", {}).get("echo_floor")
     if floor and floor["cpu_us_per_frame"]:
         r = floor["cpu_us_per_frame"]
@@ -121,7 +146,7 @@ def main(out):
 
     print(f"\n{'expiry':<10} {'timeout ms':>10} {'silent':>7} {'min ms':>9} {'p50 ms':>9} {'max ms':>9} {'early':>6} "
           f"{'late':>6} {'missed':>7} {'false':>6}")
-    for server in ["idlegate", "mosquitto"]:
+    for server in ["idlegate", "idlegate_mqtt", "mosquitto"]:
         path = os.path.join(out, f"{server}-expiry.json")
         if not os.path.exists(path):
             continue
@@ -131,7 +156,7 @@ def main(out):
                "max": s["max"], "early": r["early_offline"], "late": r["late_offline"],
                "missed": r["missed_offline"], "false": r["false_offline"]}
         summary["expiry"][server] = row
-        print(f"{server:<10} {row['timeout_ms'] or 0:>10.0f} {row['silent']:>7} {row['min']:>9.1f} {row['p50']:>9.1f} "
+        print(f"{server:<13} {row['timeout_ms'] or 0:>7.0f} {row['silent']:>7} {row['min']:>9.1f} {row['p50']:>9.1f} "
               f"{row['max']:>9.1f} {row['early']:>6} {row['late']:>6} {row['missed']:>7} {row['false']:>6}")
 
     json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)

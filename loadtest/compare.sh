@@ -32,10 +32,18 @@
 # The doors (TLS and WebSocket): SERVERS picks the servers, LOADS the loads, EXPIRY=0 skips
 # the expiry check. Beyond the four above:
 #   idlegate_tls, idlegate_ws, idlegate_wss   the gateway's other doors, same load
+#   idlegate_mqtt                             the gateway's MQTT door (--mqtt-listen) under
+#                                             the very MQTT load Mosquitto gets
 #   mosquitto_tls                             Mosquitto's own TLS listener (MQTT load)
 #   node_ws                                   Node's `ws` package holding the same
 #                                             WebSocket clients (loadtest/node-ws-server.js:
 #                                             answers LOGIN and PING, expires no one)
+# The MQTT load's clients announce a keepalive of MQTT_KEEPALIVE (default 20 s, which the
+# MQTT door accepts under its 30 s timeout) and ping every second, to both servers alike. With
+# idlegate_mqtt among the servers the expiry check runs over MQTT: idlegate's MQTT door
+# (timeout 6 s, tick 100 ms; its clients announce 2 s, the longest it takes for 6 s) against
+# Mosquitto (keepalive 4 s: also 6 s). The MQTT side by side:
+#   SERVERS="idlegate_mqtt mosquitto" LOADS=ping loadtest/compare.sh 19000 30 3 docs/results/mqtt-19000
 # Certificates come from a test CA made with openssl in <out dir>/tls. For example:
 #   SERVERS="idlegate idlegate_ws idlegate_tls idlegate_wss mosquitto mosquitto_tls node_ws" \
 #     LOADS=ping EXPIRY=0 loadtest/compare.sh 19000 50 3 docs/results/doors-19000
@@ -60,6 +68,7 @@ CLK_TCK=$(getconf CLK_TCK)
 SERVERS=${SERVERS:-idlegate per_connection_timer echo_floor mosquitto}
 LOADS=${LOADS:-ping data}
 EXPIRY=${EXPIRY:-1}
+MQTT_KEEPALIVE=${MQTT_KEEPALIVE:-20s}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 command -v taskset >/dev/null || { echo "compare.sh: needs taskset (apt-get install util-linux)" >&2; exit 2; }
@@ -140,6 +149,9 @@ start_server() { # name -> sets PID
     idlegate_wss)
       idlegate --listen "127.0.0.1:$((PORT + 10))" --wss-listen "127.0.0.1:$PORT" --tls-cert "$CERT" --tls-key "$KEY" \
         2>"$OUT/$1.log" &
+      ;;
+    idlegate_mqtt)
+      idlegate --listen "127.0.0.1:$((PORT + 10))" --mqtt-listen "127.0.0.1:$PORT" 2>"$OUT/$1.log" &
       ;;
     node_ws)
       NODE_PATH="$OUT/node/node_modules" taskset -c "$SERVER_CPU" node loadtest/node-ws-server.js "$PORT" \
@@ -270,8 +282,10 @@ flags() {
     idlegate_ws) echo --admin "127.0.0.1:$ADMIN" --transport ws ;;
     idlegate_wss) echo --admin "127.0.0.1:$ADMIN" --transport wss --tls-ca "$CA" ;;
     node_ws) echo --transport ws ;;
-    mosquitto) echo --protocol mqtt --mqtt-keepalive 60s ;;
-    mosquitto_tls) echo --protocol mqtt --mqtt-keepalive 60s --transport tls --tls-ca "$CA" ;;
+    idlegate_mqtt) echo --admin "127.0.0.1:$ADMIN" --protocol mqtt --mqtt-keepalive "$MQTT_KEEPALIVE" \
+      --mqtt-timeout "${IDLE_TIMEOUT:-30s}" --mqtt-tick "${IDLE_TICK:-1s}" ;;
+    mosquitto) echo --protocol mqtt --mqtt-keepalive "$MQTT_KEEPALIVE" ;;
+    mosquitto_tls) echo --protocol mqtt --mqtt-keepalive "$MQTT_KEEPALIVE" --transport tls --tls-ca "$CA" ;;
   esac
 }
 
@@ -288,7 +302,12 @@ for load in $LOADS; do
     done
   done
 done
-if [ "$EXPIRY" = 1 ]; then
+if [ "$EXPIRY" = 1 ] && [[ " $SERVERS " == *" idlegate_mqtt "* ]]; then
+  IDLE_TIMEOUT=6s IDLE_TICK=100ms expiry idlegate_mqtt --protocol mqtt --mqtt-keepalive 2s --mqtt-timeout 6s \
+    --mqtt-tick 100ms
+  # Mosquitto gets 10 s past its 6 s before a client counts as missed, to see how late it is.
+  expiry mosquitto --protocol mqtt --mqtt-keepalive 4s --missed-grace 10s
+elif [ "$EXPIRY" = 1 ]; then
   IDLE_TIMEOUT=3s IDLE_TICK=100ms expiry idlegate
   # Mosquitto gets 10 s past its 3 s before a client counts as missed, to see how late it is.
   expiry mosquitto --protocol mqtt --mqtt-keepalive 2s --missed-grace 10s

@@ -157,6 +157,14 @@ pub struct Args {
     /// MQTT only: the keepalive sent in CONNECT; the broker's timeout is 1.5 times it.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub mqtt_keepalive: Duration,
+    /// MQTT only: the server's own idle timeout when it is not 1.5 keepalives (idlegate's
+    /// MQTT door: its --timeout), which the expiry check holds it to.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub mqtt_timeout: Option<Duration>,
+    /// MQTT only, with --mqtt-timeout: the server's tick (idlegate's --tick); an expiry
+    /// counts as in the window after more than timeout - tick of silence.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub mqtt_tick: Duration,
 }
 
 /// Which protocol the clients speak.
@@ -269,6 +277,9 @@ impl Args {
         }
         if self.transport.transport().is_tls() && self.tls_ca.is_none() {
             return Err("--tls-ca: --transport tls and wss need the CA certificate to trust".into());
+        }
+        if self.mqtt_timeout.is_some_and(|t| t <= self.mqtt_tick) {
+            return Err("--mqtt-timeout: must be longer than --mqtt-tick".into());
         }
         if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {
             return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());

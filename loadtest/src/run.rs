@@ -97,7 +97,9 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     let stats = Arc::new(Stats::new(silent));
     let epoch = Instant::now();
     let ctx = Arc::new(Ctx {
-        wire: Wire::new(args.protocol, args.mqtt_keepalive).over_websocket(door.websocket()),
+        wire: Wire::new(args.protocol, args.mqtt_keepalive)
+            .with_mqtt_window(args.mqtt_timeout.map(|t| (t, args.mqtt_tick)))
+            .over_websocket(door.websocket()),
         door,
         auth: args.auth_secret.as_deref().map(Auth::new),
         ping_interval: args.ping_interval,

@@ -22,8 +22,12 @@ mod mqtt {
     pub const DISCONNECT: u8 = 0xE0;
     /// Protocol level of MQTT 3.1.1.
     pub const LEVEL_311: u8 = 4;
-    /// CONNECT flags: clean session, no will, no credentials.
+    /// CONNECT flags: clean session, and a username (the uid, which idlegate's MQTT door
+    /// needs and a broker allowing anonymous clients ignores), a password (the token) when
+    /// there is one.
     pub const CLEAN_SESSION: u8 = 0x02;
+    pub const USERNAME: u8 = 0x80;
+    pub const PASSWORD: u8 = 0x40;
     /// Topic the DATA load is published to; nobody subscribes.
     pub const DATA_TOPIC: &[u8] = b"idlegate/load";
 }
@@ -58,6 +62,8 @@ pub struct Wire {
     protocol: Protocol,
     codec: FrameCodec,
     keepalive: Duration,
+    /// MQTT: the server's own timeout and tick, when it is not a broker's 1.5 keepalives.
+    mqtt_window: Option<(Duration, Duration)>,
     /// Frames travel as WebSocket binary messages (`--transport ws|wss`).
     websocket: bool,
 }
@@ -72,7 +78,13 @@ const WS_MASK: [u8; 4] = [0x5a, 0x3c, 0x96, 0x0f];
 impl Wire {
     /// A wire for `protocol`; `keepalive` is what MQTT CONNECT announces.
     pub fn new(protocol: Protocol, keepalive: Duration) -> Wire {
-        Wire { protocol, codec: FrameCodec::new(u32::MAX), keepalive, websocket: false }
+        Wire { protocol, codec: FrameCodec::new(u32::MAX), keepalive, mqtt_window: None, websocket: false }
+    }
+
+    /// The same wire expecting an MQTT server to expire after `window`'s timeout, in steps of
+    /// its tick (idlegate's MQTT door), instead of 1.5 keepalives.
+    pub fn with_mqtt_window(self, window: Option<(Duration, Duration)>) -> Wire {
+        Wire { mqtt_window: window, ..self }
     }
 
     /// The same wire with its frames as WebSocket binary messages when `on`.
@@ -99,12 +111,18 @@ impl Wire {
                     None => format!("loadtest-{uid}"),
                 };
                 let keepalive = u16::try_from(self.keepalive.as_secs()).unwrap_or(u16::MAX);
-                let mut body = BytesMut::with_capacity(12 + client_id.len());
+                let username = uid.to_string();
+                let mut body = BytesMut::with_capacity(48 + client_id.len());
                 put_str(&mut body, b"MQTT");
                 body.put_u8(mqtt::LEVEL_311);
-                body.put_u8(mqtt::CLEAN_SESSION);
+                let password = if token.is_some() { mqtt::PASSWORD } else { 0 };
+                body.put_u8(mqtt::CLEAN_SESSION | mqtt::USERNAME | password);
                 body.put_u16(keepalive);
                 put_str(&mut body, client_id.as_bytes());
+                put_str(&mut body, username.as_bytes());
+                if let Some(token) = token {
+                    put_str(&mut body, token.as_bytes());
+                }
                 put_mqtt_packet(out, mqtt::CONNECT, &body);
             }
         }
@@ -238,7 +256,8 @@ impl Decoder for Wire {
                             return Err(invalid(format!("broker refused CONNECT with return code {code}")));
                         }
                         // Brokers expire after 1.5 keepalives (MQTT 3.1.1, 3.1.2.10).
-                        return Ok(Some(Incoming::Welcome { timeout: self.keepalive * 3 / 2, tick: Duration::ZERO }));
+                        let (timeout, tick) = self.mqtt_window.unwrap_or((self.keepalive * 3 / 2, Duration::ZERO));
+                        return Ok(Some(Incoming::Welcome { timeout, tick }));
                     }
                     mqtt::PINGRESP => return Ok(Some(Incoming::Pong(None))),
                     // Anything else (a PUBLISH echoed to us, say) is not part of this load.
@@ -287,9 +306,14 @@ mod tests {
         let mut wire = Wire::new(Protocol::Mqtt, Duration::from_secs(10));
         let mut out = BytesMut::new();
         wire.login(7, None, None, &mut out);
-        let mut want = vec![0x10, 22, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10, 0, 10];
+        let mut want = vec![0x10, 25, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x82, 0, 10, 0, 10];
         want.extend_from_slice(b"loadtest-7");
+        want.extend_from_slice(&[0, 1, b'7']);
         assert_eq!(&out[..], &want[..]);
+        out.clear();
+        wire.login(7, None, Some("tok"), &mut out);
+        assert_eq!(&out[9..10], &[0xC2], "a username and a password");
+        assert_eq!(&out[out.len() - 5..], &[0, 3, b't', b'o', b'k']);
         out.clear();
         wire.ping(0, &mut out);
         assert_eq!(&out[..], &[0xC0, 0]);
