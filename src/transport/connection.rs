@@ -206,14 +206,17 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     /// a task up in 128-byte steps: with the session's wake-up polled the same way, the task
     /// went from 768 to 384 bytes (`footprint` test in `drive.rs`).
     pub(crate) fn ready(&self) -> impl Future<Output = io::Result<Ready>> + '_ {
-        std::future::poll_fn(move |cx| {
-            if self.held.as_ref().is_some_and(|held| !held.unsent.is_empty()) {
-                if let Poll::Ready(result) = self.stream.poll_write_ready(cx) {
-                    return Poll::Ready(result.map(|()| Ready::WRITABLE));
-                }
+        std::future::poll_fn(move |cx| self.poll_ready(cx))
+    }
+
+    /// Polls for what [`Connection::ready`] resolves to.
+    pub(crate) fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<Ready>> {
+        if self.held.as_ref().is_some_and(|held| !held.unsent.is_empty()) {
+            if let Poll::Ready(result) = self.stream.poll_write_ready(cx) {
+                return Poll::Ready(result.map(|()| Ready::WRITABLE));
             }
-            self.stream.poll_read_ready(cx).map(|result| result.map(|()| Ready::READABLE))
-        })
+        }
+        self.stream.poll_read_ready(cx).map(|result| result.map(|()| Ready::READABLE))
     }
 
     /// Reads what arrived, hands every whole unit to `on_input` (which writes its replies

@@ -5,8 +5,9 @@
 //! for the login deadline (which covers the door's handshakes) and for shedding.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use tokio::io::Ready;
 use tokio::net::TcpStream;
@@ -14,38 +15,106 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{sleep, Instant};
 
 use crate::gateway::Gateway;
-use crate::presence::Session;
 use crate::proto::{CloseReason, Transport};
 use crate::protocol::{Close, Machine, Wake};
 use crate::transport::connection::{Connection, Framing, Input, Layer};
 
 /// Serves one accepted connection until it closes, holding `permit` (its place under
-/// `--max-connections`) until then; returns why it closed.
+/// `--max-connections`) until then; resolves to why it closed.
 ///
-/// This future is the connection's task: everything it keeps across an await is memory every
-/// open connection costs (`footprint` below).
-pub(crate) async fn serve<L: Layer, F: Framing>(
+/// This future is the connection's task: everything it keeps is memory every open
+/// connection costs (`footprint` below). So it is written by hand, not as an `async fn`: an
+/// `async fn` keeps its arguments in slots of their own beside the state built from them,
+/// and each nested future's state beside that, which took 280 bytes where the state itself
+/// is the connection, the machine and the permit. The login phase (with its deadline timer)
+/// and the close (with its write deadline) are boxed futures that own the connection while
+/// they run: allocated while they run, freed after, instead of widening every connection's
+/// task by their size for as long as it lives.
+pub(crate) fn serve<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin + 'static>(
     stream: TcpStream,
     layer: L,
     framing: F,
     gateway: Arc<Gateway>,
     permit: OwnedSemaphorePermit,
-) -> CloseReason {
-    let mut conn = Connection::new(stream, layer, framing);
-    let mut machine = Machine::new(gateway);
-    // The future every connection keeps for its whole life holds only the logged-in phase.
-    // The login phase (with its deadline timer) and the close (with its write deadline) are
-    // boxed: allocated while they run, freed after, instead of widening every connection's
-    // future by their size for as long as it lives.
-    let logged_in = Box::pin(until_login(&mut machine, &mut conn)).await;
+) -> Serve<L, F> {
+    let conn = Connection::new(stream, layer, framing);
+    let machine = Machine::new(gateway);
+    Serve { phase: Phase::LoggingIn(Box::pin(log_in(machine, conn))), permit: Some(permit) }
+}
+
+/// A connection's task; see [`serve`].
+pub(crate) struct Serve<L, F> {
+    phase: Phase<L, F>,
+    /// Its place under `--max-connections`, given back when it closes.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The future of a connection's login phase: the connection and machine back, and how it
+/// ended.
+type LoggingIn<L, F> = Pin<Box<dyn Future<Output = (Machine, Connection<L, F>, Result<(), Close>)> + Send>>;
+
+enum Phase<L, F> {
+    /// Until a LOGIN succeeds (or the connection ends first).
+    LoggingIn(LoggingIn<L, F>),
+    /// Logged in: the connection's longest phase, and the one its task is sized for.
+    LoggedIn {
+        conn: Connection<L, F>,
+        machine: Machine,
+    },
+    /// Sending what is left and the BYE, then closing.
+    Closing(Pin<Box<dyn Future<Output = CloseReason> + Send>>),
+    Done,
+}
+
+impl<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin + 'static> Future for Serve<L, F> {
+    type Output = CloseReason;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CloseReason> {
+        let this = self.get_mut();
+        loop {
+            let (machine, conn, (reason, text)) = match &mut this.phase {
+                Phase::LoggingIn(login) => {
+                    let (machine, conn, result) = std::task::ready!(login.as_mut().poll(cx));
+                    match result {
+                        Ok(()) => {
+                            machine.begin();
+                            this.phase = Phase::LoggedIn { conn, machine };
+                            continue;
+                        }
+                        Err(close) => (machine, conn, close),
+                    }
+                }
+                Phase::LoggedIn { conn, machine } => {
+                    let close = std::task::ready!(logged_in(machine, conn, cx));
+                    let Phase::LoggedIn { conn, machine } = std::mem::replace(&mut this.phase, Phase::Done) else {
+                        unreachable!("matched just above")
+                    };
+                    (machine, conn, close)
+                }
+                Phase::Closing(closing) => {
+                    let reason = std::task::ready!(closing.as_mut().poll(cx));
+                    this.phase = Phase::Done;
+                    drop(this.permit.take());
+                    return Poll::Ready(reason);
+                }
+                Phase::Done => {
+                    debug_assert!(false, "a connection's task polled after it closed");
+                    return Poll::Pending;
+                }
+            };
+            this.phase = Phase::Closing(Box::pin(close(machine, conn, reason, text)));
+        }
+    }
+}
+
+/// The login phase, owning the connection and machine while it runs.
+async fn log_in<L: Layer, F: Framing>(
+    mut machine: Machine,
+    mut conn: Connection<L, F>,
+) -> (Machine, Connection<L, F>, Result<(), Close>) {
+    let result = until_login(&mut machine, &mut conn).await;
     machine.gateway().metrics.pending_logins.dec();
-    let (reason, text) = match logged_in {
-        Ok(()) => until_end(&mut machine, &mut conn).await,
-        Err(close) => close,
-    };
-    let reason = Box::pin(close(&machine, conn, reason, text)).await;
-    drop(permit);
-    reason
+    (machine, conn, result)
 }
 
 /// Serves the connection until a LOGIN succeeds; its ticket among the connections waiting to
@@ -94,29 +163,35 @@ async fn login<L: Layer, F: Framing>(
     }
 }
 
-/// Serves a logged-in connection until it or its session ends.
-async fn until_end<L: Layer, F: Framing>(machine: &mut Machine, conn: &mut Connection<L, F>) -> Close {
-    machine.begin();
-
+/// Serves a logged-in connection until it or its session ends: the session's wake-ups
+/// first (an ending, pushes), then the socket.
+fn logged_in<L: Layer, F: Framing>(
+    machine: &mut Machine,
+    conn: &mut Connection<L, F>,
+    cx: &mut Context<'_>,
+) -> Poll<Close> {
     loop {
-        let step = tokio::select! {
-            biased;
-            _ = woken(machine.session()) => match machine.on_wake() {
-                Some(Wake::End(reason)) => return (reason, String::new()),
+        if machine.session().is_some_and(|session| session.poll_woken(cx).is_ready()) {
+            let step = match machine.on_wake() {
+                Some(Wake::End(reason)) => Err((reason, String::new())),
                 Some(Wake::Push(pushes)) => conn.send(&pushes),
                 None => Ok(()),
-            },
-            ready = conn.ready() => conn.on_ready(ready, |input, out| on_input(machine, input, out)),
-        };
-        if let Err(close) = step {
-            return close;
+            };
+            if let Err(close) = step {
+                return Poll::Ready(close);
+            }
+            continue;
+        }
+        let ready = std::task::ready!(conn.poll_ready(cx));
+        if let Err(close) = conn.on_ready(ready, |input, out| on_input(machine, input, out)) {
+            return Poll::Ready(close);
         }
     }
 }
 
 /// Ends the session, sends what is left and the BYE within a deadline, and closes.
 async fn close<L: Layer, F: Framing>(
-    machine: &Machine,
+    machine: Machine,
     conn: Connection<L, F>,
     reason: CloseReason,
     text: String,
@@ -178,34 +253,67 @@ impl Handshake {
     }
 }
 
-/// Resolves when `session` was woken; never without a session, which `until_end` does not
-/// serve. A poll, not an `async fn`: this future lives in every open connection's task.
-fn woken(session: Option<&Session>) -> impl Future<Output = ()> + '_ {
-    std::future::poll_fn(move |cx| match session {
-        Some(session) => session.poll_woken(cx),
-        None => Poll::Pending,
-    })
-}
-
 #[cfg(test)]
 mod footprint {
-    /// The most the connection's future may take for its task to stay at 384 bytes: tokio's
+    use std::sync::Arc;
+
+    use crate::transport::{mqtt, tcp, ws};
+
+    /// The most a connection's future may take for its task to stay at 256 bytes: tokio's
     /// task adds 96 bytes (header, scheduler, id, trailer) and rounds up to 128-byte steps.
-    /// At 544 bytes (until this round) each connection's task took 768.
-    const MAX_CONNECTION_FUTURE: usize = 288;
+    /// As an `async fn` it took 280 bytes (a 384-byte task), and 296 with MQTT's framing
+    /// (512).
+    const MAX_CONNECTION_FUTURE: usize = 160;
 
     /// Every open connection keeps this future alive as its task; at 19,000 clients it is
     /// the largest share of the memory per connection (docs/BENCHMARKS.md). A regression
-    /// guard, not a speed test.
+    /// guard on every clear door, not a speed test.
     #[tokio::test]
     async fn the_connection_future_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let gateway = crate::gateway::Gateway::new(crate::config::Config::default());
-        let permit = std::sync::Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap();
-        let codec = crate::proto::FrameCodec::new(gateway.config.max_frame_bytes);
-        let future = super::serve(stream, crate::transport::tcp::Plain, codec, gateway, permit);
-        let size = std::mem::size_of_val(&future);
-        assert!(size <= MAX_CONNECTION_FUTURE, "the connection future grew to {size} bytes");
+        let max = gateway.config.max_frame_bytes;
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(3));
+        let stream = || async { tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap() };
+        let permit = || semaphore.clone().try_acquire_owned().unwrap();
+        let sizes = [
+            (
+                "tcp",
+                size(super::serve(
+                    stream().await,
+                    tcp::Plain,
+                    crate::proto::FrameCodec::new(max),
+                    gateway.clone(),
+                    permit(),
+                )),
+            ),
+            (
+                "mqtt",
+                size(super::serve(
+                    stream().await,
+                    tcp::Plain,
+                    mqtt::Mqtt::new(max, Arc::new(mqtt::MqttPolicy::new(&gateway.config))),
+                    gateway.clone(),
+                    permit(),
+                )),
+            ),
+            (
+                "ws",
+                size(super::serve(
+                    stream().await,
+                    tcp::Plain,
+                    ws::WebSocket::new(max, Arc::default()),
+                    gateway.clone(),
+                    permit(),
+                )),
+            ),
+        ];
+        for (door, size) in sizes {
+            assert!(size <= MAX_CONNECTION_FUTURE, "the {door} door's connection future grew to {size} bytes");
+        }
+    }
+
+    fn size<T>(future: T) -> usize {
+        std::mem::size_of_val(&future)
     }
 }
