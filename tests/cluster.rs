@@ -162,23 +162,6 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
     assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), UIDS as usize);
 }
 
-/// Node b as a process of its own, so it can die without a goodbye, with `extra` flags;
-/// returns it, ready in the cluster, and its client address.
-async fn node_b_process(redis: &str, extra: &[&str]) -> (std::process::Child, std::net::SocketAddr) {
-    let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
-    let b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
-        .args(["serve", "--node-id", "b", "--redis", redis, "--node-lease", "1s", "--tick", "100ms"])
-        .args(["--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
-        .args(["--api-listen", &api.to_string()])
-        .args(extra)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(admin).await;
-    eventually("node b connects to Redis", || async { http_get(admin, "/readyz").await.1 == "ready\n" }).await;
-    (b, listen)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
     let Some(redis) = RedisServer::start().await else { return };

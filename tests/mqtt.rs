@@ -499,3 +499,45 @@ async fn pushes_reach_mqtt_sessions_only_on_topics_they_subscribed_to() {
         node.shutdown().await;
     }
 }
+
+/// In a cluster, a will outlives its node: kept in Redis while its session lives, it rides
+/// in the `offline` event another node logs, when a login there takes the session over and
+/// when the reaper ends it as `node_lost` with its dead node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_rides_in_node_lost_and_in_a_takeover_from_another_node() {
+    let Some(redis) = common::redis::RedisServer::start().await else { return };
+    let nodes = common::cluster::gateways(&redis.url(), &["a"]).await;
+    let mqtt_b = common::free_addr();
+    let extra = ["--mqtt-listen", &mqtt_b.to_string(), "--timeout", "10s"];
+    let (mut b, _) = common::cluster::node_b_process(&redis.url(), &extra).await;
+    let (_, mut events) = Sse::open(nodes[0].api, "/v1/events?types=offline,data", &[]).await;
+    let will = |topic: &str, payload: &[u8]| json!({"topic": topic, "payload": BASE64.encode(payload)});
+
+    // Two sessions on node b with wills; a PUBLISH after each CONNECT, seen on node a,
+    // shows its will is in Redis (the node's changes are applied in order).
+    let mut lost = session(mqtt_b, &connect_v5_will("25", "", 60, "status/25", b"lost")).await;
+    let mut taken = session(mqtt_b, &connect_v5_will("26", "d", 60, "status/26", b"taken")).await;
+    for (client, uid) in [(&mut lost, 25), (&mut taken, 26)] {
+        client.write_all(&publish_v5("t", b"here")).await.unwrap();
+        events.expect("data", uid).await;
+    }
+    // A login of uid 26 on node a's door, same client identifier: b's session is taken over,
+    // and node a logs its end, with b's will.
+    let _newer = session(nodes[0].mqtt, &connect_v5("26", "d", 60)).await;
+    let kicked = events.expect("offline", 26).await;
+    assert_eq!(
+        (kicked.data["reason"].clone(), kicked.data["will"].clone()),
+        (json!("kicked"), will("status/26", b"taken"))
+    );
+
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let reaped = events.expect("offline", 25).await;
+    assert_eq!(
+        (reaped.data["reason"].clone(), reaped.data["will"].clone()),
+        (json!("node_lost"), will("status/25", b"lost"))
+    );
+    for mut node in nodes {
+        node.shutdown().await;
+    }
+}

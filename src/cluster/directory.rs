@@ -19,29 +19,13 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::FutureExt;
 
-use crate::cluster::inbox::ask;
+use crate::cluster::inbox::{ask, parse_reach};
 use crate::cluster::keys::{self, Route};
 use crate::cluster::membership::{liveness, nodes, Liveness};
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Push, Reach};
 use crate::proto::Device;
-
-/// One uid's answer to a push request: `<sessions>`, or `<sessions>:<unsubscribed>` when
-/// MQTT sessions there did not take it (`render_reach`); anything unreadable reached none.
-pub(crate) fn parse_reach(answer: &str) -> Reach {
-    let mut parts = answer.splitn(2, ':');
-    let mut next = || parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
-    Reach { sessions: next(), unsubscribed: next() }
-}
-
-/// One uid's reach as a push request's answer says it (`parse_reach`).
-pub(crate) fn render_reach(reach: &Reach) -> String {
-    match reach.unsubscribed {
-        0 => reach.sessions.to_string(),
-        n => format!("{}:{n}", reach.sessions),
-    }
-}
 
 impl From<StoreError> for DirectoryError {
     fn from(e: StoreError) -> DirectoryError {

@@ -22,12 +22,11 @@ use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::directory::render_reach;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::{StoreError, BLOCK};
 use crate::cluster::stream::recent;
-use crate::presence::{EventId, Push};
+use crate::presence::{EventId, Push, Reach};
 
 /// Entries one read takes from the inbox and the event stream.
 const READ_COUNT: usize = 1024;
@@ -159,6 +158,22 @@ fn number_field(entry: &StreamId, name: &str) -> Option<u64> {
 /// The `d` field of a request: the device it is limited to, if any.
 fn device_field(entry: &StreamId) -> Option<crate::proto::Device> {
     text_field(entry, "d").and_then(|name| name.parse().ok())
+}
+
+/// One uid's answer to a push request: `<sessions>`, or `<sessions>:<unsubscribed>` when
+/// MQTT sessions there did not take it (`render_reach`); anything unreadable reached none.
+pub(crate) fn parse_reach(answer: &str) -> Reach {
+    let mut parts = answer.splitn(2, ':');
+    let mut next = || parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    Reach { sessions: next(), unsubscribed: next() }
+}
+
+/// One uid's reach as a push request's answer says it (`parse_reach`).
+pub(crate) fn render_reach(reach: &Reach) -> String {
+    match reach.unsubscribed {
+        0 => reach.sessions.to_string(),
+        n => format!("{}:{n}", reach.sessions),
+    }
 }
 
 /// Acts on one inbox entry.

@@ -73,6 +73,11 @@ pub(crate) fn reaped(member: &str) -> String {
 
 /// Hash of `member`'s sessions the reaper has logged `node_lost` but whose routes it has
 /// not yet deleted: a reaper that dies half way leaves them here for the next one.
+/// The wills of a member's MQTT sessions, by session field (`scripts.rs`, `take_will`).
+pub(crate) fn wills(member: &str) -> String {
+    format!("{{idlegate}}:wills:{member}")
+}
+
 pub(crate) fn unroute(member: &str) -> String {
     format!("{{idlegate}}:unroute:{member}")
 }

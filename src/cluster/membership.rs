@@ -179,6 +179,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         redis::Cmd::del(keys::taken(&member_owned)),
         redis::Cmd::del(keys::sessions(&member_owned)),
         redis::Cmd::del(keys::unroute(&member_owned)),
+        redis::Cmd::del(keys::wills(&member_owned)),
         redis::Cmd::del(keys::reaping(&member_owned)),
     ];
     cluster.send_control(cmds).await?;
@@ -198,6 +199,7 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .key(keys::EVENTS_LAST)
                 .key(keys::unroute(member))
                 .key(keys::USERS)
+                .key(keys::wills(member))
                 .arg(cursor)
                 .arg(REAP_STEP)
                 .arg(cluster.settings.stream_cap)

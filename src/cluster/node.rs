@@ -124,6 +124,12 @@ impl EventSink for Forward {
         self.push(Op::Offline { uid, session: id, device, reason, last, will, at_ms });
     }
 
+    fn will(&self, session: &Session, will: &Will, at_ms: u64) {
+        let device = session.device().clone();
+        let (uid, id, will) = (session.uid(), session.id(), Box::new(will.clone()));
+        self.push(Op::Will { uid, session: id, device, will, at_ms });
+    }
+
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) {
         let device = session.device().clone();
         let (uid, id, payload) = (session.uid(), session.id(), payload.clone());

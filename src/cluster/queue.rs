@@ -44,6 +44,9 @@ pub(crate) enum Op {
         will: Option<Box<Will>>,
         at_ms: u64,
     },
+    /// An MQTT session's will, kept in Redis while the session lives, for an ending its node
+    /// does not log (a takeover from another node, a reaping).
+    Will { uid: u64, session: u64, device: Device, will: Box<Will>, at_ms: u64 },
     /// A DATA frame of the session on `device` (an MQTT PUBLISH: with its topic).
     Data { uid: u64, session: u64, device: Device, payload: Bytes, topic: Option<Box<str>>, at_ms: u64 },
 }
@@ -53,7 +56,10 @@ pub(crate) enum Op {
 impl Op {
     fn session(&self) -> u64 {
         match self {
-            Op::Online { session, .. } | Op::Offline { session, .. } | Op::Data { session, .. } => *session,
+            Op::Online { session, .. }
+            | Op::Offline { session, .. }
+            | Op::Will { session, .. }
+            | Op::Data { session, .. } => *session,
         }
     }
 

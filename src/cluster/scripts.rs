@@ -91,6 +91,30 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   end
   return e
 end
+
+-- An MQTT session's will, kept in its member's wills hash under the session's field as
+-- `<session>|<topic>\0<payload>` for whoever logs the session's end without its node (a
+-- login elsewhere taking it over, the reaper of a dead node): taken (and deleted) if it is
+-- session s's, else nil.
+local function take_will(key, f, s)
+  local w = redis.call('HGET', key, f)
+  if not w then return nil end
+  local bar = string.find(w, '|', 1, true)
+  if not bar or string.sub(w, 1, bar - 1) ~= s then return nil end
+  redis.call('HDEL', key, f)
+  local z = string.find(w, '\0', bar + 1, true)
+  if not z then return nil end
+  return string.sub(w, bar + 1, z - 1), string.sub(w, z + 1)
+end
+
+-- An offline event, with the session's will when it has one.
+local function emit_offline(ev, uid, s, d, r, at, wt, wp)
+  if wt then
+    ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', r, 'wt', wt, 'wp', wp, 'at', at)
+  else
+    ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', r, 'at', at)
+  end
+end
 "#;
 
 /// Applies one batch of a member's session changes, in order.
@@ -101,7 +125,7 @@ end
 /// the session events they follow.
 ///
 /// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
-/// the member's reaped marker, the users hash. ARGV: member, node name, batch number, the
+/// the member's reaped marker, the users hash, the member's wills. ARGV: member, node name, batch number, the
 /// number of the member's batch applied before it (0 for none), stream cap, stream byte cap,
 /// data events dropped before this batch, then six per change (the last is the device name,
 /// empty for the default device):
@@ -121,6 +145,9 @@ end
 ///   `D|<topic>` for an MQTT PUBLISH, whose topic goes in the event as `tp`.
 /// - An `E` (or `E1`) may carry an MQTT will after a `|`: its topic, 0x00, its payload, for
 ///   the offline event's `wt` and `wp`.
+/// - `W|<topic>\0<payload> uid session '' at device`: an MQTT session's will, kept in the
+///   member's wills hash while the session is held, so that an ending its node never logs
+///   (taken over from another node, or reaped with a dead node) still carries it.
 ///
 /// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
 /// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -170,7 +197,8 @@ for i = 8, #ARGV, 6 do
         if redis.call('HGET', key, pf) == ps then
           redis.call('HDEL', key, pf)
           count(uid, -1)
-          ev.emit('t', 'offline', 'uid', uid, 's', ps, 'd', pd, 'r', 'kicked', 'at', at)
+          local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
+          emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp)
           took = true
         else
           -- Its member has not announced it yet: the announcement must not revive it.
@@ -196,16 +224,22 @@ for i = 8, #ARGV, 6 do
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
       local n = count(uid, -1)
+      -- The node says whether the will goes out (not after a clean DISCONNECT); the kept
+      -- copy goes either way.
+      take_will(KEYS[7], f, s)
       if extra then
         local z = string.find(extra, '\0', 1, true)
-        ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x,
-          'wt', string.sub(extra, 1, z - 1), 'wp', string.sub(extra, z + 1), 'at', at)
+        emit_offline(ev, uid, s, d, x, at, string.sub(extra, 1, z - 1), string.sub(extra, z + 1))
       else
-        ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', x, 'at', at)
+        emit_offline(ev, uid, s, d, x, at)
       end
       if user and n <= 0 then
         ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
       end
+    end
+  elseif kind == 'W' then
+    if extra and redis.call('HGET', KEYS[1], f) == s then
+      redis.call('HSET', KEYS[7], f, s .. '|' .. extra)
     end
   elseif kind == 'D' then
     if redis.call('HGET', KEYS[1], f) == s then
@@ -244,7 +278,7 @@ return 1
 /// log one twice.
 ///
 /// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash,
-/// the users hash. ARGV: cursor, count, stream cap, stream byte cap, unix ms. Returns
+/// the users hash, the member's wills (an MQTT session's goes in its `node_lost`). ARGV: cursor, count, stream cap, stream byte cap, unix ms. Returns
 /// `{next cursor, sessions left, sessions reaped, epoch}`.
 const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
@@ -256,7 +290,8 @@ for i = 1, #found, 2 do
     ev = ev or emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
     local uid, d = string.match(found[i], '^(%d+)/?(.*)$')
     uid = uid or found[i]
-    ev.emit('t', 'offline', 'uid', uid, 's', found[i + 1], 'd', d or '', 'r', 'node_lost', 'at', ARGV[5])
+    local wt, wp = take_will(KEYS[6], found[i], found[i + 1])
+    emit_offline(ev, uid, found[i + 1], d or '', 'node_lost', ARGV[5], wt, wp)
     local n = redis.call('HINCRBY', KEYS[5], uid, -1)
     if n <= 0 then
       redis.call('HDEL', KEYS[5], uid)

@@ -25,6 +25,7 @@ use crate::cluster::keys;
 use crate::cluster::queue::{Op, Taken};
 use crate::cluster::shared::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
+use crate::presence::Will;
 use crate::proto::CloseReason;
 
 /// Most changes in one batch: a mass expiry of this many uids still goes in one batch,
@@ -191,7 +192,7 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
                 Op::Offline { .. } => {
                     answers.next();
                 }
-                Op::Data { .. } => {}
+                Op::Data { .. } | Op::Will { .. } => {}
             }
         }
         let control = apply_cmd(cluster, member, batch, seq, prev, &replaced_by_login);
@@ -268,14 +269,15 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
             cmd.arg(keys::owner_prefix(member, &keys::session_hex(*session)));
             Some(cmd)
         }
-        Op::Data { .. } => None,
+        Op::Data { .. } | Op::Will { .. } => None,
     }
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
 fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
-    let keys = [&*sessions, keys::EVENTS, keys::EVENTS_LAST, &applied, &reaped, keys::USERS];
+    let wills = keys::wills(member);
+    let keys = [&*sessions, keys::EVENTS, keys::EVENTS_LAST, &applied, &reaped, keys::USERS, &wills];
     let mut cmd = evalsha(&cluster.scripts.apply, &keys);
     cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
     cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes).arg(batch.dropped);
@@ -289,14 +291,17 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
             }
             Op::Offline { uid, session, device, reason, last, will, at_ms } => {
                 let kind = if *last { "E1" } else { "E" };
-                // A will rides in the kind's argument, after "|": its topic, 0x00 (which no
-                // MQTT topic holds), its payload.
-                let kind: Vec<u8> = match will {
-                    Some(will) => [kind.as_bytes(), b"|", will.topic.as_bytes(), b"\0", &will.payload].concat(),
-                    None => kind.as_bytes().to_vec(),
-                };
                 let s = keys::session_hex(*session);
-                cmd.arg(kind).arg(*uid).arg(s).arg(reason.label()).arg(*at_ms).arg(device.as_str());
+                cmd.arg(with_will(kind, will.as_deref()))
+                    .arg(*uid)
+                    .arg(s)
+                    .arg(reason.label())
+                    .arg(*at_ms)
+                    .arg(device.as_str());
+            }
+            Op::Will { uid, session, device, will, at_ms } => {
+                let s = keys::session_hex(*session);
+                cmd.arg(with_will("W", Some(will))).arg(*uid).arg(s).arg("").arg(*at_ms).arg(device.as_str());
             }
             Op::Data { uid, session, device, payload, topic, at_ms } => {
                 let s = keys::session_hex(*session);
@@ -311,6 +316,15 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
         }
     }
     cmd
+}
+
+/// A change's kind with an MQTT will after "|": its topic, 0x00 (which no MQTT topic
+/// holds), its payload; the script's six arguments a change are full.
+fn with_will(kind: &str, will: Option<&Will>) -> Vec<u8> {
+    match will {
+        Some(will) => [kind.as_bytes(), b"|", will.topic.as_bytes(), b"\0", &will.payload].concat(),
+        None => kind.as_bytes().to_vec(),
+    }
 }
 
 /// Brings Redis in line with this node's truth after Redis was away: sessions Redis lacks

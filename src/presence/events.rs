@@ -104,6 +104,8 @@ pub trait EventSink: Send + Sync + std::fmt::Debug {
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64);
     /// A live session sent a DATA frame (an MQTT PUBLISH: on `topic`).
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64);
+    /// A live MQTT session's will, for an ending this node may not live to log.
+    fn will(&self, session: &Session, will: &Will, at_ms: u64);
 }
 
 /// One event.
@@ -376,6 +378,10 @@ impl EventLog {
     pub fn set_will(&self, session: &Session, will: Will) {
         let mut inner = self.lock();
         if session.is_live() {
+            // Under the lock, as the session's other changes: it cannot land after its end.
+            if let Some(sink) = &self.sink {
+                sink.will(session, &will, unix_ms());
+            }
             inner.wills.insert(session.id(), Box::new(will));
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use idlegate::{Config, RedisTarget};
 use serde_json::Value;
 
-use super::{http, TestServer, PATIENCE};
+use super::{free_addr, http, http_get, wait_listening, TestServer, PATIENCE};
 
 pub fn cluster_config(url: &str, node: &str) -> Config {
     Config {
@@ -62,4 +62,21 @@ pub async fn api_json(gw: &TestServer, method: &str, path: &str, body: &str) -> 
 
 pub async fn presence(gw: &TestServer, uid: u64) -> Value {
     api_json(gw, "GET", &format!("/v1/presence/{uid}"), "").await.1
+}
+
+/// Node b as a process of its own, so it can die without a goodbye, with `extra` flags;
+/// returns it, ready in the cluster, and its client address.
+pub async fn node_b_process(redis: &str, extra: &[&str]) -> (std::process::Child, std::net::SocketAddr) {
+    let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
+    let b = std::process::Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--node-id", "b", "--redis", redis, "--node-lease", "1s", "--tick", "100ms"])
+        .args(["--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
+        .args(["--api-listen", &api.to_string()])
+        .args(extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(admin).await;
+    eventually("node b connects to Redis", || async { http_get(admin, "/readyz").await.1 == "ready\n" }).await;
+    (b, listen)
 }
