@@ -75,10 +75,11 @@ def main(out):
             table["servers"][server] = row
             print(f"{server:<22} {logins:>8} " + " ".join(f"{c:>24}" for c in cells))
         ig = servers.get("idlegate", {})
-        print("idlegate / other, run by run: median (range)")
+        if ig:
+            print("idlegate / other, run by run: median (range)")
         for other in SERVERS[1:]:
             theirs = servers.get(other)
-            if not theirs:
+            if not theirs or not ig:
                 continue
             ratios = {}
             cells = []

@@ -5,7 +5,8 @@
 #   loadtest/ping-instructions.sh [connections] [pings] [out file]
 #                                 (defaults: 20 200 target/ping-instructions.txt; a few minutes)
 #
-# For each door (tcp, ws, tls, wss) the gateway runs under `valgrind --tool=callgrind`
+# For each door (DOORS, default tcp ws tls wss; also mqtt, the MQTT door, and mosquitto,
+# Debian's broker under the same MQTT workload) the server runs under `valgrind --tool=callgrind`
 # twice: once while loadtest/pings.py logs `connections` clients in and closes them, once
 # while it also sends `pings` rounds of one PING per client. The difference of the two
 # totals over connections x pings is one PING's cost: read, decode (and decrypt, unmask),
@@ -25,21 +26,33 @@ trap 'rm -rf "$work"' EXIT
 . loadtest/certs.sh
 test_certs "$work"
 BASE=17170
-declare -A PORT=([tcp]=$BASE [tls]=$((BASE + 1)) [ws]=$((BASE + 2)) [wss]=$((BASE + 3)))
+declare -A PORT=([tcp]=$BASE [tls]=$((BASE + 1)) [ws]=$((BASE + 2)) [wss]=$((BASE + 3)) [mqtt]=$((BASE + 4))
+  [mosquitto]=$((BASE + 5)))
+DOORS=${DOORS:-tcp ws tls wss}
+MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+printf '%s\n' "listener ${PORT[mosquitto]} 127.0.0.1" "allow_anonymous true" "persistence false" \
+  "log_dest none" "user root" >"$work/mosquitto.conf"
 
 # count DOOR PINGS: the gateway's total instructions over the workload.
 count() {
   local door=$1 pings=$2 file="$work/cg.$1.$2.$RANDOM"
-  valgrind --tool=callgrind --callgrind-out-file="$file" target/release/idlegate serve \
-    --listen "127.0.0.1:${PORT[tcp]}" --tls-listen "127.0.0.1:${PORT[tls]}" --ws-listen "127.0.0.1:${PORT[ws]}" \
-    --wss-listen "127.0.0.1:${PORT[wss]}" --tls-cert "$work/gateway.pem" --tls-key "$work/gateway.key" \
-    --admin-listen 127.0.0.1:0 --api-listen 127.0.0.1:0 --timeout 600s --tick 10s >/dev/null 2>&1 &
+  if [ "$door" = mosquitto ]; then
+    valgrind --tool=callgrind --callgrind-out-file="$file" "$MOSQUITTO" -c "$work/mosquitto.conf" >/dev/null 2>&1 &
+  else
+    valgrind --tool=callgrind --callgrind-out-file="$file" target/release/idlegate serve \
+      --listen "127.0.0.1:${PORT[tcp]}" --tls-listen "127.0.0.1:${PORT[tls]}" --ws-listen "127.0.0.1:${PORT[ws]}" \
+      --wss-listen "127.0.0.1:${PORT[wss]}" --mqtt-listen "127.0.0.1:${PORT[mqtt]}" --tls-cert "$work/gateway.pem" \
+      --tls-key "$work/gateway.key" --admin-listen 127.0.0.1:0 --api-listen 127.0.0.1:0 --timeout 600s --tick 10s \
+      >/dev/null 2>&1 &
+  fi
   local pid=$!
   for _ in $(seq 1 300); do
     (exec 3<>"/dev/tcp/127.0.0.1/${PORT[$door]}") 2>/dev/null && break
     sleep 0.1
   done
-  python3 loadtest/pings.py "$door" "${PORT[$door]}" "$CONNECTIONS" "$pings" "$work/ca.pem"
+  local speaks=$door
+  [ "$door" = mosquitto ] && speaks=mqtt
+  python3 loadtest/pings.py "$speaks" "${PORT[$door]}" "$CONNECTIONS" "$pings" "$work/ca.pem"
   kill -TERM "$pid"
   wait "$pid" || true
   awk '/^summary:/ { print $2 }' "$file"
@@ -50,7 +63,7 @@ mkdir -p "$(dirname "$OUT")"
   echo "# loadtest/ping-instructions.sh $CONNECTIONS $PINGS: gateway instructions (callgrind Ir)"
   echo "# door trial without_pings with_pings per_ping"
   for trial in 1 2; do
-    for door in tcp ws tls wss; do
+    for door in $DOORS; do
       without=$(count "$door" 0)
       with=$(count "$door" "$PINGS")
       echo "$door $trial $without $with $(((with - without) / (CONNECTIONS * PINGS)))"

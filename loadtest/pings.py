@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """A fixed workload for counting the gateway's instructions per PING on each door.
 
-    python3 loadtest/pings.py <tcp|tls|ws|wss> <port> <connections> <pings> [ca.pem]
+    python3 loadtest/pings.py <tcp|tls|ws|wss|mqtt> <port> <connections> <pings> [ca.pem]
 
 Opens `connections` clients (TLS trusting ca.pem for tls and wss; the WebSocket upgrade for
-ws and wss), logs each in, then `pings` rounds of one PING on every client followed by
-every PONG, and closes. The frames are exactly the same every run, so the gateway's
+ws and wss; MQTT 3.1.1 for mqtt, to idlegate's MQTT door or any broker), logs each in (MQTT:
+CONNECT with the uid as username, CONNACK), then `pings` rounds of one PING (PINGREQ) on
+every client followed by every PONG (PINGRESP), and closes. The frames are exactly the same every run, so the gateway's
 instruction count (loadtest/ping-instructions.sh, under callgrind) repeats; the difference
 between a run with pings and one without, divided by the pings, is what one PING costs.
 """
@@ -17,6 +18,10 @@ import struct
 import sys
 
 LOGIN, PING, WELCOME, PONG = 0x01, 0x02, 0x81, 0x82
+# MQTT 3.1.1: keepalive 20 s (within what idlegate's MQTT door takes under a 30 s timeout;
+# the workload's own pings come far more often), clean session, a username.
+MQTT_KEEPALIVE = 20
+PINGREQ, PINGRESP, CONNACK_OK = b"\xc0\x00", b"\xd0\x00", b"\x20\x02\x00\x00"
 MASK = b"\x5a\x3c\x96\x0f"
 
 
@@ -39,6 +44,7 @@ class Client:
             ctx.set_alpn_protocols(["idlegate" if transport == "tls" else "http/1.1"])
             s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
         self.s = s
+        self.mqtt = transport == "mqtt"
         self.ws = transport in ("ws", "wss")
         if self.ws:
             key = base64.b64encode(os.urandom(16)).decode()
@@ -64,19 +70,42 @@ class Client:
         return read_exact(self.s, n)
 
 
+    def login(self, uid):
+        if self.mqtt:
+            user, client_id = str(uid).encode(), b"p%d" % uid
+            body = (b"\x00\x04MQTT\x04\x82" + struct.pack(">H", MQTT_KEEPALIVE)
+                    + struct.pack(">H", len(client_id)) + client_id + struct.pack(">H", len(user)) + user)
+            self.s.sendall(bytes([0x10, len(body)]) + body)
+            assert read_exact(self.s, 4) == CONNACK_OK
+            return
+        self.send(bytes([LOGIN]) + struct.pack(">Q", uid))
+        assert self.recv()[0] == WELCOME
+
+    def ping(self, payload):
+        if self.mqtt:
+            self.s.sendall(PINGREQ)
+        else:
+            self.send(bytes([PING]) + payload)
+
+    def pong(self, payload):
+        if self.mqtt:
+            assert read_exact(self.s, 2) == PINGRESP
+        else:
+            assert self.recv() == bytes([PONG]) + payload
+
+
 def main():
     transport, port, connections, pings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     ca = sys.argv[5] if len(sys.argv) > 5 else None
     clients = [Client(transport, port, ca) for _ in range(connections)]
     for uid, c in enumerate(clients, 1):
-        c.send(bytes([LOGIN]) + struct.pack(">Q", uid))
-        assert c.recv()[0] == WELCOME
+        c.login(uid)
     for i in range(pings):
         payload = struct.pack(">Q", i)
         for c in clients:
-            c.send(bytes([PING]) + payload)
+            c.ping(payload)
         for c in clients:
-            assert c.recv() == bytes([PONG]) + payload
+            c.pong(payload)
     for c in clients:
         c.s.close()
 
