@@ -365,18 +365,36 @@ fn paho() -> Option<()> {
 
 #[tokio::test]
 async fn paho_follows_the_server_keep_alive_publishes_and_receives_a_push() {
-    use tokio::io::AsyncBufReadExt;
     let Some(()) = paho() else { return };
     let mut server = TestServer::start(config()).await;
+    let port = server.mqtt.port();
+    paho_session(&server, port, "tcp").await;
+    server.shutdown().await;
+}
+
+/// The same through the WebSocket door, paho offering the `mqtt` subprotocol.
+#[tokio::test]
+async fn paho_does_the_same_over_websocket() {
+    let Some(()) = paho() else { return };
+    let mut server = TestServer::start(config()).await;
+    let port = server.ws.port();
+    paho_session(&server, port, "websockets").await;
+    server.shutdown().await;
+}
+
+/// paho (`tests/data/paho_client.py`) as uid 77 on `port` over `transport`: the Server Keep
+/// Alive read and lived on past the timeout, a PUBLISH seen as data, a push received.
+async fn paho_session(server: &TestServer, port: u16, transport: &str) {
+    use tokio::io::AsyncBufReadExt;
     let (_, mut events) = Sse::open(server.api, "/v1/events?types=offline,data", &[]).await;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/paho_client.py");
     // Idle for longer than the 9 s timeout: alive only if paho pings every 3 s, as CONNACK
     // says, rather than every 60 s, as it asked.
     let idle = (config().timeout + Duration::from_secs(3)).as_secs().to_string();
-    let port = server.mqtt.port().to_string();
+    let port = port.to_string();
     let mut child = Command::new("python3")
         .arg(&script)
-        .args(["127.0.0.1", &port, "77", &idle])
+        .args(["127.0.0.1", &port, "77", &idle, transport])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -396,7 +414,6 @@ async fn paho_follows_the_server_keep_alive_publishes_and_receives_a_push() {
     assert_eq!(next_line(&mut lines).await.as_deref(), Some("alive"));
     assert_eq!(events.expect("offline", 77).await.data["reason"], json!("logout"), "never expired");
     assert!(child.wait().await.unwrap().success());
-    server.shutdown().await;
 }
 
 /// An MQTT 5 SUBSCRIBE (packet id 1) or UNSUBSCRIBE (packet id 2) of `filter`.

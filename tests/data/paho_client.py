@@ -1,7 +1,9 @@
 """An unmodified paho-mqtt client for tests/mqtt.rs: MQTT 5, uid and token as username and
 password, a keepalive of 60 s that the gateway's Server Keep Alive shortens.
 
-    paho_client.py HOST PORT UID IDLE_SECONDS
+    paho_client.py HOST PORT UID IDLE_SECONDS [tcp|websockets]
+
+Over websockets it connects to the WebSocket door's /v1/ws, offering the `mqtt` subprotocol.
 
 Prints one line per step: "connected <server keep alive>", "published", "push <payload>",
 then, after IDLE_SECONDS without a packet of its own, "alive" if still connected, and
@@ -15,13 +17,17 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties  # noqa: F401  (paho 1.6 and 2.x both have it)
 
 host, port, uid, idle = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+transport = sys.argv[5] if len(sys.argv) > 5 else "tcp"
 pushed = threading.Event()
 connected = threading.Event()
 
 try:
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho", protocol=mqtt.MQTTv5)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho", protocol=mqtt.MQTTv5,
+                         transport=transport)
 except AttributeError:  # paho 1.6
-    client = mqtt.Client(client_id="paho", protocol=mqtt.MQTTv5)
+    client = mqtt.Client(client_id="paho", protocol=mqtt.MQTTv5, transport=transport)
+if transport == "websockets":
+    client.ws_set_options(path="/v1/ws")
 client.username_pw_set(uid, "token")
 
 
