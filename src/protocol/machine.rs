@@ -108,10 +108,16 @@ impl Machine {
     /// Acts on one frame from the client; replies go to `out`. An error closes the
     /// connection with that reason and text.
     pub(crate) fn on_frame(&mut self, frame: Frame, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
+        self.on_frame_of(frame, false, out)
+    }
+
+    /// A frame from a client that takes every push, or (`subscriber`, an MQTT client) only
+    /// those its subscriptions match.
+    fn on_frame_of(&mut self, frame: Frame, subscriber: bool, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
         let metrics: &Metrics = &self.gateway.metrics;
         metrics.frame(&frame);
         match (&self.session, frame) {
-            (None, Frame::Login { uid, token, device }) => self.login(uid, &token, device, false, out),
+            (None, Frame::Login { uid, token, device }) => self.login(uid, &token, device, subscriber, out),
             (Some(_), Frame::Login { .. }) => Err((CloseReason::ProtocolError, "second LOGIN".into())),
             (Some(_), Frame::Ping(payload)) => {
                 self.activity()?;
@@ -150,14 +156,7 @@ impl Machine {
         will: Option<Box<Will>>,
         out: &mut (impl Out + ?Sized),
     ) -> Result<(), Close> {
-        self.gateway.metrics.frame(&login);
-        let Frame::Login { uid, token, device } = login else {
-            return Err((CloseReason::ProtocolError, "CONNECT must be the first packet".into()));
-        };
-        if self.session.is_some() {
-            return Err((CloseReason::ProtocolError, "a second CONNECT".into()));
-        }
-        self.login(uid, &token, device, true, out)?;
+        self.on_frame_of(login, true, out)?;
         if let (Some(session), Some(will)) = (&self.session, will) {
             self.gateway.registry.events().set_will(session, *will);
         }

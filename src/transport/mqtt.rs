@@ -82,8 +82,6 @@ mod property {
 /// What every MQTT connection of a gateway shares, built once at start.
 #[derive(Debug)]
 pub(crate) struct MqttPolicy {
-    /// The topic pushes go out on (`--mqtt-push-topic`).
-    pub push_topic: Arc<str>,
     /// MQTT 5's Server Keep Alive, in seconds: a third of the timeout, so a client that
     /// pings a second or two late is still inside the window.
     pub server_keep_alive: u16,
@@ -105,7 +103,6 @@ impl MqttPolicy {
         // LATE_PING_SECS late, stays inside while k + LATE_PING_SECS < timeout - tick.
         let window = config.timeout.saturating_sub(config.tick).as_secs();
         MqttPolicy {
-            push_topic: Arc::from(config.mqtt_push_topic.as_str()),
             server_keep_alive: secs(config.timeout / 3).max(1),
             max_keep_alive_311: u16::try_from(window.saturating_sub(LATE_PING_SECS + 1)).unwrap_or(u16::MAX),
         }
@@ -329,7 +326,7 @@ impl Mqtt {
             }
             Frame::Pong(_) => out.put_slice(&[packet::PINGRESP, 0]),
             // Pushes come through `encode_push`, with their topics.
-            Frame::Push(payload) => self.publish(&self.policy.push_topic.clone(), payload, out),
+            Frame::Push(_) => debug_assert!(false, "an MQTT push without its topic"),
             Frame::Bye { reason, text } => self.bye(*reason, text, out),
             // Client frames never come back out.
             Frame::Login { .. } | Frame::Ping(_) | Frame::Data(_) | Frame::Logout => {}
