@@ -59,6 +59,10 @@ struct ServeArgs {
     /// The topic MQTT sessions receive pushes on (when a subscription matches it).
     #[arg(long, env = "IDLEGATE_MQTT_PUSH_TOPIC", default_value = idlegate::DEFAULT_MQTT_PUSH_TOPIC)]
     mqtt_push_topic: String,
+    /// Topic filters one MQTT session may hold; a SUBSCRIBE past it is refused filter by
+    /// filter (SUBACK 0x80 in 3.1.1, 0x97 Quota exceeded in 5).
+    #[arg(long, env = "IDLEGATE_MQTT_MAX_SUBSCRIPTIONS", default_value_t = idlegate::DEFAULT_MQTT_MAX_SUBSCRIPTIONS)]
+    mqtt_max_subscriptions: usize,
     /// Comma-separated origins a WebSocket upgrade may come from (default: any). An upgrade
     /// with another Origin gets 403; one with no Origin (not a browser) is allowed.
     #[arg(long, env = "IDLEGATE_WS_ALLOWED_ORIGINS", value_delimiter = ',')]
@@ -346,6 +350,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .clone()
             .map(|list| list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
         mqtt_push_topic: args.mqtt_push_topic.clone(),
+        mqtt_max_subscriptions: args.mqtt_max_subscriptions,
     };
     if let Err(e) = config.validate() {
         usage_error(e);

@@ -558,3 +558,40 @@ async fn a_will_rides_in_node_lost_and_in_a_takeover_from_another_node() {
         node.shutdown().await;
     }
 }
+
+/// An MQTT 5 SUBSCRIBE of `filters` (QoS 0 each) under packet id `id`.
+fn subscribe_v5(id: u16, filters: &[&str]) -> Vec<u8> {
+    let mut body = id.to_be_bytes().to_vec();
+    body.push(0); // no properties
+    for filter in filters {
+        body.extend_from_slice(&(filter.len() as u16).to_be_bytes());
+        body.extend_from_slice(filter.as_bytes());
+        body.push(0);
+    }
+    assert!(body.len() < 128, "a one-byte remaining length");
+    [&[0x82, body.len() as u8][..], &body].concat()
+}
+
+/// `--mqtt-max-subscriptions` holds a session's filters, packet by packet, with MQTT 5's
+/// codes filter by filter: past the bound 0x97, an invalid filter 0x8F, a shared
+/// subscription 0x9E (CONNACK said none are available); a filter held already is granted
+/// again, and a refused one takes no push.
+#[tokio::test]
+async fn subscriptions_are_bounded_per_session_and_refused_filter_by_filter() {
+    let mut server = TestServer::start(Config { mqtt_max_subscriptions: 4, ..config() }).await;
+    let mut stream = session(server.mqtt, &connect_v5("42", "phone", 3)).await;
+    stream.write_all(&subscribe_v5(1, &["a", "b", "c", "a/#/b", "$share/g/t", "d", "e"])).await.unwrap();
+    let suback = packet(&mut stream).await.expect("a SUBACK");
+    assert_eq!(suback, [0x90, 10, 0, 1, 0, 0, 0, 0, 0x8F, 0x9E, 0, 0x97]);
+    stream.write_all(&subscribe_v5(2, &["f", "a"])).await.unwrap();
+    assert_eq!(packet(&mut stream).await.expect("a SUBACK"), [0x90, 5, 0, 2, 0, 0x97, 0]);
+    assert_eq!(push(server.api, &[42], "no", Some("e")).await["unsubscribed"], json!([42]));
+    assert_eq!(push(server.api, &[42], "yes", Some("d")).await["sent"], json!([42]));
+    assert_eq!(published(&mut stream).await, ("d".to_string(), b"yes".to_vec()));
+    // Room again after an UNSUBSCRIBE.
+    stream.write_all(&subscription_v5(false, "a")).await.unwrap();
+    assert_eq!(packet(&mut stream).await.expect("an UNSUBACK"), [0xB0, 4, 0, 2, 0, 0]);
+    stream.write_all(&subscribe_v5(3, &["f"])).await.unwrap();
+    assert_eq!(packet(&mut stream).await.expect("a SUBACK"), [0x90, 4, 0, 3, 0, 0]);
+    server.shutdown().await;
+}

@@ -135,12 +135,11 @@ end
 ///   member's hash it ends as kicked; if its member has not announced it yet (two logins
 ///   raced), it is marked taken, so the announcement never comes; either way its member is
 ///   told through its inbox. `replaced` is `!` for a login the route says a newer login
-///   superseded: not announced. `L1` is a login its node saw as the uid's first session
-///   there: `user_online` follows its `online` if the uid had no session anywhere and it
-///   took none over (a takeover is no user-level transition);
+///   superseded: not announced. (`L1`, the node's view that this is the uid's first
+///   session there, is read as `L`: user events are decided here, see below.)
 /// - `E uid session reason at device`: a session ended; `E1` when its node saw it as the
-///   uid's last there: `user_offline` follows its `offline` if the uid has no session left
-///   anywhere (a plain `E` is a session a login of the same uid replaced);
+///   uid's last there. A plain `E` is a session its node ended for a login of the same uid
+///   that follows it.
 /// - `D uid session payload at device`: a DATA frame, logged only while its session is held;
 ///   `D|<topic>` for an MQTT PUBLISH, whose topic goes in the event as `tp`.
 /// - An `E` (or `E1`) may carry an MQTT will after a `|`: its topic, 0x00, its payload, for
@@ -148,6 +147,14 @@ end
 /// - `W|<topic>\0<payload> uid session '' at device`: an MQTT session's will, kept in the
 ///   member's wills hash while the session is held, so that an ending its node never logs
 ///   (taken over from another node, or reaped with a dead node) still carries it.
+///
+/// User events come from the users hash alone (the uid's sessions across the cluster),
+/// never from a node's own view: a node may still hold a session another node already took
+/// over. `user_online` follows the `online` that takes the uid from no session to one,
+/// `user_offline` the `offline` that leaves it none. An ending that makes room for a login
+/// (a takeover, a plain `E`) owes its `user_offline` only until the batch ends: the login
+/// that replaces it, announced in the same batch, is no user-level transition and settles
+/// it; otherwise the batch ends by logging it.
 ///
 /// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
 /// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -175,6 +182,13 @@ local function count(uid, by)
   if n <= 0 then redis.call('HDEL', KEYS[6], uid) end
   return n
 end
+-- uid -> {reason, at} of a user_offline owed by an ending that made room for a login,
+-- settled by that login or logged when the batch ends; `owed_order` keeps them in order.
+local owed, owed_order = {}, {}
+local function owe(uid, r, at)
+  if not owed[uid] then owed_order[#owed_order + 1] = uid end
+  owed[uid] = {r, at}
+end
 for i = 8, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   -- What rides after a '|' in the kind: a data event's topic, an offline event's will.
@@ -188,23 +202,31 @@ for i = 8, #ARGV, 6 do
   kind = string.sub(kind, 1, 1)
   local f = field(uid, d)
   if kind == 'L' then
-    local took = false
     if x ~= '' and x ~= '!' then
-      local m, ps, pd = string.match(x, '^([^|]*)|([^|]*)|(.*)$')
-      if m then
-        local key = '{idlegate}:sessions:' .. m
-        local pf = field(uid, pd)
-        if redis.call('HGET', key, pf) == ps then
-          redis.call('HDEL', key, pf)
-          count(uid, -1)
-          local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
-          emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp)
-          took = true
-        else
-          -- Its member has not announced it yet: the announcement must not revive it.
-          redis.call('HSET', '{idlegate}:taken:' .. m, pf, ps)
+      -- The route's chain: the owner this login replaced, then whom that one replaced (a
+      -- login replaced before it was announced may leave its own predecessor held).
+      local head = true
+      for entry in string.gmatch(x, '[^\n]+') do
+        local m, ps, pd = string.match(entry, '^([^|]*)|([^|]*)|(.*)$')
+        if m then
+          local key = '{idlegate}:sessions:' .. m
+          local pf = field(uid, pd)
+          if redis.call('HGET', key, pf) == ps then
+            redis.call('HDEL', key, pf)
+            local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
+            emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp)
+            if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
+          elseif head then
+            -- Its member has not announced it yet: the announcement must not revive it.
+            redis.call('HSET', '{idlegate}:taken:' .. m, pf, ps)
+          else
+            -- Further down the chain it most likely ended long ago: it may mark the field,
+            -- never overwrite a mark a head left there.
+            redis.call('HSETNX', '{idlegate}:taken:' .. m, pf, ps)
+          end
+          redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', ps)
         end
-        redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', ps)
+        head = false
       end
     end
     local taken = '{idlegate}:taken:' .. me
@@ -216,8 +238,13 @@ for i = 8, #ARGV, 6 do
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
       ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
-      if user and not took and n == 1 then
-        ev.emit('t', 'user_online', 'uid', uid, 'at', at)
+      if n == 1 then
+        if owed[uid] then
+          -- It replaces the session whose end owed the user_offline: no transition.
+          owed[uid] = nil
+        else
+          ev.emit('t', 'user_online', 'uid', uid, 'at', at)
+        end
       end
     end
   elseif kind == 'E' then
@@ -233,8 +260,13 @@ for i = 8, #ARGV, 6 do
       else
         emit_offline(ev, uid, s, d, x, at)
       end
-      if user and n <= 0 then
-        ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
+      if n <= 0 then
+        if user then
+          owed[uid] = nil
+          ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
+        else
+          owe(uid, x, at)
+        end
       end
     end
   elseif kind == 'W' then
@@ -249,6 +281,12 @@ for i = 8, #ARGV, 6 do
         ev.emit('t', 'data', 'uid', uid, 'p', x, 'at', at)
       end
     end
+  end
+end
+for _, uid in ipairs(owed_order) do
+  local o = owed[uid]
+  if o and tonumber(redis.call('HGET', KEYS[6], uid) or '0') <= 0 then
+    ev.emit('t', 'user_offline', 'uid', uid, 'r', o[1], 'at', o[2])
   end
 end
 ev.save()
@@ -332,13 +370,29 @@ return {1, epoch}
 /// member's own older session is always replaced (a member applies its logins in order). A
 /// new device of a uid that holds `--max-devices` routes takes the place of the oldest
 /// login among them: the one decision that bounds a uid's sessions across the cluster.
-/// Returns `<member>|<session>|<device>` of the session it replaced, `!` if a newer login
-/// holds the device, or nil. Retried for the same login, it returns what the first call
+/// Returns `<member>|<session>|<device>` of the session it replaced, followed (one a line)
+/// by the first entries of what that session had replaced itself, up to `MAX_CHAIN` in all;
+/// `!` if a newer login holds the device; or nil. The chain is what keeps "the kicked
+/// session's `offline` before the new `online`" when a login replaces one whose own
+/// takeover has not reached the control slot yet: its predecessor may still be held, and
+/// `APPLY` ends every held session the chain names. Four covers logins of one device on
+/// four nodes within one batch's round trip; newlines never occur in a member, a session
+/// or a device name (control characters are refused in each). Retried for the same login, it returns what the first call
 /// replaced, kept in the route's last field.
 const ROUTE_SET: &str = r#"
+local MAX_CHAIN = 4
 local me, dev, max = ARGV[1], ARGV[4], tonumber(ARGV[5])
 local function parts(v)
   return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+-- The replaced owner `head`, then the first of the chain it had replaced itself.
+local function chain(head, prior)
+  local out, k = head, 1
+  for entry in string.gmatch(prior or '', '[^\n]+') do
+    if k >= MAX_CHAIN then break end
+    out, k = out .. '\n' .. entry, k + 1
+  end
+  return out
 end
 local old = redis.call('HGET', KEYS[1], dev)
 local replaced = ''
@@ -354,22 +408,22 @@ if old then
       local theirs, mine = tonumber(since) or 0, tonumber(ARGV[2])
       if theirs > mine or (theirs == mine and owner > me) then return '!' end
     end
-    replaced = owner .. '|' .. dev
+    replaced = chain(owner .. '|' .. dev, prior)
   end
 else
   local all = redis.call('HGETALL', KEYS[1])
   if #all / 2 >= max then
-    local victim, vsince, vowner = nil, nil, nil
+    local victim, vsince, vowner, vprior = nil, nil, nil, nil
     for i = 1, #all, 2 do
-      local om, os, since = parts(all[i + 1])
+      local om, os, since, prior = parts(all[i + 1])
       local t = tonumber(since) or 0
       if om and (victim == nil or t < vsince or (t == vsince and om .. '|' .. os < vowner)) then
-        victim, vsince, vowner = all[i], t, om .. '|' .. os
+        victim, vsince, vowner, vprior = all[i], t, om .. '|' .. os, prior
       end
     end
     if victim then
       redis.call('HDEL', KEYS[1], victim)
-      replaced = vowner .. '|' .. victim
+      replaced = chain(vowner .. '|' .. victim, vprior)
     end
   end
 end

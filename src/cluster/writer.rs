@@ -172,7 +172,13 @@ async fn unroute(cluster: &Cluster, member: &str, routes: &[(u64, u64)], stop: &
 /// `--redis-min-replicas`) waits for the replicas.
 async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64) -> Result<Applied, StoreError> {
     let ops = &batch.ops;
-    let routes: Vec<redis::Cmd> = ops.iter().filter_map(|op| route_cmd(cluster, member, op)).collect();
+    let keep_route = routes_to_delete(ops);
+    let routes: Vec<redis::Cmd> = ops
+        .iter()
+        .zip(&keep_route)
+        .filter(|(_, keep)| **keep)
+        .filter_map(|(op, _)| route_cmd(cluster, member, op))
+        .collect();
     let logins = ops.iter().any(|op| matches!(op, Op::Online { .. }));
     let mut replaced_by_login = Vec::new();
     let answer = if !logins && !cluster.is_redis_cluster() {
@@ -183,15 +189,16 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
     } else {
         // Each login's answer: the owner it replaced, `!` if superseded, or nothing.
         let mut answers = cluster.send_all(routes).await?.into_iter();
-        for op in ops {
+        for (op, keep) in ops.iter().zip(&keep_route) {
             match op {
                 Op::Online { .. } => replaced_by_login.push(match answers.next() {
                     Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
                     _ => String::new(),
                 }),
-                Op::Offline { .. } => {
+                Op::Offline { .. } if *keep => {
                     answers.next();
                 }
+                Op::Offline { .. } => {}
                 Op::Data { .. } | Op::Will { .. } => {}
             }
         }
@@ -206,6 +213,29 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
     finish(cluster, &answer).await?;
     Ok(Applied::Written { superseded })
+}
+
+/// Per op, whether its route step runs: every one but the route deletion of a session a
+/// later login of the batch replaces on the same device. That login's `ROUTE_SET` moves the
+/// route over it, so the route never goes empty between the two: a login of the device on
+/// another node, routed in that gap, would find nothing to replace and be logged online
+/// before this session's `offline`.
+fn routes_to_delete(ops: &[Op]) -> Vec<bool> {
+    let mut last_login: HashMap<(u64, &str), usize> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::Online { uid, device, .. } = op {
+            last_login.insert((*uid, device.as_str()), i);
+        }
+    }
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| match op {
+            Op::Offline { uid, device, last: false, .. } => {
+                last_login.get(&(*uid, device.as_str())).is_none_or(|&login| login < i)
+            }
+            _ => true,
+        })
+        .collect()
 }
 
 /// `(uid, session)` of each login in `ops`, in order.

@@ -150,7 +150,15 @@ pub struct Config {
     /// The topic an MQTT session receives pushes on when one of its subscriptions matches
     /// it (`--mqtt-push-topic`).
     pub mqtt_push_topic: String,
+    /// Topic filters one MQTT session may hold (`--mqtt-max-subscriptions`); a SUBSCRIBE
+    /// past it is refused filter by filter.
+    pub mqtt_max_subscriptions: usize,
 }
+
+/// Default `--mqtt-max-subscriptions`: a device subscribes to a handful of topics; a few
+/// hundred leaves room for any real client while a push's match stays a short scan and a
+/// session's filters a few KiB.
+pub const DEFAULT_MQTT_MAX_SUBSCRIPTIONS: usize = 256;
 
 /// Default `--mqtt-push-topic`.
 pub const DEFAULT_MQTT_PUSH_TOPIC: &str = "idlegate/push";
@@ -183,6 +191,7 @@ impl Default for Config {
             admin_tls: false,
             ws_allowed_origins: None,
             mqtt_push_topic: DEFAULT_MQTT_PUSH_TOPIC.to_string(),
+            mqtt_max_subscriptions: DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
         }
     }
 }

@@ -660,7 +660,7 @@ mod tests {
         assert!(mqtt.filters_pushes() && !tcp.filters_pushes());
         let reach = reg.push(1, None, &push("idlegate/push"), 1 << 20);
         assert_eq!(reach, Reach { sessions: 1, unsubscribed: 1 });
-        reg.subscriptions().subscribe(mqtt.id(), &["idlegate/+".to_string()]);
+        reg.subscriptions().subscribe(mqtt.id(), &["idlegate/+".to_string()], 8);
         assert_eq!(reg.push(1, None, &push("idlegate/push"), 1 << 20), Reach { sessions: 2, unsubscribed: 0 });
         assert_eq!(reg.push(1, None, &push("other"), 1 << 20), Reach { sessions: 1, unsubscribed: 1 });
         assert_eq!(reg.take_pushes(&mqtt).len(), 1, "only the matching push was queued");

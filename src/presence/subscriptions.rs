@@ -8,6 +8,8 @@
 //! no entry either: it is marked on the session itself ([`crate::presence::Session::filters_pushes`]),
 //! so an idle device costs this map nothing.
 
+use std::collections::HashSet;
+
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
@@ -16,31 +18,40 @@ use crate::proto::mqtt::topic_matches;
 /// Every MQTT session's topic filters; see the module documentation.
 #[derive(Debug, Default)]
 pub struct Subscriptions {
-    /// Session id -> its filters, each once, in the order first subscribed.
-    filters: DashMap<u64, Box<[Box<str>]>, RandomState>,
+    /// Session id -> its filters, a set: a SUBSCRIBE costs what it adds, never a scan of
+    /// what the session already holds (that scan, under the shard's lock, let one session
+    /// with a few hundred thousand filters delay everyone's ticks).
+    filters: DashMap<u64, HashSet<Box<str>, RandomState>, RandomState>,
 }
 
 // === impl Subscriptions ===
 
 impl Subscriptions {
-    /// Adds `filters` to session `id`'s (a filter it holds already stays once).
-    pub fn subscribe(&self, id: u64, filters: &[String]) {
+    /// Adds `filters` to session `id`'s, holding at most `max` in all; returns, filter by
+    /// filter, whether the session holds it now (one held already is granted again; a new
+    /// one past `max` is refused).
+    pub fn subscribe(&self, id: u64, filters: &[String], max: usize) -> Vec<bool> {
         let mut entry = self.filters.entry(id).or_default();
-        let mut all = std::mem::take(entry.value_mut()).into_vec();
-        for filter in filters {
-            if !all.iter().any(|f| **f == **filter) {
-                all.push(filter.as_str().into());
-            }
+        let held = entry.value_mut();
+        let granted = filters
+            .iter()
+            .map(|filter| held.contains(filter.as_str()) || (held.len() < max && held.insert(filter.as_str().into())))
+            .collect();
+        debug_assert!(held.len() <= max.max(1), "session {id} holds {} filters, over {max}", held.len());
+        let empty = held.is_empty();
+        drop(entry);
+        if empty {
+            self.filters.remove_if(&id, |_, held| held.is_empty());
         }
-        *entry.value_mut() = all.into_boxed_slice();
+        granted
     }
 
     /// Takes `filters` out of session `id`'s; the entry goes with its last filter.
     pub fn unsubscribe(&self, id: u64, filters: &[String]) {
         self.filters.remove_if_mut(&id, |_, held| {
-            let mut all = std::mem::take(held).into_vec();
-            all.retain(|f| !filters.iter().any(|gone| **gone == **f));
-            *held = all.into_boxed_slice();
+            for gone in filters {
+                held.remove(gone.as_str());
+            }
             held.is_empty()
         });
     }
@@ -78,8 +89,8 @@ mod tests {
     fn filters_are_kept_once_and_go_with_their_last_one() {
         let subs = Subscriptions::default();
         assert!(!subs.matches(7, "idlegate/push"), "no subscription: nothing matches");
-        subs.subscribe(7, &strings(&["idlegate/+", "alerts/#"]));
-        subs.subscribe(7, &strings(&["idlegate/+"]));
+        subs.subscribe(7, &strings(&["idlegate/+", "alerts/#"]), 8);
+        subs.subscribe(7, &strings(&["idlegate/+"]), 8);
         assert!(subs.matches(7, "idlegate/push"));
         assert!(subs.matches(7, "alerts/fire/now"));
         assert!(!subs.matches(8, "idlegate/push"), "another session's filters are its own");
@@ -88,8 +99,20 @@ mod tests {
         assert_eq!(subs.len(), 1);
         subs.unsubscribe(7, &strings(&["alerts/#", "never/held"]));
         assert!(subs.is_empty(), "the entry goes with its last filter");
-        subs.subscribe(9, &strings(&["#"]));
+        subs.subscribe(9, &strings(&["#"]), 8);
         subs.forget(9);
         assert!(subs.is_empty());
+    }
+
+    #[test]
+    fn a_session_holds_at_most_its_bound_and_held_filters_are_granted_again() {
+        let subs = Subscriptions::default();
+        assert_eq!(subs.subscribe(7, &strings(&["a", "b", "c"]), 2), [true, true, false]);
+        assert_eq!(subs.subscribe(7, &strings(&["b", "d", "a"]), 2), [true, false, true]);
+        assert!(!subs.matches(7, "c") && !subs.matches(7, "d"));
+        subs.unsubscribe(7, &strings(&["a"]));
+        assert_eq!(subs.subscribe(7, &strings(&["d"]), 2), [true], "room again after an UNSUBSCRIBE");
+        assert_eq!(subs.subscribe(8, &strings(&["x"]), 0), [false]);
+        assert_eq!(subs.len(), 1, "a session refused everything holds no entry");
     }
 }

@@ -27,6 +27,9 @@ pub(crate) type Close = (CloseReason, String);
 /// Where the machine's frames go: a transport's output.
 pub(crate) trait Out {
     fn frame(&mut self, frame: &Frame);
+
+    /// An MQTT SUBSCRIBE's outcome, filter by filter (granted or not), for its SUBACK.
+    fn subscribed(&mut self, _granted: &[bool]) {}
 }
 
 /// A stream transport's output buffer: frames length-prefixed, back to back.
@@ -163,14 +166,23 @@ impl Machine {
         Ok(())
     }
 
-    /// An MQTT SUBSCRIBE (`subscribe`) or UNSUBSCRIBE: activity, and the session's topic
-    /// filters change.
-    pub(crate) fn on_subscriptions(&mut self, filters: &[String], subscribe: bool) -> Result<(), Close> {
-        self.activity()?;
+    /// An MQTT SUBSCRIBE (`subscribe`) or UNSUBSCRIBE: activity, counted against the
+    /// session's `--max-data-rate` as a DATA is (each changes state the gateway keeps), and
+    /// the session's topic filters change, at most `--mqtt-max-subscriptions` of them; a
+    /// SUBSCRIBE's outcome goes to `out`, filter by filter.
+    pub(crate) fn on_subscriptions(
+        &mut self,
+        filters: &[String],
+        subscribe: bool,
+        out: &mut (impl Out + ?Sized),
+    ) -> Result<(), Close> {
+        let now = self.activity()?;
+        self.data_allowed(now)?;
         if let Some(session) = &self.session {
             let subscriptions = self.gateway.registry.subscriptions();
             if subscribe {
-                subscriptions.subscribe(session.id(), filters);
+                let max = self.gateway.config.mqtt_max_subscriptions;
+                out.subscribed(&subscriptions.subscribe(session.id(), filters, max));
             } else {
                 subscriptions.unsubscribe(session.id(), filters);
             }
@@ -178,12 +190,17 @@ impl Machine {
         Ok(())
     }
 
-    /// A DATA of the logged-in session: activity, the rate, the event log.
+    /// A DATA of the logged-in session: activity, the rate, the event log. A DATA the log
+    /// did not take (its session ended since the tick's touch: a kick, a takeover) closes
+    /// the connection with the session's reason, so an MQTT PUBLISH is never acknowledged
+    /// for data nobody will see, and the client sends it again on its next connection.
     fn data(&mut self, payload: Bytes, topic: Option<&str>) -> Result<(), Close> {
         let now = self.activity()?;
         self.data_allowed(now)?;
         if let Some(session) = &self.session {
-            self.gateway.registry.events().data(session, payload, topic);
+            if !self.gateway.registry.events().data(session, payload, topic) {
+                return Err((session.end_reason().unwrap_or(CloseReason::Kicked), String::new()));
+            }
         }
         Ok(())
     }
@@ -320,5 +337,36 @@ impl Machine {
             None => tracing::debug!(%reason, "connection closed before login"),
         }
         self.gateway.metrics.closed_on(transport);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn login(machine: &mut Machine, uid: u64) {
+        let mut out = BytesMut::new();
+        let login = Frame::Login { uid, token: Bytes::new(), device: Device::DEFAULT };
+        machine.on_connect(login, None, &mut out).expect("the login is taken");
+        assert!(!out.is_empty(), "a WELCOME went out");
+    }
+
+    /// A takeover ends the session on the tick of its last touch: the PUBLISH read next
+    /// does no ring work, and must still find out that the log did not take its DATA.
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_the_log_did_not_take_closes_instead_of_being_acknowledged() {
+        let gateway = Gateway::new(Config::default());
+        let mut machine = Machine::new(gateway.clone());
+        login(&mut machine, 7);
+        assert_eq!(machine.on_publish("t".into(), Bytes::from_static(b"before")), Ok(()));
+        assert_eq!(gateway.registry.kick(7, None), 1);
+        let after = machine.on_publish("t".into(), Bytes::from_static(b"after"));
+        assert_eq!(after.map_err(|(reason, _)| reason), Err(CloseReason::Kicked));
+        let mut tcp = Machine::new(gateway.clone());
+        login(&mut tcp, 8);
+        gateway.registry.kick(8, None);
+        let data = tcp.on_frame(Frame::Data(Bytes::from_static(b"late")), &mut BytesMut::new());
+        assert_eq!(data.map_err(|(reason, _)| reason), Err(CloseReason::Kicked));
     }
 }

@@ -117,6 +117,10 @@ pub(crate) trait Framing {
     /// to that (an MQTT PUBACK, once the DATA is in the event log).
     fn accepted(&mut self, _out: &mut BytesMut) {}
 
+    /// The machine's outcome of an MQTT SUBSCRIBE, filter by filter, answered (with the
+    /// rest the unit is owed) in [`Framing::accepted`].
+    fn subscribed(&mut self, _granted: &[bool]) {}
+
     /// The longest frame it accepts: the bound on unread replies derives from it.
     fn max_frame_bytes(&self) -> u32;
 
@@ -133,6 +137,10 @@ struct Encoded<'a, F> {
 impl<F: Framing> Out for Encoded<'_, F> {
     fn frame(&mut self, frame: &Frame) {
         self.framing.encode(frame, self.out);
+    }
+
+    fn subscribed(&mut self, granted: &[bool]) {
+        self.framing.subscribed(granted);
     }
 }
 

@@ -21,7 +21,7 @@ use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
 use mqtt5_protocol::QoS;
 
 use crate::presence::{Push, Will};
-use crate::proto::mqtt::{fixed_header, put_fixed_header as put_header, put_str, put_varint};
+use crate::proto::mqtt::{check_topic_filter, fixed_header, put_fixed_header as put_header, put_str, put_varint};
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
 use crate::transport::connection::{Framing, Input};
@@ -52,6 +52,8 @@ mod code311 {
     pub const SERVER_UNAVAILABLE: u8 = 0x03;
     pub const BAD_USERNAME_OR_PASSWORD: u8 = 0x04;
     pub const NOT_AUTHORIZED: u8 = 0x05;
+    /// SUBACK: the one failure code 3.1.1 has (3.9.3).
+    pub const SUBSCRIBE_FAILURE: u8 = 0x80;
 }
 
 /// MQTT 5 reason codes (2.4) the gateway sends.
@@ -66,6 +68,10 @@ mod code5 {
     pub const SESSION_TAKEN_OVER: u8 = 0x8E;
     pub const QUOTA_EXCEEDED: u8 = 0x97;
     pub const QOS_NOT_SUPPORTED: u8 = 0x9B;
+    /// SUBACK: the filter is not a valid topic filter.
+    pub const TOPIC_FILTER_INVALID: u8 = 0x8F;
+    /// SUBACK: `$share/...`, as CONNACK's Shared Subscription Available 0 said.
+    pub const SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: u8 = 0x9E;
     /// SUBACK: granted QoS 0.
     pub const GRANTED_QOS_0: u8 = 0x00;
 }
@@ -123,13 +129,32 @@ pub(crate) struct Mqtt {
     answered: bool,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
     owed_ack: Option<u16>,
+    /// A SUBSCRIBE's SUBACK, written once the machine said which filters it holds: boxed,
+    /// so an idle connection pays a pointer for it.
+    owed_suback: Option<Box<Suback>>,
+}
+
+/// A SUBACK being made: the packet id, a code per filter, and where the codes of the
+/// filters the machine decides on go (the others failed here already).
+struct Suback {
+    id: u16,
+    codes: Vec<u8>,
+    decided: Vec<usize>,
 }
 
 // === impl Mqtt ===
 
 impl Mqtt {
     pub(crate) fn new(max_packet_bytes: u32, policy: Arc<MqttPolicy>) -> Mqtt {
-        Mqtt { policy, max_packet_bytes, version: 0, welcomed: false, answered: false, owed_ack: None }
+        Mqtt {
+            policy,
+            max_packet_bytes,
+            version: 0,
+            welcomed: false,
+            answered: false,
+            owed_ack: None,
+            owed_suback: None,
+        }
     }
 
     /// The longest packet accepted now: a CONNECT's bound until there is a session.
@@ -224,6 +249,10 @@ impl Framing for Mqtt {
         self.acknowledge(out);
     }
 
+    fn subscribed(&mut self, granted: &[bool]) {
+        self.decide(granted);
+    }
+
     fn max_frame_bytes(&self) -> u32 {
         self.max_packet_bytes
     }
@@ -281,11 +310,42 @@ impl Mqtt {
                 }
             },
             (_, Packet::Subscribe(subscribe)) => {
-                put_suback(out, self.version, packet::SUBACK, subscribe.packet_id, subscribe.filters.len());
-                Ok(Some(Input::Subscribe(subscribe.filters.into_iter().map(|f| f.filter).collect())))
+                let v5 = self.version == LEVEL_5;
+                let mut suback = Suback {
+                    id: subscribe.packet_id,
+                    codes: Vec::with_capacity(subscribe.filters.len()),
+                    decided: Vec::new(),
+                };
+                let mut valid = Vec::with_capacity(subscribe.filters.len());
+                for filter in subscribe.filters {
+                    let code = if filter.filter.starts_with("$share/") {
+                        Some(code5::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+                    } else if check_topic_filter(&filter.filter).is_err() {
+                        Some(code5::TOPIC_FILTER_INVALID)
+                    } else {
+                        None
+                    };
+                    match code {
+                        Some(code) => suback.codes.push(if v5 { code } else { code311::SUBSCRIBE_FAILURE }),
+                        None => {
+                            suback.decided.push(suback.codes.len());
+                            suback.codes.push(code5::GRANTED_QOS_0);
+                            valid.push(filter.filter);
+                        }
+                    }
+                }
+                self.owed_suback = Some(Box::new(suback));
+                Ok(Some(Input::Subscribe(valid)))
             }
             (_, Packet::Unsubscribe(unsubscribe)) => {
-                put_suback(out, self.version, packet::UNSUBACK, unsubscribe.packet_id, unsubscribe.filters.len());
+                let codes = if self.version == LEVEL_5 { unsubscribe.filters.len() } else { 0 };
+                put_suback(
+                    out,
+                    self.version,
+                    packet::UNSUBACK,
+                    unsubscribe.packet_id,
+                    &vec![code5::GRANTED_QOS_0; codes],
+                );
                 Ok(Some(Input::Unsubscribe(unsubscribe.filters)))
             }
             (_, Packet::Disconnect(_)) => Ok(Some(Input::Frame(Frame::Logout))),
@@ -301,11 +361,29 @@ impl Mqtt {
         }
     }
 
-    /// The PUBACK a QoS 1 PUBLISH is owed, once the machine took its DATA.
+    /// The PUBACK a QoS 1 PUBLISH is owed, once the machine took its DATA, or the SUBACK a
+    /// SUBSCRIBE is owed, once the machine decided on its filters.
     pub(crate) fn acknowledge(&mut self, out: &mut BytesMut) {
         if let Some(id) = self.owed_ack.take() {
             out.put_slice(&[packet::PUBACK, 2]);
             out.put_u16(id);
+        }
+        if let Some(suback) = self.owed_suback.take() {
+            put_suback(out, self.version, packet::SUBACK, suback.id, &suback.codes);
+        }
+    }
+
+    /// The machine's outcome for the owed SUBACK's valid filters, in order: a filter past
+    /// `--mqtt-max-subscriptions` is refused (0x97 Quota exceeded; 3.1.1's 0x80).
+    pub(crate) fn decide(&mut self, granted: &[bool]) {
+        let refused = if self.version == LEVEL_5 { code5::QUOTA_EXCEEDED } else { code311::SUBSCRIBE_FAILURE };
+        if let Some(suback) = self.owed_suback.as_deref_mut() {
+            debug_assert_eq!(suback.decided.len(), granted.len(), "one outcome per valid filter");
+            for (&at, &ok) in suback.decided.iter().zip(granted) {
+                if !ok {
+                    suback.codes[at] = refused;
+                }
+            }
         }
     }
 
@@ -442,16 +520,15 @@ fn put_disconnect(out: &mut BytesMut, code: u8, text: &[u8]) {
     out.put_slice(&props);
 }
 
-/// SUBACK granting QoS 0 to each of `count` filters, or UNSUBACK (MQTT 5: success for each).
-fn put_suback(out: &mut BytesMut, version: u8, kind: u8, id: u16, count: usize) {
+/// SUBACK or UNSUBACK with a code per filter (3.1.1's UNSUBACK has none).
+fn put_suback(out: &mut BytesMut, version: u8, kind: u8, id: u16, codes: &[u8]) {
     let v5 = version == LEVEL_5;
-    let codes = if kind == packet::SUBACK || v5 { count } else { 0 };
-    put_header(out, kind, 2 + usize::from(v5) + codes);
+    put_header(out, kind, 2 + usize::from(v5) + codes.len());
     out.put_u16(id);
     if v5 {
         out.put_u8(0);
     }
-    out.put_bytes(code5::GRANTED_QOS_0, codes);
+    out.put_slice(codes);
 }
 
 fn other_type(packet: &Packet) -> &'static str {

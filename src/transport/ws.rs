@@ -398,6 +398,12 @@ impl Framing for WebSocket {
         }
     }
 
+    fn subscribed(&mut self, granted: &[bool]) {
+        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+            mqtt.decide(granted);
+        }
+    }
+
     fn max_frame_bytes(&self) -> u32 {
         self.max_frame_bytes
     }

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 pub mod browser;
+pub mod checker;
 pub mod cluster;
 pub mod process;
 pub mod proxy;

@@ -74,6 +74,8 @@ pub enum TopicError {
     Wildcard,
     #[error("a topic name holds no NUL character")]
     Nul,
+    #[error("a wildcard stands alone in its level ('+'), and '#' only in the last")]
+    MisplacedWildcard,
 }
 
 /// Checks `name` as a topic a message may be published on (4.7.3): not empty, no
@@ -90,6 +92,29 @@ pub fn check_topic_name(name: &str) -> Result<(), TopicError> {
     }
     if name.contains('\0') {
         return Err(TopicError::Nul);
+    }
+    Ok(())
+}
+
+/// Checks `filter` as a subscription's topic filter (4.7.1): not empty, no NUL, `+` alone
+/// in its level, `#` alone in the last level.
+pub fn check_topic_filter(filter: &str) -> Result<(), TopicError> {
+    if filter.is_empty() {
+        return Err(TopicError::Empty);
+    }
+    if filter.len() > MAX_TOPIC_BYTES {
+        return Err(TopicError::TooLong);
+    }
+    if filter.contains('\0') {
+        return Err(TopicError::Nul);
+    }
+    let levels: Vec<&str> = filter.split('/').collect();
+    for (i, level) in levels.iter().enumerate() {
+        let wild = level.contains(['+', '#']);
+        let alone = *level == "+" || (*level == "#" && i + 1 == levels.len());
+        if wild && !alone {
+            return Err(TopicError::MisplacedWildcard);
+        }
     }
     Ok(())
 }
@@ -171,6 +196,18 @@ mod tests {
         ] {
             assert_eq!(topic_matches(topic, filter), want, "{topic} against {filter}");
         }
+    }
+
+    #[test]
+    fn topic_filters_hold_wildcards_only_as_whole_levels() {
+        for good in ["a/b", "+", "#", "a/+/c", "a/#", "+/+/#", "/", "$SYS/#"] {
+            assert_eq!(check_topic_filter(good), Ok(()), "{good}");
+        }
+        for bad in ["a/#/b", "a+", "a/b#", "#/a", "a/+b"] {
+            assert_eq!(check_topic_filter(bad), Err(TopicError::MisplacedWildcard), "{bad}");
+        }
+        assert_eq!(check_topic_filter(""), Err(TopicError::Empty));
+        assert_eq!(check_topic_filter("a\0"), Err(TopicError::Nul));
     }
 
     #[test]
