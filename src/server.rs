@@ -9,7 +9,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
@@ -21,10 +21,9 @@ use crate::http::{serve_admin, serve_api};
 use crate::metrics::Metrics;
 use crate::presence::Refused;
 use crate::presence::Ticker;
-use crate::proto::put_frame;
-use crate::proto::{jittered_ms, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
-use crate::proto::{CloseReason, Frame, Transport};
-use crate::transport::Doors;
+use crate::proto::{jittered_ms, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
+use crate::proto::{CloseReason, Transport};
+use crate::transport::{Bound, Doors, Refusals};
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
 /// row, so a full file table costs a few wakeups a second instead of a spinning core.
@@ -213,6 +212,9 @@ async fn accept_loop(
     let config = &gateway.config;
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut reserve = Reserve::open();
+    let refusals = Refusals::default();
+    // Each refused client is told a different moment to come back.
+    let hint = || jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => {
@@ -225,7 +227,7 @@ async fn accept_loop(
                 if let Ok((stream, _)) = listener.accept().await {
                     gateway.metrics.shed_max_connections.inc();
                     gateway.metrics.closed(CloseReason::ServerFull);
-                    refuse(stream, transport, "out of file descriptors");
+                    refusals.refuse(stream, transport, Bound::Server, hint(), "out of file descriptors");
                 }
                 reserve = Reserve::open();
                 continue;
@@ -249,7 +251,8 @@ async fn accept_loop(
             Err(Refused::Source(n)) => {
                 metrics.shed_pending_logins.inc();
                 metrics.closed(CloseReason::ServerFull);
-                refuse(stream, transport, &format!("{n} connections from this address waiting to log in"));
+                let why = format!("{n} connections from this address waiting to log in");
+                refusals.refuse(stream, transport, Bound::Address, hint(), &why);
                 continue;
             }
         }
@@ -268,30 +271,10 @@ async fn accept_loop(
                 drop(gateway.pending.claim(fd));
                 metrics.shed_max_connections.inc();
                 metrics.closed(CloseReason::ServerFull);
-                refuse(stream, transport, &format!("{} connections open", config.max_connections));
+                let why = format!("{} connections open", config.max_connections);
+                refusals.refuse(stream, transport, Bound::Server, hint(), &why);
             }
         }
-    }
-}
-
-/// Tells a client there is no room (BYE(server_full) with a jittered retry hint and `why`)
-/// and closes at once, holding no descriptor and spawning nothing: a fresh socket's send
-/// buffer always takes a BYE of a few dozen bytes, so a connect storm beyond the limit costs
-/// a write and a close per client. Doors with a handshake cannot be answered before it, so
-/// their clients get the close alone (and retry with their own backoff).
-fn refuse(stream: TcpStream, transport: Transport, why: &str) {
-    if !transport.has_handshake() {
-        let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
-        let mut bye = bytes::BytesMut::new();
-        put_frame(&Frame::Bye { reason: CloseReason::ServerFull, text: retry_text(hint, why) }, &mut bye);
-        let _ = stream.try_write(&bye);
-    }
-    // What the client already sent is read and dropped: closing a socket with unread data
-    // resets the connection, and a reset can destroy the BYE before the client reads it.
-    let mut sink = [0u8; 512];
-    while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
-    if let Ok(stream) = stream.into_std() {
-        let _ = stream.shutdown(std::net::Shutdown::Write);
     }
 }
 

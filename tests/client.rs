@@ -256,3 +256,87 @@ async fn a_gateway_that_is_not_there_is_retried_in_growing_windows() {
     }
     assert!(timeout(PATIENCE, events.recv()).await.unwrap().is_none(), "the task ends");
 }
+
+/// An application that stops reading its events does not stop the keepalive: pushes past
+/// the events channel wait in the client while it goes on pinging, the session outlives
+/// many timeouts, and every push arrives once the application reads again. Before, the
+/// task waited on the full channel inside the loop that pings, and the gateway expired the
+/// session while `state()` still said `Online`.
+#[tokio::test]
+async fn an_application_that_stops_reading_does_not_stop_the_keepalive() {
+    // short_config: timeout 600 ms.
+    let mut server = TestServer::start(short_config()).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=offline", &[]).await;
+    let (client, mut events) = Client::connect(&format!("tcp://{}", server.addr), Options::new(11)).unwrap();
+    let session = online(&mut events).await;
+    const PUSHES: usize = 400;
+    for i in 0..PUSHES {
+        push(&server, 11, format!("{i}").as_bytes()).await;
+    }
+    // Five timeouts while nobody reads.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_online(&client);
+    let (_, presence) = http(server.api, "GET", "/v1/presence/11", &[], "").await;
+    let presence: serde_json::Value = serde_json::from_str(&presence).unwrap();
+    assert_eq!(presence["sessions"][0]["session"], json!(session), "the same session, still online: {presence}");
+    for i in 0..PUSHES {
+        assert_eq!(next_push(&mut events).await, Bytes::from(format!("{i}")), "every push, in order");
+    }
+    client.close();
+    assert_eq!(backend.expect("offline", 11).await.data["reason"], json!("disconnect"), "never expired");
+    server.shutdown().await;
+}
+
+/// An application further behind than the client keeps for it is told so: the session
+/// ends here as a slow consumer (state `Offline`, then a reconnect), not with pushes
+/// vanishing unseen.
+#[tokio::test]
+async fn an_application_far_behind_ends_its_session_as_a_slow_consumer() {
+    let mut server = TestServer::start(short_config()).await;
+    let (client, mut events) = Client::connect(&format!("tcp://{}", server.addr), Options::new(12)).unwrap();
+    online(&mut events).await;
+    let body = json!({"uids": [12], "payload": BASE64.encode("x")}).to_string();
+    for _ in 0..2_000 {
+        http(server.api, "POST", "/v1/push", &[], &body).await;
+    }
+    let mut pushes = 0;
+    let state = loop {
+        match timeout(PATIENCE, events.recv()).await.expect("an event").expect("the client runs") {
+            Event::Push(_) => pushes += 1,
+            Event::State(state) => break state,
+        }
+    };
+    match state {
+        State::Offline { reason: CloseReason::SlowConsumer, text, retry_in: Some(_) } => {
+            assert!(text.contains("events behind"), "{text}")
+        }
+        other => panic!("expected a slow-consumer end after {pushes} pushes, got {other:?}"),
+    }
+    online(&mut events).await;
+    client.close();
+    server.shutdown().await;
+}
+
+/// A WebSocket upgrade the gateway has no room for is answered 503 with `Retry-After`; the
+/// client reads it as BYE(server_full) and waits at least that long.
+#[tokio::test]
+async fn a_503_upgrade_is_retried_no_sooner_than_its_retry_after() {
+    let mut server = TestServer::start(Config { max_connections: 1, ..short_config() }).await;
+    let mut held = server.client().await;
+    assert!(matches!(held.login(1).await, idlegate::Frame::Welcome { .. }));
+    let (client, mut events) = Client::connect(&format!("ws://{}", server.ws), Options::new(13)).unwrap();
+    loop {
+        match next_state(&mut events).await {
+            State::Connecting { .. } => {}
+            State::Offline { reason: CloseReason::ServerFull, text, retry_in: Some(retry_in) } => {
+                let hint = idlegate::retry_hint(&text).expect("the Retry-After as the hint");
+                assert!(hint >= 1_000 && hint % 1_000 == 0, "whole seconds: {text}");
+                assert!(retry_in >= Duration::from_millis(hint), "{retry_in:?} before the {hint} ms hint");
+                break;
+            }
+            other => panic!("expected a server_full refusal, got {other:?}"),
+        }
+    }
+    client.close();
+    server.shutdown().await;
+}

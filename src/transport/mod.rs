@@ -7,6 +7,7 @@ mod connection;
 mod drive;
 mod mqtt;
 mod records;
+mod refusal;
 mod tcp;
 mod tls;
 mod ws;
@@ -19,6 +20,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::gateway::Gateway;
 use crate::proto::{FrameCodec, Transport, MAX_LOGIN_FRAME_BYTES, TLS_ALPN};
+pub(crate) use refusal::{Bound, Refusals};
 pub use ws::{accept_key, WsPolicy};
 
 /// What every door but plain TCP needs to open a connection, built once at start.

@@ -481,6 +481,21 @@ impl Mqtt {
     }
 }
 
+/// The CONNACK refusing, at accept, a client whose CONNECT says protocol `level`: MQTT 5
+/// reads 0x89 Server busy (0x97 Quota exceeded for the per-address bound) with `text`, the
+/// retry hint, as Reason String; every other level reads 3.1.1's 0x03 Server unavailable.
+pub(crate) fn put_refusal(out: &mut BytesMut, level: u8, bound: super::refusal::Bound, text: &str) {
+    if level == LEVEL_5 {
+        let code = match bound {
+            super::refusal::Bound::Server => code5::SERVER_BUSY,
+            super::refusal::Bound::Address => code5::QUOTA_EXCEEDED,
+        };
+        put_connack(out, LEVEL_5, code, text.as_bytes());
+    } else {
+        put_connack(out, LEVEL_311, code311::SERVER_UNAVAILABLE, &[]);
+    }
+}
+
 /// Properties of a reason string, if there is one (MQTT 5).
 fn reason_string(text: &[u8]) -> BytesMut {
     let mut props = BytesMut::new();

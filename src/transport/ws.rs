@@ -544,8 +544,9 @@ fn put_close(out: &mut BytesMut, code: Option<u16>, reason: &str) {
     }
 }
 
-/// The HTTP answer to an upgrade that did not happen.
-fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseReason, text: &str) {
+/// The HTTP answer to an upgrade that did not happen; a 503 whose text carries a retry hint
+/// says it as `Retry-After`, in whole seconds rounded up.
+pub(crate) fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseReason, text: &str) {
     let status = match (status, reason) {
         (0, CloseReason::LoginTimeout) => 408,
         (0, CloseReason::ServerFull | CloseReason::Shutdown) => 503,
@@ -563,10 +564,11 @@ fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseReason, text: 
         _ => "Service Unavailable",
     };
     let body = if text.is_empty() { reason.label() } else { text };
-    let extra = match status {
-        426 => "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n",
-        405 => "Allow: GET\r\n",
-        _ => "",
+    let extra = match (status, crate::proto::retry_hint(text)) {
+        (426, _) => "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n".to_string(),
+        (405, _) => "Allow: GET\r\n".to_string(),
+        (503, Some(ms)) => format!("Retry-After: {}\r\n", ms.div_ceil(1000)),
+        _ => String::new(),
     };
     let head = format!(
         "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\

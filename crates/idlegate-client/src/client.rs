@@ -1,6 +1,7 @@
 //! The client: a handle the application sends with, an event stream it reads, and one
 //! background task that holds the connection, keeps it alive and brings it back.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -9,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use idlegate_proto::{retry_hint, CloseReason, Frame};
 use tokio::sync::{mpsc, watch};
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout, Instant};
 
-use crate::conn::{default_tls, Conn};
+use crate::conn::{default_tls, Conn, OpenError};
 use crate::{ClientError, Endpoint, Event, Options, SendError, State};
 
 /// Share of the gateway's timeout after which a client that sent nothing pings: a third
@@ -21,9 +22,16 @@ const KEEPALIVE_DIVISOR: u32 = 3;
 /// Shortest keepalive, whatever a (misconfigured) gateway says: no busy loop of pings.
 const MIN_KEEPALIVE: Duration = Duration::from_millis(10);
 
-/// Events held for an application that reads them late; past this the client stops
-/// reading its socket until the application catches up.
+/// Events the application's channel holds before the client keeps them itself.
 const EVENT_QUEUE: usize = 256;
+
+/// Events the client keeps itself for an application that reads late, on top of
+/// [`EVENT_QUEUE`]. The client never waits for the application: it reads its socket and
+/// pings on time whatever the application does, so it never reports `Online` for a session
+/// the gateway ended. An application further behind than both ends the session here, as a
+/// slow consumer (the gateway would end it too, once its own queue for the client filled),
+/// instead of pushes vanishing unseen; the client then reconnects as after any loss.
+const EVENT_BACKLOG: usize = 1024;
 
 /// How long a logout or close waits for the gateway's goodbye before dropping the socket.
 const GOODBYE_PATIENCE: Duration = Duration::from_secs(2);
@@ -61,6 +69,8 @@ enum Ended {
     Logout,
     /// The application closed the client, or dropped it.
     Closed,
+    /// The application fell further behind its events than [`EVENT_BACKLOG`].
+    Lagged(usize),
 }
 
 // === impl Client ===
@@ -78,8 +88,16 @@ impl Client {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let (state_tx, state_rx) = watch::channel(State::Connecting { attempt: 0 });
         let tls = options.tls.clone().unwrap_or_else(default_tls);
-        let task =
-            Task { endpoint, options, tls, data: data_rx, control: control_rx, events: events_tx, state: state_tx };
+        let task = Task {
+            endpoint,
+            options,
+            tls,
+            data: data_rx,
+            control: control_rx,
+            events: events_tx,
+            backlog: VecDeque::new(),
+            state: state_tx,
+        };
         tokio::spawn(task.run());
         Ok((Client { data: data_tx, control: control_tx, state: state_rx }, Events { rx: events_rx }))
     }
@@ -154,6 +172,8 @@ struct Task {
     data: mpsc::Receiver<Bytes>,
     control: mpsc::UnboundedReceiver<Control>,
     events: mpsc::Sender<Event>,
+    /// Events the application's channel had no room for, oldest first.
+    backlog: VecDeque<Event>,
     state: watch::Sender<State>,
 }
 
@@ -165,7 +185,7 @@ impl Task {
         let mut attempt = 0u32;
         let mut refresh = false;
         loop {
-            self.set(State::Connecting { attempt }).await;
+            self.set(State::Connecting { attempt });
             let (ended, welcomed) = self.session(refresh).await;
             if welcomed {
                 attempt = 0;
@@ -174,7 +194,7 @@ impl Task {
             let (reason, text, hint) = match ended {
                 Ended::Closed => return self.closed().await,
                 Ended::Logout => {
-                    self.set(State::Offline { reason: CloseReason::Logout, text: String::new(), retry_in: None }).await;
+                    self.set(State::Offline { reason: CloseReason::Logout, text: String::new(), retry_in: None });
                     if !self.wait_for_reconnect().await {
                         return self.closed().await;
                     }
@@ -182,7 +202,7 @@ impl Task {
                     continue;
                 }
                 Ended::Bye { reason: CloseReason::Kicked, text } if !self.options.reconnect_after_kick => {
-                    self.set(State::Offline { reason: CloseReason::Kicked, text, retry_in: None }).await;
+                    self.set(State::Offline { reason: CloseReason::Kicked, text, retry_in: None });
                     if !self.wait_for_reconnect().await {
                         return self.closed().await;
                     }
@@ -195,11 +215,15 @@ impl Task {
                     (reason, text, hint)
                 }
                 Ended::Lost(text) => (CloseReason::Disconnect, text, None),
+                Ended::Lagged(behind) => {
+                    let text = format!("the application fell {behind} events behind; the session was ended here");
+                    (CloseReason::SlowConsumer, text, None)
+                }
             };
             let delay = self.options.backoff.delay(attempt, hint);
             attempt = attempt.saturating_add(1);
             tracing::debug!(%reason, %text, ?delay, "offline; reconnecting");
-            self.set(State::Offline { reason, text, retry_in: Some(delay) }).await;
+            self.set(State::Offline { reason, text, retry_in: Some(delay) });
             if !self.back_off(delay).await {
                 return self.closed().await;
             }
@@ -216,23 +240,30 @@ impl Task {
         let login = Frame::Login { uid, token: Bytes::from(token), device: self.options.device.clone() };
         let patience = self.options.connect_timeout;
         let opened = timeout(patience, async {
-            let mut conn = Conn::open(&self.endpoint, &self.tls).await.map_err(|e| e.to_string())?;
+            let mut conn = match Conn::open(&self.endpoint, &self.tls).await {
+                Ok(conn) => conn,
+                Err(OpenError::Refused(bye)) => return Ok(Err(bye)),
+                Err(e) => return Err(e.to_string()),
+            };
             conn.send(login).await.map_err(|e| e.to_string())?;
             let first = conn.recv().await?;
-            Ok::<_, String>((conn, first))
+            Ok::<_, String>(Ok((conn, first)))
         })
         .await;
         let (mut conn, timeout_ms, tick_ms, session) = match opened {
             Err(_) => return (Ended::Lost(format!("no WELCOME within {patience:?}")), false),
             Ok(Err(text)) => return (Ended::Lost(format!("{}: {text}", self.endpoint)), false),
-            Ok(Ok((_, Frame::Bye { reason, text }))) => return (Ended::Bye { reason, text }, false),
-            Ok(Ok((conn, Frame::Welcome { timeout_ms, tick_ms, session }))) => (conn, timeout_ms, tick_ms, session),
-            Ok(Ok((_, other))) => return (Ended::Lost(format!("expected WELCOME, got {other:?}")), false),
+            Ok(Ok(Err(Frame::Bye { reason, text }) | Ok((_, Frame::Bye { reason, text })))) => {
+                return (Ended::Bye { reason, text }, false)
+            }
+            Ok(Ok(Err(other))) => return (Ended::Lost(format!("expected WELCOME, got {other:?}")), false),
+            Ok(Ok(Ok((conn, Frame::Welcome { timeout_ms, tick_ms, session })))) => (conn, timeout_ms, tick_ms, session),
+            Ok(Ok(Ok((_, other)))) => return (Ended::Lost(format!("expected WELCOME, got {other:?}")), false),
         };
         let timeout = Duration::from_millis(timeout_ms.into());
         let keepalive = (timeout / KEEPALIVE_DIVISOR).max(MIN_KEEPALIVE);
         let tick = Duration::from_millis(tick_ms.into());
-        self.set(State::Online { session, timeout, tick, keepalive }).await;
+        self.set(State::Online { session, timeout, tick, keepalive });
         (self.online(&mut conn, keepalive).await, true)
     }
 
@@ -240,9 +271,20 @@ impl Task {
     /// without sending, hands pushes to the application.
     async fn online(&mut self, conn: &mut Conn, keepalive: Duration) -> Ended {
         let mut ping_at = Instant::now() + keepalive;
+        // A handle of its own, so the select's hand-over does not hold all of `self`.
+        let events = self.events.clone();
         loop {
+            if self.backlog.len() > EVENT_BACKLOG {
+                conn.close(GOODBYE_PATIENCE).await;
+                return Ended::Lagged(self.backlog.len() + EVENT_QUEUE);
+            }
             tokio::select! {
                 biased;
+                Ok(permit) = events.reserve(), if !self.backlog.is_empty() => {
+                    if let Some(event) = self.backlog.pop_front() {
+                        permit.send(event);
+                    }
+                }
                 control = self.control.recv() => match control {
                     Some(Control::Reconnect) => {}
                     Some(Control::Logout) => {
@@ -265,7 +307,7 @@ impl Task {
                     }
                 },
                 received = conn.recv() => match received {
-                    Ok(Frame::Push(payload)) => self.emit(Event::Push(payload)).await,
+                    Ok(Frame::Push(payload)) => self.emit(Event::Push(payload)),
                     Ok(Frame::Pong(_)) => {}
                     Ok(Frame::Bye { reason, text }) => return Ended::Bye { reason, text },
                     Ok(other) => return Ended::Lost(format!("the gateway sent {other:?}")),
@@ -291,27 +333,44 @@ impl Task {
     /// Waits `delay` before the next attempt; a reconnect request cuts it short. False
     /// when the client was closed meanwhile.
     async fn back_off(&mut self, delay: Duration) -> bool {
-        tokio::select! {
-            _ = sleep(delay) => true,
-            control = self.control.recv() => match control {
-                Some(Control::Reconnect) => true,
-                Some(Control::Logout) => {
-                    let text = String::new();
-                    self.set(State::Offline { reason: CloseReason::Logout, text, retry_in: None }).await;
-                    self.wait_for_reconnect().await
+        let until = Instant::now() + delay;
+        let events = self.events.clone();
+        loop {
+            tokio::select! {
+                _ = sleep_until(until) => return true,
+                Ok(permit) = events.reserve(), if !self.backlog.is_empty() => {
+                    if let Some(event) = self.backlog.pop_front() {
+                        permit.send(event);
+                    }
                 }
-                Some(Control::Close) | None => false,
-            },
+                control = self.control.recv() => return match control {
+                    Some(Control::Reconnect) => true,
+                    Some(Control::Logout) => {
+                        let text = String::new();
+                        self.set(State::Offline { reason: CloseReason::Logout, text, retry_in: None });
+                        self.wait_for_reconnect().await
+                    }
+                    Some(Control::Close) | None => false,
+                },
+            }
         }
     }
 
     /// Stays offline until the application asks to reconnect; false when it closed.
     async fn wait_for_reconnect(&mut self) -> bool {
+        let events = self.events.clone();
         loop {
-            match self.control.recv().await {
-                Some(Control::Reconnect) => return true,
-                Some(Control::Logout) => {}
-                Some(Control::Close) | None => return false,
+            tokio::select! {
+                Ok(permit) = events.reserve(), if !self.backlog.is_empty() => {
+                    if let Some(event) = self.backlog.pop_front() {
+                        permit.send(event);
+                    }
+                }
+                control = self.control.recv() => match control {
+                    Some(Control::Reconnect) => return true,
+                    Some(Control::Logout) => {}
+                    Some(Control::Close) | None => return false,
+                },
             }
         }
     }
@@ -319,17 +378,30 @@ impl Task {
     /// The last state of a client the application closed (or dropped).
     async fn closed(&mut self) {
         let text = "closed by the application".to_string();
-        self.set(State::Offline { reason: CloseReason::Disconnect, text, retry_in: None }).await;
+        self.set(State::Offline { reason: CloseReason::Disconnect, text, retry_in: None });
     }
 
-    async fn set(&mut self, state: State) {
+    fn set(&mut self, state: State) {
         self.state.send_replace(state.clone());
-        self.emit(Event::State(state)).await;
+        self.emit(Event::State(state));
     }
 
-    /// Hands `event` to the application; an application that dropped its [`Events`] only
-    /// reads the state.
-    async fn emit(&mut self, event: Event) {
-        let _ = self.events.send(event).await;
+    /// Hands `event` to the application without waiting for it: into its channel, or,
+    /// while that is full, into the backlog the task's loops drain as the application reads.
+    /// An application that dropped its [`Events`] only reads the state.
+    fn emit(&mut self, event: Event) {
+        if self.backlog.is_empty() {
+            match self.events.try_send(event) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Err(mpsc::error::TrySendError::Full(event)) => self.backlog.push_back(event),
+            }
+        } else {
+            self.backlog.push_back(event);
+        }
+        // Out of a session only state changes come, and the watch holds the newest: the
+        // oldest of an application that never reads go first.
+        while self.backlog.len() > 4 * EVENT_BACKLOG {
+            self.backlog.pop_front();
+        }
     }
 }

@@ -41,11 +41,36 @@ pub(crate) enum Conn {
 /// A frame, or the end of the connection and why.
 pub(crate) type Received = Result<Frame, String>;
 
+/// Why a connection did not open.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// The socket, TLS or the upgrade failed.
+    Io(io::Error),
+    /// The gateway refused the WebSocket upgrade for lack of room (HTTP 503): read as the
+    /// BYE(server_full) the other doors send, its `Retry-After` as the retry hint.
+    Refused(Frame),
+}
+
+impl From<io::Error> for OpenError {
+    fn from(e: io::Error) -> OpenError {
+        OpenError::Io(e)
+    }
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Io(e) => e.fmt(f),
+            OpenError::Refused(bye) => write!(f, "refused: {bye:?}"),
+        }
+    }
+}
+
 // === impl Conn ===
 
 impl Conn {
     /// Opens a connection to `endpoint`, through TLS with `tls` for `tls://` and `wss://`.
-    pub(crate) async fn open(endpoint: &Endpoint, tls: &Arc<ClientConfig>) -> io::Result<Conn> {
+    pub(crate) async fn open(endpoint: &Endpoint, tls: &Arc<ClientConfig>) -> Result<Conn, OpenError> {
         let tcp = TcpStream::connect(endpoint.authority()).await?;
         // Keepalives and small DATA frames are the traffic: send each at once.
         tcp.set_nodelay(true)?;
@@ -55,7 +80,7 @@ impl Conn {
             let mut config = ClientConfig::clone(tls);
             config.alpn_protocols = vec![alpn.to_vec()];
             let name = ServerName::try_from(endpoint.host().to_string())
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                .map_err(|e| OpenError::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
             Box::new(tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?)
         } else {
             Box::new(tcp)
@@ -64,8 +89,20 @@ impl Conn {
             return Ok(Conn::Frames(Framed::new(stream, FrameCodec::new(MAX_INCOMING_FRAME_BYTES))));
         }
         let url = endpoint.to_string();
-        let (ws, _) = tokio_tungstenite::client_async(url, stream).await.map_err(io::Error::other)?;
-        Ok(Conn::WebSocket(Box::new(ws)))
+        match tokio_tungstenite::client_async(url, stream).await {
+            Ok((ws, _)) => Ok(Conn::WebSocket(Box::new(ws))),
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) if response.status().as_u16() == 503 => {
+                let after = response.headers().get("retry-after").and_then(|v| v.to_str().ok());
+                let ms = after.and_then(|v| v.trim().parse::<u64>().ok()).map(|s| s.saturating_mul(1000));
+                let why = "the gateway answered the WebSocket upgrade with HTTP 503";
+                let text = match ms {
+                    Some(ms) => idlegate_proto::retry_text(ms, why),
+                    None => why.to_string(),
+                };
+                Err(OpenError::Refused(Frame::Bye { reason: CloseReason::ServerFull, text }))
+            }
+            Err(e) => Err(OpenError::Io(io::Error::other(e))),
+        }
     }
 
     pub(crate) async fn send(&mut self, frame: Frame) -> io::Result<()> {
