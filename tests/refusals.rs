@@ -57,8 +57,8 @@ async fn a_refused_client_that_keeps_writing_does_not_hold_the_accept_loop() {
             std::thread::spawn(move || {
                 let mut socket = std::net::TcpStream::connect(addr).unwrap();
                 let chunk = vec![0u8; 64 * 1024];
-                let until = std::time::Instant::now() + WRITING;
-                while std::time::Instant::now() < until {
+                let until = tokio::time::Instant::now() + WRITING;
+                while tokio::time::Instant::now() < until {
                     if socket.write(&chunk).is_err() {
                         return "closed by the gateway";
                     }
