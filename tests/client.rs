@@ -330,7 +330,7 @@ async fn a_503_upgrade_is_retried_no_sooner_than_its_retry_after() {
             State::Connecting { .. } => {}
             State::Offline { reason: CloseReason::ServerFull, text, retry_in: Some(retry_in) } => {
                 let hint = idlegate::retry_hint(&text).expect("the Retry-After as the hint");
-                assert!(hint >= 1_000 && hint % 1_000 == 0, "whole seconds: {text}");
+                assert!(hint >= 1_000 && hint.is_multiple_of(1_000), "whole seconds: {text}");
                 assert!(retry_in >= Duration::from_millis(hint), "{retry_in:?} before the {hint} ms hint");
                 break;
             }
