@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::checker::{violations, OVERLAP};
 use common::cluster::*;
-use common::redis::{RedisServer, StreamEvent};
+use common::redis::{assert_paired, RedisServer, StreamEvent};
 use common::*;
 use idlegate::Frame;
 use rand::rngs::StdRng;
@@ -125,4 +125,132 @@ async fn random_churn_over_three_gateways_keeps_every_event_promise() {
             overlaps.len()
         );
     }
+}
+
+/// An MQTT 5 CONNECT of uid `uid` (username), client id `id`, keepalive 60 s and a will of
+/// `will` on topic `w`.
+fn connect_with_will(uid: u64, id: &str, will: &str) -> Vec<u8> {
+    let put = |body: &mut Vec<u8>, s: &[u8]| {
+        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        body.extend_from_slice(s);
+    };
+    // Flags: username, will, clean start.
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x80 | 0x04 | 0x02, 0, 60, 0];
+    put(&mut body, id.as_bytes());
+    body.push(0); // no will properties
+    put(&mut body, b"w");
+    put(&mut body, will.as_bytes());
+    put(&mut body, uid.to_string().as_bytes());
+    [&[0x10, body.len() as u8][..], &body].concat()
+}
+
+/// A QoS 1 PUBLISH of `payload` on topic `t` under packet id `id` (MQTT 5).
+fn publish_qos1(id: u16, payload: &str) -> Vec<u8> {
+    let mut body = vec![0, 1, b't'];
+    body.extend_from_slice(&id.to_be_bytes());
+    body.push(0); // no properties
+    body.extend_from_slice(payload.as_bytes());
+    [&[0x32, body.len() as u8][..], &body].concat()
+}
+
+/// Reads packets until the connection ends; returns the first (the CONNACK) and the packet
+/// ids of the PUBACKs among the rest.
+async fn acks(stream: &mut tokio::net::TcpStream) -> (Option<Vec<u8>>, Vec<u16>) {
+    use tokio::io::AsyncReadExt;
+    let mut all = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut all)).await;
+    let (mut first, mut acked, mut at) = (None, Vec::new(), 0);
+    while at + 2 <= all.len() {
+        let len = usize::from(all[at + 1]);
+        let packet = all[at..(at + 2 + len).min(all.len())].to_vec();
+        if first.is_none() {
+            first = Some(packet.clone());
+        } else if packet[0] == 0x40 && packet.len() >= 4 {
+            acked.push(u16::from_be_bytes([packet[2], packet[3]]));
+        }
+        at += 2 + len;
+    }
+    (first, acked)
+}
+
+/// The stream's data payloads and offline wills, as Redis holds them.
+fn payloads_and_wills(redis: &RedisServer) -> (Vec<String>, Vec<String>) {
+    const SUMMARY: &str = "local out = {} \
+        for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+          local f = {} \
+          for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end \
+          if f.t == 'data' then out[#out + 1] = 'p ' .. f.p end \
+          if f.t == 'offline' and f.wp then out[#out + 1] = 'w ' .. f.wp end \
+        end \
+        return out";
+    let (mut data, mut wills) = (Vec::new(), Vec::new());
+    for line in redis.cli(&["EVAL", SUMMARY, "1", "{idlegate}:events"]).lines() {
+        match line.split_once(' ') {
+            Some(("p", p)) => data.push(p.to_string()),
+            Some(("w", w)) => wills.push(w.to_string()),
+            _ => {}
+        }
+    }
+    (data, wills)
+}
+
+/// Two MQTT clients of one uid and client id connect at once, one to each of two nodes,
+/// each with a will, and publish at QoS 1 as soon as they are accepted. Whichever login
+/// Redis hears of last, every accepted session is in the stream: every acknowledged
+/// PUBLISH as a `data` event, and every will (none of them disconnects cleanly) in exactly
+/// one `offline`. Before, a session taken over before its login reached Redis vanished
+/// with its acknowledged data and its will.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_accepted_mqtt_session_reaches_the_stream_with_its_data_and_will() {
+    use tokio::io::AsyncWriteExt;
+    let Some(redis) = RedisServer::start().await else { return };
+    let mut nodes = gateways(&redis.url(), &["a", "b"]).await;
+    const RACES: u64 = 30;
+    const PUBLISHES: u16 = 5;
+    let mut clients = Vec::new();
+    for race in 0..RACES {
+        for (side, node) in nodes.iter().enumerate() {
+            let addr = node.mqtt;
+            clients.push(tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let name = format!("{race}-{side}");
+                stream.write_all(&connect_with_will(1_000 + race, "dev", &name)).await.unwrap();
+                // Pipelined: a client may publish before its CONNACK arrives.
+                for id in 1..=PUBLISHES {
+                    let _ = stream.write_all(&publish_qos1(id, &format!("{name}-{id}"))).await;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let _ = stream.shutdown().await;
+                let (connack, acked) = acks(&mut stream).await;
+                let accepted = connack.is_some_and(|c| c.len() >= 4 && c[0] == 0x20 && c[3] == 0);
+                (name, accepted, acked)
+            }));
+        }
+    }
+    let mut outcomes = Vec::new();
+    for client in clients {
+        outcomes.push(client.await.unwrap());
+    }
+    eventually("every session ended", || async { redis.cli(&["HLEN", "{idlegate}:users"]).trim() == "0" }).await;
+    for node in &mut nodes {
+        node.shutdown().await;
+    }
+    let (data, wills) = payloads_and_wills(&redis);
+    let mut lost = Vec::new();
+    for (name, accepted, acked) in &outcomes {
+        for id in acked {
+            if !data.contains(&format!("{name}-{id}")) {
+                lost.push(format!("{name}: PUBLISH {id} acknowledged, not in the stream"));
+            }
+        }
+        if *accepted {
+            let told = wills.iter().filter(|w| *w == name).count();
+            if told != 1 {
+                lost.push(format!("{name}: accepted, its will told {told} times"));
+            }
+        }
+    }
+    let accepted = outcomes.iter().filter(|o| o.1).count();
+    assert!(lost.is_empty(), "{} of {accepted} accepted sessions:\n{}", lost.len(), lost.join("\n"));
+    assert_paired(&redis.events());
 }

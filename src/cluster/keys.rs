@@ -50,12 +50,6 @@ pub(crate) fn applied(member: &str) -> String {
     format!("{{idlegate}}:applied:{member}")
 }
 
-/// Hash uid -> session of `member`'s logins that a login elsewhere took over before
-/// `member` announced them: two logins of one uid raced, and the later route won.
-pub(crate) fn taken(member: &str) -> String {
-    format!("{{idlegate}}:taken:{member}")
-}
-
 /// The stream other nodes send `member` requests and replies on.
 pub(crate) fn inbox(member: &str) -> String {
     format!("{{idlegate}}:inbox:{member}")

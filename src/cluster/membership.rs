@@ -176,7 +176,6 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         redis::Cmd::srem(keys::MEMBERS, &member_owned),
         redis::Cmd::del(keys::inbox(&member_owned)),
         redis::Cmd::del(keys::applied(&member_owned)),
-        redis::Cmd::del(keys::taken(&member_owned)),
         redis::Cmd::del(keys::sessions(&member_owned)),
         redis::Cmd::del(keys::unroute(&member_owned)),
         redis::Cmd::del(keys::wills(&member_owned)),

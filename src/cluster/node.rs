@@ -72,7 +72,6 @@ impl Cluster {
             redis::Cmd::del(keys::lease(&member)),
             redis::Cmd::del(keys::inbox(&member)),
             redis::Cmd::del(keys::applied(&member)),
-            redis::Cmd::del(keys::taken(&member)),
         ];
         let left = tokio::time::timeout_at(deadline.max(Instant::now() + LEAVE_POLL), self.send_control(cmds)).await;
         match left {

@@ -132,11 +132,12 @@ end
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
 ///   the route named before (or empty): a relogin of the device elsewhere, or the oldest
 ///   session of a uid at `--max-devices` across the nodes. If that session is in its
-///   member's hash it ends as kicked; if its member has not announced it yet (two logins
-///   raced), it is marked taken, so the announcement never comes; either way its member is
-///   told through its inbox. `replaced` is `!` for a login the route says a newer login
-///   superseded: not announced. (`L1`, the node's view that this is the uid's first
-///   session there, is read as `L`: user events are decided here, see below.)
+///   member's hash it ends as kicked; either way its member is told through its inbox and
+///   ends it (one its member has not announced yet, two logins having raced, is announced
+///   when its login arrives, then ends). `replaced` is `!` for a login the route says a
+///   newer login superseded: announced all the same, and ended by its node. (`L1`, the
+///   node's view that this is the uid's first session there, is read as `L`: user events
+///   are decided here, see below.)
 /// - `E uid session reason at device`: a session ended; `E1` when its node saw it as the
 ///   uid's last there. A plain `E` is a session its node ended for a login of the same uid
 ///   that follows it.
@@ -205,7 +206,6 @@ for i = 8, #ARGV, 6 do
     if x ~= '' and x ~= '!' then
       -- The route's chain: the owner this login replaced, then whom that one replaced (a
       -- login replaced before it was announced may leave its own predecessor held).
-      local head = true
       for entry in string.gmatch(x, '[^\n]+') do
         local m, ps, pd = string.match(entry, '^([^|]*)|([^|]*)|(.*)$')
         if m then
@@ -216,25 +216,18 @@ for i = 8, #ARGV, 6 do
             local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
             emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp)
             if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
-          elseif head then
-            -- Its member has not announced it yet: the announcement must not revive it.
-            redis.call('HSET', '{idlegate}:taken:' .. m, pf, ps)
-          else
-            -- Further down the chain it most likely ended long ago: it may mark the field,
-            -- never overwrite a mark a head left there.
-            redis.call('HSETNX', '{idlegate}:taken:' .. m, pf, ps)
           end
+          -- Held or not yet announced, its node ends it; one not yet announced is announced
+          -- when its login arrives, and its end follows (see `!` below).
           redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', ps)
         end
-        head = false
       end
     end
-    local taken = '{idlegate}:taken:' .. me
-    if redis.call('HGET', taken, f) == s then
-      -- Taken over by a login elsewhere before this login reached Redis: nobody hears of
-      -- it, and its node has been told to end it.
-      redis.call('HDEL', taken, f)
-    elseif x ~= '!' and redis.call('HGET', KEYS[1], f) ~= s then
+    -- Every login is announced, even one a newer login took over (or superseded, `!`)
+    -- before it got here: its client was welcomed and may have had PUBLISHes acknowledged,
+    -- so its `online`, its data and its `offline` (kicked, with its will) come in order
+    -- once its node, told through its inbox (or by `!`), ends it.
+    if redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
       ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
