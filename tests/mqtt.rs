@@ -271,8 +271,8 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
     let mut server = TestServer::start(config()).await;
     let (_, mut events) = Sse::open(server.api, "/v1/events?types=data", &[]).await;
     let mut client = session(server.mqtt, &connect_v5("3", "", 60)).await;
-    client.write_all(&publish_v5("q\"uote/ü/+x", b"v")).await.unwrap();
-    assert_eq!(events.expect("data", 3).await.data["topic"], json!("q\"uote/ü/+x"));
+    client.write_all(&publish_v5("q\"uote/ü/b\\x", b"v")).await.unwrap();
+    assert_eq!(events.expect("data", 3).await.data["topic"], json!("q\"uote/ü/b\\x"));
     // DATA from the other doors has no topic.
     let mut tcp = server.client().await;
     tcp.login(4).await;
@@ -593,5 +593,152 @@ async fn subscriptions_are_bounded_per_session_and_refused_filter_by_filter() {
     assert_eq!(packet(&mut stream).await.expect("an UNSUBACK"), [0xB0, 4, 0, 2, 0, 0]);
     stream.write_all(&subscribe_v5(3, &["f"])).await.unwrap();
     assert_eq!(packet(&mut stream).await.expect("a SUBACK"), [0x90, 4, 0, 3, 0, 0]);
+    server.shutdown().await;
+}
+
+/// A packet with `first` and `body`, its remaining length as MQTT's variable-length bytes.
+fn whole(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mut len = body.len();
+    loop {
+        let byte = (len % 128) as u8;
+        len /= 128;
+        out.push(if len > 0 { byte | 0x80 } else { byte });
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// An MQTT 5 CONNECT of uid `uid`, client id `id`, CONNECT properties `props`, an
+/// optional will and password; clean start.
+fn connect_v5_full(uid: &str, id: &str, props: &[u8], will: Option<(&str, &[u8])>, password: &[u8]) -> Vec<u8> {
+    let put = |body: &mut Vec<u8>, s: &[u8]| {
+        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        body.extend_from_slice(s);
+    };
+    let flags = 0x82 | if will.is_some() { 0x04 } else { 0 } | if password.is_empty() { 0 } else { 0x40 };
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, flags, 0, 3];
+    body.push(props.len() as u8);
+    body.extend_from_slice(props);
+    put(&mut body, id.as_bytes());
+    if let Some((topic, payload)) = will {
+        body.push(0);
+        put(&mut body, topic.as_bytes());
+        put(&mut body, payload);
+    }
+    put(&mut body, uid.as_bytes());
+    if !password.is_empty() {
+        put(&mut body, password);
+    }
+    whole(0x10, &body)
+}
+
+/// The properties of an MQTT 5 CONNACK: (id, value bytes) pairs, as far as this test
+/// reads them (the ones the gateway sends).
+fn connack_properties(connack: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut props = Vec::new();
+    let mut at = 5; // type, length, flags, code, property length (one byte here)
+    while at < connack.len() {
+        let id = connack[at];
+        let len = match id {
+            0x13 => 2,
+            0x24 | 0x25 | 0x2A => 1,
+            0x27 => 4,
+            0x12 | 0x1F => 2 + usize::from(u16::from_be_bytes([connack[at + 1], connack[at + 2]])),
+            other => panic!("property {other:#x} in {connack:02x?}"),
+        };
+        props.push((id, connack[at + 1..at + 1 + len].to_vec()));
+        at += 1 + len;
+    }
+    props
+}
+
+/// MQTT 5 3.14.2.1: DISCONNECT with reason 0x04 (Disconnect with Will Message) ends the
+/// session with its will in the `offline` event, where a plain DISCONNECT drops it.
+#[tokio::test]
+async fn disconnect_with_will_message_keeps_the_will() {
+    let mut server = TestServer::start(config()).await;
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=offline", &[]).await;
+    let connect = connect_v5_full("61", "d", &[], Some(("gone/61", b"bye")), b"");
+    let mut stream = session(server.mqtt, &connect).await;
+    stream.write_all(&[0xE0, 2, 0x04, 0]).await.unwrap();
+    let offline = events.expect("offline", 61).await;
+    assert_eq!(offline.data["reason"], json!("disconnect"));
+    assert_eq!(offline.data["will"], json!({"topic": "gone/61", "payload": BASE64.encode("bye")}));
+    server.shutdown().await;
+}
+
+/// MQTT 5's Maximum Packet Size both ways: CONNACK says the gateway's (0x27) and, for an
+/// empty client identifier, the one assigned (0x12); a push larger than the client's is
+/// not sent to it and not counted; a packet larger than the gateway's gets DISCONNECT
+/// 0x95, a CONNECT larger than its bound CONNACK 0x95.
+#[tokio::test]
+async fn maximum_packet_size_holds_both_ways() {
+    let mut server = TestServer::start(Config { max_frame_bytes: 1_024, ..config() }).await;
+    // The client takes packets of at most 40 bytes.
+    let props = [0x27, 0, 0, 0, 40];
+    let mut stream = TcpStream::connect(server.mqtt).await.unwrap();
+    stream.write_all(&connect_v5_full("62", "", &props, None, b"")).await.unwrap();
+    let connack = packet(&mut stream).await.expect("a CONNACK");
+    assert_eq!(connack[3], 0, "{connack:02x?}");
+    let props = connack_properties(&connack);
+    assert!(props.contains(&(0x27, 1_024u32.to_be_bytes().to_vec())), "{props:?}");
+    let assigned = props.iter().find(|(id, _)| *id == 0x12).expect("an assigned client identifier");
+    assert_eq!(assigned.1.len(), 2 + 16, "the session's id: {assigned:?}");
+    stream.write_all(&subscription_v5(true, "t")).await.unwrap();
+    assert_eq!(packet(&mut stream).await.unwrap()[0], 0x90);
+    // "t" and 34 bytes make a 40-byte PUBLISH; 35 would make 41.
+    let over = push(server.api, &[62], &"x".repeat(35), Some("t")).await;
+    assert_eq!((over["sessions"].clone(), over["unsubscribed"].clone()), (json!(0), json!([62])), "{over}");
+    let fits = push(server.api, &[62], &"y".repeat(34), Some("t")).await;
+    assert_eq!(fits["sessions"], json!(1), "{fits}");
+    assert_eq!(published(&mut stream).await, ("t".to_string(), vec![b'y'; 34]));
+    // Past the gateway's 1,024 bytes.
+    stream.write_all(&whole(0x30, &[&[0, 1, b't', 0][..], &[b'z'; 1_100]].concat())).await.unwrap();
+    let disconnect = packet(&mut stream).await.expect("a DISCONNECT");
+    assert_eq!(&disconnect[..3], &[0xE0, disconnect[1], 0x95], "{disconnect:02x?}");
+    // A CONNECT over the bound before any session.
+    let mut big = TcpStream::connect(server.mqtt).await.unwrap();
+    big.write_all(&connect_v5_full("63", "d", &[], None, &vec![b'p'; 8 * 1024])).await.unwrap();
+    let refused = packet(&mut big).await.expect("a CONNACK");
+    assert_eq!(&refused[..4], &[0x20, refused[1], 0, 0x95], "{refused:02x?}");
+    server.shutdown().await;
+}
+
+/// A CONNECT carrying a 4 KiB password (a JWT from an identity provider) is read whole:
+/// answered for its token, not cut off as too large.
+#[tokio::test]
+async fn a_connect_with_a_4_kib_password_is_read() {
+    let mut server = TestServer::start(config()).await;
+    let mut stream = TcpStream::connect(server.mqtt).await.unwrap();
+    stream.write_all(&connect_v5_full("64", "d", &[], Some(("w", b"will")), &vec![b'j'; 4096])).await.unwrap();
+    let connack = packet(&mut stream).await.expect("a CONNACK");
+    assert_eq!(connack[3], 0, "no auth configured: accepted: {connack:02x?}");
+    server.shutdown().await;
+}
+
+/// MQTT's MUSTs a gateway keeps on what clients send: a PUBLISH topic with a wildcard
+/// closes ([MQTT-3.3.2-2], 0x90), a Topic Alias nobody offered closes (0x94), and a 3.1.1
+/// client with an empty client identifier and CleanSession 0 is refused with 0x02
+/// ([MQTT-3.1.3-8]).
+#[tokio::test]
+async fn topic_names_aliases_and_empty_identifiers_follow_the_spec() {
+    let mut server = TestServer::start(config()).await;
+    let mut wild = session(server.mqtt, &connect_v5("65", "d", 3)).await;
+    wild.write_all(&publish_v5("a/+", b"x")).await.unwrap();
+    assert_eq!(packet(&mut wild).await.expect("a DISCONNECT")[2], 0x90);
+    let mut alias = session(server.mqtt, &connect_v5("66", "d", 3)).await;
+    // PUBLISH "t" with property Topic Alias (0x23) 1.
+    alias.write_all(&whole(0x30, &[0, 1, b't', 3, 0x23, 0, 1, b'x'])).await.unwrap();
+    assert_eq!(packet(&mut alias).await.expect("a DISCONNECT")[2], 0x94);
+    // 3.1.1, username, CleanSession 0, keepalive 5, empty client identifier.
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x80, 0, 5, 0, 0];
+    body.extend_from_slice(&[0, 2, b'6', b'7']);
+    let mut c = TcpStream::connect(server.mqtt).await.unwrap();
+    c.write_all(&whole(0x10, &body)).await.unwrap();
+    assert_eq!(packet(&mut c).await.expect("a CONNACK"), [0x20, 2, 0, 0x02]);
     server.shutdown().await;
 }

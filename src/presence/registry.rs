@@ -253,7 +253,7 @@ impl Registry {
     pub fn push(&self, uid: u64, device: Option<&Device>, push: &Push, max_queued: usize) -> Reach {
         let mut reach = Reach::default();
         for session in self.sessions_of(uid, device) {
-            if session.filters_pushes() && !self.subscriptions.matches(session.id(), &push.topic) {
+            if session.filters_pushes() && !self.subscriptions.takes(session.id(), &push.topic, push.payload.len()) {
                 reach.unsubscribed += usize::from(session.is_live());
                 continue;
             }
@@ -660,7 +660,7 @@ mod tests {
         assert!(mqtt.filters_pushes() && !tcp.filters_pushes());
         let reach = reg.push(1, None, &push("idlegate/push"), 1 << 20);
         assert_eq!(reach, Reach { sessions: 1, unsubscribed: 1 });
-        reg.subscriptions().subscribe(mqtt.id(), &["idlegate/+".to_string()], 8);
+        reg.subscriptions().subscribe(mqtt.id(), &["idlegate/+".to_string()], 8, u32::MAX);
         assert_eq!(reg.push(1, None, &push("idlegate/push"), 1 << 20), Reach { sessions: 2, unsubscribed: 0 });
         assert_eq!(reg.push(1, None, &push("other"), 1 << 20), Reach { sessions: 1, unsubscribed: 1 });
         assert_eq!(reg.take_pushes(&mqtt).len(), 1, "only the matching push was queued");

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use crate::proto::mqtt::topic_matches;
+use crate::proto::mqtt::{publish_len, topic_matches};
 
 /// Every MQTT session's topic filters; see the module documentation.
 #[derive(Debug, Default)]
@@ -21,18 +21,28 @@ pub struct Subscriptions {
     /// Session id -> its filters, a set: a SUBSCRIBE costs what it adds, never a scan of
     /// what the session already holds (that scan, under the shard's lock, let one session
     /// with a few hundred thousand filters delay everyone's ticks).
-    filters: DashMap<u64, HashSet<Box<str>, RandomState>, RandomState>,
+    filters: DashMap<u64, Held, RandomState>,
+}
+
+/// One session's filters, and the largest packet its client takes.
+#[derive(Debug)]
+struct Held {
+    filters: HashSet<Box<str>, RandomState>,
+    /// MQTT 5's Maximum Packet Size from its CONNECT (`u32::MAX` when it named none): a push
+    /// whose PUBLISH would be larger is not for this session ([MQTT-3.1.2-24]).
+    max_packet: u32,
 }
 
 // === impl Subscriptions ===
 
 impl Subscriptions {
-    /// Adds `filters` to session `id`'s, holding at most `max` in all; returns, filter by
-    /// filter, whether the session holds it now (one held already is granted again; a new
-    /// one past `max` is refused).
-    pub fn subscribe(&self, id: u64, filters: &[String], max: usize) -> Vec<bool> {
-        let mut entry = self.filters.entry(id).or_default();
-        let held = entry.value_mut();
+    /// Adds `filters` to session `id`'s, holding at most `max` in all, for a client that
+    /// takes packets of up to `max_packet` bytes; returns, filter by filter, whether the
+    /// session holds it now (one held already is granted again; a new one past `max` is
+    /// refused).
+    pub fn subscribe(&self, id: u64, filters: &[String], max: usize, max_packet: u32) -> Vec<bool> {
+        let mut entry = self.filters.entry(id).or_insert_with(|| Held { filters: HashSet::default(), max_packet });
+        let held = &mut entry.value_mut().filters;
         let granted = filters
             .iter()
             .map(|filter| held.contains(filter.as_str()) || (held.len() < max && held.insert(filter.as_str().into())))
@@ -41,7 +51,7 @@ impl Subscriptions {
         let empty = held.is_empty();
         drop(entry);
         if empty {
-            self.filters.remove_if(&id, |_, held| held.is_empty());
+            self.filters.remove_if(&id, |_, held| held.filters.is_empty());
         }
         granted
     }
@@ -50,9 +60,9 @@ impl Subscriptions {
     pub fn unsubscribe(&self, id: u64, filters: &[String]) {
         self.filters.remove_if_mut(&id, |_, held| {
             for gone in filters {
-                held.remove(gone.as_str());
+                held.filters.remove(gone.as_str());
             }
-            held.is_empty()
+            held.filters.is_empty()
         });
     }
 
@@ -63,7 +73,16 @@ impl Subscriptions {
 
     /// Whether one of session `id`'s filters matches `topic`.
     pub fn matches(&self, id: u64, topic: &str) -> bool {
-        self.filters.get(&id).is_some_and(|filters| filters.iter().any(|f| topic_matches(topic, f)))
+        self.filters.get(&id).is_some_and(|held| held.filters.iter().any(|f| topic_matches(topic, f)))
+    }
+
+    /// Whether session `id` takes a push of `payload_len` bytes on `topic`: one of its
+    /// filters matches, and its PUBLISH fits the client's Maximum Packet Size.
+    pub fn takes(&self, id: u64, topic: &str, payload_len: usize) -> bool {
+        self.filters.get(&id).is_some_and(|held| {
+            publish_len(topic.len(), payload_len, true) <= held.max_packet as usize
+                && held.filters.iter().any(|f| topic_matches(topic, f))
+        })
     }
 
     /// Sessions holding a subscription.
@@ -89,8 +108,8 @@ mod tests {
     fn filters_are_kept_once_and_go_with_their_last_one() {
         let subs = Subscriptions::default();
         assert!(!subs.matches(7, "idlegate/push"), "no subscription: nothing matches");
-        subs.subscribe(7, &strings(&["idlegate/+", "alerts/#"]), 8);
-        subs.subscribe(7, &strings(&["idlegate/+"]), 8);
+        subs.subscribe(7, &strings(&["idlegate/+", "alerts/#"]), 8, u32::MAX);
+        subs.subscribe(7, &strings(&["idlegate/+"]), 8, u32::MAX);
         assert!(subs.matches(7, "idlegate/push"));
         assert!(subs.matches(7, "alerts/fire/now"));
         assert!(!subs.matches(8, "idlegate/push"), "another session's filters are its own");
@@ -99,7 +118,7 @@ mod tests {
         assert_eq!(subs.len(), 1);
         subs.unsubscribe(7, &strings(&["alerts/#", "never/held"]));
         assert!(subs.is_empty(), "the entry goes with its last filter");
-        subs.subscribe(9, &strings(&["#"]), 8);
+        subs.subscribe(9, &strings(&["#"]), 8, u32::MAX);
         subs.forget(9);
         assert!(subs.is_empty());
     }
@@ -107,12 +126,22 @@ mod tests {
     #[test]
     fn a_session_holds_at_most_its_bound_and_held_filters_are_granted_again() {
         let subs = Subscriptions::default();
-        assert_eq!(subs.subscribe(7, &strings(&["a", "b", "c"]), 2), [true, true, false]);
-        assert_eq!(subs.subscribe(7, &strings(&["b", "d", "a"]), 2), [true, false, true]);
+        assert_eq!(subs.subscribe(7, &strings(&["a", "b", "c"]), 2, u32::MAX), [true, true, false]);
+        assert_eq!(subs.subscribe(7, &strings(&["b", "d", "a"]), 2, u32::MAX), [true, false, true]);
         assert!(!subs.matches(7, "c") && !subs.matches(7, "d"));
         subs.unsubscribe(7, &strings(&["a"]));
-        assert_eq!(subs.subscribe(7, &strings(&["d"]), 2), [true], "room again after an UNSUBSCRIBE");
-        assert_eq!(subs.subscribe(8, &strings(&["x"]), 0), [false]);
+        assert_eq!(subs.subscribe(7, &strings(&["d"]), 2, u32::MAX), [true], "room again after an UNSUBSCRIBE");
+        assert_eq!(subs.subscribe(8, &strings(&["x"]), 0, u32::MAX), [false]);
         assert_eq!(subs.len(), 1, "a session refused everything holds no entry");
+    }
+
+    #[test]
+    fn a_push_over_the_client_s_maximum_packet_size_is_not_taken() {
+        let subs = Subscriptions::default();
+        // A PUBLISH on "t" with n payload bytes is 6 + n bytes whole (MQTT 5).
+        subs.subscribe(7, &strings(&["t"]), 8, 16);
+        assert!(subs.takes(7, "t", 10));
+        assert!(!subs.takes(7, "t", 11));
+        assert!(!subs.takes(7, "u", 1), "and a filter must match");
     }
 }

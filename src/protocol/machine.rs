@@ -166,23 +166,24 @@ impl Machine {
         Ok(())
     }
 
-    /// An MQTT SUBSCRIBE (`subscribe`) or UNSUBSCRIBE: activity, counted against the
-    /// session's `--max-data-rate` as a DATA is (each changes state the gateway keeps), and
-    /// the session's topic filters change, at most `--mqtt-max-subscriptions` of them; a
-    /// SUBSCRIBE's outcome goes to `out`, filter by filter.
+    /// An MQTT SUBSCRIBE (with the largest packet its client takes) or UNSUBSCRIBE (`None`):
+    /// activity, counted against the session's `--max-data-rate` as a DATA is (each changes
+    /// state the gateway keeps), and the session's topic filters change, at most
+    /// `--mqtt-max-subscriptions` of them; a SUBSCRIBE's outcome goes to `out`, filter by
+    /// filter.
     pub(crate) fn on_subscriptions(
         &mut self,
         filters: &[String],
-        subscribe: bool,
+        subscribe: Option<u32>,
         out: &mut (impl Out + ?Sized),
     ) -> Result<(), Close> {
         let now = self.activity()?;
         self.data_allowed(now)?;
         if let Some(session) = &self.session {
             let subscriptions = self.gateway.registry.subscriptions();
-            if subscribe {
+            if let Some(max_packet) = subscribe {
                 let max = self.gateway.config.mqtt_max_subscriptions;
-                out.subscribed(&subscriptions.subscribe(session.id(), filters, max));
+                out.subscribed(&subscriptions.subscribe(session.id(), filters, max, max_packet));
             } else {
                 subscriptions.unsubscribe(session.id(), filters);
             }

@@ -85,8 +85,9 @@ pub(crate) enum Input {
     /// An MQTT CONNECT: a LOGIN of a session that takes only the pushes it subscribes to,
     /// and its will.
     Connect { login: Frame, will: Option<Box<crate::presence::Will>> },
-    /// An MQTT SUBSCRIBE's topic filters.
-    Subscribe(Vec<String>),
+    /// An MQTT SUBSCRIBE's topic filters, from a client that takes packets of up to
+    /// `max_packet` bytes.
+    Subscribe { filters: Vec<String>, max_packet: u32 },
     /// An MQTT UNSUBSCRIBE's topic filters.
     Unsubscribe(Vec<String>),
 }

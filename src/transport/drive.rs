@@ -209,8 +209,8 @@ fn on_input(machine: &mut Machine, input: Input, out: &mut dyn crate::protocol::
         Input::Activity => machine.on_activity(),
         Input::Publish { topic, payload } => machine.on_publish(topic, payload),
         Input::Connect { login, will } => machine.on_connect(login, will, out),
-        Input::Subscribe(filters) => machine.on_subscriptions(&filters, true, out),
-        Input::Unsubscribe(filters) => machine.on_subscriptions(&filters, false, out),
+        Input::Subscribe { filters, max_packet } => machine.on_subscriptions(&filters, Some(max_packet), out),
+        Input::Unsubscribe(filters) => machine.on_subscriptions(&filters, None, out),
     }
 }
 

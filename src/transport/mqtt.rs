@@ -30,10 +30,12 @@ use crate::transport::connection::{Framing, Input};
 const LEVEL_311: u8 = 4;
 const LEVEL_5: u8 = 5;
 
-/// Longest CONNECT read before a session: the LOGIN's own bound (a 512-byte token, a
-/// 32-byte device) plus room for MQTT's framing, a will of a few hundred bytes and MQTT 5's
-/// properties. A connection that has not logged in costs at most this much.
-const MAX_CONNECT_BYTES: u32 = 2 * 1024;
+/// Longest CONNECT read before a session: a password of up to 4 KiB (a JWT from an identity
+/// provider), a 32-byte client identifier, a will of a few hundred bytes, MQTT 5's
+/// properties and MQTT's framing. A connection that has not logged in costs at most this
+/// much; a longer CONNECT is refused (MQTT 5: CONNACK 0x95; 3.1.1 has no code for it and is
+/// closed).
+pub(crate) const MAX_CONNECT_BYTES: u32 = 6 * 1024;
 
 /// Control packet types (the high nibble of the first byte) the gateway writes.
 mod packet {
@@ -68,6 +70,9 @@ mod code5 {
     pub const SESSION_TAKEN_OVER: u8 = 0x8E;
     pub const QUOTA_EXCEEDED: u8 = 0x97;
     pub const QOS_NOT_SUPPORTED: u8 = 0x9B;
+    pub const TOPIC_NAME_INVALID: u8 = 0x90;
+    pub const TOPIC_ALIAS_INVALID: u8 = 0x94;
+    pub const PACKET_TOO_LARGE: u8 = 0x95;
     /// SUBACK: the filter is not a valid topic filter.
     pub const TOPIC_FILTER_INVALID: u8 = 0x8F;
     /// SUBACK: `$share/...`, as CONNACK's Shared Subscription Available 0 said.
@@ -83,6 +88,8 @@ mod property {
     pub const RETAIN_AVAILABLE: u8 = 0x25;
     pub const MAXIMUM_QOS: u8 = 0x24;
     pub const SHARED_SUBSCRIPTION_AVAILABLE: u8 = 0x2A;
+    pub const MAXIMUM_PACKET_SIZE: u8 = 0x27;
+    pub const ASSIGNED_CLIENT_IDENTIFIER: u8 = 0x12;
 }
 
 /// What every MQTT connection of a gateway shares, built once at start.
@@ -127,6 +134,10 @@ pub(crate) struct Mqtt {
     /// The connection's last packet (a refusing CONNACK, a DISCONNECT) is written: the BYE
     /// that follows adds nothing.
     answered: bool,
+    /// The client sent an empty client identifier: MQTT 5 is told the one it was given.
+    anonymous: bool,
+    /// The largest packet the client takes (MQTT 5's Maximum Packet Size; unbounded else).
+    client_max_packet: u32,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
     owed_ack: Option<u16>,
     /// A SUBSCRIBE's SUBACK, written once the machine said which filters it holds: boxed,
@@ -152,6 +163,8 @@ impl Mqtt {
             version: 0,
             welcomed: false,
             answered: false,
+            anonymous: false,
+            client_max_packet: u32::MAX,
             owed_ack: None,
             owed_suback: None,
         }
@@ -193,6 +206,21 @@ impl Mqtt {
             return Err((CloseReason::AuthFailed, "CONNECT username is not a uid".into()));
         };
         let client_id = connect.client_id.as_bytes();
+        if client_id.is_empty() && version == LEVEL_311 && !connect.clean_start {
+            // [MQTT-3.1.3-8]: a session the server would have to keep needs a name.
+            put_connack(out, version, code311::IDENTIFIER_REJECTED, &[]);
+            self.answered = true;
+            return Err((
+                CloseReason::ProtocolError,
+                "MQTT 3.1.1: an empty client identifier needs CleanSession".into(),
+            ));
+        }
+        self.anonymous = client_id.is_empty();
+        if let Some(mqtt5_protocol::PropertyValue::FourByteInteger(max)) =
+            connect.properties.get(mqtt5_protocol::PropertyId::MaximumPacketSize)
+        {
+            self.client_max_packet = (*max).max(1);
+        }
         let device = match if client_id.is_empty() { Ok(Device::DEFAULT) } else { Device::parse(client_id) } {
             Ok(device) => device,
             Err(e) => {
@@ -280,8 +308,7 @@ impl Mqtt {
             return Ok(None);
         };
         if len > self.limit() as usize {
-            let why = format!("packet of {len} bytes over the limit of {}", self.limit());
-            return Err(self.malformed(out, &why));
+            return Err(self.too_large(&src[..avail], at + len, out));
         }
         if avail < at + len {
             *missing = (at + len - avail).min(avail.max(64));
@@ -302,6 +329,14 @@ impl Mqtt {
             (_, Packet::Publish(publish)) => match publish.qos {
                 QoS::ExactlyOnce => Err(self.refuse(out, code5::QOS_NOT_SUPPORTED, "QoS 2 is not offered")),
                 qos => {
+                    if publish.properties.contains(mqtt5_protocol::PropertyId::TopicAlias) {
+                        // Topic Alias Maximum is 0: CONNACK does not offer any.
+                        return Err(self.refuse(out, code5::TOPIC_ALIAS_INVALID, "no topic alias was offered"));
+                    }
+                    if let Err(e) = crate::proto::mqtt::check_topic_name(&publish.topic_name) {
+                        // [MQTT-3.3.2-2]: the connection closes.
+                        return Err(self.refuse(out, code5::TOPIC_NAME_INVALID, &e.to_string()));
+                    }
                     if qos == QoS::AtLeastOnce {
                         self.owed_ack = publish.packet_id;
                     }
@@ -335,7 +370,7 @@ impl Mqtt {
                     }
                 }
                 self.owed_suback = Some(Box::new(suback));
-                Ok(Some(Input::Subscribe(valid)))
+                Ok(Some(Input::Subscribe { filters: valid, max_packet: self.client_max_packet }))
             }
             (_, Packet::Unsubscribe(unsubscribe)) => {
                 let codes = if self.version == LEVEL_5 { unsubscribe.filters.len() } else { 0 };
@@ -347,6 +382,15 @@ impl Mqtt {
                     &vec![code5::GRANTED_QOS_0; codes],
                 );
                 Ok(Some(Input::Unsubscribe(unsubscribe.filters)))
+            }
+            (LEVEL_5, Packet::Disconnect(d))
+                if d.reason_code
+                    == mqtt5_protocol::protocol::v5::reason_codes::ReasonCode::DisconnectWithWillMessage =>
+            {
+                // MQTT 5 3.14.2.1: the session ends and its will goes out, as when the
+                // connection drops.
+                self.answered = true;
+                Err((CloseReason::Disconnect, "DISCONNECT with Will Message".into()))
             }
             (_, Packet::Disconnect(_)) => Ok(Some(Input::Frame(Frame::Logout))),
             // Acknowledgements of QoS the gateway never sends, AUTH: nothing to do, but the
@@ -390,7 +434,7 @@ impl Mqtt {
     /// Appends `frame` as this version's packet.
     pub(crate) fn encode_frame(&mut self, frame: &Frame, out: &mut BytesMut) {
         match frame {
-            Frame::Welcome { .. } => {
+            Frame::Welcome { session, .. } => {
                 let mut props = BytesMut::new();
                 if self.version == LEVEL_5 {
                     props.put_u8(property::SERVER_KEEP_ALIVE);
@@ -398,6 +442,14 @@ impl Mqtt {
                     // What the door does not offer, said up front.
                     props.put_slice(&[property::MAXIMUM_QOS, 1, property::RETAIN_AVAILABLE, 0]);
                     props.put_slice(&[property::SHARED_SUBSCRIPTION_AVAILABLE, 0]);
+                    props.put_u8(property::MAXIMUM_PACKET_SIZE);
+                    props.put_u32(self.max_packet_bytes);
+                    if self.anonymous {
+                        // [MQTT-3.2.2-16]. The session stays on the default device; the
+                        // name is the session's id, which the backend's events show.
+                        props.put_u8(property::ASSIGNED_CLIENT_IDENTIFIER);
+                        put_str(&mut props, session.as_bytes());
+                    }
                 }
                 put_connack_props(out, self.version, 0, &props);
                 self.welcomed = true;
@@ -414,10 +466,15 @@ impl Mqtt {
 
 impl Mqtt {
     /// A QoS 0 PUBLISH of `payload` on `topic` (the registry queued it only for a session
-    /// that subscribed to the topic).
+    /// that subscribed to the topic, and that takes packets of its size); nothing when it is
+    /// over the client's Maximum Packet Size ([MQTT-3.1.2-24]).
     pub(crate) fn publish(&self, topic: &str, payload: &[u8], out: &mut BytesMut) {
+        let v5 = self.version == LEVEL_5;
+        if crate::proto::mqtt::publish_len(topic.len(), payload.len(), v5) > self.client_max_packet as usize {
+            return;
+        }
         let topic = topic.as_bytes();
-        let properties = usize::from(self.version == LEVEL_5);
+        let properties = usize::from(v5);
         put_header(out, packet::PUBLISH, 2 + topic.len() + properties + payload.len());
         put_str(out, topic);
         if properties == 1 {
@@ -462,6 +519,20 @@ impl Mqtt {
             CloseReason::ProtocolError | CloseReason::LoginTimeout | CloseReason::AuthFailed => code5::PROTOCOL_ERROR,
         };
         put_disconnect(out, code, text.as_bytes());
+    }
+
+    /// A packet of `len` bytes over the limit, at the front of `src`: MQTT 5 is told 0x95
+    /// (a CONNECT, by CONNACK: its level is read from its first bytes); 3.1.1 has no code.
+    fn too_large(&mut self, src: &[u8], len: usize, out: &mut BytesMut) -> Close {
+        let why = format!("packet of {len} bytes over the limit of {}", self.limit());
+        if self.version == 0 {
+            if crate::proto::mqtt::connect_level(src) == crate::proto::mqtt::ConnectLevel::Known(LEVEL_5) {
+                put_connack(out, LEVEL_5, code5::PACKET_TOO_LARGE, why.as_bytes());
+                self.answered = true;
+            }
+            return (CloseReason::ProtocolError, format!("MQTT: {why}"));
+        }
+        self.refuse(out, code5::PACKET_TOO_LARGE, &why)
     }
 
     /// A packet that cannot be read: MQTT 5 is told why (DISCONNECT 0x81); the connection

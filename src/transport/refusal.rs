@@ -24,7 +24,7 @@ use bytes::BytesMut;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::proto::mqtt::fixed_header;
+use crate::proto::mqtt::{connect_level, ConnectLevel as Level};
 use crate::proto::{put_frame, CloseReason, Frame, Transport};
 
 /// Most bytes a refusal reads and drops: a LOGIN, a WebSocket upgrade request or a CONNECT
@@ -129,35 +129,6 @@ async fn answer_mqtt_later(stream: TcpStream, mut start: Vec<u8>, bound: Bound, 
     close(stream);
 }
 
-/// What the first bytes of an MQTT stream say of its CONNECT's protocol level.
-#[derive(Debug, PartialEq, Eq)]
-enum Level {
-    Known(u8),
-    Missing,
-    NotMqtt,
-}
-
-/// The protocol level of the CONNECT at the front of `src` (fixed header, protocol name,
-/// level), as far as it has arrived.
-fn connect_level(src: &[u8]) -> Level {
-    match src.first() {
-        None => return Level::Missing,
-        Some(&first) if first != 0x10 => return Level::NotMqtt,
-        Some(_) => {}
-    }
-    let at = match fixed_header(src) {
-        Ok(Some((at, _))) => at,
-        Ok(None) => return Level::Missing,
-        Err(_) => return Level::NotMqtt,
-    };
-    let Some(name) = src.get(at..at + 2) else { return Level::Missing };
-    let level_at = at + 2 + usize::from(u16::from_be_bytes([name[0], name[1]]));
-    match src.get(level_at) {
-        Some(&level) => Level::Known(level),
-        None => Level::Missing,
-    }
-}
-
 /// Reads and drops at most [`DRAIN_BYTES`] of what the client sent, then closes our side.
 fn close(stream: TcpStream) {
     drain(&stream);
@@ -207,17 +178,5 @@ mod tests {
         writer.join().unwrap();
         assert!((1..=DRAIN_BYTES).contains(&drained), "drained {drained} bytes");
         const { assert!(DRAIN_BYTES <= 64 * 1024, "a small fixed amount") };
-    }
-
-    #[test]
-    fn a_connect_s_level_is_read_as_far_as_it_came() {
-        // CONNECT, remaining length 16, "MQTT", level 5.
-        let connect = [0x10, 16, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0, 0, 0, 0, 0, 0];
-        for cut in 0..connect.len() {
-            let want = if cut > 8 { Level::Known(5) } else { Level::Missing };
-            assert_eq!(connect_level(&connect[..cut]), want, "{cut} bytes");
-        }
-        assert_eq!(connect_level(b"GET / HTTP/1.1\r\n"), Level::NotMqtt);
-        assert_eq!(connect_level(&[0x10, 0xff, 0xff, 0xff, 0xff, 0x01]), Level::NotMqtt);
     }
 }

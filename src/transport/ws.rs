@@ -226,7 +226,9 @@ impl WebSocket {
             [_] => Some(PROTOCOL_ERROR),
             [a, b, reason @ ..] => {
                 let code = u16::from_be_bytes([*a, *b]);
-                let valid = matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999);
+                // RFC 6455 7.4.1 and the IANA registry: 1012-1014 (service restart, try again later,
+                // bad gateway) are sent by real servers and proxies.
+                let valid = matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999);
                 Some(if std::str::from_utf8(reason).is_err() {
                     INVALID_PAYLOAD
                 } else if valid {
@@ -757,6 +759,10 @@ mod conformance {
         let close = |payload: &[u8]| outcome(&[masked(true, opcode::CLOSE, payload)]).1.to_vec();
         assert_eq!(close(&[0x03, 0xe8]), [0x88, 2, 0x03, 0xe8]);
         assert_eq!(close(&[0x0f, 0xa0, b'o', b'k']), [0x88, 2, 0x0f, 0xa0]);
+        for good in [1012u16, 1013, 1014] {
+            let [hi, lo] = good.to_be_bytes();
+            assert_eq!(close(&[hi, lo]), [0x88, 2, hi, lo], "code {good} is valid: echoed");
+        }
         for bad in [0u16, 999, 1004, 1005, 1006, 1015, 2999, 5000] {
             assert_eq!(close(&bad.to_be_bytes()), [0x88, 2, 0x03, 0xea], "code {bad}");
         }

@@ -31,6 +31,56 @@ pub fn fixed_header(src: &[u8]) -> Result<Option<(usize, usize)>, MqttHeaderErro
     Ok(None)
 }
 
+/// Bytes a variable-length integer of `value` takes.
+pub fn varint_len(value: usize) -> usize {
+    match value {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    }
+}
+
+/// Bytes of a QoS 0 PUBLISH of `payload_len` bytes on a topic of `topic_len` bytes, whole:
+/// what a client's Maximum Packet Size (MQTT 5, 3.1.2.11.4) is compared with.
+pub fn publish_len(topic_len: usize, payload_len: usize, v5: bool) -> usize {
+    let remaining = 2 + topic_len + usize::from(v5) + payload_len;
+    1 + varint_len(remaining) + remaining
+}
+
+/// What the first bytes of an MQTT stream say of its CONNECT's protocol level (3.1.2.2),
+/// as far as they have arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectLevel {
+    /// The level: 4 for 3.1.1, 5 for MQTT 5.
+    Known(u8),
+    /// Not there yet.
+    Missing,
+    /// The stream does not start with a CONNECT.
+    NotMqtt,
+}
+
+/// The protocol level of the CONNECT at the front of `src` (fixed header, protocol name,
+/// level), read before the whole packet has arrived.
+pub fn connect_level(src: &[u8]) -> ConnectLevel {
+    match src.first() {
+        None => return ConnectLevel::Missing,
+        Some(&first) if first != 0x10 => return ConnectLevel::NotMqtt,
+        Some(_) => {}
+    }
+    let at = match fixed_header(src) {
+        Ok(Some((at, _))) => at,
+        Ok(None) => return ConnectLevel::Missing,
+        Err(_) => return ConnectLevel::NotMqtt,
+    };
+    let Some(name) = src.get(at..at + 2) else { return ConnectLevel::Missing };
+    let level_at = at + 2 + usize::from(u16::from_be_bytes([name[0], name[1]]));
+    match src.get(level_at) {
+        Some(&level) => ConnectLevel::Known(level),
+        None => ConnectLevel::Missing,
+    }
+}
+
 /// Appends `value` as a variable-length integer (2.2.3; MQTT 5's property lengths too).
 pub fn put_varint(out: &mut impl BufMut, mut value: usize) {
     debug_assert!(value <= MAX_REMAINING, "{value} needs more than four bytes");
@@ -195,6 +245,28 @@ mod tests {
             ("a//b", "a/+/b", true),
         ] {
             assert_eq!(topic_matches(topic, filter), want, "{topic} against {filter}");
+        }
+    }
+
+    #[test]
+    fn a_connect_s_level_is_read_as_far_as_it_came() {
+        // CONNECT, remaining length 16, "MQTT", level 5.
+        let connect = [0x10, 16, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0, 0, 0, 0, 0, 0];
+        for cut in 0..connect.len() {
+            let want = if cut > 8 { ConnectLevel::Known(5) } else { ConnectLevel::Missing };
+            assert_eq!(connect_level(&connect[..cut]), want, "{cut} bytes");
+        }
+        assert_eq!(connect_level(b"GET / HTTP/1.1\r\n"), ConnectLevel::NotMqtt);
+        assert_eq!(connect_level(&[0x10, 0xff, 0xff, 0xff, 0xff, 0x01]), ConnectLevel::NotMqtt);
+    }
+
+    #[test]
+    fn a_publish_s_length_counts_its_header() {
+        for (topic, payload) in [(1, 0), (1, 122), (1, 123), (10, 20_000), (3, 2_100_000)] {
+            let mut out = Vec::new();
+            let remaining = 2 + topic + 1 + payload;
+            put_fixed_header(&mut out, 0x30, remaining);
+            assert_eq!(publish_len(topic, payload, true), out.len() + remaining, "{topic} {payload}");
         }
     }
 
