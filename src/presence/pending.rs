@@ -138,10 +138,24 @@ impl Pending {
     }
 }
 
+/// What the per-source bound counts a connection from `ip` under: an IPv4 address (also
+/// one mapped into IPv6) as itself; an IPv6 address by its /64, the smallest block a site is
+/// given, whose 2^64 addresses one host can use at will to look like many.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+    }
+}
+
 // === impl Inner ===
 
 impl Inner {
     fn admit(&mut self, source: IpAddr, max: usize, per_source: usize) -> Result<u32, Refused> {
+        let source = source_key(source);
         let waiting = self.by_source.get(&source).copied().unwrap_or(0);
         if waiting >= per_source {
             return Err(Refused::Source(per_source));
@@ -255,6 +269,21 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_sources_count_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let pending = Arc::new(Pending::new(100, 2));
+        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        let _a = pending.admit(v6("2001:db8:1:2::1")).unwrap();
+        let _b = pending.admit(v6("2001:db8:1:2:ffff::9")).unwrap();
+        assert_eq!(pending.admit(v6("2001:db8:1:2:abcd::1")).err(), Some(Refused::Source(2)), "the same /64");
+        let _c = pending.admit(v6("2001:db8:1:3::1")).expect("the next /64 is another source");
+        let _d = pending.admit(v6("192.0.2.7")).unwrap();
+        let _e = pending.admit(v6("::ffff:192.0.2.7")).unwrap();
+        assert_eq!(pending.admit(v6("192.0.2.7")).err(), Some(Refused::Source(2)), "mapped IPv4 is IPv4");
+        drop(_a);
+        assert!(pending.admit(v6("2001:db8:1:2::77")).is_ok(), "a place of the /64 came back");
+    }
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([127, 0, 0, last])
