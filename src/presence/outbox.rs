@@ -52,20 +52,30 @@ pub struct Outboxes {
     pending: DashMap<u64, Vec<Push>, RandomState>,
 }
 
+/// Bytes `push` takes written to `session`'s connection: a PUSH frame, or (an MQTT session)
+/// a PUBLISH on its topic. WebSocket's message header (at most 10 bytes) is not counted.
+fn encoded_len(session: &Session, push: &Push) -> usize {
+    if session.filters_pushes() {
+        crate::proto::mqtt::publish_len(push.topic.len(), push.payload.len(), true)
+    } else {
+        PUSH_OVERHEAD + push.payload.len()
+    }
+}
+
 // === impl Outboxes ===
 
 impl Outboxes {
     /// Queues `push` for `session` unless it has ended or the queue would pass `max_queued`
-    /// bytes (frame headers counted; the topic, shared by every copy, not), and wakes its
-    /// connection.
+    /// bytes as its door writes them (an MQTT session's PUBLISH carries the topic in every
+    /// copy), and wakes its connection.
     pub fn push(&self, session: &Session, push: &Push, max_queued: usize) -> Pushed {
         if !session.is_live() {
             return Pushed::Ended;
         }
         {
             let mut queue = self.pending.entry(session.id()).or_default();
-            let queued: usize = queue.iter().map(|p| PUSH_OVERHEAD + p.payload.len()).sum();
-            if queued + PUSH_OVERHEAD + push.payload.len() > max_queued {
+            let queued: usize = queue.iter().map(|p| encoded_len(session, p)).sum();
+            if queued + encoded_len(session, push) > max_queued {
                 return Pushed::Full;
             }
             queue.push(push.clone());
@@ -130,5 +140,18 @@ mod tests {
         s.end(CloseReason::Logout);
         assert_eq!(outboxes.push(&s, &ten, 30), Pushed::Ended);
         assert!(outboxes.is_empty());
+    }
+
+    /// An MQTT session is sent the topic with every push: a long topic fills its queue.
+    #[test]
+    fn an_mqtt_session_s_queue_counts_the_topic_of_every_push() {
+        let outboxes = Outboxes::default();
+        let mqtt = Session::new(1, 7, 0, crate::presence::Handle::NONE).filtering_pushes();
+        let long = Push { topic: Arc::from("t".repeat(1_000)), payload: Bytes::from_static(b"0123456789") };
+        // 1 + 2 (the remaining length) + 2 + 1,000 + 1 + 10 = 1,016 bytes a PUBLISH.
+        for _ in 0..4 {
+            assert_eq!(outboxes.push(&mqtt, &long, 5_000), Pushed::Queued);
+        }
+        assert_eq!(outboxes.push(&mqtt, &long, 5_000), Pushed::Full);
     }
 }

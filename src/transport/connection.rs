@@ -246,8 +246,16 @@ impl<L: Layer, F: Framing> Connection<L, F> {
 
     /// Queues `pushes` after the replies already waiting and writes what the socket takes.
     pub(crate) fn send(&mut self, pushes: &[Push]) -> Result<(), Close> {
-        self.write_with(|conn, plain, _| {
+        let max_queued = max_queued_bytes(self.framing.max_frame_bytes());
+        self.write_with(|conn, plain, wire| {
             for push in pushes {
+                // Unsent replies stay under the bound, and the outbox holds at most the
+                // bound of encoded pushes: output past twice the bound is a client that does
+                // not read, closed as a slow consumer; encoding the rest would only grow the
+                // buffer about to be dropped.
+                if plain.len() + wire.len() > 2 * max_queued {
+                    return Err((CloseReason::SlowConsumer, format!("more than {max_queued} bytes of replies unread")));
+                }
                 conn.framing.encode_push(push, plain);
             }
             Ok(())
