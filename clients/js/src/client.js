@@ -15,6 +15,13 @@ export const DEFAULT_MAX_QUEUED = 64;
 export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 
 /**
+ * How long after a socket's `error` (or a close it was asked for) the client waits for its
+ * `close` before ending the attempt itself: some WebSocket implementations (Node 20's) report
+ * a failed connection by `error` alone, and an attempt must always end, and be retried.
+ */
+const CLOSE_GRACE_MS = 1000;
+
+/**
  * A client of one uid's device. States, in order: `connecting` ({attempt}), `online`
  * ({session, timeoutMs, tickMs, keepaliveMs}), `offline` ({reason, text, code, retryInMs};
  * retryInMs null when it will not come back until reconnect()).
@@ -134,7 +141,13 @@ export class Client {
     let bye = null;
     let welcomed = false;
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => ws.close(), this.connectTimeoutMs);
+    // The attempt ends once, by whichever comes first: the socket's close, or the grace
+    // after an error or a close that was asked for and never reported.
+    const endWithin = (text) => setTimeout(() => ws.onclose?.({ code: 1006, reason: text }), CLOSE_GRACE_MS);
+    this.timer = setTimeout(() => {
+      ws.close();
+      endWithin('no WELCOME in time');
+    }, this.connectTimeoutMs);
     ws.onopen = () => {
       try {
         ws.send(encodeLogin(this.uid, token, this.device));
@@ -165,7 +178,7 @@ export class Client {
         bye = frame;
       }
     };
-    ws.onerror = () => {};
+    ws.onerror = () => endWithin('the connection failed');
     ws.onclose = (event) => {
       if (this.ws !== ws) return;
       this.ws = null;

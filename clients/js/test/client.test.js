@@ -155,6 +155,26 @@ test('a lost connection is retried in growing full-jitter windows', async () => 
   }
 });
 
+test('a socket that reports an error and never closes still ends its attempt, and is retried', async () => {
+  const { states } = client({ backoff: { baseMs: 100, capMs: 400 } });
+  await flush();
+  const ws = FakeSocket.opened.at(-1);
+  ws.onerror?.({});
+  await advance(1500);
+  const offline = states.find((s) => s.state === 'offline');
+  assert.ok(offline, `offline after the error: ${JSON.stringify(states)}`);
+  assert.equal(offline.reason, 'disconnect');
+  assert.ok(offline.retryInMs !== null);
+  await advance(offline.retryInMs + 1, 1);
+  assert.equal(FakeSocket.opened.length, 2, 'a new attempt');
+  // An error followed by its close ends the attempt once.
+  const second = FakeSocket.opened.at(-1);
+  second.onerror?.({});
+  second.close(1006);
+  await advance(1500);
+  assert.equal(states.filter((s) => s.state === 'offline').length, 2);
+});
+
 test('kicked, it stays offline until asked; logged out too', async () => {
   const { c, ws, states } = await online();
   ws.bye(3, 'replaced by a newer login');
