@@ -63,6 +63,11 @@ struct ServeArgs {
     /// filter (SUBACK 0x80 in 3.1.1, 0x97 Quota exceeded in 5).
     #[arg(long, env = "IDLEGATE_MQTT_MAX_SUBSCRIPTIONS", default_value_t = idlegate::DEFAULT_MQTT_MAX_SUBSCRIPTIONS)]
     mqtt_max_subscriptions: usize,
+    /// Ping a WebSocket session silent for more than a third of the timeout; its client's
+    /// WebSocket stack answers (a browser with no page code running), which keeps a
+    /// background tab online. `false`: only what the client sends keeps it alive.
+    #[arg(long, env = "IDLEGATE_WS_KEEPALIVE_PINGS", default_value_t = true, action = clap::ArgAction::Set)]
+    ws_keepalive_pings: bool,
     /// Comma-separated origins a WebSocket upgrade may come from (default: any). An upgrade
     /// with another Origin gets 403; one with no Origin (not a browser) is allowed.
     #[arg(long, env = "IDLEGATE_WS_ALLOWED_ORIGINS", value_delimiter = ',')]
@@ -351,6 +356,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .map(|list| list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
         mqtt_push_topic: args.mqtt_push_topic.clone(),
         mqtt_max_subscriptions: args.mqtt_max_subscriptions,
+        ws_keepalive_pings: args.ws_keepalive_pings,
     };
     if let Err(e) = config.validate() {
         usage_error(e);

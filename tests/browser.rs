@@ -1,7 +1,9 @@
 //! The WebSocket doors in a real browser: Debian's headless `chromium` opens `ws://` and
 //! `wss://` (the gateway's certificate, made by a test CA, trusted for that browser run by
 //! its key), logs in, receives a push from the backend API, falls silent and sees `onclose`
-//! with code 4001 and reason `idle_timeout`, as a web app would.
+//! with code 4001 and reason `idle_timeout`, as a web app would (with the gateway's
+//! WebSocket pings off); with them on, the silent page stays online on the browser's own
+//! pongs, as a background tab does.
 //!
 //! On a machine without chromium or openssl the test skips with a message; under CI it
 //! fails instead.
@@ -40,7 +42,9 @@ window.done = Promise.all(URLS.map((url, i) => new Promise((resolve) => {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001() {
     let Some(browser) = chromium() else { return };
-    let (mut server, ca, _dir) = server_with(common::browser::config()).await;
+    // The gateway's pings off: the browser would answer them and never fall silent.
+    let config = idlegate::Config { ws_keepalive_pings: false, ..common::browser::config() };
+    let (mut server, ca, _dir) = server_with(config).await;
     let Some(ca) = ca else { return };
     let profile = tempfile::tempdir().unwrap();
     let trust = trust(&ca.dir.join("gateway.pem"));
@@ -79,6 +83,49 @@ async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001()
         let kinds: Vec<u64> = got.iter().map(|m| m[0]).collect();
         assert_eq!(kinds, [kind::WELCOME, kind::PUSH, kind::BYE].map(u64::from), "{door}: {got:?}");
         assert_eq!(got[1][1..], [u64::from(b'h'), u64::from(b'i')], "{door}: the push's payload");
+    }
+    server.shutdown().await;
+    let _ = chromium.kill().await;
+}
+
+/// A page that sends nothing after its LOGIN (a background tab whose timers the browser
+/// throttles) stays online for several timeouts: the gateway pings its silent WebSocket,
+/// Chromium's network stack answers with no page code running, and the pong is activity.
+/// Then a kick through the API closes it with 4003.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_page_stays_online_on_the_browser_s_own_pongs() {
+    let Some(browser) = chromium() else { return };
+    let (mut server, ca, _dir) = server_with(common::browser::config()).await;
+    let Some(ca) = ca else { return };
+    let profile = tempfile::tempdir().unwrap();
+    let trust = trust(&ca.dir.join("gateway.pem"));
+    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
+    let mut page = Page::open(&browser_http, "about:blank").await;
+    let wss = server.wss.unwrap();
+    let urls = format!(r#"["ws://{}{WS_PATH}", "wss://localhost:{}{WS_PATH}"]"#, server.ws, wss.port());
+    let script = START
+        .replace("URLS", &urls)
+        .replace("LOGIN", &kind::LOGIN.to_string())
+        .replace("WELCOME", &kind::WELCOME.to_string());
+    assert_eq!(page.eval(&script).await, "started");
+    let deadline = tokio::time::Instant::now() + common::browser::WAIT;
+    while page.eval("window.online").await != 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the browser never logged in on both doors");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Three timeouts of silence from the page.
+    tokio::time::sleep(common::browser::config().timeout * 3).await;
+    for uid in [1, 2] {
+        let (_, presence) = http(server.api, "GET", &format!("/v1/presence/{uid}"), &[], "").await;
+        assert!(presence.contains(r#""online":true"#), "uid {uid}: {presence}");
+    }
+    for uid in [1, 2] {
+        let (status, _) = http(server.api, "DELETE", &format!("/v1/sessions/{uid}"), &[], "").await;
+        assert_eq!(status, 204);
+    }
+    let closed = tokio::time::timeout(common::browser::WAIT, page.eval_async("window.done")).await.unwrap();
+    for result in closed.as_array().expect("one result per socket") {
+        assert_eq!(result["code"], 4003, "{result}");
     }
     server.shutdown().await;
     let _ = chromium.kill().await;

@@ -130,7 +130,9 @@ async fn websocket_pings_are_answered_and_count_as_activity() {
         let (status, body) = http(server.api, "GET", "/v1/presence/400", &[], "").await;
         assert_eq!(status, 200);
         assert!(body.contains("\"online\":true"), "{transport}: {body}");
-        // Then silence: expired as any client.
+        // Then silence, the gateway's own pings unanswered (the client does not read):
+        // expired as any client.
+        tokio::time::sleep(timeout * 2).await;
         expect_bye(&mut client, transport, CloseReason::IdleTimeout).await;
     }
     server.shutdown().await;
@@ -371,7 +373,10 @@ async fn the_websocket_examples_in_protocol_md_are_what_the_gateway_sends() {
     ws.stream.write_all(&documented("| client: LOGIN uid 42, no token |")).await.unwrap();
     let frames = ws.frames_until_closed().await;
     let idle = documented("| gateway: BYE idle_timeout, then close 4001 `idle_timeout` |");
-    assert_eq!(frames[1..].to_vec().concat_bytes(), idle);
+    // Before it, the gateway's pings this client never answered (PROTOCOL.md says so).
+    let (pings, rest): (Vec<_>, Vec<_>) = frames[1..].iter().cloned().partition(|(opcode, _)| *opcode == 0x9);
+    assert!(!pings.is_empty(), "a silent WebSocket session is pinged");
+    assert_eq!(rest.concat_bytes(), idle);
     server.shutdown().await;
 }
 
@@ -466,5 +471,36 @@ async fn tls_records_split_across_reads_and_frames_split_across_records_are_put_
     futures_util::SinkExt::send(&mut framed, Frame::Ping(Bytes::from_static(b"slow"))).await.unwrap();
     let pong = tokio::time::timeout(PATIENCE, futures_util::StreamExt::next(&mut framed)).await.unwrap();
     assert!(matches!(pong, Some(Ok(Frame::Pong(ref p))) if p.as_ref() == b"slow"), "{pong:?}");
+    server.shutdown().await;
+}
+
+/// A WebSocket client whose page code sends nothing (a browser tab in the background, whose
+/// timers run once a minute) stays online: the gateway pings a WebSocket session silent for
+/// more than a third of the timeout, the client's WebSocket stack answers with a pong, and
+/// the pong is activity. Before, it expired in the window.
+#[tokio::test]
+async fn a_silent_websocket_client_whose_stack_answers_pings_stays_online() {
+    use futures_util::{SinkExt, StreamExt};
+    // short_config: timeout 600 ms, tick 100 ms: pinged after 300 ms of silence.
+    let mut server = TestServer::start(short_config()).await;
+    let url = format!("ws://{}{}", server.ws, idlegate::WS_PATH);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let mut login = bytes::BytesMut::new();
+    Frame::Login { uid: 77, token: bytes::Bytes::new(), device: Default::default() }.encode(&mut login);
+    ws.send(Message::Binary(login.to_vec())).await.unwrap();
+    assert!(matches!(ws.next().await, Some(Ok(Message::Binary(_)))), "a WELCOME");
+    // Five timeouts in which the client only reads (tungstenite answers each ping).
+    let mut pings = 0;
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(message) = tokio::time::timeout_at(until, ws.next()).await {
+        match message {
+            Some(Ok(Message::Ping(_))) => pings += 1,
+            other => panic!("expected pings only, got {other:?}"),
+        }
+    }
+    assert!(pings >= 4, "{pings} pings in five timeouts");
+    let (_, presence) = http(server.api, "GET", "/v1/presence/77", &[], "").await;
+    assert!(presence.contains(r#""online":true"#), "{presence}");
+    ws.close(None).await.unwrap();
     server.shutdown().await;
 }

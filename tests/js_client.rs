@@ -99,7 +99,9 @@ const START: &str = r#"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_after_a_restart() {
     let Some(browser) = chromium() else { return };
-    let config = common::browser::config();
+    // The gateway's WebSocket pings off: the browser would answer them, and this test
+    // watches a client that does not ping expire.
+    let config = Config { ws_keepalive_pings: false, ..common::browser::config() };
     let (mut server, ca, _dir) = server_with(config.clone()).await;
     let Some(ca) = ca else { return };
     let config = Config { tls: server_identity(&ca), ..config };

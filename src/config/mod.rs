@@ -153,6 +153,10 @@ pub struct Config {
     /// Topic filters one MQTT session may hold (`--mqtt-max-subscriptions`); a SUBSCRIBE
     /// past it is refused filter by filter.
     pub mqtt_max_subscriptions: usize,
+    /// Ping a WebSocket session silent for more than a third of the timeout
+    /// (`--ws-keepalive-pings`): its client's WebSocket stack answers, so a browser tab whose
+    /// timers are throttled stays online. Off, only what the client sends keeps it alive.
+    pub ws_keepalive_pings: bool,
 }
 
 /// Default `--mqtt-max-subscriptions`: a device subscribes to a handful of topics; a few
@@ -192,6 +196,7 @@ impl Default for Config {
             ws_allowed_origins: None,
             mqtt_push_topic: DEFAULT_MQTT_PUSH_TOPIC.to_string(),
             mqtt_max_subscriptions: DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
+            ws_keepalive_pings: true,
         }
     }
 }

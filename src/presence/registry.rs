@@ -138,16 +138,25 @@ impl Registry {
     /// the uid holds `--max-devices` live sessions, its least recently active one does
     /// (evicted). Their offline events go to the log before this one's online event.
     pub fn login(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
-        self.login_as(uid, device, now, false)
+        self.login_as(uid, device, now, false, false)
     }
 
     /// Logs in an MQTT session, as [`Registry::login`] does: one that takes only the pushes
     /// its subscriptions match.
     pub fn login_subscriber(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
-        self.login_as(uid, device, now, true)
+        self.login_as(uid, device, now, true, false)
     }
 
-    fn login_as(&self, uid: u64, device: Device, now: u64, filters_pushes: bool) -> Arc<Session> {
+    /// Logs in a session that takes only the pushes its subscriptions match
+    /// (`filters_pushes`, MQTT) and whose door can ping its client (`pingable`, WebSocket).
+    pub(crate) fn login_as(
+        &self,
+        uid: u64,
+        device: Device,
+        now: u64,
+        filters_pushes: bool,
+        pingable: bool,
+    ) -> Arc<Session> {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
         let held = self.sessions.entry(uid);
@@ -177,7 +186,8 @@ impl Registry {
             list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
         }
         let session = Session::on_device(uid, device, id, since, ring.insert(uid, now));
-        let session = Arc::new(if filters_pushes { session.filtering_pushes() } else { session });
+        let session = if filters_pushes { session.filtering_pushes() } else { session };
+        let session = Arc::new(if pingable { session.pingable() } else { session });
         drop(ring);
         self.events.login(unreported(&list), &session, live.is_empty());
         for s in list.iter().filter(|s| !s.is_live()) {
@@ -332,6 +342,22 @@ impl Registry {
                 Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
             })
             .collect()
+    }
+
+    /// Asks the connections of the sessions due in `ticks` ticks (silent for `window -
+    /// ticks`) to ping their clients, where their doors can (WebSocket); returns how many
+    /// it asked. Costs what it finds: one ring slot a shard.
+    pub fn nudge_due_in(&self, ticks: u64) -> usize {
+        let mut due = Vec::new();
+        let mut asked = 0;
+        for shard in self.rings.iter() {
+            lock(shard).due_in_each(ticks, &mut due);
+            for (uid, handle) in due.drain(..) {
+                let sessions = self.sessions_of(uid, None);
+                asked += sessions.iter().filter(|s| s.handle() == handle && s.request_ping()).count();
+            }
+        }
+        asked
     }
 
     /// Moves every ring's cursor up to tick `to` (shards already there stay). Sessions that

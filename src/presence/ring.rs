@@ -189,6 +189,17 @@ impl Ring {
         self.slots[self.slot_of(self.elapsed + ticks)].len()
     }
 
+    /// The uids that fall due `ticks` ticks from now (`1 ..= window + 1`), each with its
+    /// handle, appended to `out`: those silent for `window - ticks` ticks. Costs what it
+    /// finds.
+    pub fn due_in_each(&self, ticks: u64, out: &mut Vec<(u64, Handle)>) {
+        if ticks == 0 || ticks > self.slot_count() {
+            return;
+        }
+        let bucket = &self.slots[self.slot_of(self.elapsed + ticks)];
+        out.extend(bucket.iter().map(|&h| (self.entries[h as usize].uid, Handle(h))));
+    }
+
     /// Files `uid` as touched on tick `now`: a login. The caller keeps the handle for every
     /// later call about this uid, and must not insert a uid it already tracks.
     pub fn insert(&mut self, uid: u64, now: u64) -> Handle {
@@ -477,6 +488,30 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn due_in_each_names_the_uids_due_that_many_ticks_ahead() {
+        let mut ring = Ring::new(10);
+        let a = ring.insert(1, 0);
+        let b = ring.insert(2, 0);
+        ring.advance(3);
+        let c = ring.insert(3, 3);
+        let mut out = Vec::new();
+        ring.due_in_each(7, &mut out);
+        out.sort_by_key(|(uid, _)| *uid);
+        assert_eq!(out, [(1, a), (2, b)], "touched on tick 0, due on 10");
+        out.clear();
+        ring.due_in_each(10, &mut out);
+        assert_eq!(out, [(3, c)]);
+        ring.touch(a, 1, 3);
+        out.clear();
+        ring.due_in_each(7, &mut out);
+        assert_eq!(out, [(2, b)], "a touch moves it out");
+        out.clear();
+        ring.due_in_each(0, &mut out);
+        ring.due_in_each(12, &mut out);
+        assert!(out.is_empty());
+    }
+
     use super::*;
 
     fn expire_all(ring: &mut Ring) -> Vec<u64> {

@@ -7,7 +7,7 @@
 //! wake-up. Every open connection holds one, so it stays small: four words (the ring handle,
 //! the ending and the wake-up flag share one) and an `AtomicWaker`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
@@ -34,6 +34,21 @@ const EVICTED: u8 = 0x20;
 /// The bits of `end` that hold the close reason.
 const REASON: u8 = 0x1f;
 
+/// Bit of `woken`: the connection task has a wake-up to see.
+const WOKEN: u8 = 0x01;
+
+/// Bit of `woken`: the connection should ping its client (a WebSocket ping).
+const PING_DUE: u8 = 0x02;
+
+/// Bit of `traits`: an MQTT session, which takes a push only on a topic one of its
+/// subscriptions matches (`subscriptions.rs`).
+const FILTERS_PUSHES: u8 = 0x01;
+
+/// Bit of `traits`: its door can make the client's own network stack answer (a WebSocket
+/// ping, which a browser answers with no page code running), so the ticker asks for one
+/// when the session has been silent for more than a third of the timeout.
+const PINGABLE: u8 = 0x02;
+
 /// A uid's session on one connection; see the module documentation.
 #[derive(Debug)]
 pub struct Session {
@@ -51,11 +66,12 @@ pub struct Session {
     /// [`LAST`] and [`EVICTED`] said with it and [`REPORTED`] set once its offline event is
     /// logged.
     end: AtomicU8,
-    /// Set by a wake-up the connection task has not seen yet.
-    woken: AtomicBool,
-    /// An MQTT session: it takes a push only on a topic one of its subscriptions matches
-    /// (`subscriptions.rs`). In padding the allocation had anyway.
-    filters_pushes: bool,
+    /// [`WOKEN`]: a wake-up the connection task has not seen yet; [`PING_DUE`]: the ticker
+    /// found the session silent for more than a third of the timeout.
+    woken: AtomicU8,
+    /// [`FILTERS_PUSHES`], [`PINGABLE`]: what kind of session it is, set at its login. In
+    /// padding the allocation had anyway.
+    traits: u8,
     /// The connection task, woken for an ending or a push. An `AtomicWaker` and a flag
     /// rather than a `Notify`: waiting on a `Notify` takes a waiter node in the waiting
     /// future (80 bytes in every open connection's task), this takes a reference.
@@ -115,8 +131,8 @@ impl Session {
             handle,
             device,
             end: AtomicU8::new(LIVE),
-            woken: AtomicBool::new(false),
-            filters_pushes: false,
+            woken: AtomicU8::new(0),
+            traits: 0,
             waker: AtomicWaker::new(),
             data_bucket: AtomicU64::new(FRESH),
         }
@@ -145,13 +161,36 @@ impl Session {
 
     /// The same session, taking only pushes its subscriptions match (an MQTT session).
     pub(crate) fn filtering_pushes(mut self) -> Session {
-        self.filters_pushes = true;
+        self.traits |= FILTERS_PUSHES;
         self
     }
 
     /// Whether it takes only the pushes its subscriptions match, not every push.
     pub fn filters_pushes(&self) -> bool {
-        self.filters_pushes
+        self.traits & FILTERS_PUSHES != 0
+    }
+
+    /// The same session, on a door that can ping its client (WebSocket).
+    pub(crate) fn pingable(mut self) -> Session {
+        self.traits |= PINGABLE;
+        self
+    }
+
+    /// Asks its connection to ping the client, if its door can: the ticker found it silent
+    /// for more than a third of the timeout. Returns whether it asked.
+    pub(crate) fn request_ping(&self) -> bool {
+        if self.traits & PINGABLE == 0 || !self.is_live() {
+            return false;
+        }
+        self.woken.fetch_or(PING_DUE | WOKEN, Ordering::AcqRel);
+        self.waker.wake();
+        true
+    }
+
+    /// Whether a ping was asked for since the last call; the connection task asks this when
+    /// woken.
+    pub(crate) fn take_ping(&self) -> bool {
+        self.woken.fetch_and(!PING_DUE, Ordering::AcqRel) & PING_DUE != 0
     }
 
     /// Its uid's place in the ring shard.
@@ -256,13 +295,13 @@ impl Session {
     /// connection task checks which. A poll rather than a future of its own: the future
     /// waiting on it lives in every open connection's task.
     pub(crate) fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.woken.swap(false, Ordering::AcqRel) {
+        if self.woken.fetch_and(!WOKEN, Ordering::AcqRel) & WOKEN != 0 {
             return Poll::Ready(());
         }
         self.waker.register(cx.waker());
         // Checked again after registering: a wake-up in between found no waker, or the one
         // before this, but always set the flag first.
-        if self.woken.swap(false, Ordering::AcqRel) {
+        if self.woken.fetch_and(!WOKEN, Ordering::AcqRel) & WOKEN != 0 {
             return Poll::Ready(());
         }
         Poll::Pending
@@ -270,7 +309,7 @@ impl Session {
 
     /// Wakes the connection task: a push is waiting for it, or it ended unwoken.
     pub(crate) fn wake(&self) {
-        self.woken.store(true, Ordering::Release);
+        self.woken.fetch_or(WOKEN, Ordering::AcqRel);
         self.waker.wake();
     }
 

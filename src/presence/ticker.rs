@@ -109,6 +109,11 @@ impl Ticker {
 
         let started = Instant::now();
         let expired = self.sweep().await;
+        // Silent for more than a third of the timeout: a WebSocket session is pinged, which a
+        // browser answers even from a hidden tab whose timers it throttles to once a minute.
+        if let Some(ahead) = self.window.checked_sub(self.window / 3 + 1).filter(|&k| k >= 1) {
+            self.registry.nudge_due_in(ahead);
+        }
         self.metrics.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.metrics.expired_per_sweep.observe(expired as f64);
         if expired > 0 {

@@ -30,6 +30,11 @@ pub(crate) trait Out {
 
     /// An MQTT SUBSCRIBE's outcome, filter by filter (granted or not), for its SUBACK.
     fn subscribed(&mut self, _granted: &[bool]) {}
+
+    /// Whether the door can ping the client so that its network stack answers (WebSocket).
+    fn pings(&self) -> bool {
+        false
+    }
 }
 
 /// A stream transport's output buffer: frames length-prefixed, back to back.
@@ -44,8 +49,8 @@ impl Out for BytesMut {
 pub(crate) enum Wake {
     /// Someone ended the session (an expiry, a kick, shutdown): close with this reason.
     End(CloseReason),
-    /// Pushes to send.
-    Push(Vec<Push>),
+    /// Pushes to send, and (`ping`) a ping for a client silent for a third of the timeout.
+    Push { pushes: Vec<Push>, ping: bool },
 }
 
 /// The protocol state of one connection.
@@ -104,7 +109,7 @@ impl Machine {
         let session = self.session.as_deref()?;
         Some(match session.end_reason() {
             Some(reason) => Wake::End(reason),
-            None => Wake::Push(self.gateway.registry.take_pushes(session)),
+            None => Wake::Push { pushes: self.gateway.registry.take_pushes(session), ping: session.take_ping() },
         })
     }
 
@@ -238,10 +243,8 @@ impl Machine {
             }
         }
         let now = gateway.clock.now();
-        let session = match subscriber {
-            true => gateway.registry.login_subscriber(uid, device, now),
-            false => gateway.registry.login(uid, device, now),
-        };
+        let pingable = out.pings() && gateway.config.ws_keepalive_pings;
+        let session = gateway.registry.login_as(uid, device, now, subscriber, pingable);
         let id = session_hex(session.id());
         self.session = Some(session);
         self.last_tick = now;

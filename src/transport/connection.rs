@@ -122,6 +122,10 @@ pub(crate) trait Framing {
     /// rest the unit is owed) in [`Framing::accepted`].
     fn subscribed(&mut self, _granted: &[bool]) {}
 
+    /// Appends a ping the client's network stack answers by itself, if the door has one
+    /// (a WebSocket ping); nothing else.
+    fn encode_ping(&mut self, _out: &mut BytesMut) {}
+
     /// The longest frame it accepts: the bound on unread replies derives from it.
     fn max_frame_bytes(&self) -> u32;
 
@@ -138,6 +142,10 @@ struct Encoded<'a, F> {
 impl<F: Framing> Out for Encoded<'_, F> {
     fn frame(&mut self, frame: &Frame) {
         self.framing.encode(frame, self.out);
+    }
+
+    fn pings(&self) -> bool {
+        F::WEBSOCKET
     }
 
     fn subscribed(&mut self, granted: &[bool]) {
@@ -258,6 +266,14 @@ impl<L: Layer, F: Framing> Connection<L, F> {
                 }
                 conn.framing.encode_push(push, plain);
             }
+            Ok(())
+        })
+    }
+
+    /// Pings the client, if its door can (see [`Framing::encode_ping`]).
+    pub(crate) fn ping(&mut self) -> Result<(), Close> {
+        self.write_with(|conn, plain, _| {
+            conn.framing.encode_ping(plain);
             Ok(())
         })
     }

@@ -174,7 +174,10 @@ fn logged_in<L: Layer, F: Framing>(
         if machine.session().is_some_and(|session| session.poll_woken(cx).is_ready()) {
             let step = match machine.on_wake() {
                 Some(Wake::End(reason)) => Err((reason, String::new())),
-                Some(Wake::Push(pushes)) => conn.send(&pushes),
+                Some(Wake::Push { pushes, ping }) => conn.send(&pushes).and_then(|()| match ping {
+                    true => conn.ping(),
+                    false => Ok(()),
+                }),
                 None => Ok(()),
             };
             if let Err(close) = step {

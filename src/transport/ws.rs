@@ -400,6 +400,13 @@ impl Framing for WebSocket {
         }
     }
 
+    fn encode_ping(&mut self, out: &mut BytesMut) {
+        // Not after a close was sent or before the upgrade: no ping then.
+        if self.ready() && self.refusal != CLOSED {
+            put_header(out, opcode::PING, 0);
+        }
+    }
+
     fn subscribed(&mut self, granted: &[bool]) {
         if let Some(mqtt) = self.mqtt.as_deref_mut() {
             mqtt.decide(granted);
