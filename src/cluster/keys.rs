@@ -50,6 +50,11 @@ pub(crate) fn applied(member: &str) -> String {
     format!("{{idlegate}}:applied:{member}")
 }
 
+/// What the member's last applied batch dropped (`APPLY` keeps it for a retry's answer).
+pub(crate) fn applied_dropped(member: &str) -> String {
+    format!("{}:dropped", applied(member))
+}
+
 /// The stream other nodes send `member` requests and replies on.
 pub(crate) fn inbox(member: &str) -> String {
     format!("{{idlegate}}:inbox:{member}")

@@ -176,6 +176,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         redis::Cmd::srem(keys::MEMBERS, &member_owned),
         redis::Cmd::del(keys::inbox(&member_owned)),
         redis::Cmd::del(keys::applied(&member_owned)),
+        redis::Cmd::del(keys::applied_dropped(&member_owned)),
         redis::Cmd::del(keys::sessions(&member_owned)),
         redis::Cmd::del(keys::unroute(&member_owned)),
         redis::Cmd::del(keys::wills(&member_owned)),

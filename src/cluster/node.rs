@@ -72,6 +72,7 @@ impl Cluster {
             redis::Cmd::del(keys::lease(&member)),
             redis::Cmd::del(keys::inbox(&member)),
             redis::Cmd::del(keys::applied(&member)),
+            redis::Cmd::del(keys::applied_dropped(&member)),
         ];
         let left = tokio::time::timeout_at(deadline.max(Instant::now() + LEAVE_POLL), self.send_control(cmds)).await;
         match left {
@@ -95,8 +96,8 @@ struct Forward {
 }
 
 impl Forward {
-    fn push(&self, op: Op) {
-        let (depth, compacted) = self.queue.push(op);
+    fn push(&self, op: Op) -> u64 {
+        let (depth, compacted, position) = self.queue.push(op);
         self.metrics.redis_queue_depth.set(depth as i64);
         if let Some(compacted) = compacted {
             self.metrics.redis_compacted.inc_by((compacted.data + 2 * compacted.sessions) as u64);
@@ -107,6 +108,7 @@ impl Forward {
                 "Redis queue full: dropped data events (consumers see a gap) and sessions Redis never saw"
             );
         }
+        position
     }
 }
 
@@ -115,6 +117,10 @@ impl EventSink for Forward {
         let device = session.device().clone();
         let (uid, since_ms) = (session.uid(), session.since_ms());
         self.push(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms });
+    }
+
+    fn durable_through(&self) -> u64 {
+        self.queue.applied_through()
     }
 
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64) {
@@ -129,9 +135,9 @@ impl EventSink for Forward {
         self.push(Op::Will { uid, session: id, device, will, at_ms });
     }
 
-    fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) {
+    fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) -> u64 {
         let device = session.device().clone();
         let (uid, id, payload) = (session.uid(), session.id(), payload.clone());
-        self.push(Op::Data { uid, session: id, device, payload, topic: topic.map(Into::into), at_ms });
+        self.push(Op::Data { uid, session: id, device, payload, topic: topic.map(Into::into), at_ms })
     }
 }

@@ -17,6 +17,7 @@
 //! skips that many event numbers, so every consumer sees a gap of exactly that size.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -78,6 +79,9 @@ pub(crate) struct Queue {
     ready: Notify,
     capacity: usize,
     max_bytes: usize,
+    /// The position of the last change Redis has (its batch applied): a data event at or
+    /// below it is in the shared stream, unless `APPLY` named its session as dropped.
+    applied: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +91,11 @@ struct Inner {
     bytes: usize,
     /// Data events dropped since the last batch was taken.
     dropped: u64,
+    /// Changes ever pushed: the position of the newest.
+    pushed: u64,
+    /// `(uid, session)` of sessions whose data events were dropped here since the last batch
+    /// was taken: their clients may have been told the data was taken, so they are ended.
+    lost: Vec<(u64, u64)>,
 }
 
 /// A batch taken off the queue.
@@ -95,6 +104,10 @@ pub(crate) struct Taken {
     pub ops: Vec<Op>,
     /// Data events dropped before these changes, which the stream skips.
     pub dropped: u64,
+    /// The position of the last change taken.
+    pub through: u64,
+    /// Sessions whose data events were dropped before these changes.
+    pub lost: Vec<(u64, u64)>,
 }
 
 /// What one compaction removed.
@@ -110,13 +123,17 @@ impl Queue {
     /// A queue that compacts beyond `capacity` changes and drops data beyond `max_bytes`
     /// of payload.
     pub(crate) fn new(capacity: usize, max_bytes: usize) -> Queue {
-        Queue { inner: Mutex::default(), ready: Notify::new(), capacity: capacity.max(1), max_bytes }
+        let applied = AtomicU64::new(0);
+        Queue { inner: Mutex::default(), ready: Notify::new(), capacity: capacity.max(1), max_bytes, applied }
     }
 
-    /// Appends `op`; returns the depth after it and what a compaction removed, if one ran.
-    pub(crate) fn push(&self, op: Op) -> (usize, Option<Compacted>) {
+    /// Appends `op`; returns the depth after it, what a compaction removed if one ran, and
+    /// the op's position (see [`Queue::applied_through`]).
+    pub(crate) fn push(&self, op: Op) -> (usize, Option<Compacted>, u64) {
         let mut inner = self.lock();
         inner.bytes += op.payload_len();
+        inner.pushed += 1;
+        let position = inner.pushed;
         inner.ops.push_back(op);
         let mut compacted = None;
         if inner.ops.len() > self.capacity {
@@ -130,7 +147,17 @@ impl Queue {
         let depth = inner.ops.len();
         drop(inner);
         self.ready.notify_one();
-        (depth, compacted)
+        (depth, compacted, position)
+    }
+
+    /// The position through which Redis has every change (batches applied in order).
+    pub(crate) fn applied_through(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Records that Redis has every change through `position`.
+    pub(crate) fn applied(&self, position: u64) {
+        self.applied.fetch_max(position, Ordering::AcqRel);
     }
 
     /// Takes up to `max` changes from the front, with the count of data events dropped
@@ -140,7 +167,8 @@ impl Queue {
         let n = inner.ops.len().min(max);
         let ops: Vec<Op> = inner.ops.drain(..n).collect();
         inner.bytes -= ops.iter().map(Op::payload_len).sum::<usize>();
-        Taken { ops, dropped: std::mem::take(&mut inner.dropped) }
+        let through = inner.pushed - inner.ops.len() as u64;
+        Taken { ops, dropped: std::mem::take(&mut inner.dropped), through, lost: std::mem::take(&mut inner.lost) }
     }
 
     /// Changes waiting now.
@@ -175,17 +203,28 @@ impl Queue {
     }
 }
 
+/// Notes the session of a dropped data event `op`, once.
+fn note_lost(lost: &mut Vec<(u64, u64)>, op: &Op) {
+    if let Op::Data { uid, session, .. } = op {
+        if lost.last() != Some(&(*uid, *session)) && !lost.contains(&(*uid, *session)) {
+            lost.push((*uid, *session));
+        }
+    }
+}
+
 /// Drops the oldest data events until at most `keep` payload bytes are held: half the
 /// bound, so a stream of large frames sheds in few passes instead of one per frame.
 fn shed_data(inner: &mut Inner, keep: usize) -> Compacted {
     let mut data = 0;
     let mut bytes = inner.bytes;
+    let lost = &mut inner.lost;
     inner.ops.retain(|op| {
         if bytes <= keep || !matches!(op, Op::Data { .. }) {
             return true;
         }
         bytes -= op.payload_len();
         data += 1;
+        note_lost(lost, op);
         false
     });
     inner.bytes = bytes;
@@ -196,8 +235,15 @@ fn shed_data(inner: &mut Inner, keep: usize) -> Compacted {
 /// waiting here (Redis never saw it begin, so it need not see it end).
 fn compact(inner: &mut Inner) -> Compacted {
     let ops = &mut inner.ops;
+    let lost = &mut inner.lost;
     let before = ops.len();
-    ops.retain(|op| !matches!(op, Op::Data { .. }));
+    ops.retain(|op| {
+        let data = matches!(op, Op::Data { .. });
+        if data {
+            note_lost(lost, op);
+        }
+        !data
+    });
     inner.bytes = 0;
     let data = before - ops.len();
     let unseen: HashSet<u64> = ops.iter().filter(|op| matches!(op, Op::Online { .. })).map(Op::session).collect();
@@ -236,7 +282,7 @@ mod tests {
     fn compaction_keeps_every_end_redis_needs_and_every_live_login() {
         let q = Queue::new(5, usize::MAX);
         // Session 1 reached Redis before the outage: only its end is here.
-        assert_eq!(q.push(offline(1, 1)), (1, None));
+        assert_eq!(q.push(offline(1, 1)), (1, None, 1));
         q.push(online(2, 2));
         q.push(Op::Data {
             uid: 2,
@@ -248,9 +294,12 @@ mod tests {
         });
         q.push(offline(2, 2));
         q.push(online(3, 3));
-        let (depth, compacted) = q.push(online(4, 4));
+        let (depth, compacted, _) = q.push(online(4, 4));
         assert_eq!((depth, compacted), (3, Some(Compacted { data: 1, sessions: 1 })));
-        assert_eq!(q.take(10), Taken { ops: vec![offline(1, 1), online(3, 3), online(4, 4)], dropped: 1 });
+        assert_eq!(
+            q.take(10),
+            Taken { ops: vec![offline(1, 1), online(3, 3), online(4, 4)], dropped: 1, through: 6, lost: vec![(2, 2)] }
+        );
     }
 
     #[test]
@@ -278,12 +327,15 @@ mod tests {
         q.push(online(1, 1));
         q.push(data(1));
         q.push(data(2));
-        let (_, compacted) = q.push(data(3));
+        let (_, compacted, _) = q.push(data(3));
         // 300 bytes > 250: the oldest data goes until at most half the bound is held.
         assert_eq!(compacted, Some(Compacted { data: 2, sessions: 0 }));
         assert_eq!(q.bytes(), 100);
         q.push(offline(1, 1));
-        assert_eq!(q.take(10), Taken { ops: vec![online(1, 1), data(3), offline(1, 1)], dropped: 2 });
+        assert_eq!(
+            q.take(10),
+            Taken { ops: vec![online(1, 1), data(3), offline(1, 1)], dropped: 2, through: 5, lost: vec![(1, 1)] }
+        );
         assert!(q.is_drained());
     }
 }

@@ -157,15 +157,24 @@ end
 /// that replaces it, announced in the same batch, is no user-level transition and settles
 /// it; otherwise the batch ends by logging it.
 ///
-/// Returns `{status, epoch}`: status -1 if the member was reaped (nothing changed), 0 for
-/// a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
-/// applied marker was behind what the member had applied: Redis lost writes.
+/// Returns `{status, epoch, dropped}`: status -1 if the member was reaped (nothing changed),
+/// 0 for a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
+/// applied marker was behind what the member had applied: Redis lost writes. `dropped`
+/// lists, comma-separated, the `uid:session` whose data events the batch dropped because
+/// the session was no longer held (a login elsewhere took it over meanwhile): their
+/// clients must not be told their data was taken (an MQTT PUBACK), so their node ends them.
 const APPLY: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
 local seq, prev = tonumber(ARGV[3]), tonumber(ARGV[4])
 local applied = tonumber(redis.call('GET', KEYS[4]) or '0')
-if seq <= applied then return {0, redis.call('HGET', KEYS[3], 'epoch') or ''} end
+local dropped_key = KEYS[4] .. ':dropped'
+if seq <= applied then
+  return {0, redis.call('HGET', KEYS[3], 'epoch') or '', redis.call('GET', dropped_key) or ''}
+end
 redis.call('SET', KEYS[4], seq)
+-- `uid:session` of sessions whose data events this batch dropped (no longer held: taken
+-- over meanwhile), kept for a retry's answer.
+local dropped = {}
 local ev = emitter(KEYS[2], KEYS[3], ARGV[5], ARGV[6])
 local status = 1
 if applied < prev then
@@ -273,6 +282,8 @@ for i = 8, #ARGV, 6 do
       else
         ev.emit('t', 'data', 'uid', uid, 'p', x, 'at', at)
       end
+    elseif dropped[#dropped] ~= uid .. ':' .. s then
+      dropped[#dropped + 1] = uid .. ':' .. s
     end
   end
 end
@@ -283,7 +294,9 @@ for _, uid in ipairs(owed_order) do
   end
 end
 ev.save()
-return {status, ev.epoch()}
+local lost = table.concat(dropped, ',')
+redis.call('SET', dropped_key, lost)
+return {status, ev.epoch(), lost}
 "#;
 
 /// Claims the reaping of a member whose lease ran out, or renews this node's claim, and

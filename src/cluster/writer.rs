@@ -61,8 +61,9 @@ struct Progress {
 /// How one batch ended.
 #[derive(Debug)]
 enum Applied {
-    /// In Redis; the logins a newer login elsewhere had superseded, to end here.
-    Written { superseded: Vec<(u64, u64)> },
+    /// In Redis; the logins a newer login elsewhere had superseded, to end here, and the
+    /// sessions whose data events Redis dropped (taken over meanwhile), to end here too.
+    Written { superseded: Vec<(u64, u64)>, dropped: Vec<(u64, u64)> },
     /// The member was reaped: nothing of the batch reached Redis but the routes it set.
     Fenced { routes: Vec<(u64, u64)> },
 }
@@ -126,19 +127,34 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 }
             }
         };
+        let registry = cluster.registry();
+        // Sessions whose data events did not reach the stream end before the position
+        // moves on: a client is never told its data was taken (an MQTT PUBACK waits for
+        // the position) when it was not.
+        for &(uid, session) in &batch.lost {
+            registry.end_session(uid, session, CloseReason::ServerFull);
+        }
         match outcome {
-            Applied::Written { superseded } => {
+            Applied::Written { superseded, dropped } => {
                 progress.member = Some(member);
                 progress.prev = progress.seq;
-                let registry = cluster.registry();
-                for (uid, session) in superseded {
+                for (uid, session) in superseded.into_iter().chain(dropped) {
                     registry.kick_session(uid, session, None);
                 }
             }
             Applied::Fenced { routes } => {
+                // Nothing of the batch is in Redis: the data in it is lost with it.
+                for (uid, session) in data_sessions(&batch.ops) {
+                    registry.end_session(uid, session, CloseReason::NodeLost);
+                }
                 cluster.rejoin(&member);
                 unroute(&cluster, &member, &routes, &stop).await;
             }
+        }
+        cluster.queue.applied(batch.through);
+        // MQTT sessions that sent data may owe PUBACKs now due.
+        for (uid, session) in data_sessions(&batch.ops) {
+            registry.wake_session(uid, session);
         }
         cluster.health.writing.store(false, Ordering::Release);
     }
@@ -212,7 +228,35 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
     }
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
     finish(cluster, &answer).await?;
-    Ok(Applied::Written { superseded })
+    Ok(Applied::Written { superseded, dropped: dropped_of(&answer) })
+}
+
+/// `(uid, session)` of the sessions with data events in `ops`, each once.
+fn data_sessions(ops: &[Op]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for op in ops {
+        if let Op::Data { uid, session, .. } = op {
+            if out.last() != Some(&(*uid, *session)) && !out.contains(&(*uid, *session)) {
+                out.push((*uid, *session));
+            }
+        }
+    }
+    out
+}
+
+/// `APPLY`'s third answer: the `uid:session` (hex) pairs whose data events it dropped.
+fn dropped_of(answer: &Value) -> Vec<(u64, u64)> {
+    let Value::Array(parts) = answer else { return Vec::new() };
+    let text = match parts.get(2) {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => return Vec::new(),
+    };
+    text.split(',')
+        .filter_map(|pair| {
+            let (uid, session) = pair.split_once(':')?;
+            Some((uid.parse().ok()?, u64::from_str_radix(session, 16).ok()?))
+        })
+        .collect()
 }
 
 /// Per op, whether its route step runs: every one but the route deletion of a session a

@@ -102,8 +102,12 @@ pub trait EventSink: Send + Sync + std::fmt::Debug {
     fn online(&self, session: &Session, first: bool, at_ms: u64);
     /// A session ended with `reason` (the last of its uid on this node when `last`).
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64);
-    /// A live session sent a DATA frame (an MQTT PUBLISH: on `topic`).
-    fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64);
+    /// A live session sent a DATA frame (an MQTT PUBLISH: on `topic`); returns its position
+    /// among the changes the sink takes to its store (see [`EventSink::durable_through`]).
+    fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) -> u64;
+    /// The position through which the store has every change: a data event at or below it
+    /// is in the shared stream, unless its session was ended for losing it.
+    fn durable_through(&self) -> u64;
     /// A live MQTT session's will, for an ending this node may not live to log.
     fn will(&self, session: &Session, will: &Will, at_ms: u64);
 }
@@ -356,21 +360,28 @@ impl EventLog {
     }
 
     /// Appends a data event for a DATA frame of `session` (an MQTT PUBLISH: with its
-    /// `topic`); dropped if the session has ended. Returns whether it was logged.
-    pub fn data(&self, session: &Session, payload: Bytes, topic: Option<&str>) -> bool {
+    /// `topic`); dropped if the session has ended. Returns `None` if it was dropped, else
+    /// the position it is durable at: 0 in this process's own log (at once), or its place
+    /// among a cluster's changes, durable once [`EventLog::durable_through`] reaches it.
+    pub fn data(&self, session: &Session, payload: Bytes, topic: Option<&str>) -> Option<u64> {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         if !session.is_live() {
-            return false;
+            return None;
         }
         if let Some(sink) = &self.sink {
-            sink.data(session, &payload, topic, at_ms);
+            let position = sink.data(session, &payload, topic, at_ms);
             self.metrics.event("data");
-            return true;
+            return Some(position);
         }
         self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::data(payload, topic) });
         self.appended_done(inner);
-        true
+        Some(0)
+    }
+
+    /// The position through which data events are durable (see [`EventLog::data`]).
+    pub fn durable_through(&self) -> u64 {
+        self.sink.as_ref().map_or(u64::MAX, |sink| sink.durable_through())
     }
 
     /// Keeps `will` for `session`'s offline event, if the session is still live (under the
@@ -591,9 +602,9 @@ mod tests {
         let start = log.last_id();
         let s = Session::new(7, 1, 0, crate::presence::Handle::NONE);
         log.login([], &s, true);
-        assert!(log.data(&s, Bytes::from_static(b"hi"), None));
+        assert_eq!(log.data(&s, Bytes::from_static(b"hi"), None), Some(0), "durable at once here");
         s.end(CloseReason::Logout);
-        assert!(!log.data(&s, Bytes::from_static(b"late"), None), "no data after the end");
+        assert_eq!(log.data(&s, Bytes::from_static(b"late"), None), None, "no data after the end");
         log.report_ends([&s]);
         log.report_ends([&s]);
         let batch = log.read(start);

@@ -293,6 +293,24 @@ impl Registry {
         }
     }
 
+    /// Ends `uid`'s session `session` for `reason`, if it is still live.
+    pub fn end_session(&self, uid: u64, session: u64, reason: CloseReason) -> bool {
+        match self.sessions_of(uid, None).into_iter().find(|s| s.id() == session) {
+            Some(live) => self.leave(&live, reason) == reason,
+            None => false,
+        }
+    }
+
+    /// Wakes the connection of `uid`'s session `session`, if it is live and an MQTT one:
+    /// acknowledgements it owes may be due (the cluster has its data).
+    pub fn wake_session(&self, uid: u64, session: u64) {
+        if let Some(live) = self.sessions_of(uid, None).into_iter().find(|s| s.id() == session) {
+            if live.filters_pushes() {
+                live.wake();
+            }
+        }
+    }
+
     /// Every live session now, for a reconcile with a shared store.
     pub fn live_sessions(&self) -> Vec<Arc<Session>> {
         let leads = self.sessions.iter().map(|e| e.value().clone());

@@ -35,6 +35,10 @@ pub(crate) trait Out {
     fn pings(&self) -> bool {
         false
     }
+
+    /// The DATA just taken is durable at `position` (see [`crate::presence::EventLog::data`]):
+    /// its acknowledgement (an MQTT PUBACK) waits until then.
+    fn logged(&mut self, _position: u64) {}
 }
 
 /// A stream transport's output buffer: frames length-prefixed, back to back.
@@ -49,8 +53,9 @@ impl Out for BytesMut {
 pub(crate) enum Wake {
     /// Someone ended the session (an expiry, a kick, shutdown): close with this reason.
     End(CloseReason),
-    /// Pushes to send, and (`ping`) a ping for a client silent for a third of the timeout.
-    Push { pushes: Vec<Push>, ping: bool },
+    /// Pushes to send, (`ping`) a ping for a client silent for a third of the timeout, and
+    /// the position through which its data is durable, for acknowledgements it owes.
+    Push { pushes: Vec<Push>, ping: bool, durable: u64 },
 }
 
 /// The protocol state of one connection.
@@ -109,7 +114,11 @@ impl Machine {
         let session = self.session.as_deref()?;
         Some(match session.end_reason() {
             Some(reason) => Wake::End(reason),
-            None => Wake::Push { pushes: self.gateway.registry.take_pushes(session), ping: session.take_ping() },
+            None => Wake::Push {
+                pushes: self.gateway.registry.take_pushes(session),
+                ping: session.take_ping(),
+                durable: self.gateway.registry.events().durable_through(),
+            },
         })
     }
 
@@ -135,7 +144,7 @@ impl Machine {
             (Some(_), Frame::Data(payload)) => {
                 // Copied to a buffer of its own size: the frame's bytes live in the worker's
                 // read buffer, which the log must not keep alive.
-                self.data(Bytes::copy_from_slice(&payload), None)
+                self.data(Bytes::copy_from_slice(&payload), None, out)
             }
             (Some(_), Frame::Logout) => Err((CloseReason::Logout, String::new())),
             (None, Frame::Ping(_) | Frame::Data(_) | Frame::Logout) => {
@@ -148,12 +157,17 @@ impl Machine {
     }
 
     /// An MQTT PUBLISH: a DATA on `topic`, its payload already in a buffer of its own.
-    pub(crate) fn on_publish(&mut self, topic: Arc<str>, payload: Bytes) -> Result<(), Close> {
+    pub(crate) fn on_publish(
+        &mut self,
+        topic: Arc<str>,
+        payload: Bytes,
+        out: &mut (impl Out + ?Sized),
+    ) -> Result<(), Close> {
         if self.session.is_none() {
             return Err((CloseReason::ProtocolError, "PUBLISH before CONNECT".into()));
         }
         self.gateway.metrics.frame(&Frame::Data(Bytes::new()));
-        self.data(payload, Some(&topic))
+        self.data(payload, Some(&topic), out)
     }
 
     /// An MQTT CONNECT: the LOGIN of a session that takes only the pushes it subscribes to,
@@ -200,12 +214,13 @@ impl Machine {
     /// did not take (its session ended since the tick's touch: a kick, a takeover) closes
     /// the connection with the session's reason, so an MQTT PUBLISH is never acknowledged
     /// for data nobody will see, and the client sends it again on its next connection.
-    fn data(&mut self, payload: Bytes, topic: Option<&str>) -> Result<(), Close> {
+    fn data(&mut self, payload: Bytes, topic: Option<&str>, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
         let now = self.activity()?;
         self.data_allowed(now)?;
         if let Some(session) = &self.session {
-            if !self.gateway.registry.events().data(session, payload, topic) {
-                return Err((session.end_reason().unwrap_or(CloseReason::Kicked), String::new()));
+            match self.gateway.registry.events().data(session, payload, topic) {
+                Some(position) => out.logged(position),
+                None => return Err((session.end_reason().unwrap_or(CloseReason::Kicked), String::new())),
             }
         }
         Ok(())
@@ -363,9 +378,9 @@ mod tests {
         let gateway = Gateway::new(Config::default());
         let mut machine = Machine::new(gateway.clone());
         login(&mut machine, 7);
-        assert_eq!(machine.on_publish("t".into(), Bytes::from_static(b"before")), Ok(()));
+        assert_eq!(machine.on_publish("t".into(), Bytes::from_static(b"before"), &mut BytesMut::new()), Ok(()));
         assert_eq!(gateway.registry.kick(7, None), 1);
-        let after = machine.on_publish("t".into(), Bytes::from_static(b"after"));
+        let after = machine.on_publish("t".into(), Bytes::from_static(b"after"), &mut BytesMut::new());
         assert_eq!(after.map_err(|(reason, _)| reason), Err(CloseReason::Kicked));
         let mut tcp = Machine::new(gateway.clone());
         login(&mut tcp, 8);

@@ -126,6 +126,18 @@ pub(crate) trait Framing {
     /// (a WebSocket ping); nothing else.
     fn encode_ping(&mut self, _out: &mut BytesMut) {}
 
+    /// The DATA of the unit decoded last is durable at `position`: an acknowledgement it is
+    /// owed waits until [`Framing::release`] reaches it (0: durable already).
+    fn logged(&mut self, _position: u64) {}
+
+    /// Whether acknowledgements wait for their data to become durable.
+    fn owes(&self) -> bool {
+        false
+    }
+
+    /// Appends the acknowledgements whose data is durable through `through`.
+    fn release(&mut self, _through: u64, _out: &mut BytesMut) {}
+
     /// The longest frame it accepts: the bound on unread replies derives from it.
     fn max_frame_bytes(&self) -> u32;
 
@@ -146,6 +158,10 @@ impl<F: Framing> Out for Encoded<'_, F> {
 
     fn pings(&self) -> bool {
         F::WEBSOCKET
+    }
+
+    fn logged(&mut self, position: u64) {
+        self.framing.logged(position);
     }
 
     fn subscribed(&mut self, granted: &[bool]) {
@@ -266,6 +282,17 @@ impl<L: Layer, F: Framing> Connection<L, F> {
                 }
                 conn.framing.encode_push(push, plain);
             }
+            Ok(())
+        })
+    }
+
+    /// Writes the acknowledgements now due (see [`Framing::release`]).
+    pub(crate) fn release(&mut self, through: u64) -> Result<(), Close> {
+        if !self.framing.owes() {
+            return Ok(());
+        }
+        self.write_with(|conn, plain, _| {
+            conn.framing.release(through, plain);
             Ok(())
         })
     }

@@ -174,10 +174,10 @@ fn logged_in<L: Layer, F: Framing>(
         if machine.session().is_some_and(|session| session.poll_woken(cx).is_ready()) {
             let step = match machine.on_wake() {
                 Some(Wake::End(reason)) => Err((reason, String::new())),
-                Some(Wake::Push { pushes, ping }) => conn.send(&pushes).and_then(|()| match ping {
-                    true => conn.ping(),
-                    false => Ok(()),
-                }),
+                Some(Wake::Push { pushes, ping, durable }) => conn
+                    .send(&pushes)
+                    .and_then(|()| if ping { conn.ping() } else { Ok(()) })
+                    .and_then(|()| conn.release(durable)),
                 None => Ok(()),
             };
             if let Err(close) = step {
@@ -210,7 +210,7 @@ fn on_input(machine: &mut Machine, input: Input, out: &mut dyn crate::protocol::
     match input {
         Input::Frame(frame) => machine.on_frame(frame, out),
         Input::Activity => machine.on_activity(),
-        Input::Publish { topic, payload } => machine.on_publish(topic, payload),
+        Input::Publish { topic, payload } => machine.on_publish(topic, payload, out),
         Input::Connect { login, will } => machine.on_connect(login, will, out),
         Input::Subscribe { filters, max_packet } => machine.on_subscriptions(&filters, Some(max_packet), out),
         Input::Unsubscribe(filters) => machine.on_subscriptions(&filters, None, out),

@@ -140,9 +140,19 @@ pub(crate) struct Mqtt {
     client_max_packet: u32,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
     owed_ack: Option<u16>,
-    /// A SUBSCRIBE's SUBACK, written once the machine said which filters it holds: boxed,
-    /// so an idle connection pays a pointer for it.
-    owed_suback: Option<Box<Suback>>,
+    /// What is owed beyond the next PUBACK, boxed so an idle connection pays a pointer for
+    /// it: a SUBSCRIBE's SUBACK (once the machine said which filters it holds), and in a
+    /// cluster the PUBACKs waiting for their data to be durable.
+    owed: Option<Box<Owed>>,
+}
+
+/// See [`Mqtt::owed`].
+#[derive(Default)]
+struct Owed {
+    suback: Option<Suback>,
+    /// `(packet id, position)` in the order the PUBLISHes came: each PUBACK goes once the
+    /// cluster has its data ([MQTT-4.6.0-2] keeps them in this order).
+    acks: std::collections::VecDeque<(u16, u64)>,
 }
 
 /// A SUBACK being made: the packet id, a code per filter, and where the codes of the
@@ -166,7 +176,7 @@ impl Mqtt {
             anonymous: false,
             client_max_packet: u32::MAX,
             owed_ack: None,
-            owed_suback: None,
+            owed: None,
         }
     }
 
@@ -281,6 +291,18 @@ impl Framing for Mqtt {
         self.decide(granted);
     }
 
+    fn logged(&mut self, position: u64) {
+        Mqtt::logged(self, position);
+    }
+
+    fn owes(&self) -> bool {
+        Mqtt::owes(self)
+    }
+
+    fn release(&mut self, through: u64, out: &mut BytesMut) {
+        Mqtt::release(self, through, out);
+    }
+
     fn max_frame_bytes(&self) -> u32 {
         self.max_packet_bytes
     }
@@ -369,7 +391,7 @@ impl Mqtt {
                         }
                     }
                 }
-                self.owed_suback = Some(Box::new(suback));
+                self.owed.get_or_insert_with(Box::default).suback = Some(suback);
                 Ok(Some(Input::Subscribe { filters: valid, max_packet: self.client_max_packet }))
             }
             (_, Packet::Unsubscribe(unsubscribe)) => {
@@ -412,8 +434,44 @@ impl Mqtt {
             out.put_slice(&[packet::PUBACK, 2]);
             out.put_u16(id);
         }
-        if let Some(suback) = self.owed_suback.take() {
+        if let Some(suback) = self.owed.as_deref_mut().and_then(|owed| owed.suback.take()) {
             put_suback(out, self.version, packet::SUBACK, suback.id, &suback.codes);
+        }
+        self.drop_owed_if_empty();
+    }
+
+    /// The PUBLISH decoded last has its DATA at `position` (0: durable already): its PUBACK
+    /// waits for [`Mqtt::release`] past it, after those before it.
+    pub(crate) fn logged(&mut self, position: u64) {
+        let deferred = self.owed.as_ref().is_some_and(|owed| !owed.acks.is_empty());
+        if position == 0 && !deferred {
+            return;
+        }
+        if let Some(id) = self.owed_ack.take() {
+            self.owed.get_or_insert_with(Box::default).acks.push_back((id, position));
+        }
+    }
+
+    /// Whether PUBACKs wait for their data.
+    pub(crate) fn owes(&self) -> bool {
+        self.owed.as_ref().is_some_and(|owed| !owed.acks.is_empty())
+    }
+
+    /// The PUBACKs whose data is durable through `through`, in order.
+    pub(crate) fn release(&mut self, through: u64, out: &mut BytesMut) {
+        if let Some(owed) = self.owed.as_deref_mut() {
+            while let Some(&(id, _)) = owed.acks.front().filter(|(_, at)| *at <= through) {
+                owed.acks.pop_front();
+                out.put_slice(&[packet::PUBACK, 2]);
+                out.put_u16(id);
+            }
+        }
+        self.drop_owed_if_empty();
+    }
+
+    fn drop_owed_if_empty(&mut self) {
+        if self.owed.as_ref().is_some_and(|owed| owed.suback.is_none() && owed.acks.is_empty()) {
+            self.owed = None;
         }
     }
 
@@ -421,7 +479,7 @@ impl Mqtt {
     /// `--mqtt-max-subscriptions` is refused (0x97 Quota exceeded; 3.1.1's 0x80).
     pub(crate) fn decide(&mut self, granted: &[bool]) {
         let refused = if self.version == LEVEL_5 { code5::QUOTA_EXCEEDED } else { code311::SUBSCRIBE_FAILURE };
-        if let Some(suback) = self.owed_suback.as_deref_mut() {
+        if let Some(suback) = self.owed.as_deref_mut().and_then(|owed| owed.suback.as_mut()) {
             debug_assert_eq!(suback.decided.len(), granted.len(), "one outcome per valid filter");
             for (&at, &ok) in suback.decided.iter().zip(granted) {
                 if !ok {

@@ -413,6 +413,24 @@ impl Framing for WebSocket {
         }
     }
 
+    fn logged(&mut self, position: u64) {
+        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+            mqtt.logged(position);
+        }
+    }
+
+    fn owes(&self) -> bool {
+        self.mqtt.as_deref().is_some_and(Mqtt::owes)
+    }
+
+    fn release(&mut self, through: u64, out: &mut BytesMut) {
+        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+            let at = open_message(out);
+            mqtt.release(through, out);
+            close_message(out, at);
+        }
+    }
+
     fn max_frame_bytes(&self) -> u32 {
         self.max_frame_bytes
     }
