@@ -39,18 +39,16 @@ window.done = Promise.all(URLS.map((url, i) => new Promise((resolve) => {
 "started"
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001() {
-    let Some(browser) = chromium() else { return };
-    // The gateway's pings off: the browser would answer them and never fall silent.
-    let config = idlegate::Config { ws_keepalive_pings: false, ..common::browser::config() };
-    let (mut server, ca, _dir) = server_with(config).await;
-    let Some(ca) = ca else { return };
-    let profile = tempfile::tempdir().unwrap();
+/// Chromium with one page whose sockets on `ws` and `wss` (uids 1 and 2) have logged in.
+async fn logged_in_on_both_doors(
+    browser: &std::path::Path,
+    server: &common::TestServer,
+    ca: &common::tls::TestCa,
+    profile: &std::path::Path,
+) -> (tokio::process::Child, Page) {
     let trust = trust(&ca.dir.join("gateway.pem"));
-    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
+    let (chromium, browser_http) = launch(browser, profile, &[trust]).await;
     let mut page = Page::open(&browser_http, "about:blank").await;
-
     let wss = server.wss.unwrap();
     let urls = format!(r#"["ws://{}{WS_PATH}", "wss://localhost:{}{WS_PATH}"]"#, server.ws, wss.port());
     let script = START
@@ -63,6 +61,18 @@ async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001()
         assert!(tokio::time::Instant::now() < deadline, "the browser never logged in on both doors");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (chromium, page)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_logs_in_over_ws_and_wss_receives_a_push_and_sees_close_4001() {
+    let Some(browser) = chromium() else { return };
+    // The gateway's pings off: the browser would answer them and never fall silent.
+    let config = idlegate::Config { ws_keepalive_pings: false, ..common::browser::config() };
+    let (mut server, ca, _dir) = server_with(config).await;
+    let Some(ca) = ca else { return };
+    let profile = tempfile::tempdir().unwrap();
+    let (mut chromium, mut page) = logged_in_on_both_doors(&browser, &server, &ca, profile.path()).await;
     let payload = base64::engine::general_purpose::STANDARD.encode(b"hi");
     let body = serde_json::json!({"uids": [1, 2], "payload": payload});
     let (status, answer) = http(server.api, "POST", "/v1/push", &[], &body.to_string()).await;
@@ -98,21 +108,7 @@ async fn a_silent_page_stays_online_on_the_browser_s_own_pongs() {
     let (mut server, ca, _dir) = server_with(common::browser::config()).await;
     let Some(ca) = ca else { return };
     let profile = tempfile::tempdir().unwrap();
-    let trust = trust(&ca.dir.join("gateway.pem"));
-    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
-    let mut page = Page::open(&browser_http, "about:blank").await;
-    let wss = server.wss.unwrap();
-    let urls = format!(r#"["ws://{}{WS_PATH}", "wss://localhost:{}{WS_PATH}"]"#, server.ws, wss.port());
-    let script = START
-        .replace("URLS", &urls)
-        .replace("LOGIN", &kind::LOGIN.to_string())
-        .replace("WELCOME", &kind::WELCOME.to_string());
-    assert_eq!(page.eval(&script).await, "started");
-    let deadline = tokio::time::Instant::now() + common::browser::WAIT;
-    while page.eval("window.online").await != 2 {
-        assert!(tokio::time::Instant::now() < deadline, "the browser never logged in on both doors");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (mut chromium, mut page) = logged_in_on_both_doors(&browser, &server, &ca, profile.path()).await;
     // Three timeouts of silence from the page.
     tokio::time::sleep(common::browser::config().timeout * 3).await;
     for uid in [1, 2] {
