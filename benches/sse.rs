@@ -56,7 +56,7 @@ fn main() {
         for w in writers {
             held.push(w.await.unwrap());
         }
-        while metrics.event_count("data") < EVENTS {
+        while metrics.event_count(idlegate::EventKind::Data) < EVENTS {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         println!("filled the log with {EVENTS} data events in {:.2} s", fill.elapsed().as_secs_f64());

@@ -61,8 +61,8 @@ pub use presence::{
     READ_BATCH,
 };
 pub use proto::{
-    kind, retry_hint, retry_text, CloseReason, Device, DeviceError, Frame, FrameCodec, FrameError, Transport,
-    BYE_CLOSE_BASE, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES, TLS_ALPN, WS_PATH,
+    kind, retry_hint, retry_text, CloseReason, Device, DeviceError, EventKind, Frame, FrameCodec, FrameError,
+    Transport, BYE_CLOSE_BASE, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES, TLS_ALPN, WS_PATH,
 };
 pub use server::{Listeners, Server};
 pub use transport::accept_key;

@@ -339,11 +339,11 @@ async fn every_login_data_frame_and_session_end_is_one_event_in_order() {
     marker.login(99).await;
     events.expect("online", 99).await;
     events.expect("user_online", 99).await;
-    assert_eq!(server.metrics.event_count("online"), 7);
-    assert_eq!(server.metrics.event_count("user_online"), 6);
-    assert_eq!(server.metrics.event_count("user_offline"), 5);
-    assert_eq!(server.metrics.event_count("data"), 2);
-    assert_eq!(server.metrics.event_count("offline"), 6);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::Online), 7);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOnline), 6);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOffline), 5);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::Data), 2);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::Offline), 6);
     // Shutdown ends the stream, after the last offline (shutdown) events.
     server.shutdown().await;
     assert_eq!(events.expect("offline", 99).await.data["reason"], json!("shutdown"));
@@ -380,7 +380,7 @@ async fn a_consumer_resumes_after_its_last_id_and_learns_of_a_gap() {
     for _ in 0..10 {
         c.send(Frame::Data(Bytes::from_static(b"more"))).await;
     }
-    while server.metrics.event_count("data") < 14 {
+    while server.metrics.event_count(idlegate::EventKind::Data) < 14 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (_, mut late) = Sse::open(server.api, &format!("/v1/events?after={}", first.id), &[]).await;
@@ -447,7 +447,7 @@ async fn a_consumer_that_never_reads_costs_the_gateway_nothing() {
         t.await.unwrap();
     }
     let m = &server.metrics;
-    assert_eq!(m.event_count("offline"), SESSIONS);
+    assert_eq!(m.event_count(idlegate::EventKind::Offline), SESSIONS);
     assert!(m.event_log_events.get() <= 1_000, "the log holds {}", m.event_log_events.get());
     drop(stuck);
     for _ in 0..200 {

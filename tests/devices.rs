@@ -147,8 +147,8 @@ async fn a_device_over_the_limit_evicts_the_least_recently_active_and_a_relogin_
     a2.expect_bye(CloseReason::Kicked).await;
     assert_eq!(events.expect("offline", 5).await.data["device"], json!("a"));
     assert_eq!(events.expect("user_offline", 5).await.data["reason"], json!("kicked"));
-    assert_eq!(server.metrics.event_count("user_online"), 1);
-    assert_eq!(server.metrics.event_count("user_offline"), 1);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOnline), 1);
+    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOffline), 1);
     server.shutdown().await;
 }
 

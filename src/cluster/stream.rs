@@ -21,7 +21,7 @@ use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{within_batch_budget, Batch, Event, EventId, What, Will, READ_BATCH};
-use crate::proto::{CloseReason, Device};
+use crate::proto::{CloseReason, Device, EventKind};
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
 /// may itself be reconnecting.
@@ -206,17 +206,24 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             _ => {}
         }
     }
-    let what = match kind.as_deref()? {
-        "online" => What::Online { session: session?, device: device.unwrap_or_default(), node },
-        "offline" => {
+    let kind = kind?;
+    if kind == "epoch" {
+        return Some(Entry::Epoch(id));
+    }
+    let what = match kind.parse::<EventKind>() {
+        Ok(EventKind::Online) => What::Online { session: session?, device: device.unwrap_or_default(), node },
+        Ok(EventKind::Offline) => {
             let will = will_topic.map(|topic| Arc::new(Will { topic, payload: will_payload.unwrap_or_default() }));
             What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will }
         }
-        "user_online" => What::UserOnline,
-        "user_offline" => What::UserOffline { reason: reason? },
-        "data" => What::Data { payload: payload.unwrap_or_default(), topic },
-        "epoch" => return Some(Entry::Epoch(id)),
-        _ => return None,
+        Ok(EventKind::UserOnline) => What::UserOnline,
+        Ok(EventKind::UserOffline) => What::UserOffline { reason: reason? },
+        Ok(EventKind::Data) => What::Data { payload: payload.unwrap_or_default(), topic },
+        Err(e) => {
+            // A newer node's kind this one does not know: skipped, and said.
+            tracing::warn!(id = %id, error = %e, "skipping an entry of the shared stream");
+            return None;
+        }
     };
     Some(Entry::Event(Event { id, at_ms, uid: uid?, what }))
 }

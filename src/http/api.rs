@@ -33,10 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
-use crate::metrics::EVENT_TYPES;
 use crate::presence::{session_hex, Batch, DirectoryError, Event, EventId, Located, NodeCount, Push, What};
 use crate::proto::mqtt::check_topic_name;
-use crate::proto::Device;
+use crate::proto::{Device, EventKind};
 
 /// Largest request body: 10,000 uids and a 64 KiB payload in base64 fit with room to spare.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -335,30 +334,24 @@ async fn kick(
     }
 }
 
-/// Which event types a consumer wants, by [`EVENT_TYPES`] index.
+/// Which event types a consumer wants, by [`EventKind::index`].
 #[derive(Debug, Clone, Copy)]
-struct Types([bool; EVENT_TYPES.len()]);
+struct Types([bool; EventKind::ALL.len()]);
 
 // === impl Types ===
 
 impl Types {
     fn parse(list: &str) -> Result<Types, ApiError> {
-        let mut wanted = [false; EVENT_TYPES.len()];
+        let mut wanted = [false; EventKind::ALL.len()];
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            let i = EVENT_TYPES.iter().position(|&t| t == word).ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "types: unknown event type {word:?}; expected one of {}",
-                    EVENT_TYPES.join(", ")
-                ))
-            })?;
-            wanted[i] = true;
+            let kind: EventKind = word.parse().map_err(|e| ApiError::bad_request(format!("types: {e}")))?;
+            wanted[kind.index()] = true;
         }
         Ok(Types(wanted))
     }
 
     fn wants(&self, what: &What) -> bool {
-        let i = EVENT_TYPES.iter().position(|&t| t == what.name()).unwrap_or(0);
-        self.0[i]
+        self.0[what.kind().index()]
     }
 }
 
@@ -366,7 +359,7 @@ impl Types {
 async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Request) -> Result<Response, ApiError> {
     let mut after = None;
     let mut tail = None;
-    let mut types = Types([true; EVENT_TYPES.len()]);
+    let mut types = Types([true; EventKind::ALL.len()]);
     for (key, value) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
         match &*key {
             "after" => after = Some(parse_event_id("after", &value)?),

@@ -38,9 +38,7 @@ pub const HANDSHAKE_RESULTS: [&str; 4] = ["ok", "error", "timeout", "closed"];
 /// about a millisecond, one over a mobile network a few hundred.
 const HANDSHAKE_BUCKETS: [f64; 12] = [5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
-/// Event types, as the event stream names them, `?types=` selects them and
-/// `idlegate_events_total` counts them.
-pub const EVENT_TYPES: [&str; 5] = ["online", "offline", "user_online", "user_offline", "data"];
+use crate::proto::EventKind;
 
 /// The gateway's metrics; see the module documentation.
 pub struct Metrics {
@@ -282,7 +280,7 @@ impl Metrics {
         let events_vec = IntCounterVec::new(Opts::new("idlegate_events_total", "events logged, by type"), &["type"])
             .expect("valid counter vec");
         reg(Box::new(events_vec.clone()));
-        let events = EVENT_TYPES.iter().map(|t| events_vec.with_label_values(&[t])).collect();
+        let events = EventKind::ALL.iter().map(|k| events_vec.with_label_values(&[k.name()])).collect();
         let event_log_events = gauge("idlegate_event_log_events", "events the in-memory event log holds");
         let event_consumers = gauge("idlegate_event_consumers", "consumers following /v1/events now");
         let api_requests = IntCounterVec::new(
@@ -452,16 +450,14 @@ impl Metrics {
         FRAME_KINDS.iter().position(|&(k, _)| k == kind).map_or(0, |i| self.frames[i].get())
     }
 
-    /// Counts a logged event by its type name.
-    pub fn event(&self, name: &str) {
-        if let Some(i) = EVENT_TYPES.iter().position(|&t| t == name) {
-            self.events[i].inc();
-        }
+    /// Counts a logged event of `kind`.
+    pub fn event(&self, kind: EventKind) {
+        self.events[kind.index()].inc();
     }
 
-    /// Events of type `name` logged so far.
-    pub fn event_count(&self, name: &str) -> u64 {
-        EVENT_TYPES.iter().position(|&t| t == name).map_or(0, |i| self.events[i].get())
+    /// Events of `kind` logged so far.
+    pub fn event_count(&self, kind: EventKind) -> u64 {
+        self.events[kind.index()].get()
     }
 
     /// Counts a backend API request by its route pattern and status code.

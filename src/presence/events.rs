@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::Session;
-use crate::proto::{CloseReason, Device};
+use crate::proto::{CloseReason, Device, EventKind};
 
 /// Events one read hands a consumer: large enough to amortize the lock, small enough that
 /// the lock is held for microseconds.
@@ -143,15 +143,20 @@ pub enum What {
 // === impl What ===
 
 impl What {
+    /// Its kind: the SSE event name and `?types=` word.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            What::Online { .. } => EventKind::Online,
+            What::Offline { .. } => EventKind::Offline,
+            What::UserOnline => EventKind::UserOnline,
+            What::UserOffline { .. } => EventKind::UserOffline,
+            What::Data { .. } => EventKind::Data,
+        }
+    }
+
     /// The SSE event name and `?types=` word.
     pub fn name(&self) -> &'static str {
-        match self {
-            What::Online { .. } => "online",
-            What::Offline { .. } => "offline",
-            What::UserOnline => "user_online",
-            What::UserOffline { .. } => "user_offline",
-            What::Data { .. } => "data",
-        }
+        self.kind().name()
     }
 
     /// Payload bytes a consumer is sent for this event.
@@ -253,12 +258,12 @@ impl Kept {
         }
     }
 
-    /// The session event's name, as [`What::name`] gives it.
-    fn name(&self) -> &'static str {
+    /// The session event's kind, as [`What::kind`] gives it.
+    fn kind(&self) -> EventKind {
         match self {
-            Kept::Online { .. } => "online",
-            Kept::Offline { .. } => "offline",
-            Kept::Data { .. } => "data",
+            Kept::Online { .. } => EventKind::Online,
+            Kept::Offline { .. } => EventKind::Offline,
+            Kept::Data { .. } => EventKind::Data,
         }
     }
 }
@@ -335,9 +340,9 @@ impl EventLog {
         }
         if let Some(sink) = &self.sink {
             sink.online(session, first, at_ms);
-            self.metrics.event("online");
+            self.metrics.event(EventKind::Online);
             if first {
-                self.metrics.event("user_online");
+                self.metrics.event(EventKind::UserOnline);
             }
             return;
         }
@@ -371,7 +376,7 @@ impl EventLog {
         }
         if let Some(sink) = &self.sink {
             let position = sink.data(session, &payload, topic, at_ms);
-            self.metrics.event("data");
+            self.metrics.event(EventKind::Data);
             return Some(position);
         }
         self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::data(payload, topic) });
@@ -526,9 +531,9 @@ impl EventLog {
             let will = inner.wills.remove(&session.id()).filter(|_| reason != CloseReason::Logout);
             if let Some(sink) = &self.sink {
                 sink.offline(session, reason, last, will.as_deref(), at_ms);
-                self.metrics.event("offline");
+                self.metrics.event(EventKind::Offline);
                 if last {
-                    self.metrics.event("user_offline");
+                    self.metrics.event(EventKind::UserOffline);
                 }
                 return;
             }
@@ -541,10 +546,10 @@ impl EventLog {
     fn push(&self, inner: &mut Inner, event: Logged) {
         inner.next_seq += 1;
         inner.bytes += event.payload_len();
-        self.metrics.event(event.kept.name());
+        self.metrics.event(event.kept.kind());
         match event.kept {
-            Kept::Online { first: true, .. } => self.metrics.event("user_online"),
-            Kept::Offline { last: true, .. } => self.metrics.event("user_offline"),
+            Kept::Online { first: true, .. } => self.metrics.event(EventKind::UserOnline),
+            Kept::Offline { last: true, .. } => self.metrics.event(EventKind::UserOffline),
             _ => {}
         }
         inner.events.push_back(event);

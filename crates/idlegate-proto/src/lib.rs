@@ -23,6 +23,7 @@ mod codec;
 mod device;
 mod door;
 mod error;
+mod event;
 mod frame;
 pub mod mqtt;
 mod retry;
@@ -34,6 +35,7 @@ pub use codec::{put_frame, FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_
 pub use device::{Device, DeviceError, MAX_DEVICE_BYTES};
 pub use door::{BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};
 pub use error::FrameError;
+pub use event::{EventKind, UnknownEventKind};
 pub use frame::{kind, CloseReason, Frame};
 pub use retry::{
     jittered_ms, retry_hint, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, RETRY_HINT, SHUTDOWN_RETRY_BASE,
