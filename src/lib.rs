@@ -33,6 +33,8 @@
 //!   place that wires the gateway together. `auth`, `error` and `descriptors` (running out
 //!   of file descriptors without going silent) serve all.
 
+#![forbid(unsafe_code)]
+
 mod auth;
 mod cluster;
 mod config;

@@ -201,3 +201,28 @@ fn the_wire_vocabulary_needs_no_runtime() {
         }
     }
 }
+
+/// Every library crate forbids unsafe code (the binary's one `mallopt` call is outside
+/// them, with its SAFETY comment), and the workspace names each shared dependency once.
+#[test]
+fn libraries_forbid_unsafe_code_and_share_their_dependencies() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for lib in ["src/lib.rs", "crates/idlegate-proto/src/lib.rs", "crates/idlegate-client/src/lib.rs"] {
+        let text = std::fs::read_to_string(root.join(lib)).unwrap();
+        assert!(text.contains("#![forbid(unsafe_code)]"), "{lib} does not forbid unsafe code");
+    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(manifest.contains("[workspace.dependencies]"), "no [workspace.dependencies]");
+    for member in
+        ["Cargo.toml", "loadtest/Cargo.toml", "crates/idlegate-proto/Cargo.toml", "crates/idlegate-client/Cargo.toml"]
+    {
+        let text = std::fs::read_to_string(root.join(member)).unwrap();
+        // The members' own tables, not the workspace's list itself.
+        let text = text.split("[workspace.package]").last().unwrap_or(&text);
+        for shared in ["bytes", "thiserror", "tokio", "rustls"] {
+            for line in text.lines().filter(|l| l.starts_with(&format!("{shared} ="))) {
+                assert!(line.contains("workspace = true"), "{member}: {line}");
+            }
+        }
+    }
+}

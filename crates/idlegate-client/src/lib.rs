@@ -36,6 +36,8 @@
 //! The wire vocabulary (frames, codec, close reasons, retry hints) is the `idlegate-proto`
 //! crate, re-exported here as [`proto`].
 
+#![forbid(unsafe_code)]
+
 mod backoff;
 mod client;
 mod conn;

@@ -19,6 +19,8 @@
 //! assert_eq!(codec.decode(&mut wire).unwrap(), Some(Frame::Ping(Bytes::from_static(b"t0"))));
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod codec;
 mod device;
 mod door;
