@@ -29,6 +29,11 @@ use crate::wire::Wire;
 /// second login under way when it began lands in a few milliseconds on loopback.
 const CHURN_SETTLE: Duration = Duration::from_millis(1500);
 
+/// How often, and how far apart, a churning run reads the end's counts again before it
+/// calls them different: an expiry's BYE takes a tick or two to reach its client.
+const END_COUNT_RETRIES: u32 = 10;
+const END_COUNT_PAUSE: Duration = Duration::from_millis(100);
+
 const FD_RESERVE: u64 = 64;
 
 /// Longest the harness waits to reach the target before calling it unreachable.
@@ -243,6 +248,21 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     }
     if let Some(g) = &gateway {
         report.gateway_online_at_end = g.scrape().await.ok().and_then(|s| s.online_users);
+        // Alone, under --churn, a session a sweep ended a moment ago is already off the
+        // gateway's count while its BYE is still on the way to the harness: the two are
+        // read again, a few ticks apart, until they agree. A session the gateway lost
+        // stays apart however long they are read.
+        let mut again = END_COUNT_RETRIES;
+        while shared.is_none()
+            && ctx.churn_life.is_some()
+            && again > 0
+            && report.gateway_online_at_end != Some(report.harness_online_at_end as f64)
+        {
+            again -= 1;
+            tokio::time::sleep(END_COUNT_PAUSE).await;
+            report.harness_online_at_end = stats.online.load(Ordering::Relaxed);
+            report.gateway_online_at_end = g.scrape().await.ok().and_then(|s| s.online_users);
+        }
     }
     if let Some(shared) = &shared {
         if let Err(e) = shared.meet("read", 0).await {
