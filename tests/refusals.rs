@@ -30,6 +30,14 @@ async fn connect_from(source: &str, addr: SocketAddr) -> TcpStream {
     socket.connect(addr).await.unwrap()
 }
 
+/// A gateway with room for one connection, and the logged-in client that takes it.
+async fn full() -> (TestServer, Client) {
+    let server = TestServer::start(config(1)).await;
+    let mut held = server.client().await;
+    assert!(matches!(held.login(1).await, Frame::Welcome { .. }));
+    (server, held)
+}
+
 /// Everything the gateway sends until it closes.
 async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
     let mut all = Vec::new();
@@ -81,9 +89,7 @@ async fn a_refused_client_that_keeps_writing_does_not_hold_the_accept_loop() {
 /// in whole seconds rounded up.
 #[tokio::test]
 async fn the_websocket_door_refuses_with_503_and_retry_after() {
-    let mut server = TestServer::start(config(1)).await;
-    let mut held = server.client().await;
-    assert!(matches!(held.login(1).await, Frame::Welcome { .. }));
+    let (mut server, _held) = full().await;
     let mut ws = TcpStream::connect(server.ws).await.unwrap();
     let request = "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
                    Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
@@ -109,9 +115,7 @@ async fn the_websocket_door_refuses_with_503_and_retry_after() {
 /// CONNECTs, then Debian's mosquitto_sub, which reported "Unrecognised command 0" before.
 #[tokio::test]
 async fn the_mqtt_door_refuses_with_each_version_s_connack() {
-    let mut server = TestServer::start(config(1)).await;
-    let mut held = server.client().await;
-    assert!(matches!(held.login(1).await, Frame::Welcome { .. }));
+    let (mut server, mut held) = full().await;
     // MQTT 3.1.1: CONNECT with client id "a", keepalive 5.
     let v311 = [0x10, 13, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 5, 0, 1, b'a'];
     let mut c = TcpStream::connect(server.mqtt).await.unwrap();

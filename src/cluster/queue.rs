@@ -203,10 +203,11 @@ impl Queue {
     }
 }
 
-/// Notes the session of a dropped data event `op`, once.
+/// Notes the session of a dropped data event `op` (a run of one session's events once;
+/// the writer ends each session once whatever the list repeats).
 fn note_lost(lost: &mut Vec<(u64, u64)>, op: &Op) {
     if let Op::Data { uid, session, .. } = op {
-        if lost.last() != Some(&(*uid, *session)) && !lost.contains(&(*uid, *session)) {
+        if lost.last() != Some(&(*uid, *session)) {
             lost.push((*uid, *session));
         }
     }

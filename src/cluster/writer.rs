@@ -131,7 +131,8 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         // Sessions whose data events did not reach the stream end before the position
         // moves on: a client is never told its data was taken (an MQTT PUBACK waits for
         // the position) when it was not.
-        for &(uid, session) in &batch.lost {
+        let lost: std::collections::HashSet<(u64, u64)> = batch.lost.iter().copied().collect();
+        for (uid, session) in lost {
             registry.end_session(uid, session, CloseReason::ServerFull);
         }
         match outcome {
@@ -231,17 +232,15 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
     Ok(Applied::Written { superseded, dropped: dropped_of(&answer) })
 }
 
-/// `(uid, session)` of the sessions with data events in `ops`, each once.
-fn data_sessions(ops: &[Op]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for op in ops {
-        if let Op::Data { uid, session, .. } = op {
-            if out.last() != Some(&(*uid, *session)) && !out.contains(&(*uid, *session)) {
-                out.push((*uid, *session));
-            }
-        }
-    }
-    out
+/// `(uid, session)` of the sessions with data events in `ops`, each once (a set: a batch
+/// holds up to [`MAX_BATCH`] of them).
+fn data_sessions(ops: &[Op]) -> std::collections::HashSet<(u64, u64)> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::Data { uid, session, .. } => Some((*uid, *session)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `APPLY`'s third answer: the `uid:session` (hex) pairs whose data events it dropped.

@@ -287,28 +287,26 @@ impl Registry {
     /// given): another node took it over (and logged the offline event), or the API asked
     /// through another node. Returns whether it ended it.
     pub fn kick_session(&self, uid: u64, session: u64, device: Option<&Device>) -> bool {
-        match self.sessions_of(uid, device).into_iter().find(|s| s.id() == session) {
-            Some(live) => self.leave(&live, CloseReason::Kicked) == CloseReason::Kicked,
-            None => false,
-        }
+        self.live_session(uid, session, device)
+            .is_some_and(|live| self.leave(&live, CloseReason::Kicked) == CloseReason::Kicked)
     }
 
     /// Ends `uid`'s session `session` for `reason`, if it is still live.
     pub fn end_session(&self, uid: u64, session: u64, reason: CloseReason) -> bool {
-        match self.sessions_of(uid, None).into_iter().find(|s| s.id() == session) {
-            Some(live) => self.leave(&live, reason) == reason,
-            None => false,
-        }
+        self.live_session(uid, session, None).is_some_and(|live| self.leave(&live, reason) == reason)
     }
 
     /// Wakes the connection of `uid`'s session `session`, if it is live and an MQTT one:
     /// acknowledgements it owes may be due (the cluster has its data).
     pub fn wake_session(&self, uid: u64, session: u64) {
-        if let Some(live) = self.sessions_of(uid, None).into_iter().find(|s| s.id() == session) {
-            if live.filters_pushes() {
-                live.wake();
-            }
+        if let Some(live) = self.live_session(uid, session, None).filter(|s| s.filters_pushes()) {
+            live.wake();
         }
+    }
+
+    /// `uid`'s live session `session` (on `device` when given), if there is one.
+    fn live_session(&self, uid: u64, session: u64, device: Option<&Device>) -> Option<Arc<Session>> {
+        self.sessions_of(uid, device).into_iter().find(|s| s.id() == session)
     }
 
     /// Every live session now, for a reconcile with a shared store.

@@ -71,11 +71,6 @@ impl Subscriptions {
         self.filters.remove(&id);
     }
 
-    /// Whether one of session `id`'s filters matches `topic`.
-    pub fn matches(&self, id: u64, topic: &str) -> bool {
-        self.filters.get(&id).is_some_and(|held| held.filters.iter().any(|f| topic_matches(topic, f)))
-    }
-
     /// Whether session `id` takes a push of `payload_len` bytes on `topic`: one of its
     /// filters matches, and its PUBLISH fits the client's Maximum Packet Size.
     pub fn takes(&self, id: u64, topic: &str, payload_len: usize) -> bool {
@@ -107,14 +102,14 @@ mod tests {
     #[test]
     fn filters_are_kept_once_and_go_with_their_last_one() {
         let subs = Subscriptions::default();
-        assert!(!subs.matches(7, "idlegate/push"), "no subscription: nothing matches");
+        assert!(!subs.takes(7, "idlegate/push", 0), "no subscription: nothing matches");
         subs.subscribe(7, &strings(&["idlegate/+", "alerts/#"]), 8, u32::MAX);
         subs.subscribe(7, &strings(&["idlegate/+"]), 8, u32::MAX);
-        assert!(subs.matches(7, "idlegate/push"));
-        assert!(subs.matches(7, "alerts/fire/now"));
-        assert!(!subs.matches(8, "idlegate/push"), "another session's filters are its own");
+        assert!(subs.takes(7, "idlegate/push", 0));
+        assert!(subs.takes(7, "alerts/fire/now", 0));
+        assert!(!subs.takes(8, "idlegate/push", 0), "another session's filters are its own");
         subs.unsubscribe(7, &strings(&["idlegate/+"]));
-        assert!(!subs.matches(7, "idlegate/push"), "unsubscribed once, gone, though subscribed twice");
+        assert!(!subs.takes(7, "idlegate/push", 0), "unsubscribed once, gone, though subscribed twice");
         assert_eq!(subs.len(), 1);
         subs.unsubscribe(7, &strings(&["alerts/#", "never/held"]));
         assert!(subs.is_empty(), "the entry goes with its last filter");
@@ -128,7 +123,7 @@ mod tests {
         let subs = Subscriptions::default();
         assert_eq!(subs.subscribe(7, &strings(&["a", "b", "c"]), 2, u32::MAX), [true, true, false]);
         assert_eq!(subs.subscribe(7, &strings(&["b", "d", "a"]), 2, u32::MAX), [true, false, true]);
-        assert!(!subs.matches(7, "c") && !subs.matches(7, "d"));
+        assert!(!subs.takes(7, "c", 0) && !subs.takes(7, "d", 0));
         subs.unsubscribe(7, &strings(&["a"]));
         assert_eq!(subs.subscribe(7, &strings(&["d"]), 2, u32::MAX), [true], "room again after an UNSUBSCRIBE");
         assert_eq!(subs.subscribe(8, &strings(&["x"]), 0, u32::MAX), [false]);

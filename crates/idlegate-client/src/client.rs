@@ -239,26 +239,27 @@ impl Task {
         };
         let login = Frame::Login { uid, token: Bytes::from(token), device: self.options.device.clone() };
         let patience = self.options.connect_timeout;
+        // The first frame, and the connection it came on (none for an upgrade refused with
+        // 503, read as the BYE it stands for).
         let opened = timeout(patience, async {
             let mut conn = match Conn::open(&self.endpoint, &self.tls).await {
                 Ok(conn) => conn,
-                Err(OpenError::Refused(bye)) => return Ok(Err(bye)),
+                Err(OpenError::Refused(bye)) => return Ok((None, bye)),
                 Err(e) => return Err(e.to_string()),
             };
             conn.send(login).await.map_err(|e| e.to_string())?;
             let first = conn.recv().await?;
-            Ok::<_, String>(Ok((conn, first)))
+            Ok::<_, String>((Some(conn), first))
         })
         .await;
         let (mut conn, timeout_ms, tick_ms, session) = match opened {
             Err(_) => return (Ended::Lost(format!("no WELCOME within {patience:?}")), false),
             Ok(Err(text)) => return (Ended::Lost(format!("{}: {text}", self.endpoint)), false),
-            Ok(Ok(Err(Frame::Bye { reason, text }) | Ok((_, Frame::Bye { reason, text })))) => {
-                return (Ended::Bye { reason, text }, false)
+            Ok(Ok((_, Frame::Bye { reason, text }))) => return (Ended::Bye { reason, text }, false),
+            Ok(Ok((Some(conn), Frame::Welcome { timeout_ms, tick_ms, session }))) => {
+                (conn, timeout_ms, tick_ms, session)
             }
-            Ok(Ok(Err(other))) => return (Ended::Lost(format!("expected WELCOME, got {other:?}")), false),
-            Ok(Ok(Ok((conn, Frame::Welcome { timeout_ms, tick_ms, session })))) => (conn, timeout_ms, tick_ms, session),
-            Ok(Ok(Ok((_, other)))) => return (Ended::Lost(format!("expected WELCOME, got {other:?}")), false),
+            Ok(Ok((_, other))) => return (Ended::Lost(format!("expected WELCOME, got {other:?}")), false),
         };
         let timeout = Duration::from_millis(timeout_ms.into());
         let keepalive = (timeout / KEEPALIVE_DIVISOR).max(MIN_KEEPALIVE);
