@@ -40,7 +40,6 @@ mod cluster;
 mod config;
 mod descriptors;
 mod error;
-mod gateway;
 mod http;
 mod metrics;
 mod presence;

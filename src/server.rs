@@ -1,36 +1,36 @@
-//! The server: accepts connections, runs the ticker and the HTTP listeners, and drains on
-//! shutdown.
+//! The composition root: the one place that builds the gateway's parts and wires them
+//! together, then accepts connections, runs the ticker, the cluster and the HTTP listeners,
+//! and drains on shutdown.
+//!
+//! Built bottom up, each part handed only what it needs: the metrics; then presence (the
+//! clock, the event log, the registry), with a cluster's queue built first so the log
+//! forwards to it from the start; then the cluster on that registry (a [`Backplane`], the
+//! only thing here that names Redis); then the narrow handles the sides hold: the
+//! protocol's [`protocol::Context`], the doors' [`Doors`], the HTTP side's [`http::State`].
+//! No part below holds the whole.
 //!
 //! Its inputs are injected, as in mini-redis: the caller binds the listeners and passes the
 //! shutdown future, so tests run servers on `127.0.0.1:0` and end them when they like.
 
 use std::future::Future;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio::time::{sleep, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::{Joining, Settings};
 use crate::config::{Config, TlsIdentity};
-use crate::descriptors::{is_out_of_descriptors, Reserve};
-use crate::gateway::Gateway;
-use crate::http::{serve_admin, serve_api};
+use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::metrics::Metrics;
-use crate::presence::Refused;
-use crate::presence::Ticker;
-use crate::proto::{jittered_ms, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
+use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, Ticker};
 use crate::proto::{CloseReason, Transport};
-use crate::transport::{Bound, Doors, Refusals};
-
-/// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
-/// row, so a full file table costs a few wakeups a second instead of a spinning core.
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
-
-/// Longest pause between accept attempts while accepts keep failing.
-const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+use crate::protocol::{self, Rules};
+use crate::transport::Doors;
 
 /// The sockets a gateway serves, bound by the caller.
 #[derive(Debug)]
@@ -60,12 +60,38 @@ impl Listeners {
     pub fn clients(clients: TcpListener) -> Listeners {
         Listeners { clients, tls: None, ws: None, wss: None, mqtt: None, mqtts: None, admin: None, api: None }
     }
+
+    /// The client listeners given, each with its door's name (one line per door), and the
+    /// admin and API listeners.
+    #[allow(clippy::type_complexity)]
+    fn split(self) -> (Vec<(TcpListener, Transport)>, Option<TcpListener>, Option<TcpListener>) {
+        let wanted = [
+            (Some(self.clients), Transport::Tcp),
+            (self.tls, Transport::Tls),
+            (self.ws, Transport::Ws),
+            (self.wss, Transport::Wss),
+            (self.mqtt, Transport::Mqtt),
+            (self.mqtts, Transport::Mqtts),
+        ];
+        let doors = wanted.into_iter().filter_map(|(listener, transport)| Some((listener?, transport))).collect();
+        (doors, self.admin, self.api)
+    }
 }
 
 /// An idlegate gateway, ready to run; see the module documentation.
 #[derive(Debug)]
 pub struct Server {
-    gateway: Arc<Gateway>,
+    config: Config,
+    metrics: Arc<Metrics>,
+    registry: Arc<Registry>,
+    clock: Clock,
+    /// The cluster's shared store, with `--redis`.
+    backplane: Option<Arc<dyn Backplane>>,
+    directory: Arc<dyn Directory>,
+    /// Cancelled when shutdown begins: connections send BYE(shutdown), readyz says 503.
+    shutdown: CancellationToken,
+    /// Set if the ticker died: nobody goes offline any more, and `/healthz` says so.
+    expiry_stopped: Arc<AtomicBool>,
 }
 
 // === impl Server ===
@@ -74,98 +100,152 @@ impl Server {
     /// A gateway with `config`, which must have passed [`Config::validate`]; its clock starts
     /// now.
     pub fn new(config: Config) -> Server {
-        Server { gateway: Gateway::new(config) }
+        debug_assert!(config.validate().is_ok(), "Server::new with an invalid config: {:?}", config.validate());
+        let metrics = Arc::new(Metrics::new(&config));
+        // A cluster's queue comes first: the event log forwards every change to it.
+        let joining = config.redis.clone().map(|target| {
+            let settings = Settings {
+                node: config.node_id.clone(),
+                lease: config.node_lease,
+                tick: config.tick,
+                stream_cap: config.event_log_capacity,
+                stream_bytes: config.event_log_bytes,
+                max_queued: config.max_queued_bytes(),
+                min_replicas: config.redis_min_replicas,
+                max_devices: config.max_devices,
+                push_topic: Arc::from(config.mqtt_push_topic.as_str()),
+            };
+            let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
+            Joining::new(target, settings, metrics.clone(), capacity, bytes)
+        });
+        let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
+        if let Some(joining) = &joining {
+            events = events.with_sink(joining.sink());
+        }
+        let registry =
+            Arc::new(Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone()));
+        let clock = Clock::new(Instant::now(), config.tick);
+        // The one line that picks the backplane: Redis with `--redis`, none alone.
+        let backplane = joining.map(|joining| joining.join(registry.clone(), clock) as Arc<dyn Backplane>);
+        let directory: Arc<dyn Directory> = match &backplane {
+            Some(backplane) => backplane.clone().directory(),
+            None => Arc::new(Local::new(
+                registry.clone(),
+                clock,
+                config.node_id.clone(),
+                config.max_queued_bytes(),
+                metrics.connections_open.clone(),
+            )),
+        };
+        Server {
+            config,
+            metrics,
+            registry,
+            clock,
+            backplane,
+            directory,
+            shutdown: CancellationToken::new(),
+            expiry_stopped: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     /// The gateway's metrics, for tests and embedding.
     pub fn metrics(&self) -> Arc<Metrics> {
-        self.gateway.metrics.clone()
+        self.metrics.clone()
+    }
+
+    /// The protocol's handle: what every connection reaches.
+    fn protocol(&self) -> Arc<protocol::Context> {
+        Arc::new(protocol::Context {
+            registry: self.registry.clone(),
+            clock: self.clock,
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            rules: Rules::new(&self.config),
+        })
+    }
+
+    /// The HTTP side's handle.
+    fn http(&self) -> Arc<http::State> {
+        let store_up = self.backplane.clone().map(|backplane| {
+            let up: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(move || backplane.is_up());
+            up
+        });
+        Arc::new(http::State {
+            directory: self.directory.clone(),
+            metrics: self.metrics.clone(),
+            health: http::Health {
+                expiry_stopped: self.expiry_stopped.clone(),
+                draining: self.shutdown.clone(),
+                store_up,
+            },
+            settings: http::Settings::new(&self.config),
+            clock: self.clock,
+            stream_budget: Arc::new(Semaphore::new(EVENT_STREAMS_BYTES)),
+        })
     }
 
     /// Serves clients (and, if given, the admin endpoint and the backend API) until
     /// `shutdown` resolves, then sends every connection BYE(shutdown) and waits up to the
     /// drain timeout for them to close.
     pub async fn run(self, listeners: Listeners, shutdown: impl Future) -> io::Result<()> {
-        let gateway = self.gateway;
-        let wanted = [
-            (Some(listeners.clients), Transport::Tcp),
-            (listeners.tls, Transport::Tls),
-            (listeners.ws, Transport::Ws),
-            (listeners.wss, Transport::Wss),
-            (listeners.mqtt, Transport::Mqtt),
-            (listeners.mqtts, Transport::Mqtts),
-        ];
-        let mut open = Vec::new();
-        for (listener, transport) in wanted {
-            let Some(listener) = listener else { continue };
-            if transport.is_tls() && gateway.config.tls.is_none() {
-                return Err(io::Error::other(format!("a {transport} listener needs --tls-cert and --tls-key")));
-            }
-            open.push((listener, transport));
+        let doors = Doors::new(&self.config, self.protocol());
+        let (open, admin, api) = listeners.split();
+        if let Some((_, transport)) = open.iter().find(|(_, transport)| !doors.can_open(*transport)) {
+            return Err(io::Error::other(format!("a {transport} listener needs --tls-cert and --tls-key")));
         }
         let background = CancellationToken::new();
-        let ticker =
-            Ticker::new(gateway.registry.clone(), gateway.metrics.clone(), gateway.clock, gateway.config.window());
+        let ticker = Ticker::new(self.registry.clone(), self.metrics.clone(), self.clock, self.config.window());
         let ticker = tokio::spawn(ticker.run(background.clone()));
-        let mut http = Vec::new();
-        if let Some(cluster) = &gateway.cluster {
-            tracing::info!(redis = %cluster.target.redacted(), member = %cluster.member(), "joining the cluster");
-            http.push(tokio::spawn(cluster.clone().run(background.clone())));
+        let mut tasks = Vec::new();
+        if let Some(backplane) = &self.backplane {
+            tasks.push(tokio::spawn(backplane.clone().run(background.clone())));
         }
-        if let Some(admin) = listeners.admin {
-            http.push(tokio::spawn(serve_admin(admin, gateway.clone(), background.clone())));
+        let http = self.http();
+        if let Some(admin) = admin {
+            tasks.push(tokio::spawn(serve_admin(admin, http.clone(), background.clone())));
         }
-        if let Some(api) = listeners.api {
-            http.push(tokio::spawn(serve_api(api, gateway.clone(), background.clone())));
+        if let Some(api) = api {
+            tasks.push(tokio::spawn(serve_api(api, http, background.clone())));
         }
-        // One permit per open connection, held by its task: the bound on connections, the
-        // count of open ones, and (all permits back) the end of the drain. A `TaskTracker`
-        // did the last two at 8 bytes more in every connection's task.
-        let max = gateway.config.max_connections;
-        let connections = Arc::new(Semaphore::new(max));
-
-        if let Some(identity) = gateway.config.tls.clone() {
-            http.push(tokio::spawn(reload_on_sighup(identity, gateway.clone(), background.clone())));
+        if let Some(identity) = self.config.tls.clone() {
+            tasks.push(tokio::spawn(reload_on_sighup(identity, self.metrics.clone(), background.clone())));
         }
-        let doors = Doors::new(&gateway);
-        let loops = open
-            .iter()
-            .map(|(listener, transport)| Box::pin(accept_loop(listener, *transport, &gateway, &connections, &doors)));
+        let loops = open.iter().map(|(listener, transport)| Box::pin(doors.accept(listener, *transport)));
         let mut ticker = ticker;
         let mut failure = None;
         tokio::select! {
             res = futures_util::future::try_join_all(loops) => { res?; }
             _ = shutdown => {}
-            ended = &mut ticker => failure = Some(ticker_stopped(&gateway, ended)),
+            ended = &mut ticker => failure = Some(self.ticker_stopped(ended)),
         }
 
         drop(open);
         // One deadline for the whole shutdown, whatever Redis or a consumer does: a
         // supervisor waiting `--drain-timeout` (plus its own margin) never has to kill us.
-        let deadline = Instant::now() + gateway.config.drain_timeout;
-        let open = max - connections.available_permits();
-        tracing::info!(open, "shutting down: stopped accepting, sending BYE(shutdown)");
-        gateway.shutdown.cancel();
-        gateway.registry.end_all(CloseReason::Shutdown);
-        let all = u32::try_from(max).unwrap_or(u32::MAX);
-        if timeout_at(deadline, connections.acquire_many(all)).await.is_err() {
+        let deadline = Instant::now() + self.config.drain_timeout;
+        let slots = doors.slots();
+        tracing::info!(open = slots.open(), "shutting down: stopped accepting, sending BYE(shutdown)");
+        self.shutdown.cancel();
+        self.registry.end_all(CloseReason::Shutdown);
+        if timeout_at(deadline, slots.all_closed()).await.is_err() {
             tracing::warn!(
-                left = max - connections.available_permits(),
-                drain_timeout = ?gateway.config.drain_timeout,
+                left = slots.open(),
+                drain_timeout = ?self.config.drain_timeout,
                 "drain timed out; dropping the connections left"
             );
         }
-        if let Some(cluster) = &gateway.cluster {
-            // Every session has ended: their offline events (reason shutdown) reach Redis
-            // before this node leaves, instead of when its lease runs out. What cannot be
-            // written by the deadline is left to the lease and the reaper.
-            cluster.leave(deadline.saturating_duration_since(Instant::now())).await;
+        if let Some(backplane) = &self.backplane {
+            // Every session has ended: their offline events (reason shutdown) reach the
+            // store before this node leaves, instead of when its lease runs out. What
+            // cannot be written by the deadline is left to the lease and the reaper.
+            backplane.leave(deadline.saturating_duration_since(Instant::now())).await;
         }
         background.cancel();
         if failure.is_none() {
             let _ = timeout_at(deadline + SHUTDOWN_GRACE, &mut ticker).await;
         }
-        for mut task in http {
+        for mut task in tasks {
             if timeout_at(deadline + SHUTDOWN_GRACE, &mut task).await.is_err() {
                 tracing::warn!("a listener or event stream outlived the drain deadline; stopping it");
                 task.abort();
@@ -179,6 +259,21 @@ impl Server {
             }
         }
     }
+
+    /// The ticker ended while the gateway was serving, which it never does unless it
+    /// panicked: nobody would go offline any more. Marks the gateway unhealthy (`/healthz`
+    /// answers 503) and returns the error `run` ends with, after draining, so a supervisor
+    /// restarts the process instead of keeping one that looks alive and expires no one.
+    fn ticker_stopped(&self, ended: Result<(), tokio::task::JoinError>) -> io::Error {
+        self.expiry_stopped.store(true, Ordering::Release);
+        let why = match ended {
+            Err(e) if e.is_panic() => "it panicked",
+            Err(_) => "it was cancelled",
+            Ok(()) => "it returned",
+        };
+        tracing::error!(why, "the ticker stopped: expiry no longer runs; draining and exiting");
+        io::Error::other(format!("the ticker stopped ({why}): expiry no longer runs"))
+    }
 }
 
 /// What the background tasks get past the drain deadline to notice the stop and finish
@@ -186,102 +281,9 @@ impl Server {
 /// are aborted: the whole shutdown stays within `--drain-timeout` plus this.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
-/// The ticker ended while the gateway was serving, which it never does unless it panicked:
-/// nobody would go offline any more. Marks the gateway unhealthy (`/healthz` answers 503)
-/// and returns the error `run` ends with, after draining, so a supervisor restarts the
-/// process instead of keeping one that looks alive and expires no one.
-fn ticker_stopped(gateway: &Gateway, ended: Result<(), tokio::task::JoinError>) -> io::Error {
-    gateway.expiry_stopped.store(true, std::sync::atomic::Ordering::Release);
-    let why = match ended {
-        Err(e) if e.is_panic() => "it panicked",
-        Err(_) => "it was cancelled",
-        Ok(()) => "it returned",
-    };
-    tracing::error!(why, "the ticker stopped: expiry no longer runs; draining and exiting");
-    io::Error::other(format!("the ticker stopped ({why}): expiry no longer runs"))
-}
-
-/// Accepts until the listener fails for good; never spins on a failing accept.
-async fn accept_loop(
-    listener: &TcpListener,
-    transport: Transport,
-    gateway: &Arc<Gateway>,
-    limit: &Arc<Semaphore>,
-    doors: &Doors,
-) -> io::Result<()> {
-    let config = &gateway.config;
-    let mut backoff = ACCEPT_BACKOFF_MIN;
-    let mut reserve = Reserve::open();
-    let refusals = Refusals::default();
-    // Each refused client is told a different moment to come back.
-    let hint = || jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => {
-                backoff = ACCEPT_BACKOFF_MIN;
-                accepted
-            }
-            Err(e) if is_out_of_descriptors(&e) && reserve.release() => {
-                // The reserve descriptor, given up, takes one waiting client: it is told
-                // BYE(server_full) instead of hanging in the backlog with no answer.
-                if let Ok((stream, _)) = listener.accept().await {
-                    gateway.metrics.shed_max_connections.inc();
-                    gateway.metrics.closed(CloseReason::ServerFull);
-                    refusals.refuse(stream, transport, Bound::Server, hint(), "out of file descriptors");
-                }
-                reserve = Reserve::open();
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, ?backoff, "accept failed; backing off");
-                sleep(backoff).await;
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                reserve.reopen();
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        gateway.metrics.connections_accepted.inc();
-        let metrics = &gateway.metrics;
-        // Too many from this source waiting to log in: refused now, with a time to come
-        // back. When all places are taken, the oldest waiting connection makes room.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-        match gateway.pending.admit_fd(peer.ip(), fd) {
-            Ok(()) => {}
-            Err(Refused::Source(n)) => {
-                metrics.shed_pending_logins.inc();
-                metrics.closed(CloseReason::ServerFull);
-                let why = format!("{n} connections from this address waiting to log in");
-                refusals.refuse(stream, transport, Bound::Address, hint(), &why);
-                continue;
-            }
-        }
-        match limit.clone().try_acquire_owned() {
-            Ok(permit) => {
-                metrics.opened_on(transport);
-                metrics.pending_logins.inc();
-                if !doors.spawn(transport, stream, gateway, permit) {
-                    metrics.closed_on(transport);
-                    metrics.pending_logins.dec();
-                    drop(gateway.pending.claim(fd));
-                }
-            }
-            Err(_) => {
-                // Not served: its place among the waiting logins goes back at once.
-                drop(gateway.pending.claim(fd));
-                metrics.shed_max_connections.inc();
-                metrics.closed(CloseReason::ServerFull);
-                let why = format!("{} connections open", config.max_connections);
-                refusals.refuse(stream, transport, Bound::Server, hint(), &why);
-            }
-        }
-    }
-}
-
 /// Reads `--tls-cert` and `--tls-key` again on every SIGHUP; a bad pair is logged, counted
 /// and the one served stays. Connections open keep the session they have.
-async fn reload_on_sighup(identity: Arc<TlsIdentity>, gateway: Arc<Gateway>, stop: CancellationToken) {
-    let metrics = &gateway.metrics;
+async fn reload_on_sighup(identity: Arc<TlsIdentity>, metrics: Arc<Metrics>, stop: CancellationToken) {
     metrics.tls_cert_expiry.set(identity.not_after());
     #[cfg(unix)]
     {
@@ -317,11 +319,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_dead_ticker_makes_the_gateway_unhealthy_and_ends_run_with_an_error() {
-        let gateway = Gateway::new(Config::default());
+        let server = Server::new(Config::default());
         let panicked = tokio::spawn(async { panic!("a bug in the sweep") }).await;
-        let error = ticker_stopped(&gateway, panicked);
+        let error = server.ticker_stopped(panicked);
         assert!(error.to_string().contains("panicked"), "{error}");
-        assert!(gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire));
+        assert!(server.http().health.expiry_stopped());
     }
 
     #[tokio::test]
@@ -329,7 +331,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server = Server::new(Config::default());
         // The ticker panics on its first tick: an expiry bug, injected.
-        server.gateway.registry.poison_for_test();
+        server.registry.poison_for_test();
         let run = tokio::time::timeout(
             Duration::from_secs(10),
             server.run(Listeners::clients(listener), std::future::pending::<()>()),

@@ -89,7 +89,9 @@ fn the_cluster_and_the_http_side_never_use_each_other() {
     }
 }
 
-/// Each top-level module's layer: a module may import only modules of a lower layer.
+/// Each top-level module's layer: a module may import only modules of a lower layer, so
+/// modules of one layer never use each other. The composition root (`server`) is the only
+/// module above the doors: it builds every part and hands each side a narrow handle.
 const LAYERS: [(&str, u32); 15] = [
     // The wire vocabulary's own crate (crates/idlegate-proto), named `proto` in lib.rs.
     ("proto", 0),
@@ -99,14 +101,15 @@ const LAYERS: [(&str, u32); 15] = [
     ("config", 2),
     ("metrics", 3),
     ("presence", 4),
+    // Side by side: the protocol machine, the cluster, the HTTP side.
+    ("protocol", 5),
     ("cluster", 5),
-    ("gateway", 6),
-    ("protocol", 7),
-    ("transport", 8),
-    ("http", 8),
-    ("server", 9),
-    ("lib", 10),
-    ("main", 10),
+    ("http", 5),
+    ("transport", 6),
+    ("server", 7),
+    ("lib", 8),
+    ("main", 8),
+    ("bench", 8),
 ];
 
 /// `module -> modules of the crate it names` for the top-level modules of `src/`, read from
@@ -222,6 +225,43 @@ fn libraries_forbid_unsafe_code_and_share_their_dependencies() {
         for shared in ["bytes", "thiserror", "tokio", "rustls"] {
             for line in text.lines().filter(|l| l.starts_with(&format!("{shared} ="))) {
                 assert!(line.contains("workspace = true"), "{member}: {line}");
+            }
+        }
+    }
+}
+
+/// No module holds the whole gateway: there is no `gateway` module or `Gateway` type, and
+/// only the composition root builds the cluster or names the backplane it picks.
+#[test]
+fn only_the_composition_root_holds_the_whole() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert!(!src.join("gateway.rs").exists() && !src.join("gateway").exists(), "src/gateway is back");
+    let mut files = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 40, "read {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code: Vec<&str> = text.lines().map(str::trim_start).filter(|l| !l.starts_with("//")).collect();
+        let name = file.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        for line in &code {
+            assert!(!line.contains("crate::gateway") && !line.contains("Gateway"), "{name}: {line}");
+        }
+        if !(name == "server.rs" || name.starts_with("cluster/")) {
+            for line in &code {
+                assert!(
+                    !line.contains("Joining") && !line.contains("dyn Backplane"),
+                    "{name} names the backplane: {line}"
+                );
             }
         }
     }

@@ -8,9 +8,11 @@
 //! reconcile after Redis was away or lost writes), `membership` keeps the node's lease and
 //! reaps dead nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream`
 //! follows the shared event stream, and `directory` answers the backend API from all of
-//! it. `node` starts the tasks and is the only file that knows them all.
+//! it. `node` builds the node (in two steps: its queue, then the node on the registry),
+//! starts the tasks, is the only file that knows them all, and is where Redis is a
+//! [`crate::presence::Backplane`]: what the composition root sees of it.
 //!
-//! Imports point one way: `node` -> `writer`, `membership`, `inbox` -> `shared` -> `store`,
+//! Imports point one way: `node` -> `directory`, `writer`, `membership`, `inbox` -> `shared` -> `store`,
 //! `scripts`, `keys`, `queue`; `inbox` -> `stream` (the stream's newest position);
 //! `directory` -> `inbox`, `membership`, `stream`, `shared`.
 //! A test (`tests/layout.rs`) fails on any circle.
@@ -27,5 +29,5 @@ mod store;
 mod stream;
 mod writer;
 
-pub(crate) use directory::ClusterDirectory;
-pub(crate) use shared::{Cluster, Settings};
+pub(crate) use node::Joining;
+pub(crate) use shared::Settings;

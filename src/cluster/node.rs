@@ -13,11 +13,15 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use futures_util::future::BoxFuture;
+
+use crate::cluster::directory::ClusterDirectory;
 use crate::cluster::keys;
 use crate::cluster::queue::{Op, Queue};
-use crate::cluster::shared::Cluster;
+use crate::cluster::shared::{Cluster, Settings};
+use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::EventSink;
+use crate::presence::{Backplane, Clock, Directory, EventSink, Registry};
 use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
@@ -81,10 +85,61 @@ impl Cluster {
             Err(_) => tracing::warn!("leaving the cluster timed out; the lease will run out"),
         }
     }
+}
 
-    /// The sink the event log forwards session changes to.
-    pub(crate) fn sink(self: &Arc<Self>) -> Arc<dyn EventSink> {
+/// A node before it has a registry: its queue exists first, so the event log can be built
+/// forwarding to it, then the registry on that log, then the node on the registry. The
+/// composition root (`server.rs`) goes through these steps in this order; nothing is
+/// attached later.
+#[derive(Debug)]
+pub(crate) struct Joining {
+    target: RedisTarget,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    queue: Arc<Queue>,
+}
+
+impl Joining {
+    /// A node of `target` with a queue of at most `queue_capacity` changes and
+    /// `queue_bytes` of data.
+    pub(crate) fn new(
+        target: RedisTarget,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        queue_capacity: usize,
+        queue_bytes: usize,
+    ) -> Joining {
+        Joining { target, settings, metrics, queue: Arc::new(Queue::new(queue_capacity, queue_bytes)) }
+    }
+
+    /// What the event log forwards session changes to: the queue.
+    pub(crate) fn sink(&self) -> Arc<dyn EventSink> {
         Arc::new(Forward { queue: self.queue.clone(), metrics: self.metrics.clone() })
+    }
+
+    /// The node, mirroring `registry` (whose ring runs on `clock`) to Redis once it runs.
+    pub(crate) fn join(self, registry: Arc<Registry>, clock: Clock) -> Arc<Cluster> {
+        Arc::new(Cluster::new(self.target, self.settings, self.metrics, self.queue, registry, clock))
+    }
+}
+
+/// Redis as the backplane: the composition root knows the node only through this.
+impl Backplane for Cluster {
+    fn run(self: Arc<Self>, stop: CancellationToken) -> BoxFuture<'static, ()> {
+        tracing::info!(redis = %self.target.redacted(), member = %self.member(), "joining the cluster");
+        Box::pin(Cluster::run(self, stop))
+    }
+
+    fn leave(&self, within: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(Cluster::leave(self, within))
+    }
+
+    fn is_up(&self) -> bool {
+        self.health.is_up()
+    }
+
+    fn directory(self: Arc<Self>) -> Arc<dyn Directory> {
+        Arc::new(ClusterDirectory::new(self))
     }
 }
 

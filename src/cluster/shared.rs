@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
@@ -65,7 +65,9 @@ pub(crate) struct Cluster {
     pub(crate) settings: Settings,
     pub(crate) metrics: Arc<Metrics>,
     member: RwLock<Arc<str>>,
-    registry: OnceLock<(Arc<Registry>, Clock)>,
+    registry: Arc<Registry>,
+    /// The clock of the registry's ring.
+    clock: Clock,
     pub(crate) health: Health,
     /// The stream epoch the scripts last answered with; 0 before the first answer.
     epoch: AtomicU64,
@@ -85,24 +87,27 @@ impl std::fmt::Debug for Cluster {
 // === impl Cluster ===
 
 impl Cluster {
-    /// A node with a queue of at most `queue_capacity` changes and `queue_bytes` of data.
+    /// The node that mirrors `registry` (whose ring runs on `clock`) to Redis, taking the
+    /// changes its event log forwards to `queue` (see [`crate::cluster::Joining`]).
     pub(crate) fn new(
         target: RedisTarget,
         settings: Settings,
         metrics: Arc<Metrics>,
-        queue_capacity: usize,
-        queue_bytes: usize,
+        queue: Arc<Queue>,
+        registry: Arc<Registry>,
+        clock: Clock,
     ) -> Cluster {
         let member = keys::new_member(&settings.node);
         Cluster {
             target,
             store: Store::default(),
             scripts: Scripts::new(),
-            queue: Arc::new(Queue::new(queue_capacity, queue_bytes)),
+            queue,
             settings,
             metrics,
             member: RwLock::new(member.into()),
-            registry: OnceLock::new(),
+            registry,
+            clock,
             health: Health::default(),
             epoch: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
@@ -111,14 +116,9 @@ impl Cluster {
         }
     }
 
-    /// Hands the cluster the registry it mirrors and the clock of its ring; once, before
-    /// it runs.
-    pub(crate) fn attach(&self, registry: Arc<Registry>, clock: Clock) {
-        let _ = self.registry.set((registry, clock));
-    }
-
+    /// The registry this node mirrors.
     pub(crate) fn registry(&self) -> &Arc<Registry> {
-        &self.registry.get().expect("the cluster is attached to its registry before it runs").0
+        &self.registry
     }
 
     /// Whether Redis is a Redis Cluster (commands on several slots cannot share a pipeline).
@@ -146,8 +146,8 @@ impl Cluster {
 
     /// `uid`'s sessions on this node, each as `(device, session, since_ms, silent_ms)`.
     pub(crate) fn locate_here(&self, uid: u64) -> Vec<(Device, u64, u64, u64)> {
-        let Some((registry, clock)) = self.registry.get() else { return Vec::new() };
-        registry
+        let clock = &self.clock;
+        self.registry
             .sightings(uid)
             .into_iter()
             .map(|s| {

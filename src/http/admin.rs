@@ -11,8 +11,8 @@ use axum::{Extension, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::Gateway;
 use crate::http::listener::{Bounded, ADMIN_CONNECTIONS, HTTP_IDLE};
+use crate::http::state::State as Shared;
 use crate::http::{api, status};
 
 /// Content type of the Prometheus text exposition format.
@@ -20,8 +20,8 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Serves `/healthz`, `/readyz`, `/metrics`, and the status page (`/`, `/status.json`, and
 /// `/v1/events` with the API's token check) on `listener` until `stop` is cancelled.
-pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
-    let config = &gateway.config;
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let config = &shared.settings;
     let listener = Bounded::new(listener, ADMIN_CONNECTIONS, HTTP_IDLE).with_tls(config.tls.as_ref(), config.admin_tls);
     let app = Router::new()
         .route("/", get(status::page))
@@ -30,8 +30,8 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(Extension(Arc::new(status::CloseRates::default())))
-        .with_state(gateway.clone())
-        .merge(api::events_router(gateway, stop.clone()));
+        .with_state(shared.clone())
+        .merge(api::events_router(shared, stop.clone()));
 
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "admin endpoint failed");
@@ -40,8 +40,8 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
 
 /// 200 while the gateway works; 503 once its ticker has died (nobody would go offline), so
 /// a liveness probe restarts it.
-async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
-    if gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire) {
+async fn healthz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    if shared.health.expiry_stopped() {
         (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped: the ticker died\n")
     } else {
         (StatusCode::OK, "ok\n")
@@ -51,18 +51,18 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
 /// 200 while accepting clients, 503 once draining, so a load balancer stops sending new ones.
 /// In a cluster whose Redis is unreachable, 200 with `degraded`: the node still serves and
 /// expires its clients, but the others cannot see them until Redis is back.
-async fn readyz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
-    if gateway.expiry_stopped.load(std::sync::atomic::Ordering::Acquire) {
+async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    if shared.health.expiry_stopped() {
         (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped\n")
-    } else if gateway.shutdown.is_cancelled() {
+    } else if shared.health.draining.is_cancelled() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    } else if gateway.cluster.as_ref().is_some_and(|c| !c.health.is_up()) {
+    } else if shared.health.store_down() {
         (StatusCode::OK, "degraded: Redis unreachable; serving local clients, presence changes queued\n")
     } else {
         (StatusCode::OK, "ready\n")
     }
 }
 
-async fn metrics(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], gateway.metrics.render())
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], shared.metrics.render())
 }

@@ -31,8 +31,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{Gateway, EVENT_STREAMS_BYTES};
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
+use crate::http::state::{State as Shared, EVENT_STREAMS_BYTES};
 use crate::presence::{session_hex, Batch, DirectoryError, Event, EventId, Located, NodeCount, Push, What};
 use crate::proto::mqtt::check_topic_name;
 use crate::proto::{Device, EventKind};
@@ -92,10 +92,10 @@ impl From<BytesRejection> for ApiError {
 
 /// Serves the backend API on `listener` until `stop` is cancelled; open event streams end
 /// then too.
-pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: CancellationToken) {
-    let config = &gateway.config;
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let config = &shared.settings;
     let listener = Bounded::new(listener, API_CONNECTIONS, HTTP_IDLE).with_tls(config.tls.as_ref(), config.api_tls);
-    let app = router(gateway, stop.clone());
+    let app = router(shared, stop.clone());
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
         tracing::error!(error = %e, "backend API failed");
     }
@@ -103,7 +103,7 @@ pub(crate) async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: Ca
 
 #[derive(Clone)]
 struct ApiState {
-    gateway: Arc<Gateway>,
+    shared: Arc<Shared>,
     stop: CancellationToken,
 }
 
@@ -121,11 +121,11 @@ const COUNTED: [(&str, u16); 8] = [
     ("unmatched", 404),
 ];
 
-fn router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
+fn router(shared: Arc<Shared>, stop: CancellationToken) -> Router {
     for (route, code) in COUNTED {
-        gateway.metrics.api_request_series(route, code);
+        shared.metrics.api_request_series(route, code);
     }
-    let state = ApiState { gateway, stop };
+    let state = ApiState { shared, stop };
     Router::new()
         .route("/v1/presence/{uid}", get(presence))
         .route("/v1/presence/query", post(presence_query))
@@ -143,8 +143,8 @@ fn router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
 
 /// `/v1/events` alone, with the API's token check and request counting: the status page on
 /// the admin listener follows events through it.
-pub(crate) fn events_router(gateway: Arc<Gateway>, stop: CancellationToken) -> Router {
-    let state = ApiState { gateway, stop };
+pub(crate) fn events_router(shared: Arc<Shared>, stop: CancellationToken) -> Router {
+    let state = ApiState { shared, stop };
     Router::new()
         .route("/v1/events", get(events))
         .route_layer(middleware::from_fn_with_state(state.clone(), count_request))
@@ -154,11 +154,11 @@ pub(crate) fn events_router(gateway: Arc<Gateway>, stop: CancellationToken) -> R
 
 /// Refuses requests without the `--api-token` bearer token, comparing in constant time.
 async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    if let Some(token) = &state.gateway.config.api_token {
+    if let Some(token) = &state.shared.settings.api_token {
         let given =
             request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).unwrap_or("");
         if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-            state.gateway.metrics.api_request("unauthorized", 401);
+            state.shared.metrics.api_request("unauthorized", 401);
             let error = ApiError {
                 status: StatusCode::UNAUTHORIZED,
                 message: "missing or wrong bearer token (Authorization: Bearer <--api-token>)".into(),
@@ -178,17 +178,17 @@ fn bearer(value: &str) -> Option<&str> {
 /// Counts every routed request by its route pattern and status.
 async fn count_request(State(state): State<ApiState>, path: MatchedPath, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    state.gateway.metrics.api_request(path.as_str(), response.status().as_u16());
+    state.shared.metrics.api_request(path.as_str(), response.status().as_u16());
     response
 }
 
 async fn no_route(State(state): State<ApiState>, request: Request) -> ApiError {
-    state.gateway.metrics.api_request("unmatched", 404);
+    state.shared.metrics.api_request("unmatched", 404);
     ApiError::not_found(format!("no route {} {}", request.method(), request.uri().path()))
 }
 
 async fn wrong_method(State(state): State<ApiState>, request: Request) -> ApiError {
-    state.gateway.metrics.api_request("unmatched", 405);
+    state.shared.metrics.api_request("unmatched", 405);
     ApiError {
         status: StatusCode::METHOD_NOT_ALLOWED,
         message: format!("{} is not allowed on {}", request.method(), request.uri().path()),
@@ -200,7 +200,7 @@ async fn wrong_method(State(state): State<ApiState>, request: Request) -> ApiErr
 /// devices reads).
 async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<Json<Value>, ApiError> {
     let uid = parse_uid("uid", &uid)?;
-    let sessions = state.gateway.directory.locate(uid).await?;
+    let sessions = state.shared.directory.locate(uid).await?;
     // The most recently active: the least silent, a session of unknown silence last.
     let Some(recent) = sessions.iter().min_by_key(|s| s.silent_ms.unwrap_or(u64::MAX)) else {
         return Ok(Json(json!({ "uid": uid, "online": false, "sessions": [] })));
@@ -232,7 +232,7 @@ async fn presence_query(
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(&body?)?;
     let (uids, form) = uid_list(&body)?;
-    let online = state.gateway.directory.query(&uids).await?;
+    let online = state.shared.directory.query(&uids).await?;
     let (on, off) = split_by(uids, online);
     Ok(Json(json!({ "online": form.render(on), "offline": form.render(off) })))
 }
@@ -240,7 +240,7 @@ async fn presence_query(
 /// `GET /v1/online`: the cluster's totals (this node's alone when it runs alone), this
 /// node's own figures, and each node's.
 async fn online(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let count = state.gateway.directory.online().await?;
+    let count = state.shared.directory.online().await?;
     let node = |n: &NodeCount| json!({ "node": n.node, "online": n.online, "connections": n.connections });
     Ok(Json(json!({
         "online": count.online,
@@ -267,7 +267,7 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
         Some(_) => return Err(ApiError::bad_request("payload: must be a base64 string")),
         None => return Err(ApiError::bad_request("payload: missing")),
     };
-    let limit = state.gateway.config.max_push_bytes();
+    let limit = state.shared.settings.max_push_bytes;
     if payload.len() > limit {
         return Err(ApiError::bad_request(format!(
             "payload: {} bytes decoded, over the limit of {limit} (--max-frame-bytes - 1)",
@@ -285,10 +285,10 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
             Arc::from(name.as_str())
         }
         Some(_) => return Err(ApiError::bad_request("topic: must be a string")),
-        None => state.gateway.push_topic.clone(),
+        None => state.shared.settings.push_topic.clone(),
     };
     let push = Push { topic, payload: Bytes::from(payload) };
-    let reached = state.gateway.directory.push(&uids, device, push).await?;
+    let reached = state.shared.directory.push(&uids, device, push).await?;
     let sessions: usize = reached.iter().map(|r| r.sessions).sum();
     // A uid online only on MQTT sessions that did not subscribe to the topic was not
     // reached, and is not offline either: it is listed as unsubscribed.
@@ -300,7 +300,7 @@ async fn push(State(state): State<ApiState>, body: Result<Bytes, BytesRejection>
             _ => sent.push(uid),
         }
     }
-    let metrics = &state.gateway.metrics;
+    let metrics = &state.shared.metrics;
     metrics.pushes_sent.inc_by(sent.len() as u64);
     metrics.pushes_offline.inc_by(offline.len() as u64);
     metrics.pushes_unsubscribed.inc_by(unsubscribed.len() as u64);
@@ -327,7 +327,7 @@ async fn kick(
             _ => return Err(ApiError::bad_request(format!("{key}: unknown parameter; expected device"))),
         }
     }
-    match (state.gateway.directory.kick(uid, device.clone()).await?, device) {
+    match (state.shared.directory.kick(uid, device.clone()).await?, device) {
         (0, None) => Err(ApiError::not_found(format!("uid {uid} is offline"))),
         (0, Some(device)) => Err(ApiError::not_found(format!("uid {uid} has no session on device {device:?}"))),
         _ => Ok(StatusCode::NO_CONTENT),
@@ -375,11 +375,11 @@ async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Requ
         }
     }
     if let (None, Some(n)) = (after, tail) {
-        after = Some(state.gateway.directory.recent(n).await?);
+        after = Some(state.shared.directory.recent(n).await?);
     }
-    let node = state.gateway.config.node_id.clone();
-    let batches = state.gateway.directory.follow(after);
-    let budget = state.gateway.event_stream_bytes.clone();
+    let node = state.shared.settings.node_id.clone();
+    let batches = state.shared.directory.follow(after);
+    let budget = state.shared.stream_budget.clone();
     let body = sse_body(batches, types, node, budget).take_until(state.stop.cancelled_owned());
     let headers = [
         (header::CONTENT_TYPE, "text/event-stream"),

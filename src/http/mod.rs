@@ -3,12 +3,15 @@
 //!
 //! `api` is the backend API (presence, push, kicks, the event stream); `admin` serves
 //! liveness, readiness, `/metrics` and the status page (`status`). What is measured lives
-//! in [`crate::metrics`], below every side that counts something.
+//! in [`crate::metrics`], below every side that counts something. `state` is all they
+//! reach of the gateway.
 
 mod admin;
 mod api;
 mod listener;
+mod state;
 mod status;
 
 pub(crate) use admin::serve as serve_admin;
 pub(crate) use api::serve as serve_api;
+pub(crate) use state::{Health, Settings, State, EVENT_STREAMS_BYTES};

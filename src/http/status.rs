@@ -20,7 +20,7 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use crate::gateway::Gateway;
+use crate::http::state::State as Shared;
 use crate::proto::{CloseReason, Transport};
 
 /// The window close rates are averaged over: what `rate(...[10s])` over `/metrics` shows.
@@ -66,14 +66,14 @@ pub(crate) async fn page() -> impl IntoResponse {
 
 /// `GET /status.json`: what the page shows, read off the metrics.
 pub(crate) async fn summary(
-    State(gateway): State<Arc<Gateway>>,
+    State(shared): State<Arc<Shared>>,
     Extension(rates): Extension<Arc<CloseRates>>,
 ) -> Json<Value> {
-    let metrics = &gateway.metrics;
-    let config = &gateway.config;
+    let metrics = &shared.metrics;
+    let config = &shared.settings;
     let online = metrics.online_users.get();
     // Each node of a cluster (this one alone otherwise), from the directory.
-    let nodes: Vec<Value> = match gateway.directory.online().await {
+    let nodes: Vec<Value> = match shared.directory.online().await {
         Ok(count) => count
             .nodes
             .iter()
@@ -93,9 +93,9 @@ pub(crate) async fn summary(
     Json(json!({
         "node": config.node_id,
         "version": env!("CARGO_PKG_VERSION"),
-        "uptime_ms": Instant::now().saturating_duration_since(gateway.clock.instant_of(0)).as_millis() as u64,
-        "timeout_ms": config.timeout_ms(),
-        "tick_ms": config.tick_ms(),
+        "uptime_ms": Instant::now().saturating_duration_since(shared.clock.instant_of(0)).as_millis() as u64,
+        "timeout_ms": config.timeout_ms,
+        "tick_ms": config.tick_ms,
         "max_connections": config.max_connections,
         "online": online,
         "sessions": metrics.online_sessions.get(),

@@ -14,7 +14,7 @@ use prometheus::{
 };
 
 use crate::config::Config;
-use crate::proto::{kind, CloseReason, Frame, Transport};
+use crate::proto::{kind, CloseReason, Transport};
 
 /// Buckets of `idlegate_ring_expired_per_sweep`: decades, from a quiet tick to a mass expiry.
 const EXPIRED_PER_SWEEP_BUCKETS: [f64; 8] = [0.0, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
@@ -433,16 +433,12 @@ impl Metrics {
         self.closed.get(reason.index()).map_or(0, IntCounter::get)
     }
 
-    /// Counts a valid frame from a client (gateway-to-client kinds are not counted).
-    pub fn frame(&self, frame: &Frame) {
-        let index = match frame {
-            Frame::Login { .. } => 0,
-            Frame::Ping(_) => 1,
-            Frame::Data(_) => 2,
-            Frame::Logout => 3,
-            _ => return,
-        };
-        self.frames[index].inc();
+    /// Counts a frame of kind byte `kind` received (a command the same as one, on doors
+    /// that do not speak frames); kinds clients do not send are not counted.
+    pub fn frame_of_kind(&self, kind: u8) {
+        if let Some(index) = FRAME_KINDS.iter().position(|&(k, _)| k == kind) {
+            self.frames[index].inc();
+        }
     }
 
     /// Frames of kind byte `kind` received so far.

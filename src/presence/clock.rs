@@ -49,6 +49,16 @@ impl Clock {
         self.start + self.ticks(tick)
     }
 
+    /// Milliseconds from tick 0 to `at` (0 before it): a deadline in one word.
+    pub fn millis_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.start).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The instant `ms` milliseconds after tick 0.
+    pub fn instant_of_millis(&self, ms: u64) -> Instant {
+        self.start + Duration::from_millis(ms)
+    }
+
     /// How long one tick lasts.
     pub fn tick(&self) -> Duration {
         self.tick

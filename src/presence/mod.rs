@@ -4,28 +4,27 @@
 //! becomes ticks; `registry` maps uids to sessions and keeps them consistent with the ring;
 //! `ticker` moves the ring; `session` is what a logged-in client shares with the rest of the
 //! gateway, `outbox` holds pushes until its connection takes them and `subscriptions` says
-//! which pushes an MQTT session takes; `pending` bounds the
-//! connections waiting to log in; `events` logs every
-//! online, offline and data event; `directory` answers presence questions for the backend
-//! API, whether from this process or a cluster.
+//! which pushes an MQTT session takes; `events` logs every online, offline and data event;
+//! `directory` answers presence questions for the backend API, whether from this process or
+//! a cluster; `backplane` is what a cluster's shared store is to the composition root.
 
+mod backplane;
 mod clock;
 mod directory;
 mod events;
 mod outbox;
-mod pending;
 mod registry;
 mod ring;
 mod session;
 mod subscriptions;
 mod ticker;
 
+pub(crate) use backplane::Backplane;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::{unix_now, Clock};
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, Will, READ_BATCH};
 pub use outbox::{Outboxes, Push, Pushed, Reach};
-pub(crate) use pending::{Pending, Refused};
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};
 pub(crate) use session::data_bucket;

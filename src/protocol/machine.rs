@@ -9,17 +9,19 @@
 //! someone else ends it: an expiry, a kick, shutdown.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
 
 use crate::error::AuthError;
-use crate::gateway::Gateway;
-use crate::metrics::Metrics;
-use crate::presence::{session_hex, unix_now, Liveness, Push, Session, Will};
+use crate::presence::{session_hex, unix_now, Liveness, Push, Session};
 use crate::proto::{
-    jittered_ms, put_frame, retry_text, CloseReason, Device, Frame, Transport, REFUSED_RETRY_BASE,
-    REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+    jittered_ms, kind, put_frame, retry_text, CloseReason, Device, Frame, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
+    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
+use crate::protocol::command::Command;
+use crate::protocol::context::Context;
 
 /// Why a connection closes: the reason its BYE carries, and the BYE's text.
 pub(crate) type Close = (CloseReason, String);
@@ -48,6 +50,36 @@ impl Out for BytesMut {
     }
 }
 
+/// What the machine reads of the world besides commands: the time and randomness. The
+/// driver passes [`System`]; tests pass fixed values, so every rule runs with no clock.
+pub(crate) trait Inputs {
+    /// Monotonic time now: the ring's ticks and the login deadline.
+    fn now(&self) -> Instant;
+    /// Wall-clock seconds since the Unix epoch: token expiry only.
+    fn unix_secs(&self) -> u64;
+    /// `base` plus a random share of `spread`, in milliseconds: the retry hints, so a fleet
+    /// told to come back does not come back at once.
+    fn jitter_ms(&self, base: Duration, spread: Duration) -> u64;
+}
+
+/// The real time and randomness.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct System;
+
+impl Inputs for System {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn unix_secs(&self) -> u64 {
+        unix_now()
+    }
+
+    fn jitter_ms(&self, base: Duration, spread: Duration) -> u64 {
+        jittered_ms(base, spread)
+    }
+}
+
 /// What a wake-up of the session means for its connection.
 #[derive(Debug)]
 pub(crate) enum Wake {
@@ -58,131 +90,135 @@ pub(crate) enum Wake {
     Push { pushes: Vec<Push>, ping: bool, durable: u64 },
 }
 
+/// Where a connection is in the protocol. Two words: the logged-in variant's session
+/// pointer leaves room for the deadline beside it, so the machine costs every open
+/// connection's task no more than the session and its last tick.
+enum Phase {
+    /// Until a LOGIN succeeds: it must arrive by `deadline_ms` (the clock's milliseconds).
+    LoggingIn { deadline_ms: u64 },
+    /// Logged in; `last_tick` is the tick of the session's last ring touch: a command on the
+    /// same tick skips the ring.
+    LoggedIn { session: Arc<Session>, last_tick: u64 },
+}
+
 /// The protocol state of one connection.
 pub(crate) struct Machine {
-    gateway: Arc<Gateway>,
-    session: Option<Arc<Session>>,
-    /// The tick of this session's last ring touch: a frame on the same tick skips the ring.
-    last_tick: u64,
+    context: Arc<Context>,
+    phase: Phase,
 }
 
 // === impl Machine ===
 
 impl Machine {
-    pub(crate) fn new(gateway: Arc<Gateway>) -> Machine {
-        Machine { gateway, session: None, last_tick: 0 }
+    /// The machine of a connection accepted at `accepted`: it must log in within
+    /// `--login-timeout` of then.
+    pub(crate) fn new(context: Arc<Context>, accepted: Instant) -> Machine {
+        let deadline_ms = context.clock.millis_at(accepted + context.rules.login_timeout);
+        Machine { context, phase: Phase::LoggingIn { deadline_ms } }
     }
 
-    pub(crate) fn gateway(&self) -> &Arc<Gateway> {
-        &self.gateway
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.context
     }
 
     /// The session, once logged in.
-    pub(crate) fn session(&self) -> Option<&Session> {
-        self.session.as_deref()
+    pub(crate) fn session(&self) -> Option<&Arc<Session>> {
+        match &self.phase {
+            Phase::LoggedIn { session, .. } => Some(session),
+            Phase::LoggingIn { .. } => None,
+        }
+    }
+
+    /// When [`Machine::handle_timeout`] must be called next, if ever: the login deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::LoggingIn { deadline_ms } => Some(self.context.clock.instant_of_millis(deadline_ms)),
+            Phase::LoggedIn { .. } => None,
+        }
+    }
+
+    /// Time has passed (call it once [`Machine::poll_timeout`] is reached, after the door
+    /// read what had arrived): the close for a client that did not log in in time.
+    pub(crate) fn handle_timeout(&self, inputs: &impl Inputs) -> Result<(), Close> {
+        match self.poll_timeout() {
+            Some(deadline) if inputs.now() >= deadline => Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
+            _ => Ok(()),
+        }
     }
 
     /// The close of a connection shed from the connections waiting to log in.
-    pub(crate) fn shed(&self) -> Close {
-        self.gateway.metrics.shed_pending_logins.inc();
-        let hint = jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
+    pub(crate) fn shed(&self, inputs: &impl Inputs) -> Close {
+        self.context.metrics.shed_pending_logins.inc();
+        let hint = inputs.jitter_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
         let why = "the oldest connection waiting to log in, shed to make room for newer ones";
         (CloseReason::ServerFull, retry_text(hint, why))
-    }
-
-    /// At the login deadline, after the transport read what had arrived: logged in, or the
-    /// close for a client that did not log in in time.
-    pub(crate) fn login_deadline(&self) -> Result<(), Close> {
-        match &self.session {
-            Some(_) => Ok(()),
-            None => Err((CloseReason::LoginTimeout, "no LOGIN in time".into())),
-        }
     }
 
     /// Called as the logged-in phase begins: shutdown ends every session in the registry,
     /// and one that logged in as it began is ended here, so none is missed either way.
     pub(crate) fn begin(&self) {
-        if let Some(session) = self.session.as_ref().filter(|_| self.gateway.shutdown.is_cancelled()) {
+        if let Some(session) = self.session().filter(|_| self.context.shutdown.is_cancelled()) {
             // Through the registry, which decides under the uid's entry whether this was
             // its last session.
-            self.gateway.registry.leave(session, CloseReason::Shutdown);
+            self.context.registry.leave(session, CloseReason::Shutdown);
         }
     }
 
     /// What the session's wake-up means.
     pub(crate) fn on_wake(&self) -> Option<Wake> {
-        let session = self.session.as_deref()?;
+        let session = self.session()?;
         Some(match session.end_reason() {
             Some(reason) => Wake::End(reason),
             None => Wake::Push {
-                pushes: self.gateway.registry.take_pushes(session),
+                pushes: self.context.registry.take_pushes(session),
                 ping: session.take_ping(),
-                durable: self.gateway.registry.events().durable_through(),
+                durable: self.context.registry.events().durable_through(),
             },
         })
     }
 
-    /// Acts on one frame from the client; replies go to `out`. An error closes the
+    /// Acts on one command from the client; replies go to `out`. An error closes the
     /// connection with that reason and text.
-    pub(crate) fn on_frame(&mut self, frame: Frame, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
-        self.on_frame_of(frame, false, out)
-    }
-
-    /// A frame from a client that takes every push, or (`subscriber`, an MQTT client) only
-    /// those its subscriptions match.
-    fn on_frame_of(&mut self, frame: Frame, subscriber: bool, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
-        let metrics: &Metrics = &self.gateway.metrics;
-        metrics.frame(&frame);
-        match (&self.session, frame) {
-            (None, Frame::Login { uid, token, device }) => self.login(uid, &token, device, subscriber, out),
-            (Some(_), Frame::Login { .. }) => Err((CloseReason::ProtocolError, "second LOGIN".into())),
-            (Some(_), Frame::Ping(payload)) => {
-                self.activity()?;
+    pub(crate) fn handle(
+        &mut self,
+        inputs: &impl Inputs,
+        command: Command,
+        out: &mut (impl Out + ?Sized),
+    ) -> Result<(), Close> {
+        let counted = match &command {
+            Command::Login { .. } => Some(kind::LOGIN),
+            Command::Ping(_) => Some(kind::PING),
+            Command::Data { .. } => Some(kind::DATA),
+            Command::Logout => Some(kind::LOGOUT),
+            _ => None,
+        };
+        if let Some(kind) = counted {
+            self.context.metrics.frame_of_kind(kind);
+        }
+        let logged_in = matches!(self.phase, Phase::LoggedIn { .. });
+        match command {
+            Command::Login { uid, token, device, subscriber, will } if !logged_in => {
+                self.login(inputs, uid, &token, device, subscriber, out)?;
+                if let (Some(session), Some(will)) = (self.session(), will) {
+                    self.context.registry.events().set_will(session, *will);
+                }
+                Ok(())
+            }
+            Command::Login { .. } => Err((CloseReason::ProtocolError, "second LOGIN".into())),
+            Command::Refused(why) => Err((CloseReason::ProtocolError, why.into())),
+            // Not a frame: activity of a logged-in session, nothing before LOGIN.
+            Command::Activity => self.activity(inputs).map(|_| ()),
+            _ if !logged_in => Err((CloseReason::ProtocolError, "LOGIN must be the first frame".into())),
+            Command::Ping(payload) => {
+                self.activity(inputs)?;
                 out.frame(&Frame::Pong(payload));
                 Ok(())
             }
-            (Some(_), Frame::Data(payload)) => {
-                // Copied to a buffer of its own size: the frame's bytes live in the worker's
-                // read buffer, which the log must not keep alive.
-                self.data(Bytes::copy_from_slice(&payload), None, out)
-            }
-            (Some(_), Frame::Logout) => Err((CloseReason::Logout, String::new())),
-            (None, Frame::Ping(_) | Frame::Data(_) | Frame::Logout) => {
-                Err((CloseReason::ProtocolError, "LOGIN must be the first frame".into()))
-            }
-            (_, Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Bye { .. }) => {
-                Err((CloseReason::ProtocolError, "gateway-to-client frame kind sent by a client".into()))
-            }
+            Command::Data { payload, topic } => self.data(inputs, payload, topic.as_deref(), out),
+            Command::Logout => Err((CloseReason::Logout, String::new())),
+            Command::Subscribe { filters, max_packet } => self.subscriptions(inputs, &filters, Some(max_packet), out),
+            Command::Unsubscribe(filters) => self.subscriptions(inputs, &filters, None, out),
         }
-    }
-
-    /// An MQTT PUBLISH: a DATA on `topic`, its payload already in a buffer of its own.
-    pub(crate) fn on_publish(
-        &mut self,
-        topic: Arc<str>,
-        payload: Bytes,
-        out: &mut (impl Out + ?Sized),
-    ) -> Result<(), Close> {
-        if self.session.is_none() {
-            return Err((CloseReason::ProtocolError, "PUBLISH before CONNECT".into()));
-        }
-        self.gateway.metrics.frame(&Frame::Data(Bytes::new()));
-        self.data(payload, Some(&topic), out)
-    }
-
-    /// An MQTT CONNECT: the LOGIN of a session that takes only the pushes it subscribes to,
-    /// and its will, told in its offline event.
-    pub(crate) fn on_connect(
-        &mut self,
-        login: Frame,
-        will: Option<Box<Will>>,
-        out: &mut (impl Out + ?Sized),
-    ) -> Result<(), Close> {
-        self.on_frame_of(login, true, out)?;
-        if let (Some(session), Some(will)) = (&self.session, will) {
-            self.gateway.registry.events().set_will(session, *will);
-        }
-        Ok(())
     }
 
     /// An MQTT SUBSCRIBE (with the largest packet its client takes) or UNSUBSCRIBE (`None`):
@@ -190,18 +226,19 @@ impl Machine {
     /// state the gateway keeps), and the session's topic filters change, at most
     /// `--mqtt-max-subscriptions` of them; a SUBSCRIBE's outcome goes to `out`, filter by
     /// filter.
-    pub(crate) fn on_subscriptions(
+    fn subscriptions(
         &mut self,
+        inputs: &impl Inputs,
         filters: &[String],
         subscribe: Option<u32>,
         out: &mut (impl Out + ?Sized),
     ) -> Result<(), Close> {
-        let now = self.activity()?;
+        let now = self.activity(inputs)?;
         self.data_allowed(now)?;
-        if let Some(session) = &self.session {
-            let subscriptions = self.gateway.registry.subscriptions();
+        if let Some(session) = self.session() {
+            let subscriptions = self.context.registry.subscriptions();
             if let Some(max_packet) = subscribe {
-                let max = self.gateway.config.mqtt_max_subscriptions;
+                let max = self.context.rules.mqtt_max_subscriptions;
                 out.subscribed(&subscriptions.subscribe(session.id(), filters, max, max_packet));
             } else {
                 subscriptions.unsubscribe(session.id(), filters);
@@ -214,11 +251,17 @@ impl Machine {
     /// did not take (its session ended since the tick's touch: a kick, a takeover) closes
     /// the connection with the session's reason, so an MQTT PUBLISH is never acknowledged
     /// for data nobody will see, and the client sends it again on its next connection.
-    fn data(&mut self, payload: Bytes, topic: Option<&str>, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
-        let now = self.activity()?;
+    fn data(
+        &mut self,
+        inputs: &impl Inputs,
+        payload: Bytes,
+        topic: Option<&str>,
+        out: &mut (impl Out + ?Sized),
+    ) -> Result<(), Close> {
+        let now = self.activity(inputs)?;
         self.data_allowed(now)?;
-        if let Some(session) = &self.session {
-            match self.gateway.registry.events().data(session, payload, topic) {
+        if let Some(session) = self.session() {
+            match self.context.registry.events().data(session, payload, topic) {
                 Some(position) => out.logged(position),
                 None => return Err((session.end_reason().unwrap_or(CloseReason::Kicked), String::new())),
             }
@@ -226,25 +269,21 @@ impl Machine {
         Ok(())
     }
 
-    /// Something from the client that is not a frame but shows it is there (a WebSocket
-    /// ping or pong): activity of a logged-in session, nothing before LOGIN.
-    pub(crate) fn on_activity(&mut self) -> Result<(), Close> {
-        self.activity().map(|_| ())
-    }
-
     /// Logs in; `subscriber` for an MQTT session, which takes only the pushes its
     /// subscriptions match.
     fn login(
         &mut self,
+        inputs: &impl Inputs,
         uid: u64,
         token: &[u8],
         device: Device,
         subscriber: bool,
         out: &mut (impl Out + ?Sized),
     ) -> Result<(), Close> {
-        let gateway = &self.gateway;
-        if let Some(auth) = &gateway.config.auth {
-            if let Err(e) = auth.verify(uid, token, unix_now()) {
+        let context = &self.context;
+        let rules = &context.rules;
+        if let Some(auth) = &rules.auth {
+            if let Err(e) = auth.verify(uid, token, inputs.unix_secs()) {
                 tracing::debug!(uid, error = %e, "login refused");
                 // Says what to do about it (refresh, or fix the minting), never what the
                 // secret is.
@@ -257,54 +296,52 @@ impl Machine {
                 return Err((CloseReason::AuthFailed, why.into()));
             }
         }
-        let now = gateway.clock.now();
-        let pingable = out.pings() && gateway.config.ws_keepalive_pings;
-        let session = gateway.registry.login_as(uid, device, now, subscriber, pingable);
+        let now = context.clock.tick_at(inputs.now());
+        let pingable = out.pings() && rules.ws_keepalive_pings;
+        let session = context.registry.login_as(uid, device, now, subscriber, pingable);
         let id = session_hex(session.id());
-        self.session = Some(session);
-        self.last_tick = now;
-        let config = &gateway.config;
-        out.frame(&Frame::Welcome { timeout_ms: config.timeout_ms(), tick_ms: config.tick_ms(), session: id });
+        out.frame(&Frame::Welcome { timeout_ms: rules.timeout_ms, tick_ms: rules.tick_ms, session: id });
+        self.phase = Phase::LoggedIn { session, last_tick: now };
         tracing::debug!(uid, "logged in");
         Ok(())
     }
 
-    /// Counts a frame as activity of the session: ring work only when the tick changed.
-    /// Returns the tick now, for the frame's other checks.
-    fn activity(&mut self) -> Result<u64, Close> {
-        let now = self.gateway.clock.now();
-        let Some(session) = &self.session else {
+    /// Counts a command as activity of the session: ring work only when the tick changed.
+    /// Returns the tick now, for the command's other checks.
+    fn activity(&mut self, inputs: &impl Inputs) -> Result<u64, Close> {
+        let now = self.context.clock.tick_at(inputs.now());
+        let Phase::LoggedIn { session, last_tick } = &mut self.phase else {
             return Ok(now);
         };
-        if now == self.last_tick {
+        if now == *last_tick {
             return Ok(now);
         }
-        match self.gateway.registry.touch(session, now) {
+        match self.context.registry.touch(session, now) {
             Liveness::Alive => {
-                self.last_tick = now;
+                *last_tick = now;
                 Ok(now)
             }
-            // Swept (or kicked) before this frame was read: the frame is dropped, and the
-            // close ends the session as expired unless something else ended it first.
+            // Swept (or kicked) before this command was read: it is dropped, and the close
+            // ends the session as expired unless something else ended it first.
             Liveness::Gone => Err((session.end_reason().unwrap_or(CloseReason::IdleTimeout), String::new())),
         }
     }
 
-    /// Takes a DATA frame's token at tick `now` from the session's bucket (`--max-data-rate`); a client
-    /// over the rate is ended, so one client cannot flood the event log for everyone.
+    /// Takes a DATA's token at tick `now` from the session's bucket (`--max-data-rate`); a
+    /// client over the rate is ended, so one client cannot flood the event log for everyone.
     fn data_allowed(&self, now: u64) -> Result<(), Close> {
-        let (Some(session), Some((per_tick, burst))) = (&self.session, self.gateway.data_bucket) else {
+        let rules = &self.context.rules;
+        let (Some(session), Some((per_tick, burst))) = (self.session(), rules.data_bucket) else {
             return Ok(());
         };
         if session.take_data_token(now, per_tick, burst) {
             return Ok(());
         }
-        let config = &self.gateway.config;
         Err((
             CloseReason::ProtocolError,
             format!(
                 "DATA over --max-data-rate: more than {} frames a second with a burst of {}",
-                config.max_data_rate, config.max_data_burst
+                rules.max_data_rate, rules.max_data_burst
             ),
         ))
     }
@@ -312,33 +349,39 @@ impl Machine {
     /// Ends the session (the first reason given wins) and says what to send last: the pushes
     /// a backend was told were sent, then the BYE (with a retry hint for shutdown). Returns
     /// the reason the connection closes with.
-    pub(crate) fn goodbye(&self, reason: CloseReason, text: String) -> (CloseReason, Vec<Push>, Option<Frame>) {
-        let reason = match &self.session {
+    pub(crate) fn goodbye(
+        &self,
+        inputs: &impl Inputs,
+        reason: CloseReason,
+        text: String,
+    ) -> (CloseReason, Vec<Push>, Option<Frame>) {
+        let context = &self.context;
+        let reason = match self.session() {
             Some(session) => {
                 // Here, the connection's last word, not at the ending: a SUBSCRIBE read after
                 // a kick but before its wake-up would otherwise leave its filters behind.
-                self.gateway.registry.subscriptions().forget(session.id());
-                self.gateway.registry.leave(session, reason)
+                context.registry.subscriptions().forget(session.id());
+                context.registry.leave(session, reason)
             }
             None => reason,
         };
         // Counted before the client can see the close, so whoever watches both never sees
         // an end of stream the counters do not know of yet.
-        self.gateway.metrics.closed(reason);
-        if reason == CloseReason::IdleTimeout && self.session.is_some() {
+        context.metrics.closed(reason);
+        if let (CloseReason::IdleTimeout, Phase::LoggedIn { last_tick, .. }) = (reason, &self.phase) {
             // From the tick that swept it (window ticks after its last touch) to its BYE,
             // which goes out next.
-            let gateway = &self.gateway;
-            let swept_at = gateway.clock.instant_of(self.last_tick + gateway.config.window());
-            gateway.metrics.expiry_bye_delay.observe(swept_at.elapsed().as_secs_f64());
+            let swept_at = context.clock.instant_of(last_tick + context.rules.window);
+            let delay = inputs.now().saturating_duration_since(swept_at);
+            context.metrics.expiry_bye_delay.observe(delay.as_secs_f64());
         }
-        let pushes = self.session.as_ref().map(|s| self.gateway.registry.take_pushes(s)).unwrap_or_default();
+        let pushes = self.session().map(|s| context.registry.take_pushes(s)).unwrap_or_default();
         // Told when to come back, each at a different moment, so a fleet does not return at
         // once to a restarted gateway.
         let text = match reason {
-            CloseReason::Shutdown => retry_text(jittered_ms(SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD), &text),
-            CloseReason::Kicked if text.is_empty() && self.session.as_ref().is_some_and(|s| s.was_evicted()) => {
-                match self.gateway.config.max_devices {
+            CloseReason::Shutdown => retry_text(inputs.jitter_ms(SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD), &text),
+            CloseReason::Kicked if text.is_empty() && self.session().is_some_and(|s| s.was_evicted()) => {
+                match context.rules.max_devices {
                     1 => "replaced by a login of the same uid on another device (--max-devices 1)".to_string(),
                     n => format!("the least recently active of {n} devices, ended for a login on another"),
                 }
@@ -349,43 +392,175 @@ impl Machine {
         (reason, pushes, bye)
     }
 
-    /// After the connection on `transport` closed with `reason`.
-    pub(crate) fn closed(&self, transport: Transport, reason: CloseReason) {
-        match &self.session {
+    /// After the connection closed with `reason` (its door's count goes down with its
+    /// guard, when its task ends).
+    pub(crate) fn closed(&self, reason: CloseReason) {
+        match self.session() {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),
         }
-        self.gateway.metrics.closed_on(transport);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+
     use super::*;
+    use crate::auth::Auth;
     use crate::config::Config;
 
-    fn login(machine: &mut Machine, uid: u64) {
+    /// Time and randomness the test sets: the machine reads no clock of its own.
+    struct Fixed {
+        now: Cell<Instant>,
+        unix: u64,
+    }
+
+    impl Fixed {
+        fn at(now: Instant) -> Fixed {
+            Fixed { now: Cell::new(now), unix: 1_000_000 }
+        }
+
+        fn advance(&self, by: Duration) {
+            self.now.set(self.now.get() + by);
+        }
+    }
+
+    impl Inputs for Fixed {
+        fn now(&self) -> Instant {
+            self.now.get()
+        }
+
+        fn unix_secs(&self) -> u64 {
+            self.unix
+        }
+
+        fn jitter_ms(&self, base: Duration, _spread: Duration) -> u64 {
+            base.as_millis() as u64
+        }
+    }
+
+    fn login_command(uid: u64) -> Command {
+        Command::Login { uid, token: Bytes::new(), device: Device::DEFAULT, subscriber: true, will: None }
+    }
+
+    fn machine(config: &Config) -> (Machine, Fixed) {
+        let context = Context::for_test(config);
+        let inputs = Fixed::at(context.clock.instant_of(0));
+        (Machine::new(context, inputs.now()), inputs)
+    }
+
+    fn login(machine: &mut Machine, inputs: &Fixed, uid: u64) {
         let mut out = BytesMut::new();
-        let login = Frame::Login { uid, token: Bytes::new(), device: Device::DEFAULT };
-        machine.on_connect(login, None, &mut out).expect("the login is taken");
+        machine.handle(inputs, login_command(uid), &mut out).expect("the login is taken");
         assert!(!out.is_empty(), "a WELCOME went out");
+    }
+
+    fn reason(result: Result<(), Close>) -> Result<(), CloseReason> {
+        result.map_err(|(reason, _)| reason)
     }
 
     /// A takeover ends the session on the tick of its last touch: the PUBLISH read next
     /// does no ring work, and must still find out that the log did not take its DATA.
     #[tokio::test(start_paused = true)]
     async fn a_publish_the_log_did_not_take_closes_instead_of_being_acknowledged() {
-        let gateway = Gateway::new(Config::default());
-        let mut machine = Machine::new(gateway.clone());
-        login(&mut machine, 7);
-        assert_eq!(machine.on_publish("t".into(), Bytes::from_static(b"before"), &mut BytesMut::new()), Ok(()));
-        assert_eq!(gateway.registry.kick(7, None), 1);
-        let after = machine.on_publish("t".into(), Bytes::from_static(b"after"), &mut BytesMut::new());
-        assert_eq!(after.map_err(|(reason, _)| reason), Err(CloseReason::Kicked));
-        let mut tcp = Machine::new(gateway.clone());
-        login(&mut tcp, 8);
-        gateway.registry.kick(8, None);
-        let data = tcp.on_frame(Frame::Data(Bytes::from_static(b"late")), &mut BytesMut::new());
-        assert_eq!(data.map_err(|(reason, _)| reason), Err(CloseReason::Kicked));
+        let (mut machine, inputs) = machine(&Config::default());
+        let registry = machine.context().registry.clone();
+        login(&mut machine, &inputs, 7);
+        let publish =
+            |payload: &'static [u8]| Command::Data { payload: Bytes::from_static(payload), topic: Some("t".into()) };
+        assert_eq!(machine.handle(&inputs, publish(b"before"), &mut BytesMut::new()), Ok(()));
+        assert_eq!(registry.kick(7, None), 1);
+        let after = machine.handle(&inputs, publish(b"after"), &mut BytesMut::new());
+        assert_eq!(reason(after), Err(CloseReason::Kicked));
+        let mut tcp = Machine::new(machine.context().clone(), inputs.now());
+        login(&mut tcp, &inputs, 8);
+        registry.kick(8, None);
+        let data = tcp.handle(&inputs, Frame::Data(Bytes::from_static(b"late")).into(), &mut BytesMut::new());
+        assert_eq!(reason(data), Err(CloseReason::Kicked));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_login_deadline_is_the_machine_s_and_ends_only_a_connection_that_did_not_log_in() {
+        let config = Config { login_timeout: Duration::from_secs(5), ..Config::default() };
+        let (mut waiting, inputs) = machine(&config);
+        let deadline = waiting.poll_timeout().expect("a deadline before LOGIN");
+        assert_eq!(deadline, inputs.now() + Duration::from_secs(5));
+        inputs.advance(Duration::from_millis(4999));
+        assert_eq!(waiting.handle_timeout(&inputs), Ok(()));
+        inputs.advance(Duration::from_millis(1));
+        assert_eq!(reason(waiting.handle_timeout(&inputs)), Err(CloseReason::LoginTimeout));
+        // A LOGIN read before the deadline was acted on: no deadline any more.
+        login(&mut waiting, &inputs, 1);
+        assert_eq!(waiting.poll_timeout(), None);
+        assert_eq!(waiting.handle_timeout(&inputs), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn login_comes_first_and_once() {
+        let (mut machine, inputs) = machine(&Config::default());
+        let ping = machine.handle(&inputs, Command::Ping(Bytes::new()), &mut BytesMut::new());
+        assert_eq!(ping, Err((CloseReason::ProtocolError, "LOGIN must be the first frame".into())));
+        // Activity before LOGIN is nothing, not an error: a WebSocket ping during the login.
+        assert_eq!(machine.handle(&inputs, Command::Activity, &mut BytesMut::new()), Ok(()));
+        login(&mut machine, &inputs, 3);
+        let again = machine.handle(&inputs, login_command(3), &mut BytesMut::new());
+        assert_eq!(again, Err((CloseReason::ProtocolError, "second LOGIN".into())));
+        let refused = machine.handle(&inputs, Frame::Pong(Bytes::new()).into(), &mut BytesMut::new());
+        assert_eq!(reason(refused), Err(CloseReason::ProtocolError));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ping_is_answered_and_touches_the_ring_once_a_tick() {
+        let (mut machine, inputs) = machine(&Config::default());
+        let registry = machine.context().registry.clone();
+        login(&mut machine, &inputs, 4);
+        let mut out = BytesMut::new();
+        machine.handle(&inputs, Command::Ping(Bytes::from_static(b"x")), &mut out).unwrap();
+        let pong = crate::proto::FrameCodec::default().decode(&mut out).unwrap();
+        assert_eq!(pong, Some(Frame::Pong(Bytes::from_static(b"x"))));
+        // Silent up to the timeout's last tick, one ping keeps it: the ring moved it.
+        inputs.advance(Duration::from_secs(29));
+        machine.handle(&inputs, Command::Ping(Bytes::new()), &mut BytesMut::new()).unwrap();
+        let Phase::LoggedIn { last_tick, .. } = machine.phase else { panic!("logged in") };
+        assert_eq!(last_tick, 29);
+        assert_eq!(registry.online(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn token_expiry_is_judged_by_the_wall_clock_given() {
+        let auth = Auth::new(b"secret-secret-secret-secret-32b!".to_vec());
+        let config = Config { auth: Some(auth.clone()), ..Config::default() };
+        let (mut machine, mut inputs) = machine(&config);
+        let token = auth.mint(9, 1_000_100);
+        inputs.unix = 1_000_101;
+        let login =
+            Command::Login { uid: 9, token: token.into(), device: Device::DEFAULT, subscriber: false, will: None };
+        let refused = machine.handle(&inputs, login, &mut BytesMut::new());
+        assert_eq!(refused, Err((CloseReason::AuthFailed, "token expired".into())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn data_over_the_rate_ends_the_session() {
+        let config = Config { max_data_rate: 1, max_data_burst: 2, ..Config::default() };
+        let (mut machine, inputs) = machine(&config);
+        login(&mut machine, &inputs, 5);
+        let data = || Command::Data { payload: Bytes::from_static(b"d"), topic: None };
+        assert_eq!(machine.handle(&inputs, data(), &mut BytesMut::new()), Ok(()));
+        assert_eq!(machine.handle(&inputs, data(), &mut BytesMut::new()), Ok(()));
+        let over = machine.handle(&inputs, data(), &mut BytesMut::new());
+        assert_eq!(reason(over), Err(CloseReason::ProtocolError));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_goodbye_carries_the_retry_hint_it_was_given() {
+        let (mut machine, inputs) = machine(&Config::default());
+        login(&mut machine, &inputs, 6);
+        let (reason, _, bye) = machine.goodbye(&inputs, CloseReason::Shutdown, String::new());
+        assert_eq!(reason, CloseReason::Shutdown);
+        let Some(Frame::Bye { text, .. }) = bye else { panic!("a BYE") };
+        let base = SHUTDOWN_RETRY_BASE.as_millis() as u64;
+        assert_eq!(crate::proto::retry_hint(&text), Some(base));
+        assert_eq!(machine.context().registry.online(), 0);
     }
 }

@@ -1,5 +1,11 @@
-//! The protocol, with no IO: the state machine every transport drives.
+//! The protocol, with no IO: what every door decodes a client's bytes into (`command`),
+//! the state machine that applies the rules to it (`machine`), and what the machine may
+//! reach of the gateway (`context`).
 
+mod command;
+mod context;
 mod machine;
 
-pub(crate) use machine::{Close, Machine, Out, Wake};
+pub(crate) use command::Command;
+pub(crate) use context::{Context, Rules};
+pub(crate) use machine::{Close, Machine, Out, System, Wake};

@@ -28,7 +28,8 @@ use tokio::time::timeout;
 use crate::config::max_queued_bytes;
 use crate::presence::Push;
 use crate::proto::{CloseReason, Frame, Transport};
-use crate::protocol::{Close, Out};
+use crate::protocol::{Close, Command, Out};
+use crate::transport::door::{Door, Speaks};
 
 /// Bytes one read asks the kernel for: a burst of pings, or a whole LOGIN with its token.
 const READ_CHUNK: usize = 4 * 1024;
@@ -74,36 +75,15 @@ pub(crate) trait Layer {
     fn ready(&self) -> bool;
 }
 
-/// What one decoded unit from a client is.
-pub(crate) enum Input {
-    /// A protocol frame.
-    Frame(Frame),
-    /// Something that is not a frame but shows the client is there (a WebSocket ping).
-    Activity,
-    /// An MQTT PUBLISH: a DATA on a topic.
-    Publish { topic: std::sync::Arc<str>, payload: bytes::Bytes },
-    /// An MQTT CONNECT: a LOGIN of a session that takes only the pushes it subscribes to,
-    /// and its will.
-    Connect { login: Frame, will: Option<Box<crate::presence::Will>> },
-    /// An MQTT SUBSCRIBE's topic filters, from a client that takes packets of up to
-    /// `max_packet` bytes.
-    Subscribe { filters: Vec<String>, max_packet: u32 },
-    /// An MQTT UNSUBSCRIBE's topic filters.
-    Unsubscribe(Vec<String>),
-}
-
 /// How a door's plaintext becomes frames and frames become plaintext.
 pub(crate) trait Framing {
-    /// WebSocket messages (else length-prefixed frames): with the layer, names the door.
-    const WEBSOCKET: bool;
-
-    /// MQTT packets: with the layer, names the door.
-    const MQTT: bool = false;
+    /// What it decodes: with the layer, names the door (`door.rs`).
+    const SPEAKS: Speaks;
 
     /// The next unit at the front of `src`, taken off it; `None` until one has arrived.
     /// Whatever the framing must answer by itself (a WebSocket pong, the upgrade's 101) is
     /// appended to `out`. An error closes the connection.
-    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close>;
+    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Command>, Close>;
 
     /// Appends `frame` to `out` as this door sends it.
     fn encode(&mut self, frame: &Frame, out: &mut BytesMut);
@@ -157,7 +137,7 @@ impl<F: Framing> Out for Encoded<'_, F> {
     }
 
     fn pings(&self) -> bool {
-        F::WEBSOCKET
+        matches!(F::SPEAKS, Speaks::WebSocket)
     }
 
     fn logged(&mut self, position: u64) {
@@ -208,22 +188,10 @@ fn unsent(held: &mut Held) -> &mut BytesMut {
 
 impl<L: Layer, F: Framing> Connection<L, F> {
     /// The door this connection came in by: known from its types, so no connection stores it.
-    pub(crate) const TRANSPORT: Transport = match (L::CLEAR, F::WEBSOCKET, F::MQTT) {
-        (true, _, true) => Transport::Mqtt,
-        (false, _, true) => Transport::Mqtts,
-        (true, false, false) => Transport::Tcp,
-        (false, false, false) => Transport::Tls,
-        (true, true, false) => Transport::Ws,
-        (false, true, false) => Transport::Wss,
-    };
+    pub(crate) const TRANSPORT: Transport = Door::by(L::CLEAR, F::SPEAKS);
 
     pub(crate) fn new(stream: TcpStream, layer: L, framing: F) -> Self {
         Connection { stream, layer, framing, held: None }
-    }
-
-    /// The socket's descriptor number: the connection's key among those waiting to log in.
-    pub(crate) fn fd(&self) -> i32 {
-        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
     }
 
     /// Whether the door's handshakes (TLS, WebSocket upgrade) are done.
@@ -257,7 +225,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     pub(crate) fn on_ready(
         &mut self,
         ready: io::Result<Ready>,
-        mut on_input: impl FnMut(Input, &mut dyn Out) -> Result<(), Close>,
+        mut on_input: impl FnMut(Command, &mut dyn Out) -> Result<(), Close>,
     ) -> Result<(), Close> {
         let ready = ready.map_err(|_| disconnect())?;
         self.write_with(|conn, plain, wire| {
@@ -373,7 +341,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
         &mut self,
         plain_out: &mut BytesMut,
         wire: &mut BytesMut,
-        on_input: &mut impl FnMut(Input, &mut dyn Out) -> Result<(), Close>,
+        on_input: &mut impl FnMut(Command, &mut dyn Out) -> Result<(), Close>,
     ) -> Result<(), Close> {
         let mut start = self.take(pending);
         let result = with_buffer(&READ_SCRATCH, &mut start, |buf| {
@@ -409,7 +377,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
         &mut self,
         src: &mut BytesMut,
         out: &mut BytesMut,
-        on_input: &mut impl FnMut(Input, &mut dyn Out) -> Result<(), Close>,
+        on_input: &mut impl FnMut(Command, &mut dyn Out) -> Result<(), Close>,
     ) -> Result<(), Close> {
         while let Some(input) = self.framing.decode(src, out)? {
             on_input(input, &mut Encoded { framing: &mut self.framing, out })?;

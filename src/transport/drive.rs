@@ -11,42 +11,43 @@ use std::task::{Context, Poll};
 
 use tokio::io::Ready;
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep_until, Instant};
 
-use crate::gateway::Gateway;
 use crate::proto::{CloseReason, Transport};
-use crate::protocol::{Close, Machine, Wake};
-use crate::transport::connection::{Connection, Framing, Input, Layer};
+use crate::protocol::{self, Close, Command, Machine, System, Wake};
+use crate::transport::admission::Ticket;
+use crate::transport::connection::{Connection, Framing, Layer};
+use crate::transport::guard::Guard;
 
-/// Serves one accepted connection until it closes, holding `permit` (its place under
-/// `--max-connections`) until then; resolves to why it closed.
+/// Serves one accepted connection until it closes, holding `guard` (its slot and its
+/// counts) until then, and `ticket` (its place among the connections waiting to log in)
+/// through the login phase; resolves to why it closed.
 ///
 /// This future is the connection's task: everything it keeps is memory every open
 /// connection costs (`footprint` below). So it is written by hand, not as an `async fn`: an
 /// `async fn` keeps its arguments in slots of their own beside the state built from them,
-/// and each nested future's state beside that, which took 280 bytes where the state itself
-/// is the connection, the machine and the permit. The login phase (with its deadline timer)
-/// and the close (with its write deadline) are boxed futures that own the connection while
-/// they run: allocated while they run, freed after, instead of widening every connection's
-/// task by their size for as long as it lives.
+/// and each nested future's state beside that. The login phase (with its deadline timer and
+/// its ticket) and the close (with its write deadline) are boxed futures that own the
+/// connection while they run: allocated while they run, freed after, instead of widening
+/// every connection's task by their size for as long as it lives.
 pub(crate) fn serve<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin + 'static>(
     stream: TcpStream,
     layer: L,
     framing: F,
-    gateway: Arc<Gateway>,
-    permit: OwnedSemaphorePermit,
+    context: Arc<protocol::Context>,
+    guard: Guard,
+    ticket: Option<Ticket>,
 ) -> Serve<L, F> {
     let conn = Connection::new(stream, layer, framing);
-    let machine = Machine::new(gateway);
-    Serve { phase: Phase::LoggingIn(Box::pin(log_in(machine, conn))), permit: Some(permit) }
+    let machine = Machine::new(context, Instant::now());
+    Serve { phase: Phase::LoggingIn(Box::pin(log_in(machine, conn, ticket))), guard }
 }
 
 /// A connection's task; see [`serve`].
 pub(crate) struct Serve<L, F> {
     phase: Phase<L, F>,
-    /// Its place under `--max-connections`, given back when it closes.
-    permit: Option<OwnedSemaphorePermit>,
+    /// Its slot and counts, given back when the task ends.
+    guard: Guard,
 }
 
 /// The future of a connection's login phase: the connection and machine back, and how it
@@ -75,6 +76,7 @@ impl<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin 
             let (machine, conn, (reason, text)) = match &mut this.phase {
                 Phase::LoggingIn(login) => {
                     let (machine, conn, result) = std::task::ready!(login.as_mut().poll(cx));
+                    this.guard.done_waiting();
                     match result {
                         Ok(()) => {
                             machine.begin();
@@ -94,7 +96,6 @@ impl<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin 
                 Phase::Closing(closing) => {
                     let reason = std::task::ready!(closing.as_mut().poll(cx));
                     this.phase = Phase::Done;
-                    drop(this.permit.take());
                     return Poll::Ready(reason);
                 }
                 Phase::Done => {
@@ -107,41 +108,38 @@ impl<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin 
     }
 }
 
-/// The login phase, owning the connection and machine while it runs.
+/// The login phase, owning the connection, the machine and the ticket while it runs; the
+/// ticket goes back when it ends, whatever the outcome.
 async fn log_in<L: Layer, F: Framing>(
     mut machine: Machine,
     mut conn: Connection<L, F>,
+    ticket: Option<Ticket>,
 ) -> (Machine, Connection<L, F>, Result<(), Close>) {
-    let result = until_login(&mut machine, &mut conn).await;
-    machine.gateway().metrics.pending_logins.dec();
+    let mut handshake = Handshake::start(Connection::<L, F>::TRANSPORT, &conn);
+    let result = login(&mut machine, &mut conn, ticket.as_ref(), &mut handshake).await;
+    handshake.ended(&machine, &conn, &result);
+    drop(ticket);
     (machine, conn, result)
 }
 
-/// Serves the connection until a LOGIN succeeds; its ticket among the connections waiting to
-/// log in goes back when this returns.
-async fn until_login<L: Layer, F: Framing>(machine: &mut Machine, conn: &mut Connection<L, F>) -> Result<(), Close> {
-    let gateway = machine.gateway().clone();
-    let mut handshake = Handshake::start(Connection::<L, F>::TRANSPORT, conn);
-    let result = login(machine, conn, &gateway, &mut handshake).await;
-    handshake.ended(&gateway, conn, &result);
-    result
-}
-
+/// Serves the connection until a LOGIN succeeds, the machine's login deadline passes, the
+/// connection is shed to make room for a newer one, or shutdown begins.
 async fn login<L: Layer, F: Framing>(
     machine: &mut Machine,
     conn: &mut Connection<L, F>,
-    gateway: &Arc<Gateway>,
+    ticket: Option<&Ticket>,
     handshake: &mut Handshake,
 ) -> Result<(), Close> {
-    let ticket = gateway.pending.claim(conn.fd());
+    let context = machine.context().clone();
     let shed = async {
-        match &ticket {
+        match ticket {
             Some(ticket) => ticket.shed().await,
             None => std::future::pending().await,
         }
     };
     tokio::pin!(shed);
-    let deadline = sleep(gateway.config.login_timeout);
+    let Some(first) = machine.poll_timeout() else { return Ok(()) };
+    let deadline = sleep_until(first);
     tokio::pin!(deadline);
     loop {
         if machine.session().is_some() {
@@ -149,17 +147,21 @@ async fn login<L: Layer, F: Framing>(
         }
         tokio::select! {
             biased;
-            _ = gateway.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
-            _ = &mut shed => return Err(machine.shed()),
+            _ = context.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
+            _ = &mut shed => return Err(machine.shed(&System)),
             _ = &mut deadline => {
                 // Judge what the client sent, not how fast we got to it: a LOGIN that
                 // arrived while the gateway lagged is read now, before giving up.
-                conn.on_ready(Ok(Ready::READABLE), |input, out| on_input(machine, input, out))?;
-                return machine.login_deadline();
+                conn.on_ready(Ok(Ready::READABLE), |command, out| machine.handle(&System, command, out))?;
+                machine.handle_timeout(&System)?;
+                match machine.poll_timeout() {
+                    Some(next) => deadline.as_mut().reset(next),
+                    None => return Ok(()),
+                }
             }
-            ready = conn.ready() => conn.on_ready(ready, |input, out| on_input(machine, input, out))?,
+            ready = conn.ready() => conn.on_ready(ready, |command, out| machine.handle(&System, command, out))?,
         }
-        handshake.check(gateway, conn);
+        handshake.check(machine, conn);
     }
 }
 
@@ -186,7 +188,8 @@ fn logged_in<L: Layer, F: Framing>(
             continue;
         }
         let ready = std::task::ready!(conn.poll_ready(cx));
-        if let Err(close) = conn.on_ready(ready, |input, out| on_input(machine, input, out)) {
+        let handle = |command: Command, out: &mut dyn protocol::Out| machine.handle(&System, command, out);
+        if let Err(close) = conn.on_ready(ready, handle) {
             return Poll::Ready(close);
         }
     }
@@ -199,22 +202,10 @@ async fn close<L: Layer, F: Framing>(
     reason: CloseReason,
     text: String,
 ) -> CloseReason {
-    let (reason, pushes, bye) = machine.goodbye(reason, text);
+    let (reason, pushes, bye) = machine.goodbye(&System, reason, text);
     conn.close(&pushes, bye).await;
-    machine.closed(Connection::<L, F>::TRANSPORT, reason);
+    machine.closed(reason);
     reason
-}
-
-/// One unit from the client, to the machine.
-fn on_input(machine: &mut Machine, input: Input, out: &mut dyn crate::protocol::Out) -> Result<(), Close> {
-    match input {
-        Input::Frame(frame) => machine.on_frame(frame, out),
-        Input::Activity => machine.on_activity(),
-        Input::Publish { topic, payload } => machine.on_publish(topic, payload, out),
-        Input::Connect { login, will } => machine.on_connect(login, will, out),
-        Input::Subscribe { filters, max_packet } => machine.on_subscriptions(&filters, Some(max_packet), out),
-        Input::Unsubscribe(filters) => machine.on_subscriptions(&filters, None, out),
-    }
 }
 
 /// A door's handshake (TLS, the WebSocket upgrade) from accept until it is done or the
@@ -233,16 +224,16 @@ impl Handshake {
     }
 
     /// Counts the handshake once it is done.
-    fn check<L: Layer, F: Framing>(&mut self, gateway: &Gateway, conn: &Connection<L, F>) {
+    fn check<L: Layer, F: Framing>(&mut self, machine: &Machine, conn: &Connection<L, F>) {
         if self.open && conn.handshaken() {
             self.open = false;
-            gateway.metrics.handshake(self.transport, "ok", self.started.elapsed().as_secs_f64());
+            machine.context().metrics.handshake(self.transport, "ok", self.started.elapsed().as_secs_f64());
         }
     }
 
     /// The login phase ended with `result`: a handshake still open failed, and how.
-    fn ended<L: Layer, F: Framing>(&mut self, gateway: &Gateway, conn: &Connection<L, F>, result: &Result<(), Close>) {
-        self.check(gateway, conn);
+    fn ended<L: Layer, F: Framing>(&mut self, machine: &Machine, conn: &Connection<L, F>, result: &Result<(), Close>) {
+        self.check(machine, conn);
         if !self.open {
             return;
         }
@@ -252,7 +243,7 @@ impl Handshake {
             Err((CloseReason::ProtocolError, _)) => "error",
             _ => "closed",
         };
-        gateway.metrics.handshake(self.transport, outcome, 0.0);
+        machine.context().metrics.handshake(self.transport, outcome, 0.0);
     }
 }
 
@@ -260,12 +251,15 @@ impl Handshake {
 mod footprint {
     use std::sync::Arc;
 
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+    use crate::protocol::Context;
+    use crate::transport::guard::Slots;
     use crate::transport::{mqtt, tcp, ws};
 
     /// The most a connection's future may take for its task to stay at 256 bytes: tokio's
-    /// task adds 96 bytes (header, scheduler, id, trailer) and rounds up to 128-byte steps.
-    /// As an `async fn` it took 280 bytes (a 384-byte task), and 296 with MQTT's framing
-    /// (512).
+    /// task adds 96 bytes (header, scheduler, id, trailer) and rounds up to 128-byte steps
+    /// (what an `async fn` took instead is in docs/BENCHMARKS.md).
     const MAX_CONNECTION_FUTURE: usize = 160;
 
     /// Every open connection keeps this future alive as its task; at 19,000 clients it is
@@ -274,40 +268,25 @@ mod footprint {
     #[tokio::test]
     async fn the_connection_future_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let gateway = crate::gateway::Gateway::new(crate::config::Config::default());
-        let max = gateway.config.max_frame_bytes;
-        let semaphore = Arc::new(tokio::sync::Semaphore::new(3));
+        let config = Config::default();
+        let context = Context::for_test(&config);
+        let max = config.max_frame_bytes;
+        let slots = Arc::new(Slots::new(3, Arc::new(Metrics::new(&config))));
         let stream = || async { tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap() };
-        let permit = || semaphore.clone().try_acquire_owned().unwrap();
+        let guard = || slots.take(crate::proto::Transport::Tcp).unwrap();
+        let mqtt = || mqtt::Mqtt::new(max, Arc::new(mqtt::MqttPolicy::new(&config)));
         let sizes = [
-            (
-                "tcp",
-                size(super::serve(
-                    stream().await,
-                    tcp::Plain,
-                    crate::proto::FrameCodec::new(max),
-                    gateway.clone(),
-                    permit(),
-                )),
-            ),
-            (
-                "mqtt",
-                size(super::serve(
-                    stream().await,
-                    tcp::Plain,
-                    mqtt::Mqtt::new(max, Arc::new(mqtt::MqttPolicy::new(&gateway.config))),
-                    gateway.clone(),
-                    permit(),
-                )),
-            ),
+            ("tcp", size(super::serve(stream().await, tcp::Plain, tcp::frames(max), context.clone(), guard(), None))),
+            ("mqtt", size(super::serve(stream().await, tcp::Plain, mqtt(), context.clone(), guard(), None))),
             (
                 "ws",
                 size(super::serve(
                     stream().await,
                     tcp::Plain,
                     ws::WebSocket::new(max, Arc::default()),
-                    gateway.clone(),
-                    permit(),
+                    context.clone(),
+                    guard(),
+                    None,
                 )),
             ),
         ];

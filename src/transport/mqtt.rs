@@ -24,7 +24,9 @@ use crate::presence::{Push, Will};
 use crate::proto::mqtt::{check_topic_filter, fixed_header, put_fixed_header as put_header, put_str, put_varint};
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
-use crate::transport::connection::{Framing, Input};
+use crate::protocol::Command;
+use crate::transport::connection::Framing;
+use crate::transport::door::Speaks;
 
 /// MQTT's protocol levels.
 const LEVEL_311: u8 = 4;
@@ -195,7 +197,7 @@ impl Mqtt {
         &mut self,
         connect: &mqtt5_protocol::packet::connect::ConnectPacket,
         out: &mut BytesMut,
-    ) -> Result<Input, Close> {
+    ) -> Result<Command, Close> {
         let version = connect.protocol_version;
         if version != LEVEL_311 && version != LEVEL_5 {
             // An unknown level's client reads a 3.1.1 CONNACK (3.1.2.2).
@@ -258,15 +260,14 @@ impl Mqtt {
         let will = connect.will.as_ref().map(|will| {
             Box::new(Will { topic: will.topic.as_str().into(), payload: Bytes::from(will.payload.clone()) })
         });
-        Ok(Input::Connect { login: Frame::Login { uid, token, device }, will })
+        Ok(Command::Login { uid, token, device, subscriber: true, will })
     }
 }
 
 impl Framing for Mqtt {
-    const WEBSOCKET: bool = false;
-    const MQTT: bool = true;
+    const SPEAKS: Speaks = Speaks::Mqtt;
 
-    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
+    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Command>, Close> {
         let mut missing = 0;
         let input = self.next(src, src.len(), &mut missing, out)?;
         if input.is_none() {
@@ -323,7 +324,7 @@ impl Mqtt {
         avail: usize,
         missing: &mut usize,
         out: &mut BytesMut,
-    ) -> Result<Option<Input>, Close> {
+    ) -> Result<Option<Command>, Close> {
         debug_assert!(avail <= src.len());
         let Some((at, len)) = fixed_header(&src[..avail]).map_err(|why| self.malformed(out, &why.to_string()))? else {
             *missing = 8;
@@ -339,7 +340,7 @@ impl Mqtt {
         let mut whole = src.split_to(at + len);
         let fixed = FixedHeader::decode(&mut whole).map_err(|e| self.malformed(out, &e.to_string()))?;
         if fixed.packet_type == PacketType::PingReq {
-            return Ok(Some(Input::Frame(Frame::Ping(Bytes::new()))));
+            return Ok(Some(Command::Ping(Bytes::new())));
         }
         let level = if self.version == 0 { LEVEL_5 } else { self.version };
         let packet = Packet::decode_from_body_with_version(fixed.packet_type, &fixed, &mut whole, level)
@@ -363,7 +364,7 @@ impl Mqtt {
                         self.owed_ack = publish.packet_id;
                     }
                     let topic = std::sync::Arc::from(publish.topic_name.as_str());
-                    Ok(Some(Input::Publish { topic, payload: Bytes::from(publish.payload) }))
+                    Ok(Some(Command::Data { payload: Bytes::from(publish.payload), topic: Some(topic) }))
                 }
             },
             (_, Packet::Subscribe(subscribe)) => {
@@ -392,7 +393,7 @@ impl Mqtt {
                     }
                 }
                 self.owed.get_or_insert_with(Box::default).suback = Some(suback);
-                Ok(Some(Input::Subscribe { filters: valid, max_packet: self.client_max_packet }))
+                Ok(Some(Command::Subscribe { filters: valid, max_packet: self.client_max_packet }))
             }
             (_, Packet::Unsubscribe(unsubscribe)) => {
                 let codes = if self.version == LEVEL_5 { unsubscribe.filters.len() } else { 0 };
@@ -403,7 +404,7 @@ impl Mqtt {
                     unsubscribe.packet_id,
                     &vec![code5::GRANTED_QOS_0; codes],
                 );
-                Ok(Some(Input::Unsubscribe(unsubscribe.filters)))
+                Ok(Some(Command::Unsubscribe(unsubscribe.filters)))
             }
             (LEVEL_5, Packet::Disconnect(d))
                 if d.reason_code
@@ -414,11 +415,11 @@ impl Mqtt {
                 self.answered = true;
                 Err((CloseReason::Disconnect, "DISCONNECT with Will Message".into()))
             }
-            (_, Packet::Disconnect(_)) => Ok(Some(Input::Frame(Frame::Logout))),
+            (_, Packet::Disconnect(_)) => Ok(Some(Command::Logout)),
             // Acknowledgements of QoS the gateway never sends, AUTH: nothing to do, but the
             // client is there.
             (_, Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubRel(_) | Packet::PubComp(_) | Packet::Auth(_)) => {
-                Ok(Some(Input::Activity))
+                Ok(Some(Command::Activity))
             }
             (_, other) => {
                 let why = format!("a client does not send {}", other_type(&other));

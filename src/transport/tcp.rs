@@ -3,9 +3,11 @@
 
 use bytes::BytesMut;
 
-use crate::proto::{put_frame, Frame, FrameCodec};
+use crate::proto::{put_frame, Frame, FrameCodec, MAX_LOGIN_FRAME_BYTES};
 use crate::protocol::Close;
-use crate::transport::connection::{Framing, Input, Layer};
+use crate::protocol::Command;
+use crate::transport::connection::{Framing, Layer};
+use crate::transport::door::Speaks;
 
 /// No layer: the socket's bytes are the protocol's.
 pub(crate) struct Plain;
@@ -30,13 +32,20 @@ impl Layer for Plain {
     }
 }
 
+/// The frame door's codec: frames of at most `max` bytes, the first (the LOGIN) of at most
+/// [`MAX_LOGIN_FRAME_BYTES`], so a connection that has not logged in cannot make the
+/// gateway hold a large frame for it.
+pub(crate) fn frames(max: u32) -> FrameCodec {
+    FrameCodec::new(max).first_frame_at_most(MAX_LOGIN_FRAME_BYTES)
+}
+
 /// Length-prefixed frames, as `docs/PROTOCOL.md` describes them.
 impl Framing for FrameCodec {
-    const WEBSOCKET: bool = false;
+    const SPEAKS: Speaks = Speaks::Frames;
 
-    fn decode(&mut self, src: &mut BytesMut, _out: &mut BytesMut) -> Result<Option<Input>, Close> {
+    fn decode(&mut self, src: &mut BytesMut, _out: &mut BytesMut) -> Result<Option<Command>, Close> {
         match FrameCodec::decode(self, src) {
-            Ok(frame) => Ok(frame.map(Input::Frame)),
+            Ok(frame) => Ok(frame.map(Command::from)),
             Err(e) => Err((crate::proto::CloseReason::ProtocolError, e.to_string())),
         }
     }

@@ -30,7 +30,9 @@ use sha1::{Digest, Sha1};
 use crate::presence::Push;
 use crate::proto::{CloseReason, Frame, BYE_CLOSE_BASE, MAX_LOGIN_FRAME_BYTES, WS_PATH};
 use crate::protocol::Close;
-use crate::transport::connection::{disconnect, Framing, Input};
+use crate::protocol::Command;
+use crate::transport::connection::{disconnect, Framing};
+use crate::transport::door::Speaks;
 use crate::transport::mqtt::{Mqtt, MqttPolicy};
 
 /// Longest upgrade request read: browsers send well under 2 KiB, cookies included.
@@ -253,9 +255,9 @@ pub fn accept_key(key: &[u8]) -> String {
 }
 
 impl Framing for WebSocket {
-    const WEBSOCKET: bool = true;
+    const SPEAKS: Speaks = Speaks::WebSocket;
 
-    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Input>, Close> {
+    fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Command>, Close> {
         if let Some(policy) = self.upgrade.clone() {
             if !self.upgrade(&policy, src, out)? {
                 return Ok(None);
@@ -321,9 +323,9 @@ impl Framing for WebSocket {
                             put_header(out, opcode::PONG, len);
                             out.extend_from_slice(&src[payload.clone()]);
                         }
-                        Ok(Input::Activity)
+                        Ok(Command::Activity)
                     }
-                    opcode::PONG => Ok(Input::Activity),
+                    opcode::PONG => Ok(Command::Activity),
                     _ => Err(self.closed_by_client(&src[payload.clone()], out)),
                 };
                 remove(src, g, whole);
@@ -464,9 +466,11 @@ fn close_message(out: &mut BytesMut, at: usize) {
 
 impl WebSocket {
     /// A whole binary message: one protocol frame.
-    fn message(&mut self, message: BytesMut) -> Result<Option<Input>, Close> {
+    fn message(&mut self, message: BytesMut) -> Result<Option<Command>, Close> {
         self.first = false;
-        Frame::parse(message.freeze()).map(|f| Some(Input::Frame(f))).map_err(|e| self.refuse(MALFORMED, e.to_string()))
+        Frame::parse(message.freeze())
+            .map(|f| Some(Command::from(f)))
+            .map_err(|e| self.refuse(MALFORMED, e.to_string()))
     }
 }
 
@@ -633,13 +637,15 @@ mod tests {
             src.put_u8(b);
             while let Some(input) = ws.decode(&mut src, &mut out).unwrap() {
                 got.push(match input {
-                    Input::Frame(f) => format!("{f:?}"),
-                    Input::Activity => "activity".into(),
-                    _ => unreachable!("WebSocket carries no MQTT here"),
+                    Command::Activity => "activity".into(),
+                    command => format!("{command:?}"),
                 });
             }
         }
-        assert_eq!(got, ["activity".to_string(), format!("{:?}", Frame::Ping(bytes::Bytes::from_static(b"hello")))]);
+        assert_eq!(
+            got,
+            ["activity".to_string(), format!("{:?}", Command::from(Frame::Ping(bytes::Bytes::from_static(b"hello"))))]
+        );
         assert_eq!(&out[..], &[0x8a, 0x01, b'p'], "the ping answered with a pong");
         assert!(src.is_empty());
     }
@@ -681,14 +687,14 @@ mod tests {
                 src.extend_from_slice(piece);
                 while let Some(input) = ws.decode(&mut src, &mut out).unwrap() {
                     got.push(match input {
-                        Input::Connect { login, will: None } => format!("{login:?}"),
-                        Input::Frame(f) => format!("{f:?}"),
+                        command @ (Command::Login { will: None, .. } | Command::Ping(_)) => format!("{command:?}"),
                         _ => "other".into(),
                     });
                 }
             }
-            let login = Frame::Login { uid: 42, token: bytes::Bytes::new(), device: "d".parse().unwrap() };
-            let ping = Frame::Ping(bytes::Bytes::new());
+            let device = "d".parse().unwrap();
+            let login = Command::Login { uid: 42, token: bytes::Bytes::new(), device, subscriber: true, will: None };
+            let ping = Command::Ping(bytes::Bytes::new());
             assert_eq!(got, [format!("{login:?}"), format!("{ping:?}")], "read {chunk} bytes at a time");
             assert!(src.is_empty() && ws.gathered == 0);
             let answer = String::from_utf8_lossy(&out);
@@ -745,9 +751,8 @@ mod conformance {
         let mut got = Vec::new();
         loop {
             match ws.decode(&mut src, &mut out) {
-                Ok(Some(Input::Frame(f))) => got.push(format!("{f:?}")),
-                Ok(Some(Input::Activity)) => got.push("activity".into()),
-                Ok(Some(_)) => unreachable!("WebSocket carries no MQTT here"),
+                Ok(Some(Command::Activity)) => got.push("activity".into()),
+                Ok(Some(command)) => got.push(format!("{command:?}")),
                 Ok(None) => break,
                 Err((reason, _)) => {
                     got.push(format!("close {reason}"));
@@ -835,8 +840,8 @@ mod conformance {
             for piece in wire.chunks(chunk) {
                 src.extend_from_slice(piece);
                 while let Some(input) = ws.decode(&mut src, &mut out).unwrap() {
-                    if let Input::Frame(f) = input {
-                        frames.push(f);
+                    if let Command::Data { payload, .. } = input {
+                        frames.push(Frame::Data(payload));
                     }
                 }
             }

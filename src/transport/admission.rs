@@ -1,18 +1,17 @@
 //! Connections waiting to log in: bounded in all and per source address, so one source
 //! cannot lock others out.
 //!
-//! A connection is pending from its accept until its LOGIN succeeds or it closes. Two
+//! A connection waits from its accept until its LOGIN succeeds or it closes. Two
 //! bounds: `--max-pending-logins-per-ip` refuses a source's next connection while that many
 //! of its own wait (a flood from one address costs only that address); and when
-//! `--max-pending-logins` are waiting in all, the *oldest* pending connection is shed with
+//! `--max-pending-logins` are waiting in all, the *oldest* waiting connection is shed with
 //! BYE(server_full) and a retry hint to make room, never the newcomer, so sockets that
 //! never log in cannot keep the door shut however fast they are renewed.
 //!
 //! The state is touched at accept and at login, never on the per-frame path; a logged-in
-//! connection holds nothing of it. A connection's place waits here under the connection's
-//! descriptor number from its accept until its login phase takes it as a [`Ticket`]
-//! ([`Pending::claim`]), so the connection's task (whose size every open connection pays
-//! for its whole life) carries no extra argument.
+//! connection holds nothing of it. The accept loop hands a connection's [`Ticket`] to its
+//! task, which keeps it in the boxed login phase only: the task itself (whose size every
+//! open connection pays for its whole life) does not grow by it.
 //!
 //! Places live in a slab whose slots are reused, not in an allocation each: what a
 //! connection allocates at its accept and frees at its login sits between what logged-in
@@ -25,7 +24,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 
-/// Slots kept for reuse when no connection is pending any more; past it the slab and its
+/// Slots kept for reuse when no connection waits any more; past it the slab and its
 /// indexes are freed then, so a ramp's or a stall's peak of waiting connections is not kept
 /// for the gateway's life.
 const KEEP_SLOTS: usize = 1024;
@@ -41,9 +40,9 @@ pub(crate) enum Refused {
     Source(usize),
 }
 
-/// The pending connections; see the module documentation.
+/// The connections waiting to log in; see the module documentation.
 #[derive(Debug)]
-pub(crate) struct Pending {
+pub(crate) struct Admission {
     max: usize,
     per_source: usize,
     inner: Mutex<Inner>,
@@ -54,8 +53,6 @@ struct Inner {
     /// Every place, by slot; a slot whose ticket is gone is in `free`.
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// Slots of accepted connections whose login phase has not taken them yet.
-    unclaimed: HashMap<i32, u32>,
     next: u64,
     /// By accept order, oldest first: what to shed when full. An entry whose slot no
     /// longer holds its id (the place logged in or closed) is stale and skipped.
@@ -65,7 +62,7 @@ struct Inner {
     by_source: HashMap<IpAddr, usize>,
 }
 
-/// One pending connection's place.
+/// One waiting connection's place.
 #[derive(Debug)]
 struct Slot {
     /// Which admission holds the slot (ids are never reused).
@@ -77,54 +74,32 @@ struct Slot {
     waker: Option<Waker>,
 }
 
-/// One connection's place among the pending; gives it back when dropped (at login, or at
+/// One connection's place among the waiting; gives it back when dropped (at login, or at
 /// close before one).
 #[derive(Debug)]
 pub(crate) struct Ticket {
-    pending: Arc<Pending>,
+    admission: Arc<Admission>,
     slot: u32,
     id: u64,
 }
 
-// === impl Pending ===
+// === impl Admission ===
 
-impl Pending {
-    /// At most `max` pending in all and `per_source` from one address.
-    pub(crate) fn new(max: usize, per_source: usize) -> Pending {
+impl Admission {
+    /// At most `max` waiting in all and `per_source` from one address.
+    pub(crate) fn new(max: usize, per_source: usize) -> Admission {
         debug_assert!(max > 0 && per_source > 0, "max={max}; per_source={per_source}");
-        Pending { max, per_source, inner: Mutex::default() }
+        Admission { max, per_source, inner: Mutex::default() }
     }
 
-    /// Admits the connection on descriptor `fd` from `source`, shedding the oldest pending
-    /// one if all places are taken; refused if its source has too many waiting already. Its
-    /// login phase takes the ticket with [`Pending::claim`].
-    pub(crate) fn admit_fd(self: &Arc<Self>, source: IpAddr, fd: i32) -> Result<(), Refused> {
-        let mut inner = self.lock();
-        let slot = inner.admit(source, self.max, self.per_source)?;
-        // A place left by an earlier connection on the same descriptor number (its task
-        // never began) is given back.
-        if let Some(stale) = inner.unclaimed.insert(fd, slot) {
-            inner.release(stale);
-        }
-        Ok(())
-    }
-
-    /// The ticket of the connection on descriptor `fd`, admitted with [`Pending::admit_fd`].
-    pub(crate) fn claim(self: &Arc<Self>, fd: i32) -> Option<Ticket> {
-        let mut inner = self.lock();
-        let slot = inner.unclaimed.remove(&fd)?;
-        let id = inner.slots[slot as usize].id;
-        Some(Ticket { pending: self.clone(), slot, id })
-    }
-
-    /// Admits a connection from `source` and hands its ticket over at once (tests; the
-    /// server admits by descriptor).
-    #[cfg(test)]
-    fn admit(self: &Arc<Self>, source: IpAddr) -> Result<Ticket, Refused> {
+    /// Admits a connection from `source`, shedding the oldest waiting one if all places are
+    /// taken; refused if its source has too many waiting already. The ticket holds the
+    /// place until it is dropped (at login, or at a close before one).
+    pub(crate) fn admit(self: &Arc<Self>, source: IpAddr) -> Result<Ticket, Refused> {
         let mut inner = self.lock();
         let slot = inner.admit(source, self.max, self.per_source)?;
         let id = inner.slots[slot as usize].id;
-        Ok(Ticket { pending: self.clone(), slot, id })
+        Ok(Ticket { admission: self.clone(), slot, id })
     }
 
     /// Connections waiting now (shed ones that have not closed yet included).
@@ -173,7 +148,7 @@ impl Inner {
             }
             None => {
                 self.slots.push(place);
-                u32::try_from(self.slots.len() - 1).expect("fewer pending connections than descriptors")
+                u32::try_from(self.slots.len() - 1).expect("fewer waiting connections than descriptors")
             }
         };
         self.order.push_back((id, slot));
@@ -217,7 +192,7 @@ impl Inner {
         }
         self.free.push(slot);
         if self.by_source.is_empty() && self.slots.len() > KEEP_SLOTS {
-            debug_assert!(self.unclaimed.is_empty() && self.live == 0, "no place is in use");
+            debug_assert!(self.live == 0, "no place is in use");
             *self = Inner { next: self.next, ..Inner::default() };
             return;
         }
@@ -241,7 +216,7 @@ impl Ticket {
     /// Resolves if this connection was shed to make room for a newer one.
     pub(crate) fn shed(&self) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| {
-            let mut inner = self.pending.lock();
+            let mut inner = self.admission.lock();
             let place = &mut inner.slots[self.slot as usize];
             debug_assert_eq!(place.id, self.id, "a ticket's slot is its own until it is dropped");
             if place.shed {
@@ -256,13 +231,13 @@ impl Ticket {
 
     #[cfg(test)]
     fn is_shed(&self) -> bool {
-        self.pending.lock().slots[self.slot as usize].shed
+        self.admission.lock().slots[self.slot as usize].shed
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.pending.lock().release(self.slot);
+        self.admission.lock().release(self.slot);
     }
 }
 
@@ -272,17 +247,17 @@ mod tests {
 
     #[test]
     fn ipv6_sources_count_by_their_64_and_mapped_ipv4_as_ipv4() {
-        let pending = Arc::new(Pending::new(100, 2));
+        let admission = Arc::new(Admission::new(100, 2));
         let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
-        let _a = pending.admit(v6("2001:db8:1:2::1")).unwrap();
-        let _b = pending.admit(v6("2001:db8:1:2:ffff::9")).unwrap();
-        assert_eq!(pending.admit(v6("2001:db8:1:2:abcd::1")).err(), Some(Refused::Source(2)), "the same /64");
-        let _c = pending.admit(v6("2001:db8:1:3::1")).expect("the next /64 is another source");
-        let _d = pending.admit(v6("192.0.2.7")).unwrap();
-        let _e = pending.admit(v6("::ffff:192.0.2.7")).unwrap();
-        assert_eq!(pending.admit(v6("192.0.2.7")).err(), Some(Refused::Source(2)), "mapped IPv4 is IPv4");
+        let _a = admission.admit(v6("2001:db8:1:2::1")).unwrap();
+        let _b = admission.admit(v6("2001:db8:1:2:ffff::9")).unwrap();
+        assert_eq!(admission.admit(v6("2001:db8:1:2:abcd::1")).err(), Some(Refused::Source(2)), "the same /64");
+        let _c = admission.admit(v6("2001:db8:1:3::1")).expect("the next /64 is another source");
+        let _d = admission.admit(v6("192.0.2.7")).unwrap();
+        let _e = admission.admit(v6("::ffff:192.0.2.7")).unwrap();
+        assert_eq!(admission.admit(v6("192.0.2.7")).err(), Some(Refused::Source(2)), "mapped IPv4 is IPv4");
         drop(_a);
-        assert!(pending.admit(v6("2001:db8:1:2::77")).is_ok(), "a place of the /64 came back");
+        assert!(admission.admit(v6("2001:db8:1:2::77")).is_ok(), "a place of the /64 came back");
     }
 
     fn ip(last: u8) -> IpAddr {
@@ -291,93 +266,77 @@ mod tests {
 
     #[test]
     fn one_source_is_bounded_and_others_still_get_in() {
-        let pending = Arc::new(Pending::new(100, 2));
-        let a = [pending.admit(ip(2)).unwrap(), pending.admit(ip(2)).unwrap()];
-        assert_eq!(pending.admit(ip(2)).unwrap_err(), Refused::Source(2));
-        let b = pending.admit(ip(3)).unwrap();
+        let admission = Arc::new(Admission::new(100, 2));
+        let a = [admission.admit(ip(2)).unwrap(), admission.admit(ip(2)).unwrap()];
+        assert_eq!(admission.admit(ip(2)).unwrap_err(), Refused::Source(2));
+        let b = admission.admit(ip(3)).unwrap();
         drop(a);
-        assert!(pending.admit(ip(2)).is_ok(), "a source's places come back as its connections log in or close");
-        assert_eq!(pending.len(), 1 + 1 - 1);
+        assert!(admission.admit(ip(2)).is_ok(), "a source's places come back as its connections log in or close");
+        assert_eq!(admission.len(), 1 + 1 - 1);
         drop(b);
     }
 
     #[test]
-    fn tickets_wait_under_their_descriptor_until_claimed() {
-        let pending = Arc::new(Pending::new(10, 10));
-        pending.admit_fd(ip(2), 7).unwrap();
-        assert_eq!(pending.len(), 1);
-        let ticket = pending.claim(7).expect("admitted");
-        assert!(pending.claim(7).is_none());
-        drop(ticket);
-        assert_eq!(pending.len(), 0);
-        // A descriptor number reused before its ticket was claimed replaces it.
-        pending.admit_fd(ip(2), 8).unwrap();
-        pending.admit_fd(ip(3), 8).unwrap();
-        assert_eq!(pending.len(), 1);
-    }
-
-    #[test]
     fn when_full_the_oldest_is_shed_not_the_newcomer() {
-        let pending = Arc::new(Pending::new(2, 10));
-        let first = pending.admit(ip(2)).unwrap();
-        let second = pending.admit(ip(2)).unwrap();
-        let third = pending.admit(ip(3)).unwrap();
+        let admission = Arc::new(Admission::new(2, 10));
+        let first = admission.admit(ip(2)).unwrap();
+        let second = admission.admit(ip(2)).unwrap();
+        let third = admission.admit(ip(3)).unwrap();
         assert!(first.is_shed(), "the oldest makes room");
         assert!(!second.is_shed() && !third.is_shed());
         // A shed connection counts against its source until it has closed.
-        assert_eq!(pending.len(), 3);
+        assert_eq!(admission.len(), 3);
         drop(first);
-        assert_eq!(pending.len(), 2);
+        assert_eq!(admission.len(), 2);
     }
 
     #[test]
     fn places_are_reused_and_the_order_stays_about_the_live_ones() {
-        let pending = Arc::new(Pending::new(100, 100_000));
+        let admission = Arc::new(Admission::new(100, 100_000));
         // Waits through every round: the order's front stays live, so only compaction can
         // drop the stale entries behind it.
-        let long = pending.admit(ip(9)).unwrap();
+        let long = admission.admit(ip(9)).unwrap();
         let mut waiting = std::collections::VecDeque::new();
         for _ in 0..10_000 {
-            pending.admit_fd(ip(2), 5).unwrap();
-            waiting.push_back(pending.claim(5).unwrap());
+            waiting.push_back(admission.admit(ip(2)).unwrap());
             if waiting.len() > 20 {
                 // The newest and the oldest log in.
                 waiting.pop_back();
                 waiting.pop_front();
             }
         }
-        let inner = pending.lock();
+        let inner = admission.lock();
         assert_eq!(inner.live, 1 + waiting.len());
         assert!(inner.slots.len() <= inner.live + 2, "{} slots for {} places", inner.slots.len(), inner.live);
         assert!(inner.order.len() <= 2 * inner.live + ORDER_SLACK + 1, "{} entries", inner.order.len());
         drop(inner);
         drop(waiting);
         drop(long);
-        assert_eq!(pending.len(), 0);
-        assert_eq!(pending.lock().live, 0);
+        assert_eq!(admission.len(), 0);
+        assert_eq!(admission.lock().live, 0);
     }
 
     #[test]
     fn a_peak_of_waiting_connections_is_not_kept_once_none_waits() {
-        let pending = Arc::new(Pending::new(100_000, 100_000));
-        let peak: Vec<Ticket> = (0..5_000).map(|_| pending.admit(ip(2)).unwrap()).collect();
-        assert_eq!(pending.lock().slots.len(), 5_000);
+        let admission = Arc::new(Admission::new(100_000, 100_000));
+        let peak: Vec<Ticket> = (0..5_000).map(|_| admission.admit(ip(2)).unwrap()).collect();
+        assert_eq!(admission.lock().slots.len(), 5_000);
         drop(peak);
-        let inner = pending.lock();
+        let inner = admission.lock();
         assert_eq!(inner.slots.capacity() + inner.free.capacity() + inner.order.capacity(), 0);
         assert_eq!(inner.next, 5_000, "ids are never reused");
     }
 
     #[tokio::test]
     async fn a_shed_place_wakes_its_login_phase() {
-        let pending = Arc::new(Pending::new(1, 10));
-        let first = pending.admit(ip(2)).unwrap();
+        let admission = Arc::new(Admission::new(1, 10));
+        let first = admission.admit(ip(2)).unwrap();
         let waiting = tokio::spawn(async move {
             first.shed().await;
             first
         });
         tokio::task::yield_now().await;
-        let _second = pending.admit(ip(3)).unwrap();
+        let _second = admission.admit(ip(3)).unwrap();
         let first = tokio::time::timeout(std::time::Duration::from_secs(10), waiting).await.unwrap().unwrap();
         assert!(first.is_shed());
     }

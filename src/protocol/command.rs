@@ -1,0 +1,73 @@
+//! What every door decodes a client's bytes into: one vocabulary for the machine, whatever
+//! the wire. A length-prefixed frame, a WebSocket message and an MQTT packet that mean the
+//! same (a LOGIN and a CONNECT, a DATA and a PUBLISH) become the same command, so the rules
+//! are written once and a new door only decodes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::presence::Will;
+use crate::proto::{Device, Frame};
+
+/// One unit from a client, decoded by its door.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Log in as `uid` on `device`. A `subscriber` (an MQTT session) takes only the pushes
+    /// its subscriptions match, others every push; `will` is told in its offline event.
+    Login { uid: u64, token: Bytes, device: Device, subscriber: bool, will: Option<Box<Will>> },
+    /// A keepalive, answered with a PONG carrying `payload`.
+    Ping(Bytes),
+    /// Data for the backends, on `topic` (MQTT) or none. The payload is in a buffer of its
+    /// own size: the door's read buffer is not kept alive by the event log.
+    Data { payload: Bytes, topic: Option<Arc<str>> },
+    /// The client leaves.
+    Logout,
+    /// MQTT SUBSCRIBE: topic filters, from a client that takes packets of up to
+    /// `max_packet` bytes.
+    Subscribe { filters: Vec<String>, max_packet: u32 },
+    /// MQTT UNSUBSCRIBE.
+    Unsubscribe(Vec<String>),
+    /// Not a frame but shows the client is there (a WebSocket ping or pong).
+    Activity,
+    /// Something a client must not send (a gateway-to-client frame kind), with why.
+    Refused(&'static str),
+}
+
+/// A frame of the idlegate protocol as a command: the frame doors (TCP, TLS, WebSocket).
+impl From<Frame> for Command {
+    fn from(frame: Frame) -> Command {
+        match frame {
+            Frame::Login { uid, token, device } => Command::Login { uid, token, device, subscriber: false, will: None },
+            Frame::Ping(payload) => Command::Ping(payload),
+            // Copied to a buffer of its own size: the frame's bytes live in the worker's read
+            // buffer, which the log must not keep alive.
+            Frame::Data(payload) => Command::Data { payload: Bytes::copy_from_slice(&payload), topic: None },
+            Frame::Logout => Command::Logout,
+            Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Bye { .. } => {
+                Command::Refused("gateway-to-client frame kind sent by a client")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_frame_s_payload_is_copied_out_of_the_read_buffer() {
+        let read = Bytes::from_static(b"....payload....");
+        let Command::Data { payload, topic: None } = Command::from(Frame::Data(read.slice(4..11))) else {
+            panic!("a DATA frame is a data command")
+        };
+        assert_eq!(&payload[..], b"payload");
+        assert!(!read.as_ptr_range().contains(&payload.as_ptr()), "the payload still points into the read buffer");
+    }
+
+    #[test]
+    fn gateway_to_client_frames_are_refused() {
+        assert!(matches!(Command::from(Frame::Pong(Bytes::new())), Command::Refused(_)));
+        assert!(matches!(Command::from(Frame::Logout), Command::Logout));
+    }
+}

@@ -1,0 +1,94 @@
+//! What the protocol machine (and the driver around it) may reach: the registry, the clock,
+//! the metrics, the shutdown signal, and the rules it enforces, worked out from the
+//! configuration once. Nothing else of the gateway: not the cluster, not the HTTP side.
+//!
+//! Built by the composition root (`server.rs`) and shared by every connection as an `Arc`,
+//! one pointer in each connection's task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Auth;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::presence::{data_bucket, Clock, Registry};
+
+/// The protocol's view of the gateway; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) clock: Clock,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Cancelled when shutdown begins: connections send BYE(shutdown).
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) rules: Rules,
+}
+
+/// The configuration as the machine applies it.
+#[derive(Debug, Clone)]
+pub(crate) struct Rules {
+    /// Token check on LOGIN (`--auth-secret`), if any.
+    pub(crate) auth: Option<Auth>,
+    /// For the WELCOME: how long silence lasts before expiry, and the tick.
+    pub(crate) timeout_ms: u32,
+    pub(crate) tick_ms: u32,
+    /// Ticks from a session's last touch to the tick that sweeps it.
+    pub(crate) window: u64,
+    /// From accept to a successful LOGIN, handshakes included (`--login-timeout`).
+    pub(crate) login_timeout: Duration,
+    /// `--max-data-rate` in the session bucket's units (per tick, burst), if limited, and
+    /// as configured, for the close's text.
+    pub(crate) data_bucket: Option<(u64, u64)>,
+    pub(crate) max_data_rate: u32,
+    pub(crate) max_data_burst: u32,
+    /// Topic filters one MQTT session may hold (`--mqtt-max-subscriptions`).
+    pub(crate) mqtt_max_subscriptions: usize,
+    /// Sessions one uid may hold (`--max-devices`), for the text of an eviction's BYE.
+    pub(crate) max_devices: usize,
+    /// Whether WebSocket sessions silent for a third of the timeout are pinged.
+    pub(crate) ws_keepalive_pings: bool,
+}
+
+// === impl Rules ===
+
+impl Rules {
+    pub(crate) fn new(config: &Config) -> Rules {
+        Rules {
+            auth: config.auth.clone(),
+            timeout_ms: config.timeout_ms(),
+            tick_ms: config.tick_ms(),
+            window: config.window(),
+            login_timeout: config.login_timeout,
+            data_bucket: data_bucket(config.max_data_rate, config.max_data_burst, config.tick),
+            max_data_rate: config.max_data_rate,
+            max_data_burst: config.max_data_burst,
+            mqtt_max_subscriptions: config.mqtt_max_subscriptions,
+            max_devices: config.max_devices,
+            ws_keepalive_pings: config.ws_keepalive_pings,
+        }
+    }
+}
+
+// === impl Context ===
+
+impl Context {
+    /// A context alone (a registry with a local event log, a clock starting now), for the
+    /// machine's and the doors' unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(config: &Config) -> Arc<Context> {
+        use crate::presence::EventLog;
+        let metrics = Arc::new(Metrics::new(config));
+        let events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
+        let registry =
+            Arc::new(Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone()));
+        Arc::new(Context {
+            registry,
+            clock: Clock::new(tokio::time::Instant::now(), config.tick),
+            metrics,
+            shutdown: CancellationToken::new(),
+            rules: Rules::new(config),
+        })
+    }
+}

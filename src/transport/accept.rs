@@ -1,0 +1,192 @@
+//! Where connections come in: one accept loop per listening door, each admitting a
+//! connection (a slot under `--max-connections`, a place among those waiting to log in)
+//! and starting its task, or refusing it in its door's words. Never spins on a failing
+//! accept, and never goes silent when descriptors run out.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::sleep;
+
+use crate::config::Config;
+use crate::descriptors::{is_out_of_descriptors, Reserve};
+use crate::proto::{jittered_ms, CloseReason, Transport, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
+use crate::protocol::Context;
+use crate::transport::admission::{Admission, Refused, Ticket};
+use crate::transport::door::{Door, Speaks, DOORS};
+use crate::transport::guard::{Guard, Slots};
+use crate::transport::refusal::{Bound, Refusals};
+use crate::transport::{drive, mqtt, tcp, tls, ws};
+
+/// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
+/// row, so a full file table costs a few wakeups a second instead of a spinning core.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+
+/// Longest pause between accept attempts while accepts keep failing.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What opening a connection on any door needs, built once at start: the protocol's
+/// context, the bounds, and each door's settings.
+#[derive(Debug)]
+pub(crate) struct Doors {
+    context: Arc<Context>,
+    slots: Arc<Slots>,
+    admission: Arc<Admission>,
+    /// Each TLS door's configuration (`--tls-cert`, `--tls-key`, the door's ALPN), by
+    /// [`Transport::index`].
+    tls: [Option<Arc<ServerConfig>>; DOORS.len()],
+    /// Who may upgrade to WebSocket.
+    ws: Arc<ws::WsPolicy>,
+    /// What every MQTT connection shares.
+    mqtt: Arc<mqtt::MqttPolicy>,
+    max_frame_bytes: u32,
+}
+
+// === impl Doors ===
+
+impl Doors {
+    pub(crate) fn new(config: &Config, context: Arc<Context>) -> Doors {
+        let identity = config.tls.as_ref();
+        let mqtt = Arc::new(mqtt::MqttPolicy::new(config));
+        let tls = DOORS.map(|door| {
+            let (identity, alpn) = (identity?, door.alpn?);
+            Some(handing_over_keys(identity.server_config(&[alpn])))
+        });
+        let slots = Arc::new(Slots::new(config.max_connections, context.metrics.clone()));
+        Doors {
+            slots,
+            admission: Arc::new(Admission::new(config.max_pending_logins, config.max_pending_logins_per_ip)),
+            tls,
+            ws: Arc::new(ws::WsPolicy { allowed_origins: config.ws_allowed_origins.clone(), mqtt: Some(mqtt.clone()) }),
+            mqtt,
+            max_frame_bytes: config.max_frame_bytes,
+            context,
+        }
+    }
+
+    /// The connections' slots: how many are open, and the end of the drain.
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
+    /// Whether `transport`'s door can open: a TLS door needs the TLS identity.
+    pub(crate) fn can_open(&self, transport: Transport) -> bool {
+        !Door::of(transport).is_tls() || self.tls[transport.index()].is_some()
+    }
+
+    /// Accepts on `listener`, `transport`'s door, until the listener fails for good.
+    pub(crate) async fn accept(&self, listener: &TcpListener, transport: Transport) -> io::Result<()> {
+        let metrics = &self.context.metrics;
+        let mut backoff = ACCEPT_BACKOFF_MIN;
+        let mut reserve = Reserve::open();
+        let refusals = Refusals::default();
+        // Each refused client is told a different moment to come back.
+        let hint = || jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => {
+                    backoff = ACCEPT_BACKOFF_MIN;
+                    accepted
+                }
+                Err(e) if is_out_of_descriptors(&e) && reserve.release() => {
+                    // The reserve descriptor, given up, takes one waiting client: it is told
+                    // BYE(server_full) instead of hanging in the backlog with no answer.
+                    if let Ok((stream, _)) = listener.accept().await {
+                        metrics.shed_max_connections.inc();
+                        metrics.closed(CloseReason::ServerFull);
+                        refusals.refuse(stream, transport, Bound::Server, hint(), "out of file descriptors");
+                    }
+                    reserve = Reserve::open();
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, ?backoff, "accept failed; backing off");
+                    sleep(backoff).await;
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    reserve.reopen();
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            metrics.connections_accepted.inc();
+            // Too many from this source waiting to log in: refused now, with a time to come
+            // back. When all places are taken, the oldest waiting connection makes room.
+            let ticket = match self.admission.admit(peer.ip()) {
+                Ok(ticket) => ticket,
+                Err(Refused::Source(n)) => {
+                    metrics.shed_pending_logins.inc();
+                    metrics.closed(CloseReason::ServerFull);
+                    let why = format!("{n} connections from this address waiting to log in");
+                    refusals.refuse(stream, transport, Bound::Address, hint(), &why);
+                    continue;
+                }
+            };
+            match self.slots.take(transport) {
+                Some(guard) => self.spawn(transport, stream, guard, ticket),
+                None => {
+                    // Not served: its place among the waiting logins goes back at once.
+                    drop(ticket);
+                    metrics.shed_max_connections.inc();
+                    metrics.closed(CloseReason::ServerFull);
+                    let why = format!("{} connections open", self.slots.max());
+                    refusals.refuse(stream, transport, Bound::Server, hint(), &why);
+                }
+            }
+        }
+    }
+
+    /// Serves `stream`, accepted on `transport`'s door, in a task of its own. A TLS session
+    /// that cannot be made closes the stream (the guard and ticket give everything back).
+    fn spawn(&self, transport: Transport, stream: TcpStream, guard: Guard, ticket: Ticket) {
+        let door = Door::of(transport);
+        match &self.tls[transport.index()] {
+            None if !door.is_tls() => self.spawn_over(tcp::Plain, door.speaks, stream, guard, ticket),
+            Some(config) => match tls::Tls::new(config.clone()) {
+                Ok(layer) => self.spawn_over(layer, door.speaks, stream, guard, ticket),
+                Err(e) => tracing::warn!(error = %e, "cannot open a TLS session"),
+            },
+            None => debug_assert!(false, "the {transport} door opened without a TLS identity"),
+        }
+    }
+
+    /// Serves `stream` over `layer` with the framing of what the door speaks.
+    fn spawn_over<L>(&self, layer: L, speaks: Speaks, stream: TcpStream, guard: Guard, ticket: Ticket)
+    where
+        L: connection_layer::Bounds,
+    {
+        let (context, max, ticket) = (self.context.clone(), self.max_frame_bytes, Some(ticket));
+        match speaks {
+            Speaks::Frames => {
+                tokio::spawn(drive::serve(stream, layer, tcp::frames(max), context, guard, ticket));
+            }
+            Speaks::WebSocket => {
+                let framing = ws::WebSocket::new(max, self.ws.clone());
+                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket));
+            }
+            Speaks::Mqtt => {
+                let framing = mqtt::Mqtt::new(max, self.mqtt.clone());
+                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket));
+            }
+        }
+    }
+}
+
+/// What a layer must be for its connections to run as tasks of their own.
+mod connection_layer {
+    use crate::transport::connection::Layer;
+
+    pub(crate) trait Bounds: Layer + Send + Sync + Unpin + 'static {}
+
+    impl<L: Layer + Send + Sync + Unpin + 'static> Bounds for L {}
+}
+
+/// `config`, letting rustls hand a finished handshake's traffic keys to the door's record
+/// layer (`records.rs`), which keeps them in far less than rustls's connection.
+fn handing_over_keys(config: Arc<ServerConfig>) -> Arc<ServerConfig> {
+    let mut config = Arc::unwrap_or_clone(config);
+    config.enable_secret_extraction = true;
+    Arc::new(config)
+}
