@@ -14,7 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::FutureExt;
-use idlegate::{Clock, Config, Device, Directory, EventId, EventLog, Local, Metrics, Registry, READ_BATCH};
+use idlegate::bench::{Clock, Directory, EventId, EventLog, Local, Registry, READ_BATCH};
+use idlegate::{Config, Metrics};
+use idlegate_proto::Device;
 
 /// Uids online for the presence query, as the issue asks.
 const ONLINE: u64 = 1_000_000;

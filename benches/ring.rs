@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use idlegate::{Handle, Ring, Touch};
+use idlegate::bench::{Handle, Ring, Touch};
 use tokio_util::time::{delay_queue, DelayQueue};
 
 /// Timeout in ticks, as with the defaults (30 s / 1 s).

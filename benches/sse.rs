@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use idlegate::{kind, Config, Listeners, Server};
+use idlegate::{Config, Listeners, Server};
+use idlegate_proto::kind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -56,7 +57,7 @@ fn main() {
         for w in writers {
             held.push(w.await.unwrap());
         }
-        while metrics.event_count(idlegate::EventKind::Data) < EVENTS {
+        while metrics.event_count(idlegate_proto::EventKind::Data) < EVENTS {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         println!("filled the log with {EVENTS} data events in {:.2} s", fill.elapsed().as_secs_f64());

@@ -6,36 +6,44 @@
 //! per connection. Backends ask who is online, follow online/offline/data events and push to
 //! clients through an HTTP API.
 //!
+//! # Using it
+//!
+//! [`Server`] runs a gateway with a [`Config`] on the [`Listeners`] you bind; [`Metrics`] is
+//! what it counts. The wire vocabulary (frames, close reasons, tokens) is the
+//! `idlegate-proto` crate's, which clients share.
+//!
 //! # Layout
 //!
-//! Folders by concern, imports pointing one way (`tests/layout.rs` checks the arrows):
+//! Folders by concern, imports pointing one way (`tests/layout.rs` checks the arrows), from
+//! the bottom:
 //!
 //! - `proto`: the wire vocabulary, its own crate (`crates/idlegate-proto`, shared with the
-//!   client library and the load tests): `frame`, `codec` (bytes to frames, no IO), `retry`
-//!   hints, `FrameError`, the `Transport` names of the doors. Imports nothing of the gateway.
-//! - `config`, `metrics/`: low; everyone may use them; they own their defaults.
+//!   client library and the load tests): frames and their codec, close reasons, retry
+//!   hints, event kinds, door names, MQTT's and WebSocket's framing, LOGIN tokens. No IO,
+//!   no runtime. `error` (the configuration's errors) and `descriptors` (running out of
+//!   file descriptors without going silent) sit beside it.
+//! - `config`, then `metrics/`: everyone above may use them; they own their defaults.
 //! - `presence/`: who is online. `ring` (pure: ticks in, expired uids out), `clock` (the one
-//!   place time becomes ticks), `registry`, `session` and its push `outbox`, `pending` (the
-//!   connections waiting to log in), `ticker`, `events`, and `directory`, the trait the API
-//!   asks.
-//! - `protocol/`: the state machine every door drives, with no IO (`machine`).
-//! - `transport/`: the doors. `connection` (a socket with no buffer of its own while idle,
-//!   generic over a layer and a framing), `drive` (one connection through the machine),
-//!   `tcp` (no layer, length-prefixed frames), `tls` (rustls's unbuffered API) and `ws`
-//!   (WebSocket messages on `/v1/ws`).
-//! - `http/`: what servers and operators use over HTTP: `api`, `admin`, `status`, and the
-//!   bounded `listener`.
-//! - `cluster/`: several gateways sharing presence, events, pushes and kicks through Redis
-//!   (with `--redis`); the `Directory` the API asks when not alone. It and `http/` never use
-//!   each other.
-//! - `gateway.rs`: the state every task shares (above presence and cluster, below the
-//!   protocol and the doors); `server.rs` accepts connections and runs everything: the one
-//!   place that wires the gateway together. `auth`, `error` and `descriptors` (running out
-//!   of file descriptors without going silent) serve all.
+//!   place time becomes ticks), `registry`, `session` and its push `outbox`,
+//!   `subscriptions`, `ticker`, `events`, `directory` (what the backend API asks) and
+//!   `backplane` (what a cluster's shared store is to the composition root).
+//! - Side by side, never using each other:
+//!   - `protocol/`: what doors decode clients' bytes into (`command`), the state machine
+//!     that applies the rules to it with no IO, time and randomness given as inputs
+//!     (`machine`), and what it may reach (`context`);
+//!   - `cluster/`: several gateways sharing presence, events, pushes and kicks through
+//!     Redis, a backplane;
+//!   - `http/`: what servers and operators use over HTTP (`api`, `admin`, `status`, the
+//!     bounded `listener`), reaching the gateway through `state` only.
+//! - `transport/`: the doors, declared once (`door`): accepting (`accept`, `admission`,
+//!   one `guard` per connection, `refusal`), and driving a connection (`drive`) through the
+//!   machine over a `connection` generic over a layer (`tcp`, `tls` with its `records`) and
+//!   a framing (`tcp`'s frames, `ws`, `mqtt`).
+//! - `server.rs`: the composition root, the one place that builds every part and hands
+//!   each side a narrow handle; it runs everything and drains on shutdown.
 
 #![forbid(unsafe_code)]
 
-mod auth;
 mod cluster;
 mod config;
 mod descriptors;
@@ -48,22 +56,24 @@ mod protocol;
 mod server;
 mod transport;
 
-pub use auth::{Auth, DEFAULT_MAX_TOKEN_TTL_SECS};
 pub use config::{
     default_max_connections, Config, RedisTarget, TlsIdentity, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY,
     DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_DEVICES, DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_MQTT_MAX_SUBSCRIPTIONS, DEFAULT_MQTT_PUSH_TOPIC, DEFAULT_NODE_LEASE,
     DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
 };
-pub use error::{AuthError, ConfigError};
+pub use error::ConfigError;
 pub use metrics::Metrics;
-pub use presence::{
-    unix_now, Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Session, Touch, What,
-    READ_BATCH,
-};
-pub use proto::{
-    kind, retry_hint, retry_text, CloseReason, Device, DeviceError, EventKind, Frame, FrameCodec, FrameError,
-    Transport, BYE_CLOSE_BASE, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES, TLS_ALPN, WS_PATH,
-};
+/// The type of [`Config::auth`], from the wire vocabulary's crate.
+pub use proto::Auth;
 pub use server::{Listeners, Server};
-pub use transport::accept_key;
+
+/// The presence core as the benchmarks (`benches/`) and a few tests drive it directly:
+/// not part of the gateway's API, and free to change with it.
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::presence::{
+        Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Session, Touch, What,
+        READ_BATCH,
+    };
+}

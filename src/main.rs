@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use idlegate::{default_max_connections, unix_now, Auth, Config, Listeners, RedisTarget, Server, TlsIdentity};
+use idlegate::{default_max_connections, Auth, Config, Listeners, RedisTarget, Server, TlsIdentity};
+use idlegate_proto::unix_now;
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Pending-connection queue of the client listener. The kernel caps it at
@@ -115,7 +116,7 @@ struct ServeArgs {
     #[arg(long, env = "IDLEGATE_MAX_DATA_BURST", default_value_t = idlegate::DEFAULT_MAX_DATA_BURST)]
     max_data_burst: u32,
     /// Largest frame length accepted, kind byte included.
-    #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate::DEFAULT_MAX_FRAME_BYTES)]
+    #[arg(long, env = "IDLEGATE_MAX_FRAME_BYTES", default_value_t = idlegate_proto::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: u32,
     /// Secrets for LOGIN tokens, comma-separated, newest first: tokens signed with any are
     /// accepted, so a secret can be rotated without logging anyone out. Without one any

@@ -11,7 +11,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
 use common::{http, raw_frame, sample, short_config, Sse, TestServer};
-use idlegate::{CloseReason, Config, Frame};
+use idlegate::Config;
+use idlegate_proto::{CloseReason, Frame};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
@@ -41,7 +42,7 @@ fn assert_error(answer: (u16, Value), status: u16, mentions: &str) {
 async fn presence_query_and_online_answer_for_the_uids_logged_in() {
     let mut server = TestServer::start(config()).await;
     let mut c = server.client().await;
-    let before = idlegate::unix_now() * 1000;
+    let before = idlegate_proto::unix_now() * 1000;
     c.login(42).await;
     let _not_logged_in = server.client().await;
 
@@ -52,7 +53,7 @@ async fn presence_query_and_online_answer_for_the_uids_logged_in() {
         (json!(42), json!(true), json!("node-a"))
     );
     let since = body["since_ms"].as_u64().unwrap();
-    assert!(since >= before && since <= idlegate::unix_now() * 1000 + 1000, "since_ms {since}");
+    assert!(since >= before && since <= idlegate_proto::unix_now() * 1000 + 1000, "since_ms {since}");
     assert!(body["silent_ms"].as_u64().unwrap() <= 30_000, "{body}");
     let sessions = body["sessions"].as_array().unwrap();
     assert_eq!(sessions.len(), 1, "{body}");
@@ -339,11 +340,11 @@ async fn every_login_data_frame_and_session_end_is_one_event_in_order() {
     marker.login(99).await;
     events.expect("online", 99).await;
     events.expect("user_online", 99).await;
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::Online), 7);
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOnline), 6);
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOffline), 5);
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::Data), 2);
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::Offline), 6);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::Online), 7);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::UserOnline), 6);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::UserOffline), 5);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::Data), 2);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::Offline), 6);
     // Shutdown ends the stream, after the last offline (shutdown) events.
     server.shutdown().await;
     assert_eq!(events.expect("offline", 99).await.data["reason"], json!("shutdown"));
@@ -380,7 +381,7 @@ async fn a_consumer_resumes_after_its_last_id_and_learns_of_a_gap() {
     for _ in 0..10 {
         c.send(Frame::Data(Bytes::from_static(b"more"))).await;
     }
-    while server.metrics.event_count(idlegate::EventKind::Data) < 14 {
+    while server.metrics.event_count(idlegate_proto::EventKind::Data) < 14 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (_, mut late) = Sse::open(server.api, &format!("/v1/events?after={}", first.id), &[]).await;
@@ -447,7 +448,7 @@ async fn a_consumer_that_never_reads_costs_the_gateway_nothing() {
         t.await.unwrap();
     }
     let m = &server.metrics;
-    assert_eq!(m.event_count(idlegate::EventKind::Offline), SESSIONS);
+    assert_eq!(m.event_count(idlegate_proto::EventKind::Offline), SESSIONS);
     assert!(m.event_log_events.get() <= 1_000, "the log holds {}", m.event_log_events.get());
     drop(stuck);
     for _ in 0..200 {

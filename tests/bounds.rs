@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::process::GatewayProcess;
 use common::*;
-use idlegate::Frame;
+use idlegate_proto::Frame;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -139,6 +139,6 @@ async fn a_full_pending_table_sheds_its_oldest_connection() {
     }
     // The very first idle socket was shed with a retry hint.
     let mut oldest = Client::from_stream(idle.swap_remove(0));
-    let text = oldest.expect_bye(idlegate::CloseReason::ServerFull).await;
+    let text = oldest.expect_bye(idlegate_proto::CloseReason::ServerFull).await;
     assert!(text.contains("retry_after_ms="), "{text}");
 }

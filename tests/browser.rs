@@ -16,7 +16,7 @@ use base64::Engine;
 use common::browser::{chromium, launch, trust, Page};
 use common::http;
 use common::tls::server_with;
-use idlegate::{kind, WS_PATH};
+use idlegate_proto::{kind, WS_PATH};
 use serde_json::Value;
 
 /// Opens a WebSocket to each URL as uid 1, 2, ..., logging in on open and keeping every

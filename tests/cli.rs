@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::Client;
-use idlegate::{Auth, CloseReason, Frame};
+use idlegate::Auth;
+use idlegate_proto::{CloseReason, Frame};
 
 fn idlegate(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_idlegate"))
@@ -64,8 +65,8 @@ fn token_prints_a_token_the_secret_verifies() {
     assert!(out.status.success());
     let token = String::from_utf8(out.stdout).unwrap();
     let auth = Auth::new("s3cret");
-    assert_eq!(auth.verify(77, token.trim().as_bytes(), idlegate::unix_now()), Ok(()));
-    assert!(auth.verify(78, token.trim().as_bytes(), idlegate::unix_now()).is_err());
+    assert_eq!(auth.verify(77, token.trim().as_bytes(), idlegate_proto::unix_now()), Ok(()));
+    assert!(auth.verify(78, token.trim().as_bytes(), idlegate_proto::unix_now()).is_err());
 }
 
 #[tokio::test]

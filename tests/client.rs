@@ -13,8 +13,9 @@ use base64::Engine;
 use bytes::Bytes;
 use common::tls::{doors, server_with};
 use common::{free_addr, http, sample, short_config, Sse, TestServer, PATIENCE};
-use idlegate::{Auth, CloseReason, Config};
+use idlegate::{Auth, Config};
 use idlegate_client::{Backoff, Client, Event, Events, Options, SendError, State, TokenError};
+use idlegate_proto::CloseReason;
 use serde_json::json;
 use tokio::time::{timeout, Instant};
 
@@ -158,7 +159,7 @@ async fn after_a_restart_it_comes_back_no_sooner_than_the_hint_with_what_it_queu
         other => panic!("expected BYE(shutdown) with a retry, got {other:?}"),
     };
     let cut = Instant::now();
-    let hint = Duration::from_millis(idlegate::retry_hint(&text).expect("a shutdown BYE carries a hint"));
+    let hint = Duration::from_millis(idlegate_proto::retry_hint(&text).expect("a shutdown BYE carries a hint"));
     assert!(retry_in >= hint, "waits {retry_in:?}, less than the hint {hint:?}");
 
     // While it is away, three messages wait; the fourth comes back.
@@ -214,7 +215,7 @@ async fn a_refused_token_is_asked_for_again_with_refresh() {
         move |uid: u64, refresh: bool| {
             asked.lock().unwrap().push(refresh);
             // A cached token that has expired, until the client asks for a fresh one.
-            let expiry = if refresh { idlegate::unix_now() + 600 } else { idlegate::unix_now() - 1 };
+            let expiry = if refresh { idlegate_proto::unix_now() + 600 } else { idlegate_proto::unix_now() - 1 };
             let token = auth.mint(uid, expiry);
             async move { Ok::<_, TokenError>(token) }
         }
@@ -323,13 +324,13 @@ async fn an_application_far_behind_ends_its_session_as_a_slow_consumer() {
 async fn a_503_upgrade_is_retried_no_sooner_than_its_retry_after() {
     let mut server = TestServer::start(Config { max_connections: 1, ..short_config() }).await;
     let mut held = server.client().await;
-    assert!(matches!(held.login(1).await, idlegate::Frame::Welcome { .. }));
+    assert!(matches!(held.login(1).await, idlegate_proto::Frame::Welcome { .. }));
     let (client, mut events) = Client::connect(&format!("ws://{}", server.ws), Options::new(13)).unwrap();
     loop {
         match next_state(&mut events).await {
             State::Connecting { .. } => {}
             State::Offline { reason: CloseReason::ServerFull, text, retry_in: Some(retry_in) } => {
-                let hint = idlegate::retry_hint(&text).expect("the Retry-After as the hint");
+                let hint = idlegate_proto::retry_hint(&text).expect("the Retry-After as the hint");
                 assert!(hint >= 1_000 && hint.is_multiple_of(1_000), "whole seconds: {text}");
                 assert!(retry_in >= Duration::from_millis(hint), "{retry_in:?} before the {hint} ms hint");
                 break;

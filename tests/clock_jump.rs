@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{free_addr, http_get, skip_without, wait_listening, Client};
-use idlegate::{CloseReason, Frame};
+use idlegate_proto::{CloseReason, Frame};
 use tokio::time::{sleep, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -40,7 +40,7 @@ fn set_offset(file: &Path, offset: &str) {
 async fn gateway_clock_offset_ms(addr: SocketAddr, api: SocketAddr, uid: u64) -> i64 {
     let mut probe = Client::connect(addr).await;
     probe.login(uid).await;
-    let ours = idlegate::unix_now() as i64 * 1000;
+    let ours = idlegate_proto::unix_now() as i64 * 1000;
     let (_, body) = http_get(api, &format!("/v1/presence/{uid}")).await;
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     probe.send(Frame::Logout).await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::cluster::*;
 use common::redis::{assert_paired, RedisCluster, RedisServer};
 use common::*;
-use idlegate::{CloseReason, Frame};
+use idlegate_proto::{CloseReason, Frame};
 
 /// The checks every Redis set-up must pass: a client on A is seen from B, reached from C,
 /// kicked from A by a login on B, and every event is in the stream once, on every node.

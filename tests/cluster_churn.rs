@@ -16,7 +16,7 @@ use common::checker::{violations, OVERLAP};
 use common::cluster::*;
 use common::redis::{assert_paired, RedisServer, StreamEvent};
 use common::*;
-use idlegate::Frame;
+use idlegate_proto::Frame;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -17,7 +17,8 @@ use common::cluster::*;
 use common::proxy::Proxy;
 use common::redis::{assert_paired, RedisServer, StreamEvent};
 use common::*;
-use idlegate::{CloseReason, Config, Frame};
+use idlegate::Config;
+use idlegate_proto::{CloseReason, Frame};
 use tokio::time::Instant;
 
 /// Waits up to `limit` for `check`; panics naming `what` after.

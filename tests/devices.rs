@@ -11,7 +11,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
 use common::{http, raw_frame, short_config, Client, Sse, TestServer};
-use idlegate::{kind, CloseReason, Config, Frame};
+use idlegate::Config;
+use idlegate_proto::{kind, CloseReason, Frame};
 use serde_json::{json, Value};
 
 fn devices(n: usize) -> Config {
@@ -147,8 +148,8 @@ async fn a_device_over_the_limit_evicts_the_least_recently_active_and_a_relogin_
     a2.expect_bye(CloseReason::Kicked).await;
     assert_eq!(events.expect("offline", 5).await.data["device"], json!("a"));
     assert_eq!(events.expect("user_offline", 5).await.data["reason"], json!("kicked"));
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOnline), 1);
-    assert_eq!(server.metrics.event_count(idlegate::EventKind::UserOffline), 1);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::UserOnline), 1);
+    assert_eq!(server.metrics.event_count(idlegate_proto::EventKind::UserOffline), 1);
     server.shutdown().await;
 }
 

@@ -13,7 +13,8 @@ use bytes::Bytes;
 use common::tls::{doors, server_with};
 use common::ws::{DoorClient, Got};
 use common::{http, short_config, Sse, TestServer, PATIENCE};
-use idlegate::{CloseReason, Config, Frame, Transport, BYE_CLOSE_BASE};
+use idlegate::Config;
+use idlegate_proto::{CloseReason, Frame, Transport, BYE_CLOSE_BASE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -451,11 +452,11 @@ async fn tls_records_split_across_reads_and_frames_split_across_records_are_put_
         let mut client_write = client_write;
         let _ = tokio::io::copy(&mut gateway_read, &mut client_write).await;
     });
-    let mut tls = ca.connect(relay_addr, &[idlegate::TLS_ALPN]).await.expect("handshake through the relay");
+    let mut tls = ca.connect(relay_addr, &[idlegate_proto::TLS_ALPN]).await.expect("handshake through the relay");
     // LOGIN in two TLS records: the frame's first 5 bytes, then the rest.
     let mut login = bytes::BytesMut::new();
     tokio_util::codec::Encoder::encode(
-        &mut idlegate::FrameCodec::default(),
+        &mut idlegate_proto::FrameCodec::default(),
         Frame::Login { uid: 77, token: Bytes::from_static(b"t"), device: Default::default() },
         &mut login,
     )
@@ -465,7 +466,7 @@ async fn tls_records_split_across_reads_and_frames_split_across_records_are_put_
     tokio::time::sleep(Duration::from_millis(50)).await;
     tls.write_all(&login[5..]).await.unwrap();
     tls.flush().await.unwrap();
-    let mut framed = tokio_util::codec::Framed::new(tls, idlegate::FrameCodec::default());
+    let mut framed = tokio_util::codec::Framed::new(tls, idlegate_proto::FrameCodec::default());
     let welcome = tokio::time::timeout(PATIENCE, futures_util::StreamExt::next(&mut framed)).await.unwrap();
     assert!(matches!(welcome, Some(Ok(Frame::Welcome { .. }))), "{welcome:?}");
     futures_util::SinkExt::send(&mut framed, Frame::Ping(Bytes::from_static(b"slow"))).await.unwrap();
@@ -483,7 +484,7 @@ async fn a_silent_websocket_client_whose_stack_answers_pings_stays_online() {
     use futures_util::{SinkExt, StreamExt};
     // short_config: timeout 600 ms, tick 100 ms: pinged after 300 ms of silence.
     let mut server = TestServer::start(short_config()).await;
-    let url = format!("ws://{}{}", server.ws, idlegate::WS_PATH);
+    let url = format!("ws://{}{}", server.ws, idlegate_proto::WS_PATH);
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut login = bytes::BytesMut::new();
     Frame::Login { uid: 77, token: bytes::Bytes::new(), device: Default::default() }.encode(&mut login);

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{find_on_path, free_addr, http_get, skip_without, wait_listening, Client};
-use idlegate::{CloseReason, Frame};
+use idlegate_proto::{CloseReason, Frame};
 use tokio::time::{sleep, Instant};
 
 const PINGERS: u64 = 20;
@@ -51,7 +51,7 @@ async fn a_gateway_out_of_descriptors_answers_everyone_and_recovers() {
                 match c.recv().await {
                     Some(Frame::Welcome { .. }) => Ok(c),
                     Some(Frame::Bye { reason: CloseReason::ServerFull, text }) => {
-                        assert!(idlegate::retry_hint(&text).is_some(), "no retry hint: {text}");
+                        assert!(idlegate_proto::retry_hint(&text).is_some(), "no retry hint: {text}");
                         Err(())
                     }
                     other => panic!("client {i} got {other:?}"),

@@ -7,7 +7,8 @@ mod common;
 
 use bytes::{BufMut, BytesMut};
 use common::{raw_frame, TestServer};
-use idlegate::{kind, Auth, Config, Frame, FrameCodec, FrameError, HEADER_LEN};
+use idlegate::{Auth, Config};
+use idlegate_proto::{kind, Frame, FrameCodec, FrameError, HEADER_LEN};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

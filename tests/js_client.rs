@@ -156,7 +156,8 @@ async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_a
     let at = a.iter().position(|s| s["state"] == "offline").unwrap();
     let (offline, back) = (&a[at], a[at..].iter().find(|s| s["state"] == "online").unwrap());
     assert_eq!((offline["reason"].clone(), offline["code"].clone()), (json!("shutdown"), json!(4008)), "{a:?}");
-    let hint = idlegate::retry_hint(offline["text"].as_str().unwrap()).expect("a shutdown BYE carries a hint") as f64;
+    let hint =
+        idlegate_proto::retry_hint(offline["text"].as_str().unwrap()).expect("a shutdown BYE carries a hint") as f64;
     assert!(offline["retryInMs"].as_f64().unwrap() >= hint, "{offline}");
     let waited = back["at"].as_f64().unwrap() - offline["at"].as_f64().unwrap();
     assert!(waited >= hint, "back after {waited} ms, before the hint of {hint} ms");
@@ -179,7 +180,7 @@ fn server_identity(ca: &common::tls::TestCa) -> Option<std::sync::Arc<idlegate::
 #[test]
 fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     use bytes::{Bytes, BytesMut};
-    use idlegate::{kind, CloseReason, Device, Frame};
+    use idlegate_proto::{kind, CloseReason, Device, Frame};
 
     let Some(node) = find_on_path(&["node", "nodejs"]) else {
         return skip_without("node", "apt-get install nodejs");
@@ -219,7 +220,7 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     }
     let reasons: Vec<&str> = (1..=9).map(|b| CloseReason::from_wire(b).unwrap().label()).collect();
     assert_eq!(js["reasons"], json!(reasons));
-    assert_eq!(js["base"], json!(idlegate::BYE_CLOSE_BASE));
+    assert_eq!(js["base"], json!(idlegate_proto::BYE_CLOSE_BASE));
     assert_eq!(js["device"], json!(idlegate_proto::MAX_DEVICE_BYTES));
 
     let login =

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{sample, short_config, Client, TestServer};
-use idlegate::{kind, CloseReason, Frame};
+use idlegate_proto::{kind, CloseReason, Frame};
 
 /// Connections per wave; uids repeat across `UIDS`, so logins kick each other.
 const CONNECTIONS: u64 = 120;

@@ -107,7 +107,7 @@ async fn refusals_use_each_version_s_connack_codes() {
     let Some(()) = clients() else { return };
     let auth = idlegate::Auth::new("s3cret");
     let mut server = TestServer::start(Config { auth: Some(auth.clone()), ..config() }).await;
-    let good = auth.mint(7, idlegate::unix_now() + 600);
+    let good = auth.mint(7, idlegate_proto::unix_now() + 600);
     for (args, says) in [
         (vec!["-u", "seven", "-P", good.as_str(), "-V", "mqttv5", "-k", "5"], "bad user name or password"),
         (vec!["-u", "7", "-P", "forged", "-V", "mqttv5", "-k", "5"], "bad user name or password"),
@@ -276,7 +276,7 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
     // DATA from the other doors has no topic.
     let mut tcp = server.client().await;
     tcp.login(4).await;
-    tcp.send(idlegate::Frame::Data(bytes::Bytes::from_static(b"d"))).await;
+    tcp.send(idlegate_proto::Frame::Data(bytes::Bytes::from_static(b"d"))).await;
     assert_eq!(events.expect("data", 4).await.data.get("topic"), None);
     server.shutdown().await;
 
@@ -466,7 +466,7 @@ async fn pushes_reach_mqtt_sessions_only_on_topics_they_subscribed_to() {
 
     let answer = push(server.api, &[50, 51, 52], "a", None).await;
     assert_eq!(answer, json!({"sent": [50], "offline": [52], "unsubscribed": [51], "sessions": 1}));
-    assert_eq!(tcp.recv().await, Some(idlegate::Frame::Push(bytes::Bytes::from_static(b"a"))));
+    assert_eq!(tcp.recv().await, Some(idlegate_proto::Frame::Push(bytes::Bytes::from_static(b"a"))));
 
     for client in [&mut mqtt, &mut only_mqtt] {
         client.write_all(&subscription_v5(true, "alerts/#")).await.unwrap();

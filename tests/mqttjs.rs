@@ -117,7 +117,7 @@ impl Driver {
 async fn scenario(server: &mut TestServer, auth: &Auth, url: &str, ca: Option<&str>) {
     let Some(mut mqtt) = driver().await else { return };
     let (_, mut events) = Sse::open(server.api, "/v1/events?types=online,offline,data", &[]).await;
-    let token = |uid: u64| auth.mint(uid, idlegate::unix_now() + 600);
+    let token = |uid: u64| auth.mint(uid, idlegate_proto::unix_now() + 600);
     let connect = |id: &str, uid: u64, password: String, client_id: &str, keepalive: u64| {
         json!({"op": "connect", "id": id, "url": url, "username": uid.to_string(), "password": password,
                "clientId": client_id, "protocolVersion": 5, "keepalive": keepalive, "ca": ca})

@@ -13,7 +13,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{dashboard_queries, find_on_path, free_addr, http_get, skip_without, Client, TestServer};
-use idlegate::{CloseReason, Config, Frame};
+use idlegate::Config;
+use idlegate_proto::{CloseReason, Frame};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{raw_frame, sample, short_config, TestServer};
-use idlegate::{kind, Auth, CloseReason, Config, Frame};
+use idlegate::{Auth, Config};
+use idlegate_proto::{kind, CloseReason, Frame};
 use tokio::time::Instant;
 
 #[tokio::test]
@@ -108,7 +109,10 @@ async fn every_protocol_error_gets_its_bye_and_others_keep_being_served() {
         ("length over the limit", vec![0, 0, 4, 1]),
         ("huge length", vec![0xff, 0xff, 0xff, 0xff]),
         ("gateway frame from a client", raw_frame(kind::PONG, b"")),
-        ("first frame over the login limit", raw_frame(kind::LOGIN, &[0; idlegate::MAX_LOGIN_FRAME_BYTES as usize])),
+        (
+            "first frame over the login limit",
+            raw_frame(kind::LOGIN, &[0; idlegate_proto::MAX_LOGIN_FRAME_BYTES as usize]),
+        ),
     ];
     for (name, bytes) in cases {
         let mut c = server.client().await;
@@ -149,12 +153,12 @@ async fn no_login_in_time_gets_login_timeout_even_mid_header() {
 async fn tokens_are_checked_when_a_secret_is_set() {
     let auth = Auth::new("s3cret");
     let mut server = TestServer::start(Config { auth: Some(auth.clone()), ..Config::default() }).await;
-    let expiry = idlegate::unix_now() + 3600;
+    let expiry = idlegate_proto::unix_now() + 3600;
 
     let mut good = server.client().await;
     assert!(matches!(good.login_with(5, auth.mint(5, expiry).as_bytes()).await, Frame::Welcome { .. }));
 
-    let expired = auth.mint(6, idlegate::unix_now() - 1);
+    let expired = auth.mint(6, idlegate_proto::unix_now() - 1);
     let other_uid = auth.mint(5, expiry);
     let wrong_secret = Auth::new("nope").mint(6, expiry);
     for token in [b"".as_slice(), b"garbage", expired.as_bytes(), other_uid.as_bytes(), wrong_secret.as_bytes()] {
@@ -178,7 +182,7 @@ async fn over_max_connections_gets_server_full_and_the_rest_are_served() {
     let mut c = server.client().await;
     let text = c.expect_bye(CloseReason::ServerFull).await;
     assert!(text.ends_with("; 2 connections open"), "{text}");
-    let hint = idlegate::retry_hint(&text).expect("a retry hint");
+    let hint = idlegate_proto::retry_hint(&text).expect("a retry hint");
     assert!((1_000..3_000).contains(&hint), "{text}");
     a.ping(b"a").await;
     b.ping(b"b").await;
@@ -207,7 +211,7 @@ async fn shutdown_sends_bye_to_everyone_and_ends_every_session() {
     let mut hints = std::collections::BTreeSet::new();
     for c in &mut clients {
         let text = c.expect_bye(CloseReason::Shutdown).await;
-        let hint = idlegate::retry_hint(&text).unwrap_or_else(|| panic!("no retry hint in {text:?}"));
+        let hint = idlegate_proto::retry_hint(&text).unwrap_or_else(|| panic!("no retry hint in {text:?}"));
         assert!((1_000..11_000).contains(&hint), "{text}");
         hints.insert(hint);
     }
@@ -277,7 +281,7 @@ fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
         let line = doc.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no example row {row}"));
         let hex: String = line[row.len()..].chars().filter(|c| c.is_ascii_hexdigit()).collect();
         let mut wire = bytes::BytesMut::new();
-        tokio_util::codec::Encoder::encode(&mut idlegate::FrameCodec::default(), frame, &mut wire).unwrap();
+        tokio_util::codec::Encoder::encode(&mut idlegate_proto::FrameCodec::default(), frame, &mut wire).unwrap();
         let want: String = wire.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, want, "{row}");
     }
@@ -295,7 +299,7 @@ async fn when_too_many_wait_to_log_in_the_oldest_is_shed_with_a_retry_hint() {
     let mut newcomer = server.client().await;
     let text = waiting_a.expect_bye(CloseReason::ServerFull).await;
     assert!(text.contains("waiting to log in"), "{text}");
-    assert!(idlegate::retry_hint(&text).is_some(), "{text}");
+    assert!(idlegate_proto::retry_hint(&text).is_some(), "{text}");
     // The logged-in client was never affected; the others log in.
     online.ping(b"fine").await;
     assert!(matches!(newcomer.login(2).await, Frame::Welcome { .. }));
@@ -335,7 +339,7 @@ async fn tokens_rotate_have_a_lifetime_and_refusals_say_why() {
     let (new, old) = (idlegate::Auth::new("new"), idlegate::Auth::new("old"));
     let auth = idlegate::Auth::rotating([b"new".to_vec(), b"old".to_vec()]).unwrap().with_max_ttl(3600);
     let mut server = TestServer::start(Config { auth: Some(auth), ..Config::default() }).await;
-    let now = idlegate::unix_now();
+    let now = idlegate_proto::unix_now();
     // Both secrets are accepted while one rotates out.
     for (uid, minter) in [(1, &new), (2, &old)] {
         let mut c = server.client().await;

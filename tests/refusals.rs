@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use idlegate::{retry_hint, CloseReason, Config, Frame};
+use idlegate::Config;
+use idlegate_proto::{retry_hint, CloseReason, Frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::process::Command;

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use idlegate::{Handle, Ring, Touch};
+use idlegate::bench::{Handle, Ring, Touch};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]

@@ -18,7 +18,8 @@ mod common;
 use std::time::Duration;
 
 use common::Client;
-use idlegate::{CloseReason, Config, Frame, Listeners, Server};
+use idlegate::{Config, Listeners, Server};
+use idlegate_proto::{CloseReason, Frame};
 use tokio::net::TcpListener;
 
 const ACTIVE: u64 = 8;

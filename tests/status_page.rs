@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use common::browser::{launch, Page, WAIT};
 use common::{find_on_path, skip_without, Client, TestServer};
-use idlegate::{CloseReason, Config, Frame};
+use idlegate::Config;
+use idlegate_proto::{CloseReason, Frame};
 use serde_json::{json, Value};
 use tokio::time::{sleep, Instant};
 

@@ -15,7 +15,7 @@ use common::process::GatewayProcess;
 use common::tls::{handshake, TestCa, INSTALL};
 use common::ws::{DoorClient, Got};
 use common::{find_on_path, skip_without};
-use idlegate::{Frame, Transport};
+use idlegate_proto::{Frame, Transport};
 
 /// `curl` of `url` trusting `ca`: (exit status, body).
 fn curl(ca: &str, url: &str) -> (i32, String) {
@@ -154,7 +154,7 @@ async fn the_tls_door_offers_1_3_and_1_2_only_and_keeps_every_client_across_a_ce
     assert_eq!(common::sample(&metrics, "idlegate_tls_reloads_total{result=\"ok\"}"), Some(1.0));
     assert!(handshake(door, "-tls1_3").is_some_and(|(subject, _)| subject.contains("second")));
     let expiry = common::sample(&metrics, "idlegate_tls_cert_expiry_timestamp_seconds").unwrap();
-    let in_a_day = idlegate::unix_now() as f64 + 86_400.0;
+    let in_a_day = idlegate_proto::unix_now() as f64 + 86_400.0;
     assert!((expiry - in_a_day).abs() < 600.0, "the renewed certificate expires in a day: {expiry}");
 
     // None of the hundred was dropped: each still answers.

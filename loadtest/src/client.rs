@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use idlegate::Auth;
+use idlegate_proto::Auth;
 use idlegate_proto::CloseReason;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -300,7 +300,7 @@ impl Client {
         let mut frames = FramedRead::with_capacity(read_half, wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
 
-        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
+        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate_proto::unix_now() + 3600));
         wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
@@ -571,7 +571,7 @@ impl Client {
         let (read_half, mut write_half) = tokio::io::split(stream);
         let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
-        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate::unix_now() + 3600));
+        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate_proto::unix_now() + 3600));
         wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
         write_half.write_all_buf(&mut out).await.ok()?;
         match timeout(LOGIN_PATIENCE, frames.next()).await {

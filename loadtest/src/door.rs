@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 
-use idlegate::accept_key;
+use idlegate_proto::websocket::accept_key;
 use idlegate_proto::{Transport, TLS_ALPN, WS_PATH};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use idlegate_proto::mqtt::{fixed_header, put_fixed_header, put_str};
+use idlegate_proto::websocket::{apply_mask, opcode, Header};
 use idlegate_proto::{CloseReason, Device, Frame, FrameCodec};
 use tokio_util::codec::Decoder;
 
@@ -14,20 +15,9 @@ use crate::args::Protocol;
 
 /// MQTT control packet types (high nibble of the fixed header).
 mod mqtt {
-    pub const CONNECT: u8 = 0x10;
-    pub const CONNACK: u8 = 0x20;
-    pub const PUBLISH_QOS0: u8 = 0x30;
-    pub const PINGREQ: u8 = 0xC0;
-    pub const PINGRESP: u8 = 0xD0;
-    pub const DISCONNECT: u8 = 0xE0;
-    /// Protocol level of MQTT 3.1.1.
-    pub const LEVEL_311: u8 = 4;
-    /// CONNECT flags: clean session, and a username (the uid, which idlegate's MQTT door
-    /// needs and a broker allowing anonymous clients ignores), a password (the token) when
-    /// there is one.
-    pub const CLEAN_SESSION: u8 = 0x02;
-    pub const USERNAME: u8 = 0x80;
-    pub const PASSWORD: u8 = 0x40;
+    pub use idlegate_proto::mqtt::connect_flags::{CLEAN as CLEAN_SESSION, PASSWORD, USERNAME};
+    pub use idlegate_proto::mqtt::packet::{CONNACK, CONNECT, DISCONNECT, PINGREQ, PINGRESP, PUBLISH as PUBLISH_QOS0};
+    pub use idlegate_proto::mqtt::LEVEL_311;
     /// Topic the DATA load is published to; nobody subscribes.
     pub const DATA_TOPIC: &[u8] = b"idlegate/load";
 }
@@ -167,26 +157,12 @@ impl Wire {
             let _ = self.codec.encode(&frame, out);
             return;
         }
-        // One masked binary message: FIN and opcode 2, then the length with the mask bit.
-        let len = frame.body_len();
-        out.put_u8(0x82);
-        match len {
-            0..=125 => out.put_u8(0x80 | len as u8),
-            126..=0xffff => {
-                out.put_u8(0x80 | 126);
-                out.put_u16(len as u16);
-            }
-            _ => {
-                out.put_u8(0x80 | 127);
-                out.put_u64(len as u64);
-            }
-        }
-        out.put_slice(&WS_MASK);
+        // One masked binary message.
+        let (header, n) = Header::encode(opcode::BINARY, frame.body_len(), Some(WS_MASK));
+        out.put_slice(&header[..n]);
         let start = out.len();
         frame.encode(out);
-        for (i, b) in out[start..].iter_mut().enumerate() {
-            *b ^= WS_MASK[i % 4];
-        }
+        apply_mask(&mut out[start..], WS_MASK);
     }
 
     /// The next frame from the gateway: length-prefixed, or the next binary message.
@@ -195,7 +171,10 @@ impl Wire {
             return self.codec.decode(src).map_err(invalid);
         }
         loop {
-            let Some((opcode, at, len)) = ws_header(src)? else {
+            let Some(Header { opcode, len, header_len: at, mask: None, fin: true, .. }) = Header::parse(src) else {
+                if src.len() >= 2 && (src[0] & 0x80 == 0 || src[1] & 0x80 != 0) {
+                    return Err(invalid("a gateway's WebSocket frames are whole and unmasked"));
+                }
                 return Ok(None);
             };
             if src.len() < at + len {
@@ -205,9 +184,9 @@ impl Wire {
             src.advance(at);
             let payload = src.split_to(len);
             match opcode {
-                0x2 => return Frame::parse(payload.freeze()).map(Some).map_err(invalid),
+                opcode::BINARY => return Frame::parse(payload.freeze()).map(Some).map_err(invalid),
                 // The close after a BYE, pings, pongs: the socket's end tells the rest.
-                0x8..=0xA => continue,
+                opcode::CLOSE..=opcode::PONG => continue,
                 other => return Err(invalid(format!("a gateway does not send WebSocket opcode {other:#x}"))),
             }
         }
@@ -266,23 +245,6 @@ impl Decoder for Wire {
             },
         }
     }
-}
-
-/// Parses a server's (unmasked, unfragmented) WebSocket frame header: (opcode, where the
-/// payload starts, payload length).
-fn ws_header(src: &[u8]) -> io::Result<Option<(u8, usize, usize)>> {
-    let [b0, b1, ..] = *src else { return Ok(None) };
-    if b0 & 0x80 == 0 || b1 & 0x80 != 0 {
-        return Err(invalid("a gateway's WebSocket frames are whole and unmasked"));
-    }
-    Ok(match b1 & 0x7f {
-        126 => src.get(2..4).map(|l| (b0 & 0x0f, 4, usize::from(u16::from_be_bytes([l[0], l[1]])))),
-        127 => src.get(2..10).map(|l| {
-            let len = u64::from_be_bytes(l.try_into().unwrap_or_default());
-            (b0 & 0x0f, 10, usize::try_from(len).unwrap_or(usize::MAX / 2))
-        }),
-        n => Some((b0 & 0x0f, 2, usize::from(n))),
-    })
 }
 
 /// Parses an MQTT fixed header: (first byte, where the body starts, body length).

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use idlegate::{Auth, CloseReason, Config, Frame, FrameCodec, Listeners, Server};
+use idlegate::{Auth, Config, Listeners, Server};
+use idlegate_proto::{CloseReason, Frame, FrameCodec};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;

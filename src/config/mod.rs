@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::auth::Auth;
+use crate::proto::Auth;
 mod redis_target;
 mod tls;
 

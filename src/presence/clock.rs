@@ -2,8 +2,8 @@
 //!
 //! - [`Clock`]: monotonic tokio time as ring ticks, for expiry. A wall-clock jump moves
 //!   neither the ring nor anyone's deadline.
-//! - [`unix_ms`] and [`unix_now`]: the wall clock, for event timestamps, `since_ms` and token
-//!   expiry only.
+//! - [`unix_ms`]: the wall clock, for event timestamps and `since_ms` only (token expiry
+//!   reads it through `proto`'s `unix_now`).
 //!
 //! As tokio keeps `runtime/time/source.rs` apart from its wheel, the ring never sees an
 //! `Instant`: callers ask the clock which tick it is.
@@ -85,11 +85,6 @@ impl Clock {
 /// Milliseconds since the Unix epoch, for event timestamps (wall-clock time, unlike ticks).
 pub fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-/// Seconds since the Unix epoch, for token expiry (wall-clock time, unlike ticks).
-pub fn unix_now() -> u64 {
-    unix_ms() / 1000
 }
 
 #[cfg(test)]

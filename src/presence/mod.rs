@@ -21,7 +21,7 @@ mod ticker;
 
 pub(crate) use backplane::Backplane;
 pub(crate) use clock::unix_ms as unix_ms_now;
-pub use clock::{unix_now, Clock};
+pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, Will, READ_BATCH};
 pub use outbox::{Outboxes, Push, Pushed, Reach};

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Auth;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::presence::{data_bucket, Clock, Registry};
+use crate::proto::Auth;
 
 /// The protocol's view of the gateway; see the module documentation.
 #[derive(Debug)]

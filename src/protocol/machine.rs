@@ -14,11 +14,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::error::AuthError;
-use crate::presence::{session_hex, unix_now, Liveness, Push, Session};
+use crate::presence::{session_hex, Liveness, Push, Session};
 use crate::proto::{
-    jittered_ms, kind, put_frame, retry_text, CloseReason, Device, Frame, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD,
-    SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+    jittered_ms, kind, put_frame, retry_text, unix_now, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
+    REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
 use crate::protocol::command::Command;
 use crate::protocol::context::Context;
@@ -407,8 +406,8 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
-    use crate::auth::Auth;
     use crate::config::Config;
+    use crate::proto::Auth;
 
     /// Time and randomness the test sets: the machine reads no clock of its own.
     struct Fixed {

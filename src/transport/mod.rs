@@ -19,4 +19,3 @@ mod tls;
 mod ws;
 
 pub(crate) use accept::Doors;
-pub use ws::accept_key;

@@ -21,7 +21,9 @@ use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
 use mqtt5_protocol::QoS;
 
 use crate::presence::{Push, Will};
-use crate::proto::mqtt::{check_topic_filter, fixed_header, put_fixed_header as put_header, put_str, put_varint};
+use crate::proto::mqtt::{
+    check_topic_filter, fixed_header, packet, put_fixed_header as put_header, put_str, put_varint,
+};
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
 use crate::protocol::Command;
@@ -38,17 +40,6 @@ const LEVEL_5: u8 = 5;
 /// much; a longer CONNECT is refused (MQTT 5: CONNACK 0x95; 3.1.1 has no code for it and is
 /// closed).
 pub(crate) const MAX_CONNECT_BYTES: u32 = 6 * 1024;
-
-/// Control packet types (the high nibble of the first byte) the gateway writes.
-mod packet {
-    pub const CONNACK: u8 = 0x20;
-    pub const PUBLISH: u8 = 0x30;
-    pub const PUBACK: u8 = 0x40;
-    pub const SUBACK: u8 = 0x90;
-    pub const UNSUBACK: u8 = 0xB0;
-    pub const PINGRESP: u8 = 0xD0;
-    pub const DISCONNECT: u8 = 0xE0;
-}
 
 /// MQTT 3.1.1 CONNACK return codes (3.2.2.3).
 mod code311 {

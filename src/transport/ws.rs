@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use base64::Engine;
 use bytes::{Buf, BufMut, BytesMut};
-use sha1::{Digest, Sha1};
 
 use crate::presence::Push;
+use crate::proto::websocket::{accept_key, apply_mask, opcode, Header};
 use crate::proto::{CloseReason, Frame, BYE_CLOSE_BASE, MAX_LOGIN_FRAME_BYTES, WS_PATH};
 use crate::protocol::Close;
 use crate::protocol::Command;
@@ -40,9 +40,6 @@ const MAX_UPGRADE_BYTES: usize = 8 * 1024;
 
 /// Most header lines an upgrade request may have.
 const MAX_UPGRADE_HEADERS: usize = 64;
-
-/// Appended to a client's key before hashing, by RFC 6455 section 4.2.2.
-const ACCEPT_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 /// Close code for a malformed frame: 4000 + BYE(protocol_error)'s byte.
 const MALFORMED: u16 = 4004;
@@ -78,15 +75,6 @@ const MQTT_SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
 /// In MQTT mode, how many packets' worth of bytes may wait in the stream: a packet's tail
 /// and the message after it (packets need not line up with messages).
 const MQTT_STREAM_PACKETS: u32 = 2;
-
-mod opcode {
-    pub const CONTINUATION: u8 = 0x0;
-    pub const TEXT: u8 = 0x1;
-    pub const BINARY: u8 = 0x2;
-    pub const CLOSE: u8 = 0x8;
-    pub const PING: u8 = 0x9;
-    pub const PONG: u8 = 0xA;
-}
 
 /// Who may upgrade: `--ws-allowed-origins` (none: any origin); and how MQTT inside is
 /// served.
@@ -246,14 +234,6 @@ impl WebSocket {
     }
 }
 
-/// `Sec-WebSocket-Accept` for a client's `key`.
-pub fn accept_key(key: &[u8]) -> String {
-    let mut sha = Sha1::new();
-    sha.update(key);
-    sha.update(ACCEPT_GUID);
-    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
-}
-
 impl Framing for WebSocket {
     const SPEAKS: Speaks = Speaks::WebSocket;
 
@@ -276,7 +256,7 @@ impl Framing for WebSocket {
                     return Ok(Some(input));
                 }
             }
-            let Some(head) = Head::parse(&src[g..]).map_err(|why| self.refuse(MALFORMED, why))? else {
+            let Some(head) = client_header(&src[g..]).map_err(|why| self.refuse(MALFORMED, why))? else {
                 src.reserve(MIN_SPLIT_GROWTH);
                 return Ok(None);
             };
@@ -315,7 +295,7 @@ impl Framing for WebSocket {
                 return Ok(None);
             }
             let payload = g + head.header_len..g + whole;
-            unmask(&mut src[payload.clone()], head.mask);
+            apply_mask(&mut src[payload.clone()], head.mask);
             if head.opcode >= opcode::CLOSE {
                 let reply = match head.opcode {
                     opcode::PING => {
@@ -458,7 +438,7 @@ fn close_message(out: &mut BytesMut, at: usize) {
         out.truncate(at);
         return;
     }
-    let (header, n) = header_bytes(opcode::BINARY, len);
+    let (header, n) = Header::encode(opcode::BINARY, len, None);
     out.copy_within(at + MAX_SERVER_HEADER.., at + n);
     out.truncate(at + n + len);
     out[at..at + n].copy_from_slice(&header[..n]);
@@ -474,43 +454,29 @@ impl WebSocket {
     }
 }
 
-/// A frame's header, read without taking it.
-struct Head {
+/// A client frame's header: RFC 6455's layout (`proto`), and what a server requires of a
+/// client's frame: no reserved bit without an extension, and a mask. `None` until the whole
+/// header has arrived.
+#[inline]
+fn client_header(b: &[u8]) -> Result<Option<ClientHeader>, String> {
+    let Some(header) = Header::parse(b) else { return Ok(None) };
+    if header.rsv != 0 {
+        return Err("reserved bits set: no extension was agreed".into());
+    }
+    let Some(mask) = header.mask else {
+        return Err("an unmasked frame from a client".into());
+    };
+    let Header { fin, opcode, len, header_len, .. } = header;
+    Ok(Some(ClientHeader { fin, opcode, len, mask, header_len }))
+}
+
+/// A client frame's header, its mask known to be there.
+struct ClientHeader {
     fin: bool,
     opcode: u8,
     len: usize,
     mask: [u8; 4],
     header_len: usize,
-}
-
-impl Head {
-    /// The header at the front of `b`; `None` until it has all arrived.
-    fn parse(b: &[u8]) -> Result<Option<Head>, String> {
-        let [b0, b1, ..] = *b else { return Ok(None) };
-        if b0 & 0x70 != 0 {
-            return Err("reserved bits set: no extension was agreed".into());
-        }
-        if b1 & 0x80 == 0 {
-            return Err("an unmasked frame from a client".into());
-        }
-        let (len, at) = match b1 & 0x7f {
-            126 => match b.get(2..4) {
-                Some(l) => (u64::from(u16::from_be_bytes([l[0], l[1]])), 4),
-                None => return Ok(None),
-            },
-            127 => match b.get(2..10).and_then(|l| <[u8; 8]>::try_from(l).ok()) {
-                Some(l) => (u64::from_be_bytes(l), 10),
-                None => return Ok(None),
-            },
-            n => (u64::from(n), 2),
-        };
-        let Some(mask) = b.get(at..at + 4).and_then(|m| <[u8; 4]>::try_from(m).ok()) else {
-            return Ok(None);
-        };
-        // Lengths past what a buffer can say are refused as too big by the caller's limit.
-        let len = usize::try_from(len).unwrap_or(usize::MAX / 2);
-        Ok(Some(Head { fin: b0 & 0x80 != 0, opcode: b0 & 0x0f, len, mask, header_len: at + 4 }))
-    }
 }
 
 /// Takes `len` bytes at `at` out of `src`.
@@ -523,43 +489,11 @@ fn remove(src: &mut BytesMut, at: usize, len: usize) {
     }
 }
 
-/// Unmasks a client's payload in place.
-fn unmask(payload: &mut [u8], mask: [u8; 4]) {
-    let word = u32::from_ne_bytes(mask);
-    let mut chunks = payload.chunks_exact_mut(4);
-    for chunk in &mut chunks {
-        let v = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) ^ word;
-        chunk.copy_from_slice(&v.to_ne_bytes());
-    }
-    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
-        *b ^= mask[i];
-    }
-}
-
 /// A server frame's header (never masked).
 fn put_header(out: &mut BytesMut, opcode: u8, len: usize) {
     out.reserve(MAX_SERVER_HEADER + len);
-    let (header, n) = header_bytes(opcode, len);
+    let (header, n) = Header::encode(opcode, len, None);
     out.put_slice(&header[..n]);
-}
-
-/// A server frame's header, and how many of its bytes are used.
-fn header_bytes(opcode: u8, len: usize) -> ([u8; MAX_SERVER_HEADER], usize) {
-    let mut header = [0u8; MAX_SERVER_HEADER];
-    header[0] = 0x80 | opcode;
-    let n = if len < 126 {
-        header[1] = len as u8;
-        2
-    } else if let Ok(len) = u16::try_from(len) {
-        header[1] = 126;
-        header[2..4].copy_from_slice(&len.to_be_bytes());
-        4
-    } else {
-        header[1] = 127;
-        header[2..10].copy_from_slice(&(len as u64).to_be_bytes());
-        10
-    };
-    (header, n)
 }
 
 /// A close frame with `code` and `reason` (none without a code).
@@ -615,11 +549,6 @@ pub(crate) fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseRea
 mod tests {
     use super::tests_support::*;
     use super::*;
-
-    #[test]
-    fn accept_key_matches_rfc_6455_example() {
-        assert_eq!(accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-    }
 
     #[test]
     fn fragments_interleaved_with_a_ping_gather_into_one_frame() {

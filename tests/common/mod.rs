@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use idlegate::{CloseReason, Config, Frame, FrameCodec, Listeners, Metrics, Server};
+use idlegate::{Config, Listeners, Metrics, Server};
+use idlegate_proto::{CloseReason, Frame, FrameCodec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;

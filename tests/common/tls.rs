@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use idlegate::{Config, TlsIdentity, Transport};
+use idlegate::{Config, TlsIdentity};
+use idlegate_proto::Transport;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 

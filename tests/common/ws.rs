@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use idlegate::{Frame, FrameCodec, Transport, TLS_ALPN, WS_PATH};
+use idlegate_proto::{Frame, FrameCodec, Transport, TLS_ALPN, WS_PATH};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;

@@ -32,3 +32,20 @@ pub enum FrameError {
     #[error(transparent)]
     Io(#[from] io::Error),
 }
+
+/// Why a LOGIN token was refused; the client only sees BYE(auth_failed).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// Not `<expiry>.<64 lowercase hex digits>`.
+    #[error("token is not <expiry_unix_seconds>.<hex hmac>")]
+    Malformed,
+    /// The expiry has passed.
+    #[error("token expired at {expiry}, now is {now}")]
+    Expired { expiry: u64, now: u64 },
+    /// The MAC does not match the uid and expiry under any secret.
+    #[error("token signature does not match")]
+    BadSignature,
+    /// The expiry lies further ahead than the maximum lifetime.
+    #[error("token expiry {expiry} lies more than --max-token-ttl ({max_ttl_secs} s) ahead")]
+    TooLong { expiry: u64, max_ttl_secs: u64 },
+}

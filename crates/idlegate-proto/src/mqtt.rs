@@ -48,6 +48,38 @@ pub fn publish_len(topic_len: usize, payload_len: usize, v5: bool) -> usize {
     1 + varint_len(remaining) + remaining
 }
 
+/// Control packet types: the high nibble of a fixed header's first byte (2.1.2). A
+/// SUBSCRIBE's, an UNSUBSCRIBE's and a PUBREL's low nibble is 0b0010.
+pub mod packet {
+    pub const CONNECT: u8 = 0x10;
+    pub const CONNACK: u8 = 0x20;
+    pub const PUBLISH: u8 = 0x30;
+    pub const PUBACK: u8 = 0x40;
+    pub const SUBSCRIBE: u8 = 0x80;
+    pub const SUBACK: u8 = 0x90;
+    pub const UNSUBSCRIBE: u8 = 0xA0;
+    pub const UNSUBACK: u8 = 0xB0;
+    pub const PINGREQ: u8 = 0xC0;
+    pub const PINGRESP: u8 = 0xD0;
+    pub const DISCONNECT: u8 = 0xE0;
+}
+
+/// CONNECT's protocol level for MQTT 3.1.1 (3.1.2.2).
+pub const LEVEL_311: u8 = 4;
+
+/// CONNECT's protocol level for MQTT 5.
+pub const LEVEL_5: u8 = 5;
+
+/// CONNECT flags (3.1.2.3).
+pub mod connect_flags {
+    pub const USERNAME: u8 = 0x80;
+    pub const PASSWORD: u8 = 0x40;
+    pub const WILL_RETAIN: u8 = 0x20;
+    pub const WILL: u8 = 0x04;
+    /// Clean Session (3.1.1), Clean Start (5).
+    pub const CLEAN: u8 = 0x02;
+}
+
 /// What the first bytes of an MQTT stream say of its CONNECT's protocol level (3.1.2.2),
 /// as far as they have arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +97,7 @@ pub enum ConnectLevel {
 pub fn connect_level(src: &[u8]) -> ConnectLevel {
     match src.first() {
         None => return ConnectLevel::Missing,
-        Some(&first) if first != 0x10 => return ConnectLevel::NotMqtt,
+        Some(&first) if first != packet::CONNECT => return ConnectLevel::NotMqtt,
         Some(_) => {}
     }
     let at = match fixed_header(src) {

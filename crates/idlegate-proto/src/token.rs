@@ -9,6 +9,8 @@
 //! rotation by years. Each token has one spelling: the expiry in decimal without leading
 //! zeros, the MAC in lowercase hex.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -96,6 +98,12 @@ impl Auth {
         }
         Ok(())
     }
+}
+
+/// Seconds since the Unix epoch now: what token expiries are compared with (wall-clock
+/// time, unlike the gateway's ticks).
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn mac(secret: &[u8], uid: u64, expiry_unix: u64) -> HmacSha256 {
