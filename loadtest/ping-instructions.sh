@@ -13,7 +13,10 @@
 # the ring touch, the PONG's encode (and encrypt), the write. User-space instructions only:
 # the system calls are the same count on every door (one read, one write per PING), and
 # callgrind does not see inside the kernel (loadtest/ping-syscalls.sh counts the calls).
-# Each pair runs twice to show the counts repeat.
+# Each pair runs twice to show the counts repeat. A third run per door (DATA=1 to
+# loadtest/pings.py) sends a 16-byte DATA before every PING: its difference from the run
+# with pings alone, over connections x pings, is one DATA's cost (read, decode, the rate
+# bucket, the event log; its PING then finds the ring touched on this tick already).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONNECTIONS=${1:-20}
@@ -23,22 +26,24 @@ command -v valgrind >/dev/null || { echo "ping-instructions.sh: needs valgrind (
 DOORS=${DOORS:-tcp ws tls wss}
 . loadtest/ping-workload.sh
 
-# count DOOR PINGS: the server's total instructions over the workload.
+# count DOOR PINGS [DATA]: the server's total instructions over the workload (with a DATA
+# before every PING when DATA is 1).
 count() {
   local file="$work/cg.$1.$2.$RANDOM"
-  workload "$1" "$2" valgrind --tool=callgrind --callgrind-out-file="$file"
+  DATA=${3:-0} workload "$1" "$2" valgrind --tool=callgrind --callgrind-out-file="$file"
   awk '/^summary:/ { print $2 }' "$file"
 }
 
 mkdir -p "$(dirname "$OUT")"
 {
   echo "# loadtest/ping-instructions.sh $CONNECTIONS $PINGS: gateway instructions (callgrind Ir)"
-  echo "# door trial without_pings with_pings per_ping"
+  echo "# door trial without_pings with_pings with_data per_ping per_data"
   for trial in 1 2; do
     for door in $DOORS; do
       without=$(count "$door" 0)
       with=$(count "$door" "$PINGS")
-      echo "$door $trial $without $with $(((with - without) / (CONNECTIONS * PINGS)))"
+      data=$(count "$door" "$PINGS" 1)
+      echo "$door $trial $without $with $data $(((with - without) / (CONNECTIONS * PINGS))) $(((data - with) / (CONNECTIONS * PINGS)))"
     done
   done
 } | tee "$OUT"

@@ -3,8 +3,10 @@
 # very same packets. The caller sets CONNECTIONS and PINGS first.
 #
 # Doors: tcp, ws, tls, wss and mqtt are idlegate's (one gateway with every door open);
-# mosquitto is Debian's broker under the same MQTT workload as mqtt.
+# mosquitto is Debian's broker under the same MQTT workload as mqtt. IDLEGATE_BIN names
+# another gateway binary (one built from an older commit, for a before/after).
 cargo build --release -q -p idlegate
+IDLEGATE_BIN=${IDLEGATE_BIN:-target/release/idlegate}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . loadtest/certs.sh
@@ -27,10 +29,10 @@ workload() {
     "$@" "$MOSQUITTO" -c "$work/mosquitto.conf" >/dev/null 2>&1 &
   else
     pattern="idlegate serve --listen 127.0.0.1:${PORT[tcp]}"
-    "$@" target/release/idlegate serve \
+    "$@" "$IDLEGATE_BIN" serve \
       --listen "127.0.0.1:${PORT[tcp]}" --tls-listen "127.0.0.1:${PORT[tls]}" --ws-listen "127.0.0.1:${PORT[ws]}" \
       --wss-listen "127.0.0.1:${PORT[wss]}" --mqtt-listen "127.0.0.1:${PORT[mqtt]}" --tls-cert "$work/gateway.pem" \
-      --tls-key "$work/gateway.key" --admin-listen 127.0.0.1:0 --api-listen 127.0.0.1:0 --timeout 600s --tick 10s \
+      --tls-key "$work/gateway.key" --admin-listen 127.0.0.1:0 --api-listen 127.0.0.1:0 --timeout 600s --tick 10s --max-data-rate 0 \
       >/dev/null 2>&1 &
   fi
   local pid=$!

@@ -3,6 +3,9 @@
 
     python3 loadtest/pings.py <tcp|tls|ws|wss|mqtt> <port> <connections> <pings> [ca.pem]
 
+With DATA=1 in the environment, each client sends a 16-byte DATA (MQTT: a QoS 0 PUBLISH)
+just before each PING: the difference from a run without is what one DATA costs.
+
 Opens `connections` clients (TLS trusting ca.pem for tls and wss; the WebSocket upgrade for
 ws and wss; MQTT 3.1.1 for mqtt, to idlegate's MQTT door or any broker), logs each in (MQTT:
 CONNECT with the uid as username, CONNACK), then `pings` rounds of one PING (PINGREQ) on
@@ -17,7 +20,7 @@ import ssl
 import struct
 import sys
 
-LOGIN, PING, WELCOME, PONG = 0x01, 0x02, 0x81, 0x82
+LOGIN, PING, DATA, WELCOME, PONG = 0x01, 0x02, 0x03, 0x81, 0x82
 # MQTT 3.1.1: keepalive 20 s (within what idlegate's MQTT door takes under a 30 s timeout;
 # the workload's own pings come far more often), clean session, a username.
 MQTT_KEEPALIVE = 20
@@ -87,6 +90,14 @@ class Client:
         else:
             self.send(bytes([PING]) + payload)
 
+    def data(self, payload):
+        if self.mqtt:
+            topic = b"idlegate/load"
+            body = struct.pack(">H", len(topic)) + topic + payload
+            self.s.sendall(bytes([0x30, len(body)]) + body)
+        else:
+            self.send(bytes([DATA]) + payload)
+
     def pong(self, payload):
         if self.mqtt:
             assert read_exact(self.s, 2) == PINGRESP
@@ -100,9 +111,12 @@ def main():
     clients = [Client(transport, port, ca) for _ in range(connections)]
     for uid, c in enumerate(clients, 1):
         c.login(uid)
+    data = os.environ.get("DATA") == "1"
     for i in range(pings):
         payload = struct.pack(">Q", i)
         for c in clients:
+            if data:
+                c.data(payload + payload)
             c.ping(payload)
         for c in clients:
             c.pong(payload)

@@ -120,7 +120,7 @@ impl Server {
         });
         let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
         if let Some(joining) = &joining {
-            events = events.with_sink(joining.sink());
+            events = events.replicating_to(joining.replica());
         }
         let registry =
             Arc::new(Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone()));

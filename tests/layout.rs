@@ -11,12 +11,12 @@ use std::path::Path;
 /// `file -> files it uses` for the `.rs` files of `dir` (a module's folder), read from
 /// every `crate::<module>::<file>` path outside comments.
 fn graph(dir: &Path, module: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let prefix = format!("crate::{module}::");
+    let prefix = if module.is_empty() { "crate::".to_string() } else { format!("crate::{module}::") };
     let mut graph = BTreeMap::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if path.extension().is_none_or(|e| e != "rs") || name == "mod" {
+        if path.extension().is_none_or(|e| e != "rs") || name == "mod" || name == "main" {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
@@ -73,6 +73,19 @@ fn the_cluster_s_files_import_one_way() {
     // What every task shares uses none of the tasks.
     for task in ["writer", "membership", "inbox", "node", "directory", "stream"] {
         assert!(!graph["shared"].contains(task), "shared uses {task}");
+    }
+}
+
+/// The load-test harness's files import one way too: what the whole fleet shares
+/// (`fleet`) and the payloads' layouts (`payload`) are its floor, importing nothing above.
+#[test]
+fn the_load_test_harness_imports_one_way() {
+    let graph = graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("loadtest/src"), "");
+    assert!(graph.len() > 8, "read {graph:?}");
+    assert_eq!(circle(&graph), None, "an import circle in loadtest/src: {graph:#?}");
+    for floor in ["fleet", "payload"] {
+        let above: Vec<&String> = graph[floor].iter().filter(|m| !["fleet", "payload"].contains(&m.as_str())).collect();
+        assert!(above.is_empty(), "{floor} imports {above:?}");
     }
 }
 

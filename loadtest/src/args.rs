@@ -167,13 +167,7 @@ pub struct Args {
     pub mqtt_tick: Duration,
 }
 
-/// Which protocol the clients speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    Idlegate,
-    Mqtt,
-}
+pub use crate::fleet::Protocol;
 
 /// `--transport`: the gateway's door names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -307,13 +301,13 @@ pub enum ReconnectPolicy {
 
 impl Args {
     /// The reconnect policy the clients follow.
-    pub fn reconnect_policy(&self) -> crate::client::Reconnect {
+    pub fn reconnect_policy(&self) -> crate::fleet::Reconnect {
         match self.reconnect_policy {
-            ReconnectPolicy::Library => crate::client::Reconnect::Library(idlegate_client::Backoff {
+            ReconnectPolicy::Library => crate::fleet::Reconnect::Library(idlegate_client::Backoff {
                 base: self.backoff_base,
                 cap: self.backoff_cap,
             }),
-            ReconnectPolicy::Fixed => crate::client::Reconnect::Fixed(self.fixed_retry),
+            ReconnectPolicy::Fixed => crate::fleet::Reconnect::Fixed(self.fixed_retry),
         }
     }
 
@@ -345,9 +339,9 @@ mod tests {
     #[test]
     fn the_default_reconnect_policy_is_the_library_s() {
         let args = Args::try_parse_from(["loadtest", "--reconnect"]).unwrap();
-        let want = crate::client::Reconnect::Library(idlegate_client::Backoff::default());
+        let want = crate::fleet::Reconnect::Library(idlegate_client::Backoff::default());
         assert_eq!(args.reconnect_policy(), want);
         let fixed = Args::try_parse_from(["loadtest", "--reconnect-policy", "fixed"]).unwrap();
-        assert_eq!(fixed.reconnect_policy(), crate::client::Reconnect::Fixed(Duration::from_secs(1)));
+        assert_eq!(fixed.reconnect_policy(), crate::fleet::Reconnect::Fixed(Duration::from_secs(1)));
     }
 }

@@ -22,7 +22,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Ctx;
+use crate::fleet::Fleet;
+use crate::payload::push_payload;
 
 /// Push requests in flight at once: enough for thousands a second over loopback, and well
 /// inside the 256 connections the gateway's API serves at once.
@@ -82,93 +83,6 @@ impl Api {
 
 /// One push on its way: to which uid, how many of its devices have reported it, and how
 /// many the API said it reached (once its answer is in).
-#[derive(Debug, Clone, Copy)]
-struct Outstanding {
-    uid: u64,
-    received: u64,
-    expected: Option<u64>,
-}
-
-/// What became of the pushes.
-#[derive(Debug, Default)]
-pub struct Pushes {
-    /// Push id -> where it went, from the request until every session it reached reports it.
-    outstanding: Mutex<HashMap<u64, Outstanding>>,
-    next_id: AtomicU64,
-    pub sent: AtomicU64,
-    pub offline: AtomicU64,
-    pub received: AtomicU64,
-    /// Sessions the API said the sent pushes reached (one per push without devices).
-    pub deliveries: AtomicU64,
-    pub errors: AtomicU64,
-    /// Pushes received that were never sent, by the wrong uid, or by more sessions than
-    /// the API said it reached.
-    pub unexpected: AtomicU64,
-}
-
-// === impl Pushes ===
-
-impl Pushes {
-    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Outstanding>> {
-        self.outstanding.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A client of `uid` received push `id`; returns whether it was one we sent to `uid` and
-    /// still expected.
-    pub fn received(&self, id: u64, uid: u64) -> bool {
-        let mut outstanding = self.outstanding();
-        let expected = match outstanding.get_mut(&id) {
-            Some(o) if o.uid == uid && o.expected.is_none_or(|n| o.received < n) => {
-                o.received += 1;
-                if o.expected == Some(o.received) {
-                    outstanding.remove(&id);
-                }
-                true
-            }
-            _ => false,
-        };
-        drop(outstanding);
-        let counter = if expected { &self.received } else { &self.unexpected };
-        counter.fetch_add(1, Ordering::Relaxed);
-        expected
-    }
-
-    /// The API answered that push `id` reached `sessions` sessions.
-    fn answered(&self, id: u64, sessions: u64) {
-        self.deliveries.fetch_add(sessions, Ordering::Relaxed);
-        let mut outstanding = self.outstanding();
-        if let Some(o) = outstanding.get_mut(&id) {
-            if o.received >= sessions {
-                let extra = o.received - sessions;
-                outstanding.remove(&id);
-                self.unexpected.fetch_add(extra, Ordering::Relaxed);
-            } else {
-                o.expected = Some(sessions);
-            }
-        }
-    }
-
-    /// Deliveries the API answered `sent` that no client has received.
-    pub fn lost(&self) -> u64 {
-        self.outstanding().values().map(|o| o.expected.map_or(0, |n| n - o.received)).sum()
-    }
-}
-
-/// The payload of push `id` sent `nanos` after the run's epoch: both, big-endian.
-pub fn push_payload(id: u64, nanos: u64) -> [u8; 16] {
-    let mut p = [0u8; 16];
-    p[..8].copy_from_slice(&id.to_be_bytes());
-    p[8..].copy_from_slice(&nanos.to_be_bytes());
-    p
-}
-
-/// The id and send time a push payload carries, if it is one of ours.
-pub fn parse_push(payload: &[u8]) -> Option<(u64, u64)> {
-    let id = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
-    let nanos = u64::from_be_bytes(payload.get(8..16)?.try_into().ok()?);
-    (payload.len() == 16).then_some((id, nanos))
-}
-
 /// Which API a push to client `index` goes through, when client i is connected to node
 /// i mod `nodes`: with one API per node, the next node's, so every push crosses nodes;
 /// otherwise the APIs in turn.
@@ -183,7 +97,7 @@ fn api_for(apis: &[Api], nodes: usize, index: usize, turn: u64) -> &Api {
 /// Pushes `rate` times a second to random clients the harness sees online, until `stop`;
 /// then waits for the requests in flight. `nodes` is how many gateways the clients are
 /// spread over (see [`api_for`]).
-pub async fn push_loop(apis: Vec<Api>, nodes: usize, rate: f64, ctx: Arc<Ctx>, seed: u64, stop: CancellationToken) {
+pub async fn push_loop(apis: Vec<Api>, nodes: usize, rate: f64, fleet: Arc<Fleet>, seed: u64, stop: CancellationToken) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let start = Instant::now();
     let mut done = 0u64;
@@ -202,24 +116,22 @@ pub async fn push_loop(apis: Vec<Api>, nodes: usize, rate: f64, ctx: Arc<Ctx>, s
             }
             done += 1;
             let Some(index) = (0..PICK_TRIES)
-                .map(|_| rng.gen_range(0..ctx.cells.len()))
-                .find(|&i| ctx.cells[i].online.load(Ordering::Relaxed))
+                .map(|_| rng.gen_range(0..fleet.cells.len()))
+                .find(|&i| fleet.cells[i].online.load(Ordering::Relaxed))
             else {
                 continue;
             };
-            let uid = ctx.uid_base + index as u64 / ctx.devices;
-            in_flight.spawn(push_one(api_for(&apis, nodes, index, done).clone(), ctx.clone(), uid));
+            let uid = fleet.uid_of(index as u64);
+            in_flight.spawn(push_one(api_for(&apis, nodes, index, done).clone(), fleet.clone(), uid));
         }
     }
     while in_flight.join_next().await.is_some() {}
 }
 
-async fn push_one(api: Api, ctx: Arc<Ctx>, uid: u64) {
-    let pushes = &ctx.pushes;
-    let id = pushes.next_id.fetch_add(1, Ordering::Relaxed);
-    let nanos = ctx.epoch.elapsed().as_nanos() as u64;
-    // Registered before the request: the client may receive it before the answer arrives.
-    pushes.outstanding().insert(id, Outstanding { uid, received: 0, expected: None });
+async fn push_one(api: Api, fleet: Arc<Fleet>, uid: u64) {
+    let pushes = &fleet.pushes;
+    let id = pushes.begin(uid);
+    let nanos = fleet.epoch.elapsed().as_nanos() as u64;
     let body = serde_json::json!({ "uids": [uid], "payload": BASE64.encode(push_payload(id, nanos)) });
     let answer = async {
         let response = api.request(reqwest::Method::POST, "/v1/push").json(&body).timeout(API_TIMEOUT).send().await?;
@@ -235,14 +147,14 @@ async fn push_one(api: Api, ctx: Arc<Ctx>, uid: u64) {
         }
         Ok(v) if v["offline"].as_array().is_some_and(|s| s.len() == 1) => {
             pushes.offline.fetch_add(1, Ordering::Relaxed);
-            if pushes.outstanding().remove(&id).is_none() {
+            if !pushes.withdraw(id) {
                 // Received although the gateway said the uid was offline.
                 pushes.unexpected.fetch_add(1, Ordering::Relaxed);
             }
         }
         _ => {
             pushes.errors.fetch_add(1, Ordering::Relaxed);
-            pushes.outstanding().remove(&id);
+            pushes.withdraw(id);
         }
     }
 }
@@ -378,7 +290,7 @@ impl Ledger {
                 }
             }
             _ => {
-                let want = crate::wire::data_payload(clients.uid_base + index, seen.data);
+                let want = crate::payload::data_payload(clients.uid_base + index, seen.data);
                 if BASE64.decode(text("payload")).ok().as_deref() != Some(&want[..]) {
                     seen.bad_data += 1;
                 }
@@ -441,7 +353,7 @@ impl Ledger {
 
     /// Compares what the stream said with each client's record; returns the number of
     /// mismatches and a few of them described.
-    pub fn judge(&self, ctx: &Ctx) -> (u64, Vec<String>) {
+    pub fn judge(&self, fleet: &Fleet) -> (u64, Vec<String>) {
         let seen = self.seen();
         let empty = Seen::default();
         let mut count = 0;
@@ -452,10 +364,10 @@ impl Ledger {
                 described.push(problem);
             }
         };
-        for (i, cell) in ctx.cells.iter().enumerate() {
-            let uid = ctx.uid_base + i as u64 / ctx.devices;
-            let who = if ctx.devices > 1 {
-                format!("uid {uid} device d{}", i as u64 % ctx.devices)
+        for (i, cell) in fleet.cells.iter().enumerate() {
+            let uid = fleet.uid_of(i as u64);
+            let who = if fleet.devices > 1 {
+                format!("uid {uid} device d{}", i as u64 % fleet.devices)
             } else {
                 format!("uid {uid}")
             };
@@ -473,7 +385,7 @@ impl Ledger {
             if let (Some(session), Some((ended, reason))) = (s.onlines.first(), s.offlines.first()) {
                 let closed = cell.close_reason().map_or("?", |r| r.label());
                 // A client of a gateway that died saw its connection drop; the reaper says why.
-                let lost = ctx.node_loss && closed == "disconnect" && reason == "node_lost";
+                let lost = fleet.node_loss && closed == "disconnect" && reason == "node_lost";
                 if session != ended || (reason != closed && !lost) {
                     report(format!(
                         "{who}: offline ({reason}) of session {ended}, but the client saw {closed} on session {session}"
@@ -557,13 +469,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn push_payloads_round_trip_and_foreign_ones_are_refused() {
-        assert_eq!(parse_push(&push_payload(7, 123)), Some((7, 123)));
-        assert_eq!(parse_push(b"short"), None);
-        assert_eq!(parse_push(&[0u8; 17]), None);
-    }
-
-    #[test]
     fn pushes_cross_nodes_when_there_is_an_api_per_node() {
         let apis: Vec<Api> = ["a:1", "b:1", "c:1"].iter().map(|a| Api::new(a, None)).collect();
         // Client 4 sits on node 1 (4 mod 3): its pushes go through node 2, whatever the turn.
@@ -581,7 +486,7 @@ mod tests {
         let online = |session: &str| serde_json::json!({"uid": 10, "session": session});
         // uid 10: online, data 0, offline kicked, but the client saw logout.
         ledger.record("online", &online("a"), uids);
-        let data = |uid: u64, seq: u64| serde_json::json!({"uid": uid, "payload": BASE64.encode(crate::wire::data_payload(uid, seq))});
+        let data = |uid: u64, seq: u64| serde_json::json!({"uid": uid, "payload": BASE64.encode(crate::payload::data_payload(uid, seq))});
         ledger.record("data", &data(10, 0), uids);
         ledger.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids);
         // uid 11: two onlines. uid 12: data out of order, and no offline.
@@ -594,22 +499,22 @@ mod tests {
         ledger.record("gap", &serde_json::json!({"missed": 3}), uids);
         assert_eq!(ledger.missed.load(Ordering::Relaxed), 3);
 
-        let ctx = crate::client::test_ctx(10, 3);
+        let fleet = Fleet::new(10, 1, 3, false);
         for (i, reason) in [(0, CloseReason::Logout), (1, CloseReason::Disconnect), (2, CloseReason::Disconnect)] {
-            ctx.cells[i].logged_in.store(true, Ordering::Relaxed);
-            ctx.cells[i].set_close(reason);
+            fleet.cells[i].logged_in.store(true, Ordering::Relaxed);
+            fleet.cells[i].set_close(reason);
         }
-        ctx.cells[0].data_sent.store(1, Ordering::Relaxed);
-        ctx.cells[2].data_sent.store(1, Ordering::Relaxed);
-        let (mismatches, examples) = ledger.judge(&ctx);
+        fleet.cells[0].data_sent.store(1, Ordering::Relaxed);
+        fleet.cells[2].data_sent.store(1, Ordering::Relaxed);
+        let (mismatches, examples) = ledger.judge(&fleet);
         // Three clients wrong, and the user events their uids lacked (no user_online after
         // an online, none before the next event, and none offline as a user at the end).
         assert_eq!(mismatches, 8, "{examples:?}");
         assert!(examples[0].contains("kicked") && examples[0].contains("logout"), "{examples:?}");
 
         // The same events for clients that did just that: no mismatch.
-        ctx.cells[0].close.store(0, Ordering::Relaxed);
-        ctx.cells[0].set_close(CloseReason::Kicked);
+        fleet.cells[0].close.store(0, Ordering::Relaxed);
+        fleet.cells[0].set_close(CloseReason::Kicked);
         let clean = Ledger::default();
         clean.record("online", &online("a"), uids);
         clean.record("user_online", &serde_json::json!({"uid": 10}), uids);
@@ -617,10 +522,10 @@ mod tests {
         clean.record("offline", &serde_json::json!({"uid": 10, "session": "a", "reason": "kicked"}), uids);
         clean.record("user_offline", &serde_json::json!({"uid": 10, "reason": "kicked"}), uids);
         for i in [1, 2] {
-            ctx.cells[i].logged_in.store(false, Ordering::Relaxed);
-            ctx.cells[i].data_sent.store(0, Ordering::Relaxed);
+            fleet.cells[i].logged_in.store(false, Ordering::Relaxed);
+            fleet.cells[i].data_sent.store(0, Ordering::Relaxed);
         }
-        assert_eq!(clean.judge(&ctx).0, 0);
+        assert_eq!(clean.judge(&fleet).0, 0);
     }
 
     #[test]

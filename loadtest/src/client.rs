@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,13 +17,14 @@ use idlegate_proto::CloseReason;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{parse_push, Pushes};
 use crate::door::{Conn, Door};
+pub use crate::fleet::connect;
+use crate::fleet::{Cell, Fleet, Reconnect};
+use crate::payload::parse_push;
 use crate::stats::Stats;
 use crate::wire::{Incoming, Wire};
 
@@ -56,25 +57,16 @@ pub struct Ctx {
     /// new fate and no churned client comes back, so the harness and the gateway count the
     /// same still picture instead of two moments of a moving one.
     pub settle: CancellationToken,
-    /// Zero of the timestamps carried in PINGs.
-    pub epoch: Instant,
+    /// The records every client, the pusher and the event check share.
+    pub fleet: Arc<Fleet>,
     /// How long past `timeout + tick` a silent client waits before it counts as missed.
     pub missed_grace: Duration,
     /// Timeout and tick, as the first WELCOME announced them.
     pub learned: OnceLock<(Duration, Duration)>,
-    /// The uid of client 0; client i is `uid_base + i / devices`.
-    pub uid_base: u64,
-    /// Clients per uid (`--devices`), each on its own device.
-    pub devices: u64,
-    /// Each client's record, by index, for pushes and the event check.
-    pub cells: Box<[Cell]>,
-    pub pushes: Pushes,
     /// Reconnect after BYE(shutdown), BYE(server_full), a refused connect or a dropped
     /// connection, after the wait `reconnect_policy` says, and log in again.
     pub reconnect: bool,
     pub reconnect_policy: Reconnect,
-    /// `--node-loss`: a connection cut without a BYE is expected.
-    pub node_loss: bool,
     /// With `--churn`: the mean life of a session, after which it meets its fate.
     pub churn_life: Option<Duration>,
 }
@@ -100,66 +92,12 @@ fn churn_pause(rng: &mut SmallRng) -> Duration {
     CHURN_PAUSE.0 + CHURN_PAUSE.1.mul_f64(rng.gen_range(0.0..1.0))
 }
 
-/// How clients come back after being sent away or cut off (`--reconnect-policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reconnect {
-    /// The client library's policy: full-jitter exponential backoff, never sooner than the
-    /// gateway's retry hint.
-    Library(idlegate_client::Backoff),
-    /// A fleet with no jitter, as MQTT.js (`reconnectPeriod` 1,000 ms) or Phoenix's client
-    /// behave: the same fixed wait after every loss, hints ignored.
-    Fixed(Duration),
-}
-
-// === impl Reconnect ===
-
-impl Reconnect {
-    /// The wait before attempt `attempt` since the last session, given the gateway's hint.
-    fn delay(self, attempt: u32, hint: Option<u64>, rng: &mut SmallRng) -> Duration {
-        match self {
-            Reconnect::Library(backoff) => {
-                backoff.delay_at(attempt, hint.map(Duration::from_millis), rng.gen_range(0.0..1.0))
-            }
-            Reconnect::Fixed(wait) => wait,
-        }
-    }
-}
-
 /// How a session ended, for the reconnect loop.
 enum Next {
     /// Planned or final: the client is done.
     Done,
     /// Sent away or cut off: reconnect after this long (with `--reconnect`).
     Retry(Duration),
-}
-
-/// One client's record, shared with the pusher and the event check.
-#[derive(Debug, Default)]
-pub struct Cell {
-    /// Logged in and not closed: a push target.
-    pub online: AtomicBool,
-    pub logged_in: AtomicBool,
-    pub data_sent: AtomicU64,
-    /// The reason its connection ended as the client saw it (`CloseReason` code), 0 before.
-    pub(crate) close: AtomicU8,
-    /// Logins of this client the gateway shed (BYE(server_full) in answer to LOGIN).
-    pub shed: AtomicU8,
-}
-
-// === impl Cell ===
-
-impl Cell {
-    /// Remembers the first close reason.
-    pub fn set_close(&self, reason: CloseReason) {
-        let _ = self.close.compare_exchange(0, reason as u8, Ordering::Relaxed, Ordering::Relaxed);
-    }
-
-    pub fn close_reason(&self) -> Option<CloseReason> {
-        match self.close.load(Ordering::Relaxed) {
-            0 => None,
-            code => CloseReason::ALL.get(usize::from(code) - 1).copied(),
-        }
-    }
 }
 
 /// One client's part in the run.
@@ -221,20 +159,6 @@ pub async fn run(plan: Plan, ctx: Arc<Ctx>) {
     }
 }
 
-/// Connects from `source` when given, so runs can use many local addresses.
-pub async fn connect(target: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
-    let stream = match source {
-        None => TcpStream::connect(target).await?,
-        Some(ip) => {
-            let socket = if target.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-            socket.bind(SocketAddr::new(ip, 0))?;
-            socket.connect(target).await?
-        }
-    };
-    stream.set_nodelay(true)?;
-    Ok(stream)
-}
-
 struct Client {
     plan: Plan,
     ctx: Arc<Ctx>,
@@ -247,14 +171,14 @@ struct Client {
 
 impl Client {
     fn cell(&self) -> &Cell {
-        &self.ctx.cells[self.plan.index as usize]
+        &self.ctx.fleet.cells[self.plan.index as usize]
     }
 
     /// Remembers when a logged-in session was cut off, for the re-login latency and the
     /// time until everyone is back.
     fn cut_off(&mut self, ctx: &Ctx) {
         self.closed_at = Some(Instant::now());
-        ctx.stats.first_cutoff_nanos.fetch_min(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        ctx.stats.first_cutoff_nanos.fetch_min(ctx.fleet.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// The wait before the next attempt, by the run's reconnect policy.
@@ -279,7 +203,7 @@ impl Client {
         }
         let started = Instant::now();
         if self.closed_at.is_some() {
-            stats.record_reconnect_attempt(ctx.epoch.elapsed());
+            stats.record_reconnect_attempt(ctx.fleet.epoch.elapsed());
         }
         let stream = match ctx.door.open(self.plan.target, self.plan.source).await {
             Ok(stream) => stream,
@@ -352,7 +276,7 @@ impl Client {
                 return Next::Done;
             }
             Ok(None) => {
-                self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
+                self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.fleet.node_loss);
                 return Next::Retry(self.retry_after(None, retry_rng));
             }
             Err(_) => {
@@ -364,10 +288,10 @@ impl Client {
         self.attempt = 0;
         if let Some(cut_off) = self.closed_at.take() {
             stats.record_relogin(cut_off.elapsed());
-            stats.last_relogin_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            stats.last_relogin_nanos.fetch_max(ctx.fleet.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         stats.logged_in.fetch_add(1, Ordering::Relaxed);
-        stats.last_login_nanos.fetch_max(ctx.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        stats.last_login_nanos.fetch_max(ctx.fleet.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         stats.online.fetch_add(1, Ordering::Relaxed);
         self.logged_in = true;
         self.cell().logged_in.store(true, Ordering::Relaxed);
@@ -403,7 +327,7 @@ impl Client {
                     Some(Ok(Incoming::Pong(sent))) => {
                         stats.pongs_received.fetch_add(1, Ordering::Relaxed);
                         let sent_at = match sent {
-                            Some(nanos) => Some(ctx.epoch + Duration::from_nanos(nanos)),
+                            Some(nanos) => Some(ctx.fleet.epoch + Duration::from_nanos(nanos)),
                             None => pings_in_flight.pop_front(),
                         };
                         if let Some(at) = sent_at {
@@ -411,15 +335,15 @@ impl Client {
                         }
                     }
                     Some(Ok(Incoming::Push(payload))) => match parse_push(&payload) {
-                        Some((id, nanos)) if ctx.pushes.received(id, self.plan.uid) => {
-                            stats.record_push(ctx.epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)));
+                        Some((id, nanos)) if ctx.fleet.pushes.received(id, self.plan.uid) => {
+                            stats.record_push(ctx.fleet.epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)));
                         }
                         _ => {}
                     },
                     Some(Ok(Incoming::Bye(reason, hint))) if ctx.reconnect && sent_away(reason) => {
                         self.cut_off(&ctx);
                         if reason == CloseReason::Shutdown {
-                            stats.record_shutdown_bye(ctx.epoch.elapsed());
+                            stats.record_shutdown_bye(ctx.fleet.epoch.elapsed());
                         }
                         self.record_close(reason, true);
                         return Next::Retry(self.retry_after(hint, retry_rng));
@@ -439,7 +363,7 @@ impl Client {
                     }
                     // A reset is the connection dropping (the server died), not bad bytes.
                     Some(Err(e)) if e.kind() != std::io::ErrorKind::InvalidData => {
-                        self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
+                        self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.fleet.node_loss);
                         self.cut_off(&ctx);
                         return Next::Retry(self.retry_after(None, retry_rng));
                     }
@@ -453,7 +377,7 @@ impl Client {
                         return Next::Done;
                     }
                     None => {
-                        self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.node_loss);
+                        self.record_close(CloseReason::Disconnect, ctx.reconnect || ctx.fleet.node_loss);
                         self.cut_off(&ctx);
                         return Next::Retry(self.retry_after(None, retry_rng));
                     }
@@ -474,7 +398,7 @@ impl Client {
                     let now = Instant::now();
                     if next_data.is_some_and(|d| d <= next_ping) {
                         let seq = self.cell().data_sent.fetch_add(1, Ordering::Relaxed);
-                        wire.data(self.ctx.uid_base + self.plan.index, seq, &mut out);
+                        wire.data(self.ctx.fleet.uid_base + self.plan.index, seq, &mut out);
                         stats.data_sent.fetch_add(1, Ordering::Relaxed);
                         next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
                     } else {
@@ -630,7 +554,7 @@ fn sent_away(reason: CloseReason) -> bool {
 
 /// Encodes a PING stamped `now` into `out` and counts it.
 fn ping(ctx: &Ctx, wire: &mut Wire, out: &mut BytesMut, in_flight: &mut VecDeque<Instant>, now: Instant) {
-    let nanos = now.saturating_duration_since(ctx.epoch).as_nanos() as u64;
+    let nanos = now.saturating_duration_since(ctx.fleet.epoch).as_nanos() as u64;
     wire.ping(nanos, out);
     in_flight.push_back(now);
     ctx.stats.pings_sent.fetch_add(1, Ordering::Relaxed);
@@ -639,30 +563,4 @@ fn ping(ctx: &Ctx, wire: &mut Wire, out: &mut BytesMut, in_flight: &mut VecDeque
 /// `base` with uniform jitter of +-10 %.
 fn jittered(rng: &mut SmallRng, base: Duration) -> Duration {
     base.mul_f64(rng.gen_range(1.0 - JITTER..=1.0 + JITTER))
-}
-
-/// A context for `clients` clients from `uid_base`, for unit tests of what reads it.
-#[cfg(test)]
-pub fn test_ctx(uid_base: u64, clients: u64) -> Ctx {
-    Ctx {
-        wire: Wire::new(crate::args::Protocol::Idlegate, Duration::from_secs(30)),
-        door: Door::tcp(),
-        auth: None,
-        ping_interval: Duration::from_secs(1),
-        data_interval: None,
-        stats: Arc::new(Stats::new(0)),
-        stop: CancellationToken::new(),
-        settle: CancellationToken::new(),
-        epoch: Instant::now(),
-        missed_grace: Duration::from_secs(1),
-        learned: OnceLock::new(),
-        uid_base,
-        devices: 1,
-        cells: (0..clients).map(|_| Cell::default()).collect(),
-        pushes: Pushes::default(),
-        reconnect: false,
-        reconnect_policy: Reconnect::Library(idlegate_client::Backoff::default()),
-        node_loss: false,
-        churn_life: None,
-    }
 }

@@ -14,7 +14,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
-use crate::client::connect;
+use crate::fleet::connect;
 
 /// Longest upgrade answer read: a 101 is a few hundred bytes.
 const MAX_UPGRADE_ANSWER: usize = 4096;
@@ -54,12 +54,6 @@ impl Door {
             (true, Some(ca)) => Some(connector(transport, ca)?),
         };
         Ok(Door { transport, tls })
-    }
-
-    /// A plain TCP door.
-    #[cfg(test)]
-    pub fn tcp() -> Door {
-        Door { transport: Transport::Tcp, tls: None }
     }
 
     /// Whether messages travel as WebSocket frames.

@@ -14,9 +14,10 @@ use tokio::time::{timeout, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Args;
-use crate::backend::{self, Api, Ledger, Pushes};
-use crate::client::{self, Cell, Ctx, Plan, LATE_TOLERANCE};
+use crate::backend::{self, Api, Ledger};
+use crate::client::{self, Ctx, Plan, LATE_TOLERANCE};
 use crate::door::Door;
+use crate::fleet::Fleet;
 use crate::gateway::{Gateway, Snapshot};
 use crate::report::{Report, Sample};
 use crate::shared::Shared;
@@ -100,7 +101,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     let door = Door::new(args.transport.transport(), args.tls_ca.as_deref()).map_err(SetupError::Usage)?;
     let silent = args.silent_count();
     let stats = Arc::new(Stats::new(silent));
-    let epoch = Instant::now();
+    let fleet = Arc::new(Fleet::new(args.uid_base, args.devices, args.connections, args.node_loss));
+    let epoch = fleet.epoch;
     let ctx = Arc::new(Ctx {
         wire: Wire::new(args.protocol, args.mqtt_keepalive)
             .with_mqtt_window(args.mqtt_timeout.map(|t| (t, args.mqtt_tick)))
@@ -112,16 +114,11 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         stats: stats.clone(),
         stop: CancellationToken::new(),
         settle: CancellationToken::new(),
-        epoch,
+        fleet: fleet.clone(),
         missed_grace: args.missed_grace,
         learned: OnceLock::new(),
-        uid_base: args.uid_base,
-        devices: args.devices,
-        cells: (0..args.connections).map(|_| Cell::default()).collect(),
-        pushes: Pushes::default(),
         reconnect: args.reconnect || args.churn,
         reconnect_policy: args.reconnect_policy(),
-        node_loss: args.node_loss,
         churn_life: args.churn.then_some(args.churn_life),
     });
 
@@ -148,7 +145,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
             apis.clone(),
             args.target.len(),
             args.push_rate,
-            ctx.clone(),
+            fleet.clone(),
             args.seed,
             push_stop.clone(),
         ))),
@@ -281,7 +278,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         }
         follower_stop.cancel();
         let _ = follower.await;
-        let (mismatches, examples) = ledger.judge(&ctx);
+        let (mismatches, examples) = ledger.judge(&fleet);
         report.events_seen = Some(ledger.events.load(Ordering::Relaxed));
         report.events_missed = ledger.missed.load(Ordering::Relaxed) + ledger.malformed.load(Ordering::Relaxed);
         report.event_mismatches = mismatches;
@@ -303,8 +300,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         report.reconnect_attempts_per_100ms = stats.reconnect_histogram(cut, Duration::from_millis(100));
     }
     report.reconnect_policy = if ctx.reconnect { args.reconnect_policy_label() } else { String::new() };
-    report.clients_shed_twice = ctx.cells.iter().filter(|c| c.shed.load(Ordering::Relaxed) > 1).count() as u64;
-    let pushes = &ctx.pushes;
+    report.clients_shed_twice = fleet.cells.iter().filter(|c| c.shed.load(Ordering::Relaxed) > 1).count() as u64;
+    let pushes = &fleet.pushes;
     report.push_ms = stats.push();
     report.pushes_sent = Stats::get(&pushes.sent);
     report.pushes_offline = Stats::get(&pushes.offline);

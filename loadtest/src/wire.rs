@@ -11,7 +11,8 @@ use idlegate_proto::websocket::{apply_mask, opcode, Header};
 use idlegate_proto::{CloseReason, Device, Frame, FrameCodec};
 use tokio_util::codec::Decoder;
 
-use crate::args::Protocol;
+use crate::fleet::Protocol;
+use crate::payload::data_payload;
 
 /// MQTT control packet types (high nibble of the fixed header).
 mod mqtt {
@@ -34,16 +35,6 @@ pub enum Incoming {
     Push(Bytes),
     /// The server's last word before it closes, with its retry hint in milliseconds.
     Bye(CloseReason, Option<u64>),
-}
-
-/// The payload of DATA frame number `seq` of the client `key` names (`--uid-base` plus its
-/// index: its uid without devices): both, big-endian, so the event check can tell every
-/// frame apart, whichever device sent it, and see them in order.
-pub fn data_payload(key: u64, seq: u64) -> [u8; 16] {
-    let mut p = [0u8; 16];
-    p[..8].copy_from_slice(&key.to_be_bytes());
-    p[8..].copy_from_slice(&seq.to_be_bytes());
-    p
 }
 
 /// Encodes client frames and decodes server frames for one protocol.

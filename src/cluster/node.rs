@@ -21,7 +21,7 @@ use crate::cluster::queue::{Op, Queue};
 use crate::cluster::shared::{Cluster, Settings};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::{Backplane, Clock, Directory, EventSink, Registry};
+use crate::presence::{Backplane, Clock, Directory, Registry, Replicate};
 use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
@@ -112,8 +112,8 @@ impl Joining {
         Joining { target, settings, metrics, queue: Arc::new(Queue::new(queue_capacity, queue_bytes)) }
     }
 
-    /// What the event log forwards session changes to: the queue.
-    pub(crate) fn sink(&self) -> Arc<dyn EventSink> {
+    /// What the event log replicates session changes to: the queue.
+    pub(crate) fn replica(&self) -> Arc<dyn Replicate> {
         Arc::new(Forward { queue: self.queue.clone(), metrics: self.metrics.clone() })
     }
 
@@ -167,7 +167,7 @@ impl Forward {
     }
 }
 
-impl EventSink for Forward {
+impl Replicate for Forward {
     fn online(&self, session: &Session, first: bool, at_ms: u64) {
         let device = session.device().clone();
         let (uid, since_ms) = (session.uid(), session.since_ms());

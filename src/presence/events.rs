@@ -19,8 +19,13 @@
 //! - a data event is appended only while its session is live, checked under this lock, so
 //!   no data event follows its session's offline event.
 //!
-//! In a cluster the log keeps nothing itself: it hands every session change, in the same
-//! order and under the same lock, to an [`EventSink`] that takes it to the shared stream.
+//! In a cluster the log keeps nothing itself: it replicates every session change, in the
+//! same order and under the same lock, to the cluster's store ([`Replicate`]), and stays
+//! the ordering lock that makes them exactly-once.
+//!
+//! Consumers never read through this seam: they follow [`crate::presence::Directory::follow`],
+//! a resumable stream of batches that is this log alone and the shared stream in a cluster
+//! (the event stream, the status page, and anything else that relays events, read there).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -95,15 +100,15 @@ pub struct Will {
     pub payload: Bytes,
 }
 
-/// Where a log in a cluster sends its session changes instead of keeping them: called
+/// Where a log in a cluster replicates its session changes instead of keeping them: called
 /// under the log's lock, in event order, so it must only queue, never wait.
-pub trait EventSink: Send + Sync + std::fmt::Debug {
+pub trait Replicate: Send + Sync + std::fmt::Debug {
     /// A session logged in (the first of its uid on this node when `first`).
     fn online(&self, session: &Session, first: bool, at_ms: u64);
     /// A session ended with `reason` (the last of its uid on this node when `last`).
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64);
     /// A live session sent a DATA frame (an MQTT PUBLISH: on `topic`); returns its position
-    /// among the changes the sink takes to its store (see [`EventSink::durable_through`]).
+    /// among the changes the replica takes to its store (see [`Replicate::durable_through`]).
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) -> u64;
     /// The position through which the store has every change: a data event at or below it
     /// is in the shared stream, unless its session was ended for losing it.
@@ -202,7 +207,7 @@ pub struct EventLog {
     boot_ms: u64,
     metrics: Arc<Metrics>,
     /// Set in a cluster: session changes go there, and the log keeps nothing.
-    sink: Option<Arc<dyn EventSink>>,
+    replica: Option<Arc<dyn Replicate>>,
 }
 
 #[derive(Debug)]
@@ -319,27 +324,45 @@ impl EventLog {
             max_bytes,
             boot_ms: unix_ms(),
             metrics,
-            sink: None,
+            replica: None,
         }
     }
 
-    /// The same log, handing session changes to `sink` instead of keeping them.
-    pub fn with_sink(mut self, sink: Arc<dyn EventSink>) -> EventLog {
-        self.sink = Some(sink);
+    /// The same log, handing session changes to `replica` instead of keeping them.
+    pub fn replicating_to(mut self, replica: Arc<dyn Replicate>) -> EventLog {
+        self.replica = Some(replica);
         self
     }
 
     /// Appends the online event of `session` (with `user_online` when `first`: its uid had
     /// no live session), after the offline events of `ended` (sessions of the uid that
     /// ended before it) that nobody logged yet.
-    pub(crate) fn login<'a>(&self, ended: impl IntoIterator<Item = &'a Session>, session: &Session, first: bool) {
+    ///
+    /// The session's `will` (MQTT) is kept for its offline event in the same step: between
+    /// the login and a later call nothing could stop an ending (a takeover on another node)
+    /// from coming first and leaving the offline event without it.
+    pub(crate) fn login<'a>(
+        &self,
+        ended: impl IntoIterator<Item = &'a Session>,
+        session: &Session,
+        first: bool,
+        will: Option<Box<Will>>,
+    ) {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         for previous in ended {
             self.push_offline(&mut inner, previous, at_ms);
         }
-        if let Some(sink) = &self.sink {
-            sink.online(session, first, at_ms);
+        if let Some(will) = will {
+            if let Some(replica) = &self.replica {
+                replica.online(session, first, at_ms);
+                replica.will(session, &will, at_ms);
+            }
+            inner.wills.insert(session.id(), will);
+        } else if let Some(replica) = &self.replica {
+            replica.online(session, first, at_ms);
+        }
+        if self.replica.is_some() {
             self.metrics.event(EventKind::Online);
             if first {
                 self.metrics.event(EventKind::UserOnline);
@@ -374,8 +397,8 @@ impl EventLog {
         if !session.is_live() {
             return None;
         }
-        if let Some(sink) = &self.sink {
-            let position = sink.data(session, &payload, topic, at_ms);
+        if let Some(replica) = &self.replica {
+            let position = replica.data(session, &payload, topic, at_ms);
             self.metrics.event(EventKind::Data);
             return Some(position);
         }
@@ -386,33 +409,20 @@ impl EventLog {
 
     /// The position through which data events are durable (see [`EventLog::data`]).
     pub fn durable_through(&self) -> u64 {
-        self.sink.as_ref().map_or(u64::MAX, |sink| sink.durable_through())
+        self.replica.as_ref().map_or(u64::MAX, |replica| replica.durable_through())
     }
 
-    /// Keeps `will` for `session`'s offline event, if the session is still live (under the
-    /// lock its offline event is logged under, so it cannot be missed or outlive it).
-    pub fn set_will(&self, session: &Session, will: Will) {
-        let mut inner = self.lock();
-        if session.is_live() {
-            // Under the lock, as the session's other changes: it cannot land after its end.
-            if let Some(sink) = &self.sink {
-                sink.will(session, &will, unix_ms());
-            }
-            inner.wills.insert(session.id(), Box::new(will));
-        }
-    }
-
-    /// Announces `session` to the sink again, if it is still live: after Redis was away
+    /// Announces `session` to the replica again, if it is still live: after Redis was away
     /// and lost it. Under the lock, so it cannot land after the session's offline change.
     /// Returns whether it was announced.
     pub fn reassert(&self, session: &Session) -> bool {
         let at_ms = unix_ms();
         let _inner = self.lock();
-        match &self.sink {
-            Some(sink) if session.is_live() => {
+        match &self.replica {
+            Some(replica) if session.is_live() => {
                 // Redis lost it: with one session per uid across the cluster, the uid has
                 // none there, so the announcement is its `user_online` too.
-                sink.online(session, true, at_ms);
+                replica.online(session, true, at_ms);
                 true
             }
             _ => false,
@@ -529,8 +539,8 @@ impl EventLog {
             let last = session.was_last();
             // Its will, unless it logged out (a clean DISCONNECT): taken either way.
             let will = inner.wills.remove(&session.id()).filter(|_| reason != CloseReason::Logout);
-            if let Some(sink) = &self.sink {
-                sink.offline(session, reason, last, will.as_deref(), at_ms);
+            if let Some(replica) = &self.replica {
+                replica.offline(session, reason, last, will.as_deref(), at_ms);
                 self.metrics.event(EventKind::Offline);
                 if last {
                     self.metrics.event(EventKind::UserOffline);
@@ -606,7 +616,7 @@ mod tests {
         let log = log(100, 1 << 20);
         let start = log.last_id();
         let s = Session::new(7, 1, 0, crate::presence::Handle::NONE);
-        log.login([], &s, true);
+        log.login([], &s, true, None);
         assert_eq!(log.data(&s, Bytes::from_static(b"hi"), None), Some(0), "durable at once here");
         s.end(CloseReason::Logout);
         assert_eq!(log.data(&s, Bytes::from_static(b"late"), None), None, "no data after the end");
@@ -627,7 +637,7 @@ mod tests {
         let log = log(100, 1 << 20);
         let start = log.last_id();
         let s = Session::on_device(7, "phone".parse().unwrap(), 1, 0, crate::presence::Handle::NONE);
-        log.login([], &s, true);
+        log.login([], &s, true, None);
         s.end_as(CloseReason::IdleTimeout, super::super::session::Ending { last: true, evicted: false });
         log.report_ends([&s]);
         let batch = log.read(start);
@@ -650,9 +660,9 @@ mod tests {
         let start = log.last_id();
         let old = Session::new(7, 1, 0, crate::presence::Handle::NONE);
         let new = Session::new(7, 2, 0, crate::presence::Handle::NONE);
-        log.login([], &old, true);
+        log.login([], &old, true, None);
         old.end(CloseReason::Kicked);
-        log.login([&old], &new, false);
+        log.login([&old], &new, false, None);
         // The one who ended it reports too late: nothing more.
         log.report_ends([&old]);
         let batch = log.read(start);
@@ -664,7 +674,7 @@ mod tests {
         let log = log(3, 1 << 20);
         let start = log.last_id();
         let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
-        log.login([], &s, true);
+        log.login([], &s, true, None);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"x"), None);
         }
@@ -696,7 +706,7 @@ mod tests {
     fn payload_bytes_bound_the_log_too() {
         let log = log(1000, 10);
         let s = Session::new(1, 1, 0, crate::presence::Handle::NONE);
-        log.login([], &s, true);
+        log.login([], &s, true, None);
         for _ in 0..5 {
             log.data(&s, Bytes::from_static(b"abcd"), None);
         }

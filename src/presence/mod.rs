@@ -23,7 +23,7 @@ pub(crate) use backplane::Backplane;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
-pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, EventSink, What, Will, READ_BATCH};
+pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
 pub use outbox::{Outboxes, Push, Pushed, Reach};
 pub use registry::{Liveness, Registry};
 pub use ring::{Handle, Ring, Touch};

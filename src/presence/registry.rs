@@ -40,7 +40,7 @@ use crate::presence::clock::unix_ms;
 use crate::presence::events::EventLog;
 use crate::presence::ring::{Ring, Touch};
 use crate::presence::session::Ending;
-use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions};
+use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions, Will};
 use crate::proto::{CloseReason, Device};
 
 /// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
@@ -138,17 +138,19 @@ impl Registry {
     /// the uid holds `--max-devices` live sessions, its least recently active one does
     /// (evicted). Their offline events go to the log before this one's online event.
     pub fn login(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
-        self.login_as(uid, device, now, false, false)
+        self.login_as(uid, device, now, false, false, None)
     }
 
     /// Logs in an MQTT session, as [`Registry::login`] does: one that takes only the pushes
     /// its subscriptions match.
     pub fn login_subscriber(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
-        self.login_as(uid, device, now, true, false)
+        self.login_as(uid, device, now, true, false, None)
     }
 
     /// Logs in a session that takes only the pushes its subscriptions match
-    /// (`filters_pushes`, MQTT) and whose door can ping its client (`pingable`, WebSocket).
+    /// (`filters_pushes`, MQTT) and whose door can ping its client (`pingable`, WebSocket),
+    /// with the `will` its offline event tells (MQTT): logged with its online event, so no
+    /// ending can come between the two and lose it.
     pub(crate) fn login_as(
         &self,
         uid: u64,
@@ -156,6 +158,7 @@ impl Registry {
         now: u64,
         filters_pushes: bool,
         pingable: bool,
+        will: Option<Box<Will>>,
     ) -> Arc<Session> {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
@@ -189,7 +192,7 @@ impl Registry {
         let session = if filters_pushes { session.filtering_pushes() } else { session };
         let session = Arc::new(if pingable { session.pingable() } else { session });
         drop(ring);
-        self.events.login(unreported(&list), &session, live.is_empty());
+        self.events.login(unreported(&list), &session, live.is_empty(), will);
         for s in list.iter().filter(|s| !s.is_live()) {
             s.wake();
         }
@@ -644,6 +647,27 @@ mod tests {
         let metrics = Arc::new(Metrics::new(&config));
         let events = Arc::new(EventLog::new(1 << 20, 1 << 30, metrics.clone()));
         Registry::with_devices(window, max_devices, events, metrics)
+    }
+
+    /// An ending that comes right after a login (a takeover from another node, a kick)
+    /// still finds the will: it is kept with the online event, not in a later step that
+    /// an ending can precede (which lost one will in a hundred-odd racing MQTT logins).
+    #[test]
+    fn a_will_given_at_login_is_told_however_soon_the_session_ends() {
+        let reg = registry(30);
+        let will = Will { topic: "gone".into(), payload: Bytes::from_static(b"bye") };
+        let session = reg.login_as(7, Device::DEFAULT, 1, true, false, Some(Box::new(will.clone())));
+        assert_eq!(reg.kick(7, None), 1);
+        reg.leave(&session, CloseReason::Kicked);
+        let events = reg.events().read(crate::presence::EventId { ms: 0, seq: 0 }).events;
+        let told: Vec<_> = events
+            .iter()
+            .filter_map(|e| match &e.what {
+                crate::presence::What::Offline { will, .. } => Some(will.as_deref().cloned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(told, [Some(will)]);
     }
 
     fn device(n: u8) -> Device {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::presence::{session_hex, Liveness, Push, Session};
+use crate::presence::{session_hex, Liveness, Push, Session, Will};
 use crate::proto::{
     jittered_ms, kind, put_frame, retry_text, unix_now, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
     REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
@@ -77,6 +77,15 @@ impl Inputs for System {
     fn jitter_ms(&self, base: Duration, spread: Duration) -> u64 {
         jittered_ms(base, spread)
     }
+}
+
+/// A LOGIN's parts, as [`Machine::login`] takes them.
+struct Login<'a> {
+    uid: u64,
+    token: &'a [u8],
+    device: Device,
+    subscriber: bool,
+    will: Option<Box<Will>>,
 }
 
 /// What a wake-up of the session means for its connection.
@@ -197,11 +206,7 @@ impl Machine {
         let logged_in = matches!(self.phase, Phase::LoggedIn { .. });
         match command {
             Command::Login { uid, token, device, subscriber, will } if !logged_in => {
-                self.login(inputs, uid, &token, device, subscriber, out)?;
-                if let (Some(session), Some(will)) = (self.session(), will) {
-                    self.context.registry.events().set_will(session, *will);
-                }
-                Ok(())
+                self.login(inputs, Login { uid, token: &token, device, subscriber, will }, out)
             }
             Command::Login { .. } => Err((CloseReason::ProtocolError, "second LOGIN".into())),
             Command::Refused(why) => Err((CloseReason::ProtocolError, why.into())),
@@ -268,17 +273,10 @@ impl Machine {
         Ok(())
     }
 
-    /// Logs in; `subscriber` for an MQTT session, which takes only the pushes its
-    /// subscriptions match.
-    fn login(
-        &mut self,
-        inputs: &impl Inputs,
-        uid: u64,
-        token: &[u8],
-        device: Device,
-        subscriber: bool,
-        out: &mut (impl Out + ?Sized),
-    ) -> Result<(), Close> {
+    /// Logs in; a `subscriber` (an MQTT session) takes only the pushes its subscriptions
+    /// match.
+    fn login(&mut self, inputs: &impl Inputs, login: Login<'_>, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
+        let Login { uid, token, device, subscriber, will } = login;
         let context = &self.context;
         let rules = &context.rules;
         if let Some(auth) = &rules.auth {
@@ -297,7 +295,7 @@ impl Machine {
         }
         let now = context.clock.tick_at(inputs.now());
         let pingable = out.pings() && rules.ws_keepalive_pings;
-        let session = context.registry.login_as(uid, device, now, subscriber, pingable);
+        let session = context.registry.login_as(uid, device, now, subscriber, pingable, will);
         let id = session_hex(session.id());
         out.frame(&Frame::Welcome { timeout_ms: rules.timeout_ms, tick_ms: rules.tick_ms, session: id });
         self.phase = Phase::LoggedIn { session, last_tick: now };
