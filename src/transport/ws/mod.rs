@@ -20,44 +20,32 @@
 //! 6.0), and the MQTT door's framing (`mqtt.rs`) reads it from the front of the same buffer,
 //! so nothing new is held between packets. Each packet the gateway sends is one binary
 //! message.
+//!
+//! Three files: `upgrade` reads the HTTP upgrade and answers or refuses it; `frame` reads
+//! and writes frames on `proto`'s RFC 6455 layout; this one turns messages into commands,
+//! with what they carry ([`Payload`]: frames, or MQTT) agreed at the upgrade.
 
 use std::sync::Arc;
 
-use base64::Engine;
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BytesMut};
 
 use crate::presence::Push;
-use crate::proto::websocket::{accept_key, apply_mask, opcode, Header};
-use crate::proto::{CloseReason, Frame, BYE_CLOSE_BASE, MAX_LOGIN_FRAME_BYTES, WS_PATH};
+use crate::proto::websocket::{apply_mask, opcode};
+use crate::proto::{CloseReason, Frame, BYE_CLOSE_BASE, MAX_LOGIN_FRAME_BYTES};
 use crate::protocol::Close;
 use crate::protocol::Command;
 use crate::transport::connection::{disconnect, Framing};
 use crate::transport::door::Speaks;
-use crate::transport::mqtt::{Mqtt, MqttPolicy};
+use crate::transport::mqtt::Mqtt;
 
-/// Longest upgrade request read: browsers send well under 2 KiB, cookies included.
-const MAX_UPGRADE_BYTES: usize = 8 * 1024;
+mod frame;
+mod upgrade;
 
-/// Most header lines an upgrade request may have.
-const MAX_UPGRADE_HEADERS: usize = 64;
-
-/// Close code for a malformed frame: 4000 + BYE(protocol_error)'s byte.
-const MALFORMED: u16 = 4004;
-
-/// Close code for a text message: "unsupported data" (RFC 6455 section 7.4.1).
-const UNSUPPORTED_DATA: u16 = 1003;
-
-/// Close code for a message over `--max-frame-bytes`: "message too big".
-const TOO_BIG: u16 = 1009;
-
-/// Close code answering a close frame whose payload breaks the rules: "protocol error".
-const PROTOCOL_ERROR: u16 = 1002;
-
-/// Close code answering a close reason that is not UTF-8: "invalid frame payload data".
-const INVALID_PAYLOAD: u16 = 1007;
-
-/// Longest control frame payload (RFC 6455 section 5.5).
-const MAX_CONTROL_PAYLOAD: usize = 125;
+use frame::{
+    client_header, close_message, open_message, put_close, put_header, remove, INVALID_PAYLOAD, MALFORMED,
+    MAX_CONTROL_PAYLOAD, PROTOCOL_ERROR, TOO_BIG, UNSUPPORTED_DATA,
+};
+pub(crate) use upgrade::{put_http_refusal, WsPolicy};
 
 /// Least a split message's buffer grows by; after that it doubles with what has arrived.
 const MIN_SPLIT_GROWTH: usize = 64;
@@ -65,26 +53,9 @@ const MIN_SPLIT_GROWTH: usize = 64;
 /// `refusal` after a close frame went out: nothing more may follow it.
 const CLOSED: u16 = u16::MAX;
 
-/// Longest header of a frame the gateway sends (no mask): 2 bytes, and 8 of length.
-const MAX_SERVER_HEADER: usize = 10;
-
-/// The subprotocols that carry MQTT: MQTT's own name (MQTT 3.1.1 section 6, MQTT 5 section
-/// 6), and the one MQTT 3.1 clients still offer.
-const MQTT_SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
-
 /// In MQTT mode, how many packets' worth of bytes may wait in the stream: a packet's tail
 /// and the message after it (packets need not line up with messages).
 const MQTT_STREAM_PACKETS: u32 = 2;
-
-/// Who may upgrade: `--ws-allowed-origins` (none: any origin); and how MQTT inside is
-/// served.
-#[derive(Debug, Default)]
-pub struct WsPolicy {
-    /// Origins allowed, compared without regard to ASCII case; `None` allows any.
-    pub allowed_origins: Option<Vec<String>>,
-    /// What MQTT connections share; `None` refuses the `mqtt` subprotocol.
-    pub(crate) mqtt: Option<Arc<MqttPolicy>>,
-}
 
 /// One WebSocket connection's framing; see the module documentation.
 pub(crate) struct WebSocket {
@@ -100,9 +71,33 @@ pub(crate) struct WebSocket {
     /// The close code (or, before the upgrade, the HTTP status) the next BYE goes out with
     /// instead of its own; [`CLOSED`] once a close frame went out.
     refusal: u16,
-    /// The MQTT framing, when the upgrade agreed on the `mqtt` subprotocol; `gathered` is
-    /// then the MQTT stream's unread bytes.
-    mqtt: Option<Box<Mqtt>>,
+    /// What the messages carry, agreed at the upgrade; with MQTT, `gathered` is the MQTT
+    /// stream's unread bytes.
+    payload: Payload,
+}
+
+/// What a WebSocket connection's binary messages carry.
+pub(crate) enum Payload {
+    /// One idlegate protocol frame each.
+    Frames,
+    /// An MQTT byte stream (the `mqtt` subprotocol), read by the MQTT door's framing.
+    Mqtt(Box<Mqtt>),
+}
+
+impl Payload {
+    fn mqtt(&self) -> Option<&Mqtt> {
+        match self {
+            Payload::Mqtt(mqtt) => Some(mqtt),
+            Payload::Frames => None,
+        }
+    }
+
+    fn mqtt_mut(&mut self) -> Option<&mut Mqtt> {
+        match self {
+            Payload::Mqtt(mqtt) => Some(mqtt),
+            Payload::Frames => None,
+        }
+    }
 }
 
 // === impl WebSocket ===
@@ -116,7 +111,7 @@ impl WebSocket {
             fragmented: false,
             first: true,
             refusal: 0,
-            mqtt: None,
+            payload: Payload::Frames,
         }
     }
 
@@ -127,79 +122,9 @@ impl WebSocket {
         (CloseReason::ProtocolError, why.into())
     }
 
-    /// Reads the upgrade request at the front of `src`; on success answers 101 into `out`.
-    fn upgrade(&mut self, policy: &WsPolicy, src: &mut BytesMut, out: &mut BytesMut) -> Result<bool, Close> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_UPGRADE_HEADERS];
-        let mut request = httparse::Request::new(&mut headers);
-        let consumed = match request.parse(src) {
-            Ok(httparse::Status::Complete(n)) => n,
-            Ok(httparse::Status::Partial) if src.len() >= MAX_UPGRADE_BYTES => {
-                return Err(self.refuse(431, format!("upgrade request over {MAX_UPGRADE_BYTES} bytes")));
-            }
-            Ok(httparse::Status::Partial) => {
-                src.reserve(1024);
-                return Ok(false);
-            }
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(self.refuse(431, format!("more than {MAX_UPGRADE_HEADERS} header lines")));
-            }
-            Err(e) => return Err(self.refuse(400, format!("not an HTTP request: {e}"))),
-        };
-        let header = |name: &str| {
-            request.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| String::from_utf8_lossy(h.value))
-        };
-        let has_token = |name: &str, token: &str| {
-            header(name).is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-        };
-        if request.method != Some("GET") {
-            return Err(self.refuse(405, "only GET upgrades"));
-        }
-        let path = request.path.unwrap_or("").split('?').next().unwrap_or("");
-        if path != WS_PATH {
-            return Err(self.refuse(404, format!("no WebSocket at {path}: connect to {WS_PATH}")));
-        }
-        if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
-            return Err(self.refuse(426, format!("{WS_PATH} speaks WebSocket only: send an upgrade")));
-        }
-        if header("sec-websocket-version").as_deref() != Some("13") {
-            return Err(self.refuse(426, "WebSocket version 13 only"));
-        }
-        let key = header("sec-websocket-key").unwrap_or_default();
-        let key = key.trim();
-        let decoded = base64::engine::general_purpose::STANDARD.decode(key).unwrap_or_default();
-        if decoded.len() != 16 {
-            return Err(self.refuse(400, "Sec-WebSocket-Key is not 16 bytes in base64"));
-        }
-        if let (Some(allowed), Some(origin)) = (&policy.allowed_origins, header("origin")) {
-            if !allowed.iter().any(|a| a.eq_ignore_ascii_case(origin.trim())) {
-                return Err(self.refuse(403, format!("origin {origin} is not in --ws-allowed-origins")));
-            }
-        }
-        let accept = accept_key(key.as_bytes());
-        let offered = header("sec-websocket-protocol").unwrap_or_default();
-        let subprotocol = match &policy.mqtt {
-            // Subprotocol names are tokens, compared exactly (RFC 6455 section 4.1).
-            Some(mqtt) => offered.split(',').map(str::trim).find(|p| MQTT_SUBPROTOCOLS.contains(p)).map(|p| {
-                self.mqtt = Some(Box::new(Mqtt::new(self.max_frame_bytes, mqtt.clone())));
-                p.to_string()
-            }),
-            None => None,
-        };
-        src.advance(consumed);
-        out.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n");
-        out.extend_from_slice(b"Sec-WebSocket-Accept: ");
-        out.extend_from_slice(accept.as_bytes());
-        if let Some(subprotocol) = subprotocol {
-            out.extend_from_slice(b"\r\nSec-WebSocket-Protocol: ");
-            out.extend_from_slice(subprotocol.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n\r\n");
-        Ok(true)
-    }
-
     /// The longest message accepted now (in MQTT mode: the stream's bytes, with it).
     fn limit(&self) -> u32 {
-        if let Some(mqtt) = &self.mqtt {
+        if let Some(mqtt) = self.payload.mqtt() {
             return mqtt.limit().saturating_mul(MQTT_STREAM_PACKETS);
         }
         if self.first {
@@ -238,15 +163,19 @@ impl Framing for WebSocket {
     const SPEAKS: Speaks = Speaks::WebSocket;
 
     fn decode(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<Option<Command>, Close> {
-        if let Some(policy) = self.upgrade.clone() {
-            if !self.upgrade(&policy, src, out)? {
-                return Ok(None);
+        if let Some(policy) = &self.upgrade {
+            match upgrade::upgrade(policy, self.max_frame_bytes, src, out) {
+                Ok(None) => return Ok(None),
+                Ok(Some(payload)) => {
+                    self.payload = payload;
+                    self.upgrade = None;
+                }
+                Err((status, why)) => return Err(self.refuse(status, why)),
             }
-            self.upgrade = None;
         }
         loop {
             let g = self.gathered as usize;
-            if let Some(mqtt) = self.mqtt.as_deref_mut().filter(|_| g > 0) {
+            if let Some(mqtt) = self.payload.mqtt_mut().filter(|_| g > 0) {
                 let (before, mut missing) = (src.len(), 0);
                 let at = open_message(out);
                 let input = mqtt.next(src, g, &mut missing, out);
@@ -311,7 +240,7 @@ impl Framing for WebSocket {
                 remove(src, g, whole);
                 return reply.map(Some);
             }
-            if g == 0 && head.fin && self.mqtt.is_none() {
+            if g == 0 && head.fin && matches!(self.payload, Payload::Frames) {
                 // A whole message in one frame: taken where it lies.
                 src.advance(head.header_len);
                 return self.message(src.split_to(len));
@@ -321,7 +250,7 @@ impl Framing for WebSocket {
             remove(src, g, head.header_len);
             self.gathered += len as u32;
             self.fragmented = !head.fin;
-            if self.mqtt.is_some() {
+            if self.payload.mqtt().is_some() {
                 // Read from the stream at the top of the loop, whatever the message bounds.
                 continue;
             }
@@ -345,7 +274,7 @@ impl Framing for WebSocket {
             }
             return;
         }
-        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+        if let Some(mqtt) = self.payload.mqtt_mut() {
             let at = open_message(out);
             mqtt.encode_frame(frame, out);
             close_message(out, at);
@@ -364,7 +293,7 @@ impl Framing for WebSocket {
     }
 
     fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
-        match self.mqtt.as_deref() {
+        match self.payload.mqtt() {
             Some(mqtt) if self.refusal != CLOSED => {
                 let at = open_message(out);
                 mqtt.publish(&push.topic, &push.payload, out);
@@ -375,7 +304,7 @@ impl Framing for WebSocket {
     }
 
     fn accepted(&mut self, out: &mut BytesMut) {
-        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+        if let Some(mqtt) = self.payload.mqtt_mut() {
             let at = open_message(out);
             mqtt.acknowledge(out);
             close_message(out, at);
@@ -390,23 +319,23 @@ impl Framing for WebSocket {
     }
 
     fn subscribed(&mut self, granted: &[bool]) {
-        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+        if let Some(mqtt) = self.payload.mqtt_mut() {
             mqtt.decide(granted);
         }
     }
 
     fn logged(&mut self, position: u64) {
-        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+        if let Some(mqtt) = self.payload.mqtt_mut() {
             mqtt.logged(position);
         }
     }
 
     fn owes(&self) -> bool {
-        self.mqtt.as_deref().is_some_and(Mqtt::owes)
+        self.payload.mqtt().is_some_and(Mqtt::owes)
     }
 
     fn release(&mut self, through: u64, out: &mut BytesMut) {
-        if let Some(mqtt) = self.mqtt.as_deref_mut() {
+        if let Some(mqtt) = self.payload.mqtt_mut() {
             let at = open_message(out);
             mqtt.release(through, out);
             close_message(out, at);
@@ -422,28 +351,6 @@ impl Framing for WebSocket {
     }
 }
 
-/// Leaves room for a binary message's header before what is appended next; `close_message`
-/// then writes it, once the length is known, so a packet is encoded where it is sent from.
-fn open_message(out: &mut BytesMut) -> usize {
-    let at = out.len();
-    out.put_bytes(0, MAX_SERVER_HEADER);
-    at
-}
-
-/// Writes the header of the binary message whose room `open_message` left at `at` (none
-/// at all if nothing was appended), closing the gap a shorter header leaves.
-fn close_message(out: &mut BytesMut, at: usize) {
-    let len = out.len() - at - MAX_SERVER_HEADER;
-    if len == 0 {
-        out.truncate(at);
-        return;
-    }
-    let (header, n) = Header::encode(opcode::BINARY, len, None);
-    out.copy_within(at + MAX_SERVER_HEADER.., at + n);
-    out.truncate(at + n + len);
-    out[at..at + n].copy_from_slice(&header[..n]);
-}
-
 impl WebSocket {
     /// A whole binary message: one protocol frame.
     fn message(&mut self, message: BytesMut) -> Result<Option<Command>, Close> {
@@ -454,101 +361,13 @@ impl WebSocket {
     }
 }
 
-/// A client frame's header: RFC 6455's layout (`proto`), and what a server requires of a
-/// client's frame: no reserved bit without an extension, and a mask. `None` until the whole
-/// header has arrived.
-#[inline]
-fn client_header(b: &[u8]) -> Result<Option<ClientHeader>, String> {
-    let Some(header) = Header::parse(b) else { return Ok(None) };
-    if header.rsv != 0 {
-        return Err("reserved bits set: no extension was agreed".into());
-    }
-    let Some(mask) = header.mask else {
-        return Err("an unmasked frame from a client".into());
-    };
-    let Header { fin, opcode, len, header_len, .. } = header;
-    Ok(Some(ClientHeader { fin, opcode, len, mask, header_len }))
-}
-
-/// A client frame's header, its mask known to be there.
-struct ClientHeader {
-    fin: bool,
-    opcode: u8,
-    len: usize,
-    mask: [u8; 4],
-    header_len: usize,
-}
-
-/// Takes `len` bytes at `at` out of `src`.
-fn remove(src: &mut BytesMut, at: usize, len: usize) {
-    if at == 0 {
-        src.advance(len);
-    } else {
-        src.copy_within(at + len.., at);
-        src.truncate(src.len() - len);
-    }
-}
-
-/// A server frame's header (never masked).
-fn put_header(out: &mut BytesMut, opcode: u8, len: usize) {
-    out.reserve(MAX_SERVER_HEADER + len);
-    let (header, n) = Header::encode(opcode, len, None);
-    out.put_slice(&header[..n]);
-}
-
-/// A close frame with `code` and `reason` (none without a code).
-fn put_close(out: &mut BytesMut, code: Option<u16>, reason: &str) {
-    let reason = &reason.as_bytes()[..reason.len().min(MAX_CONTROL_PAYLOAD - 2)];
-    match code {
-        Some(code) => {
-            put_header(out, opcode::CLOSE, 2 + reason.len());
-            out.put_u16(code);
-            out.extend_from_slice(reason);
-        }
-        None => put_header(out, opcode::CLOSE, 0),
-    }
-}
-
-/// The HTTP answer to an upgrade that did not happen; a 503 whose text carries a retry hint
-/// says it as `Retry-After`, in whole seconds rounded up.
-pub(crate) fn put_http_refusal(out: &mut BytesMut, status: u16, reason: CloseReason, text: &str) {
-    let status = match (status, reason) {
-        (0, CloseReason::LoginTimeout) => 408,
-        (0, CloseReason::ServerFull | CloseReason::Shutdown) => 503,
-        (0, _) => 400,
-        (status, _) => status,
-    };
-    let phrase = match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        426 => "Upgrade Required",
-        431 => "Request Header Fields Too Large",
-        _ => "Service Unavailable",
-    };
-    let body = if text.is_empty() { reason.label() } else { text };
-    let extra = match (status, crate::proto::retry_hint(text)) {
-        (426, _) => "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n".to_string(),
-        (405, _) => "Allow: GET\r\n".to_string(),
-        (503, Some(ms)) => format!("Retry-After: {}\r\n", ms.div_ceil(1000)),
-        _ => String::new(),
-    };
-    let head = format!(
-        "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
-         Connection: close\r\n{extra}\r\n",
-        body.len() + 1
-    );
-    out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(body.as_bytes());
-    out.put_u8(b'\n');
-}
-
 #[cfg(test)]
 mod tests {
+    use bytes::BufMut;
+
     use super::tests_support::*;
     use super::*;
+    use crate::transport::mqtt::MqttPolicy;
 
     #[test]
     fn fragments_interleaved_with_a_ping_gather_into_one_frame() {
