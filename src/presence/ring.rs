@@ -54,8 +54,8 @@ const FREE: u32 = u32::MAX;
 /// End of the free list.
 const NIL: u32 = u32::MAX;
 
-/// Smallest growth of the slab, in entries. Small, because the registry keeps 64 rings: at
-/// 1,024 the shards' first slabs alone held 1 MB, 55 bytes per connection at 19,000. Past
+/// Smallest growth of the slab, in entries. Small, because the registry keeps 64 rings,
+/// whose first slabs alone would otherwise cost every connection (docs/BENCHMARKS.md). Past
 /// 512 entries the eighth is larger anyway.
 const MIN_GROWTH: usize = 64;
 
@@ -397,9 +397,9 @@ impl Ring {
     ///
     /// When every client sends every tick, each bucket in turn fills with nearly all uids
     /// while the one before drains. Kept in their slots, drained buckets held room for every
-    /// uid in each of the `window + 1` slots (203 bytes per connection at 19,000 clients);
-    /// shrunk and grown again instead, they left the allocator's heap as fragmented. Handed
-    /// on, the same two or three vectors serve every tick.
+    /// uid in each of the `window + 1` slots; shrunk and grown again instead, they left the
+    /// allocator's heap as fragmented (docs/BENCHMARKS.md has both). Handed on, the same two
+    /// or three vectors serve every tick.
     fn grow_from_spare(&mut self, slot: usize) {
         let roomiest = self.spare.iter().enumerate().max_by_key(|(_, v)| v.capacity()).map(|(i, v)| (i, v.capacity()));
         let Some((i, room)) = roomiest else {
@@ -559,7 +559,7 @@ mod tests {
         }
         let room = bucket_room(&ring);
         // The bucket filling, the one draining, and one spare, each with room for at most
-        // twice the uids (a vector doubles); kept in their slots it was 31 of them.
+        // twice the uids (a vector doubles), not one bucket's worth in every slot.
         let bound = 3 * 2 * UIDS as usize;
         assert!(room <= bound, "buckets hold room for {room} handles for {UIDS} uids (bound {bound})");
         // A mass expiry leaves no bucket at its size either.

@@ -30,11 +30,10 @@ use crate::presence::Session;
 const SWEEP_CHUNK: usize = 4096;
 
 /// Connections a sweep wakes before it lets live clients run. Each woken connection writes
-/// its BYE and closes, about 26 us of one core on loopback, and the live clients' frames wait
-/// for the batch: with 9,500 expiring at once (`loadtest/mass-expiry.sh`), their round-trip
-/// p99 in that second was 97-129 ms with batches of 64, 8.5 ms with 8, 1.2-6.2 ms with 2,
-/// and no better with 1, which doubles the socket polls; woken all at once, 7.7-178 ms
-/// (docs/results/mass-expiry-*).
+/// its BYE and closes, and the live clients' frames wait for the batch: the smaller the
+/// batch, the shorter their wait in a mass expiry, down to 2; 1 doubles the socket polls
+/// for no better round trips (`loadtest/mass-expiry.sh`; the trials are in
+/// docs/BENCHMARKS.md, "Figures behind the code").
 const WAKE_BATCH: usize = 2;
 
 /// A tick later than `tick / LATE_FRACTION` counts as late: the process stalled long enough

@@ -15,8 +15,8 @@
 //!
 //! Places live in a slab whose slots are reused, not in an allocation each: what a
 //! connection allocates at its accept and frees at its login sits between what logged-in
-//! connections keep, and the allocator cannot hand those holes back (measured at 19,000
-//! clients: about 115 bytes a connection of free heap that stayed, `docs/BENCHMARKS.md`).
+//! connections keep, and the allocator cannot hand those holes back (docs/BENCHMARKS.md
+//! has what stayed behind per connection before the slab).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

@@ -202,10 +202,10 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     /// Resolves when the socket is readable, or writable while replies wait.
     ///
     /// Polled, not awaited through `TcpStream::ready`: that future keeps a waiter node of its
-    /// own (152 bytes), while polling keeps the waker in the socket's registration, which has a
-    /// slot for it already. Every open connection's task holds this future, and tokio rounds
-    /// a task up in 128-byte steps: with the session's wake-up polled the same way, the task
-    /// went from 768 to 384 bytes (`footprint` test in `drive.rs`).
+    /// own, while polling keeps the waker in the socket's registration, which has a slot for
+    /// it already. Every open connection's task holds this future, and tokio rounds a task up
+    /// in 128-byte steps (the `footprint` test in `drive.rs` guards the size; what polling
+    /// saved is in docs/BENCHMARKS.md, "Figures behind the code").
     pub(crate) fn ready(&self) -> impl Future<Output = io::Result<Ready>> + '_ {
         std::future::poll_fn(move |cx| self.poll_ready(cx))
     }
@@ -431,8 +431,8 @@ fn read_draining(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
 
 /// Writes what the socket takes of `out` now, marked as more to come, so the FIN of the
 /// shutdown that follows rides in the same segment as the last bytes: the client's kernel
-/// takes a BYE and the close as one packet instead of two (3.3-3.5 segments per close
-/// instead of 5 on loopback, `loadtest/close-cost.sh`, docs/results/close-cost.txt). What the socket does not take is
+/// takes a BYE and the close as one packet instead of two (`loadtest/close-cost.sh` counts
+/// the segments; docs/BENCHMARKS.md has the figures). What the socket does not take is
 /// left in `out` for the ordinary write, which sends it unmarked.
 fn write_corked(stream: &TcpStream, out: &mut BytesMut) {
     #[cfg(target_os = "linux")]
