@@ -5,8 +5,10 @@
 # Doors: tcp, ws, tls, wss and mqtt are idlegate's (one gateway with every door open);
 # mosquitto is Debian's broker under the same MQTT workload as mqtt. IDLEGATE_BIN names
 # another gateway binary (one built from an older commit, for a before/after).
-cargo build --release -q -p idlegate
-IDLEGATE_BIN=${IDLEGATE_BIN:-target/release/idlegate}
+if [ -z "${IDLEGATE_BIN:-}" ]; then
+  cargo build --release -q -p idlegate
+  IDLEGATE_BIN=target/release/idlegate
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . loadtest/certs.sh

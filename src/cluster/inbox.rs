@@ -231,7 +231,7 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
         }
         Some(b"reply") => {
             let (Some(req), Some(body)) = (number_field(entry, "req"), field(entry, "r")) else { return };
-            let waiting = cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
+            let waiting = cluster.awaiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
             if let Some(waiting) = waiting {
                 let _ = waiting.send(body.to_vec());
             }
@@ -276,7 +276,7 @@ pub(crate) async fn ask(
 ) -> Result<Option<Vec<u8>>, StoreError> {
     let req = cluster.request_id();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(req, tx);
+    cluster.awaiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(req, tx);
     let inbox = keys::inbox(to);
     let member = cluster.member();
     let op = op.to_string();
@@ -295,11 +295,11 @@ pub(crate) async fn ask(
     let answer = match sent {
         Ok(()) => tokio::time::timeout(REQUEST_TIMEOUT, rx).await.ok().and_then(Result::ok),
         Err(e) => {
-            cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
+            cluster.awaiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
             return Err(e);
         }
     };
-    cluster.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
+    cluster.awaiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&req);
     Ok(answer)
 }
 

@@ -151,8 +151,8 @@ struct Forward {
 }
 
 impl Forward {
-    fn push(&self, op: Op) -> u64 {
-        let (depth, compacted, position) = self.queue.push(op);
+    fn enqueue(&self, op: Op) -> u64 {
+        let (depth, compacted, position) = self.queue.enqueue(op);
         self.metrics.redis_queue_depth.set(depth as i64);
         if let Some(compacted) = compacted {
             self.metrics.redis_compacted.inc_by((compacted.data + 2 * compacted.sessions) as u64);
@@ -171,7 +171,7 @@ impl Replicate for Forward {
     fn online(&self, session: &Session, first: bool, at_ms: u64) {
         let device = session.device().clone();
         let (uid, since_ms) = (session.uid(), session.since_ms());
-        self.push(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms });
+        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms });
     }
 
     fn durable_through(&self) -> u64 {
@@ -181,18 +181,18 @@ impl Replicate for Forward {
     fn offline(&self, session: &Session, reason: CloseReason, last: bool, will: Option<&Will>, at_ms: u64) {
         let device = session.device().clone();
         let (uid, id, will) = (session.uid(), session.id(), will.map(|w| Box::new(w.clone())));
-        self.push(Op::Offline { uid, session: id, device, reason, last, will, at_ms });
+        self.enqueue(Op::Offline { uid, session: id, device, reason, last, will, at_ms });
     }
 
     fn will(&self, session: &Session, will: &Will, at_ms: u64) {
         let device = session.device().clone();
         let (uid, id, will) = (session.uid(), session.id(), Box::new(will.clone()));
-        self.push(Op::Will { uid, session: id, device, will, at_ms });
+        self.enqueue(Op::Will { uid, session: id, device, will, at_ms });
     }
 
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) -> u64 {
         let device = session.device().clone();
         let (uid, id, payload) = (session.uid(), session.id(), payload.clone());
-        self.push(Op::Data { uid, session: id, device, payload, topic: topic.map(Into::into), at_ms })
+        self.enqueue(Op::Data { uid, session: id, device, payload, topic: topic.map(Into::into), at_ms })
     }
 }

@@ -129,7 +129,7 @@ impl Queue {
 
     /// Appends `op`; returns the depth after it, what a compaction removed if one ran, and
     /// the op's position (see [`Queue::applied_through`]).
-    pub(crate) fn push(&self, op: Op) -> (usize, Option<Compacted>, u64) {
+    pub(crate) fn enqueue(&self, op: Op) -> (usize, Option<Compacted>, u64) {
         let mut inner = self.lock();
         inner.bytes += op.payload_len();
         inner.pushed += 1;
@@ -283,9 +283,9 @@ mod tests {
     fn compaction_keeps_every_end_redis_needs_and_every_live_login() {
         let q = Queue::new(5, usize::MAX);
         // Session 1 reached Redis before the outage: only its end is here.
-        assert_eq!(q.push(offline(1, 1)), (1, None, 1));
-        q.push(online(2, 2));
-        q.push(Op::Data {
+        assert_eq!(q.enqueue(offline(1, 1)), (1, None, 1));
+        q.enqueue(online(2, 2));
+        q.enqueue(Op::Data {
             uid: 2,
             session: 2,
             device: Device::DEFAULT,
@@ -293,9 +293,9 @@ mod tests {
             topic: None,
             at_ms: 0,
         });
-        q.push(offline(2, 2));
-        q.push(online(3, 3));
-        let (depth, compacted, _) = q.push(online(4, 4));
+        q.enqueue(offline(2, 2));
+        q.enqueue(online(3, 3));
+        let (depth, compacted, _) = q.enqueue(online(4, 4));
         assert_eq!((depth, compacted), (3, Some(Compacted { data: 1, sessions: 1 })));
         assert_eq!(
             q.take(10),
@@ -306,9 +306,9 @@ mod tests {
     #[test]
     fn batches_come_off_the_front_in_order() {
         let q = Queue::new(100, usize::MAX);
-        q.push(online(1, 1));
-        q.push(online(2, 2));
-        q.push(online(3, 3));
+        q.enqueue(online(1, 1));
+        q.enqueue(online(2, 2));
+        q.enqueue(online(3, 3));
         assert_eq!(q.take(2).ops, vec![online(1, 1), online(2, 2)]);
         assert_eq!(q.take(10).ops, vec![online(3, 3)]);
         assert_eq!(q.len(), 0);
@@ -325,14 +325,14 @@ mod tests {
             at_ms: 0,
         };
         let q = Queue::new(100, 250);
-        q.push(online(1, 1));
-        q.push(data(1));
-        q.push(data(2));
-        let (_, compacted, _) = q.push(data(3));
+        q.enqueue(online(1, 1));
+        q.enqueue(data(1));
+        q.enqueue(data(2));
+        let (_, compacted, _) = q.enqueue(data(3));
         // 300 bytes > 250: the oldest data goes until at most half the bound is held.
         assert_eq!(compacted, Some(Compacted { data: 2, sessions: 0 }));
         assert_eq!(q.bytes(), 100);
-        q.push(offline(1, 1));
+        q.enqueue(offline(1, 1));
         assert_eq!(
             q.take(10),
             Taken { ops: vec![online(1, 1), data(3), offline(1, 1)], dropped: 2, through: 5, lost: vec![(1, 1)] }

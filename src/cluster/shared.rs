@@ -72,7 +72,7 @@ pub(crate) struct Cluster {
     /// The stream epoch the scripts last answered with; 0 before the first answer.
     epoch: AtomicU64,
     /// Requests to other nodes waiting for their replies, by request id.
-    pub(crate) pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
+    pub(crate) awaiting: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
     next_request: AtomicU64,
     /// The newest event id the blocking reader has seen: consumers wait on it.
     pub(crate) tail: watch::Sender<EventId>,
@@ -110,7 +110,7 @@ impl Cluster {
             clock,
             health: Health::default(),
             epoch: AtomicU64::new(0),
-            pending: Mutex::new(HashMap::new()),
+            awaiting: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(u64::from(keys::rand_u32()) << 32),
             tail: watch::Sender::new(EventId { ms: 0, seq: 0 }),
         }

@@ -431,7 +431,7 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         if local.get(field) != Some(&session) {
             let at_ms = crate::presence::unix_ms_now();
             let reason = CloseReason::Disconnect;
-            cluster.queue.push(Op::Offline { uid, session, device, reason, last: true, will: None, at_ms });
+            cluster.queue.enqueue(Op::Offline { uid, session, device, reason, last: true, will: None, at_ms });
             ended += 1;
         }
     }

@@ -1,33 +1,27 @@
-//! The event log: every online, offline and data event of this gateway, in order, in memory
-//! and bounded.
+//! The ordering lock of presence events: every online, offline and data change of this
+//! gateway goes through one short lock, never held across IO or while formatting, into a
+//! record: this process's own log (`local_log.rs`), or alone in a cluster, the cluster's
+//! store through its [`Replicate`] (which only queues).
 //!
-//! Appends and reads take one short lock, never held across IO or while formatting. Each
-//! consumer keeps its own position (a sequence number), so a consumer that stops reading
-//! costs nothing: the log drops its oldest events once it holds `capacity` events or
-//! `max_bytes` of payload, and that consumer later learns how many it missed.
-//!
-//! The lock is also what makes session events exactly-once and ordered per uid:
-//! - an offline event is appended by whoever reports the ending first ([`EventLog::report_ends`]),
+//! The lock is what makes session events exactly-once and ordered per uid:
+//! - an offline event is recorded by whoever reports the ending first ([`EventLog::report_ends`]),
 //!   guarded by the session's `reported` flag, which is only touched under this lock;
-//! - a login reports the sessions of its uid that ended before it appends its own online
+//! - a login reports the sessions of its uid that ended before it records its own online
 //!   event, so a kick reads `offline` (kicked) then `online`;
 //! - a uid's user-level transitions ride on the session event that caused them: an online
 //!   event that found the uid with no live session is read as `online` then `user_online`,
-//!   an offline event that left none as `offline` then `user_offline`. One entry in the log
-//!   for both, so the pair is always in order and costs no more memory than the session
-//!   event alone;
-//! - a data event is appended only while its session is live, checked under this lock, so
-//!   no data event follows its session's offline event.
-//!
-//! In a cluster the log keeps nothing itself: it replicates every session change, in the
-//! same order and under the same lock, to the cluster's store ([`Replicate`]), and stays
-//! the ordering lock that makes them exactly-once.
+//!   an offline event that left none as `offline` then `user_offline`. One entry for both,
+//!   so the pair is always in order and costs no more memory than the session event alone;
+//! - a data event is recorded only while its session is live, checked under this lock, so
+//!   no data event follows its session's offline event;
+//! - an MQTT session's will is recorded with its online event and told with its offline
+//!   one, whatever ends it.
 //!
 //! Consumers never read through this seam: they follow [`crate::presence::Directory::follow`],
-//! a resumable stream of batches that is this log alone and the shared stream in a cluster
-//! (the event stream, the status page, and anything else that relays events, read there).
+//! a resumable stream of batches that is this process's log alone and the shared stream in
+//! a cluster (the event stream, the status page, and anything else that relays events, read
+//! there).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -37,6 +31,7 @@ use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
+use crate::presence::local_log::{Kept, LocalLog};
 use crate::presence::Session;
 use crate::proto::{CloseReason, Device, EventKind};
 
@@ -198,116 +193,101 @@ impl Batch {
 /// The log; see the module documentation.
 #[derive(Debug)]
 pub struct EventLog {
-    inner: Mutex<Inner>,
+    inner: Mutex<Ordered>,
     appended: Notify,
     consumers: AtomicUsize,
-    capacity: usize,
-    max_bytes: usize,
     /// When this process's log began: the `ms` of every id it hands out.
     boot_ms: u64,
     metrics: Arc<Metrics>,
-    /// Set in a cluster: session changes go there, and the log keeps nothing.
+    /// Set in a cluster: how far its store has every change (the changes themselves go
+    /// through the record, under the lock; this needs none).
     replica: Option<Arc<dyn Replicate>>,
 }
 
+/// What the lock guards: the record the changes go into, in order, and the wills of live
+/// MQTT sessions (by session id), taken by their offline change.
 #[derive(Debug)]
-struct Inner {
-    /// Oldest first, with consecutive sequence numbers ending at `next_seq - 1`: an event's
-    /// id follows from its place, so it is not stored.
-    events: VecDeque<Logged>,
-    /// Sequence number the next event gets.
-    next_seq: u64,
-    /// Payload bytes held.
-    bytes: usize,
-    /// The wills of live MQTT sessions, by session id: taken by their offline event.
+struct Ordered {
+    record: Box<dyn Record>,
     wills: std::collections::HashMap<u64, Box<Will>>,
 }
 
-/// An event as the log keeps it: without its id, which its place gives, and with the
-/// user-level event it caused folded in. Every logged-in connection's online event is kept
-/// for replay, so each byte here is a byte a connection.
+/// Where the ordering lock puts each session change, in order and under the lock: this
+/// process's own log ([`LocalLog`]), or a cluster's store through its [`Replicate`]. One
+/// of the two, chosen when the log is built; the lock decides what happens (exactly once,
+/// in order), the record only keeps or forwards it.
+trait Record: Send + std::fmt::Debug {
+    /// A session logged in (the first live one of its uid when `first`).
+    fn online(&mut self, at_ms: u64, session: &Session, first: bool);
+    /// A session ended with `reason` (its uid's last live one when `last`), telling `will`.
+    fn offline(&mut self, at_ms: u64, session: &Session, reason: CloseReason, last: bool, will: Option<Box<Will>>);
+    /// A live session's will, for an ending this process may not live to record; the lock
+    /// keeps it too, for the offline change.
+    fn will(&mut self, _at_ms: u64, _session: &Session, _will: &Will) {}
+    /// A live session's DATA (an MQTT PUBLISH: on `topic`); returns the position it is
+    /// durable at (0: at once).
+    fn data(&mut self, at_ms: u64, session: &Session, payload: Bytes, topic: Option<&str>) -> u64;
+    /// Announces a live session again, after the store lost it; false where nothing can be
+    /// lost.
+    fn reassert(&mut self, _at_ms: u64, _session: &Session) -> bool {
+        false
+    }
+    /// The log consumers read here, if the events live in this process.
+    fn local(&self) -> Option<&LocalLog> {
+        None
+    }
+}
+
+impl Record for LocalLog {
+    fn online(&mut self, at_ms: u64, session: &Session, first: bool) {
+        self.append(
+            at_ms,
+            session.uid(),
+            Kept::Online { session: session.id(), device: session.device().clone(), first },
+        );
+    }
+
+    fn offline(&mut self, at_ms: u64, session: &Session, reason: CloseReason, last: bool, will: Option<Box<Will>>) {
+        let kept = Kept::Offline { session: session.id(), device: session.device().clone(), reason, last, will };
+        self.append(at_ms, session.uid(), kept);
+    }
+
+    fn data(&mut self, at_ms: u64, session: &Session, payload: Bytes, topic: Option<&str>) -> u64 {
+        self.append(at_ms, session.uid(), Kept::data(payload, topic));
+        0
+    }
+
+    fn local(&self) -> Option<&LocalLog> {
+        Some(self)
+    }
+}
+
+/// A cluster's store as the record: every change handed to its replica.
 #[derive(Debug)]
-struct Logged {
-    at_ms: u64,
-    uid: u64,
-    kept: Kept,
-}
+struct Replicated(Arc<dyn Replicate>);
 
-/// The event itself, in the log's compact form.
-#[derive(Debug, Clone)]
-pub(crate) enum Kept {
-    /// An online event; `user_online` follows when `first`.
-    Online { session: u64, device: Device, first: bool },
-    /// An offline event; `user_offline` follows when `last`.
-    /// An MQTT session's will rides along (boxed: most sessions have none).
-    Offline { session: u64, device: Device, reason: CloseReason, last: bool, will: Option<Box<Will>> },
-    /// `bytes` holds an MQTT PUBLISH's topic (its first `topic_len` bytes, UTF-8, never
-    /// empty by MQTT's rules) before the payload; `topic_len` 0 for a DATA frame. One buffer,
-    /// not a second pointer: every connection's online event is kept, and a wider variant
-    /// would widen them all.
-    Data { bytes: Bytes, topic_len: u16 },
-}
-
-impl Kept {
-    /// A data event's compact form: the topic, if any (MQTT bounds it to a u16 length), in
-    /// front of the payload.
-    fn data(payload: Bytes, topic: Option<&str>) -> Kept {
-        match topic.filter(|t| !t.is_empty()).map(|t| &t.as_bytes()[..t.len().min(usize::from(u16::MAX))]) {
-            None => Kept::Data { bytes: payload, topic_len: 0 },
-            Some(topic) => {
-                let mut bytes = bytes::BytesMut::with_capacity(topic.len() + payload.len());
-                bytes.extend_from_slice(topic);
-                bytes.extend_from_slice(&payload);
-                Kept::Data { bytes: bytes.freeze(), topic_len: topic.len() as u16 }
-            }
-        }
+impl Record for Replicated {
+    fn online(&mut self, at_ms: u64, session: &Session, first: bool) {
+        self.0.online(session, first, at_ms);
     }
 
-    /// The session event's kind, as [`What::kind`] gives it.
-    fn kind(&self) -> EventKind {
-        match self {
-            Kept::Online { .. } => EventKind::Online,
-            Kept::Offline { .. } => EventKind::Offline,
-            Kept::Data { .. } => EventKind::Data,
-        }
-    }
-}
-
-impl Logged {
-    /// The session (or data) event.
-    fn event(&self, id: EventId) -> Event {
-        let what = match &self.kept {
-            Kept::Online { session, device, .. } => {
-                What::Online { session: *session, device: device.clone(), node: None }
-            }
-            Kept::Offline { session, device, reason, will, .. } => {
-                let will = will.as_deref().map(|w| Arc::new(w.clone()));
-                What::Offline { session: *session, device: device.clone(), reason: *reason, will }
-            }
-            Kept::Data { bytes, topic_len } => {
-                let at = usize::from(*topic_len);
-                let topic = (at > 0).then(|| Arc::from(String::from_utf8_lossy(&bytes[..at]).as_ref()));
-                What::Data { payload: bytes.slice(at..), topic }
-            }
-        };
-        Event { id, at_ms: self.at_ms, uid: self.uid, what }
+    fn offline(&mut self, at_ms: u64, session: &Session, reason: CloseReason, last: bool, will: Option<Box<Will>>) {
+        self.0.offline(session, reason, last, will.as_deref(), at_ms);
     }
 
-    /// The user-level event it caused, if any.
-    fn user_event(&self, id: EventId) -> Option<Event> {
-        let what = match &self.kept {
-            Kept::Online { first: true, .. } => What::UserOnline,
-            Kept::Offline { last: true, reason, .. } => What::UserOffline { reason: *reason },
-            _ => return None,
-        };
-        Some(Event { id, at_ms: self.at_ms, uid: self.uid, what })
+    fn will(&mut self, at_ms: u64, session: &Session, will: &Will) {
+        self.0.will(session, will, at_ms);
     }
 
-    fn payload_len(&self) -> usize {
-        match &self.kept {
-            Kept::Data { bytes, .. } => bytes.len(),
-            _ => 0,
-        }
+    fn data(&mut self, at_ms: u64, session: &Session, payload: Bytes, topic: Option<&str>) -> u64 {
+        self.0.data(session, &payload, topic, at_ms)
+    }
+
+    fn reassert(&mut self, at_ms: u64, session: &Session) -> bool {
+        // Redis lost it: with one session per uid across the cluster, the uid has none
+        // there, so the announcement is its `user_online` too.
+        self.0.online(session, true, at_ms);
+        true
     }
 }
 
@@ -316,27 +296,28 @@ impl Logged {
 impl EventLog {
     /// An empty log holding at most `capacity` events and `max_bytes` of payload.
     pub fn new(capacity: usize, max_bytes: usize, metrics: Arc<Metrics>) -> EventLog {
+        let record = Box::new(LocalLog::new(capacity, max_bytes));
         EventLog {
-            inner: Mutex::new(Inner { events: VecDeque::new(), next_seq: 1, bytes: 0, wills: Default::default() }),
+            inner: Mutex::new(Ordered { record, wills: Default::default() }),
             appended: Notify::new(),
             consumers: AtomicUsize::new(0),
-            capacity: capacity.max(1),
-            max_bytes,
             boot_ms: unix_ms(),
             metrics,
             replica: None,
         }
     }
 
-    /// The same log, handing session changes to `replica` instead of keeping them.
+    /// The same ordering lock, replicating session changes to `replica` instead of keeping
+    /// them.
     pub fn replicating_to(mut self, replica: Arc<dyn Replicate>) -> EventLog {
+        self.lock().record = Box::new(Replicated(replica.clone()));
         self.replica = Some(replica);
         self
     }
 
-    /// Appends the online event of `session` (with `user_online` when `first`: its uid had
+    /// Records the online event of `session` (with `user_online` when `first`: its uid had
     /// no live session), after the offline events of `ended` (sessions of the uid that
-    /// ended before it) that nobody logged yet.
+    /// ended before it) that nobody recorded yet.
     ///
     /// The session's `will` (MQTT) is kept for its offline event in the same step: between
     /// the login and a later call nothing could stop an ending (a takeover on another node)
@@ -351,43 +332,34 @@ impl EventLog {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         for previous in ended {
-            self.push_offline(&mut inner, previous, at_ms);
+            self.record_offline(&mut inner, previous, at_ms);
+        }
+        inner.record.online(at_ms, session, first);
+        self.metrics.event(EventKind::Online);
+        if first {
+            self.metrics.event(EventKind::UserOnline);
         }
         if let Some(will) = will {
-            if let Some(replica) = &self.replica {
-                replica.online(session, first, at_ms);
-                replica.will(session, &will, at_ms);
-            }
+            inner.record.will(at_ms, session, &will);
             inner.wills.insert(session.id(), will);
-        } else if let Some(replica) = &self.replica {
-            replica.online(session, first, at_ms);
         }
-        if self.replica.is_some() {
-            self.metrics.event(EventKind::Online);
-            if first {
-                self.metrics.event(EventKind::UserOnline);
-            }
-            return;
-        }
-        let kept = Kept::Online { session: session.id(), device: session.device().clone(), first };
-        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept });
-        self.appended_done(inner);
+        self.recorded(inner);
     }
 
-    /// Appends the offline event of every ended session not logged yet, in one batch.
+    /// Records the offline event of every ended session not recorded yet, in one batch.
     pub(crate) fn report_ends<'a>(&self, sessions: impl IntoIterator<Item = &'a Session>) {
         let at_ms = unix_ms();
         let mut inner = self.lock();
-        let before = inner.next_seq;
+        let mut any = false;
         for session in sessions {
-            self.push_offline(&mut inner, session, at_ms);
+            any |= self.record_offline(&mut inner, session, at_ms);
         }
-        if inner.next_seq != before {
-            self.appended_done(inner);
+        if any {
+            self.recorded(inner);
         }
     }
 
-    /// Appends a data event for a DATA frame of `session` (an MQTT PUBLISH: with its
+    /// Records a data event for a DATA frame of `session` (an MQTT PUBLISH: with its
     /// `topic`); dropped if the session has ended. Returns `None` if it was dropped, else
     /// the position it is durable at: 0 in this process's own log (at once), or its place
     /// among a cluster's changes, durable once [`EventLog::durable_through`] reaches it.
@@ -397,14 +369,10 @@ impl EventLog {
         if !session.is_live() {
             return None;
         }
-        if let Some(replica) = &self.replica {
-            let position = replica.data(session, &payload, topic, at_ms);
-            self.metrics.event(EventKind::Data);
-            return Some(position);
-        }
-        self.push(&mut inner, Logged { at_ms, uid: session.uid(), kept: Kept::data(payload, topic) });
-        self.appended_done(inner);
-        Some(0)
+        let position = inner.record.data(at_ms, session, payload, topic);
+        self.metrics.event(EventKind::Data);
+        self.recorded(inner);
+        Some(position)
     }
 
     /// The position through which data events are durable (see [`EventLog::data`]).
@@ -417,65 +385,34 @@ impl EventLog {
     /// Returns whether it was announced.
     pub fn reassert(&self, session: &Session) -> bool {
         let at_ms = unix_ms();
-        let _inner = self.lock();
-        match &self.replica {
-            Some(replica) if session.is_live() => {
-                // Redis lost it: with one session per uid across the cluster, the uid has
-                // none there, so the announcement is its `user_online` too.
-                replica.online(session, true, at_ms);
-                true
-            }
-            _ => false,
-        }
+        let mut inner = self.lock();
+        session.is_live() && inner.record.reassert(at_ms, session)
     }
 
     /// The next events after `after`, at most [`READ_BATCH`]: every event the log still holds
     /// after it. An id from an earlier run reads from this run's start; one from a later run
-    /// (a clock stepped back) reads from now.
+    /// (a clock stepped back) reads from now. Nothing in a cluster, whose events are read
+    /// from its store.
     pub fn read(&self, after: EventId) -> Batch {
         let inner = self.lock();
-        let oldest = inner.next_seq - inner.events.len() as u64;
-        let newest = inner.next_seq - 1;
-        let (after_seq, earlier_process) = match after.ms.cmp(&self.boot_ms) {
-            std::cmp::Ordering::Less => (0, true),
-            std::cmp::Ordering::Equal => (after.seq.min(2 * newest + 1), false),
-            std::cmp::Ordering::Greater => (2 * newest + 1, false),
-        };
-        // An even id is an entry's session event whose user-level event follows: that
-        // entry's second half is next.
-        let split = (after_seq % 2 == 0).then_some(after_seq / 2).filter(|&at| at >= oldest && at >= 1);
-        let next = after_seq / 2 + 1;
-        let from = next.max(oldest);
-        let held = |at: u64| &inner.events[(at - oldest) as usize];
-        let halves = split.and_then(|at| held(at).user_event(self.id(2 * at + 1)));
-        let entries = inner.events.range((from - oldest) as usize..).zip(from..).flat_map(|(e, at)| {
-            let user = e.user_event(self.id(2 * at + 1));
-            let first = e.event(self.id(if user.is_some() { 2 * at } else { 2 * at + 1 }));
-            std::iter::once(first).chain(user)
-        });
-        // A batch the budget ends between an entry's halves ends on an even id, from which
-        // the next read starts with the second half.
-        let events = within_batch_budget(halves.into_iter().chain(entries)).collect();
-        Batch {
-            missed: from - next,
-            earlier_process,
-            earlier_stream: false,
-            gap_id: self.id(2 * (from - 1) + 1),
-            events,
+        match inner.record.local() {
+            Some(local) => local.read(after, self.boot_ms),
+            None => {
+                Batch { missed: 0, earlier_process: false, earlier_stream: false, gap_id: after, events: Vec::new() }
+            }
         }
     }
 
     /// The position `n` entries before the newest, never before the oldest still held.
     pub fn recent(&self, n: usize) -> EventId {
-        let inner = self.lock();
-        let oldest = inner.next_seq - inner.events.len() as u64;
-        let newest = inner.next_seq - 1;
-        self.id(2 * newest.saturating_sub(n as u64).max(oldest.saturating_sub(1)) + 1)
+        let seq = self.lock().record.local().map_or(1, |local| local.recent(n));
+        self.id(seq)
     }
 
     /// The id after the newest event, so a consumer starting "from now" begins after it.
     pub fn last_id(&self) -> EventId {
-        self.id(2 * (self.lock().next_seq - 1) + 1)
+        let seq = self.lock().record.local().map_or(1, LocalLog::last_seq);
+        self.id(seq)
     }
 
     fn id(&self, seq: u64) -> EventId {
@@ -527,60 +464,41 @@ impl EventLog {
     /// Events held now.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().events.len()
+        self.lock().record.local().map_or(0, LocalLog::len)
     }
 
-    fn push_offline(&self, inner: &mut Inner, session: &Session, at_ms: u64) {
+    /// Records the offline change of an ended `session` unless it was recorded already;
+    /// returns whether it was recorded now.
+    fn record_offline(&self, inner: &mut Ordered, session: &Session, at_ms: u64) -> bool {
         let Some(reason) = session.end_reason() else {
             debug_assert!(false, "offline event for live session {} of uid {}", session.id(), session.uid());
-            return;
+            return false;
         };
-        if session.mark_reported() {
-            let last = session.was_last();
-            // Its will, unless it logged out (a clean DISCONNECT): taken either way.
-            let will = inner.wills.remove(&session.id()).filter(|_| reason != CloseReason::Logout);
-            if let Some(replica) = &self.replica {
-                replica.offline(session, reason, last, will.as_deref(), at_ms);
-                self.metrics.event(EventKind::Offline);
-                if last {
-                    self.metrics.event(EventKind::UserOffline);
-                }
-                return;
-            }
-            let kept = Kept::Offline { session: session.id(), device: session.device().clone(), reason, last, will };
-            self.push(inner, Logged { at_ms, uid: session.uid(), kept });
+        if !session.mark_reported() {
+            return false;
         }
+        let last = session.was_last();
+        // Its will, unless it logged out (a clean DISCONNECT): taken either way.
+        let will = inner.wills.remove(&session.id()).filter(|_| reason != CloseReason::Logout);
+        inner.record.offline(at_ms, session, reason, last, will);
+        self.metrics.event(EventKind::Offline);
+        if last {
+            self.metrics.event(EventKind::UserOffline);
+        }
+        true
     }
 
-    /// Appends `event` under the next sequence number.
-    fn push(&self, inner: &mut Inner, event: Logged) {
-        inner.next_seq += 1;
-        inner.bytes += event.payload_len();
-        self.metrics.event(event.kept.kind());
-        match event.kept {
-            Kept::Online { first: true, .. } => self.metrics.event(EventKind::UserOnline),
-            Kept::Offline { last: true, .. } => self.metrics.event(EventKind::UserOffline),
-            _ => {}
-        }
-        inner.events.push_back(event);
-        while inner.events.len() > self.capacity || inner.bytes > self.max_bytes {
-            match inner.events.pop_front() {
-                Some(dropped) => inner.bytes -= dropped.payload_len(),
-                None => break,
-            }
-        }
-    }
-
-    /// Releases the lock and wakes consumers waiting for news.
-    fn appended_done(&self, inner: MutexGuard<'_, Inner>) {
-        self.metrics.event_log_events.set(inner.events.len() as i64);
+    /// Releases the lock and, when the events live here, wakes consumers waiting for news.
+    fn recorded(&self, inner: MutexGuard<'_, Ordered>) {
+        let Some(held) = inner.record.local().map(LocalLog::len) else { return };
+        self.metrics.event_log_events.set(held as i64);
         drop(inner);
         if self.consumers.load(Ordering::Relaxed) > 0 {
             self.appended.notify_waiters();
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Ordered> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -711,23 +629,5 @@ mod tests {
             log.data(&s, Bytes::from_static(b"abcd"), None);
         }
         assert_eq!(log.len(), 2, "two 4-byte payloads fit in 10 bytes");
-    }
-}
-
-#[cfg(test)]
-mod footprint {
-    use super::*;
-
-    #[test]
-    fn a_kept_event_stays_small_and_a_topic_comes_back_whole() {
-        // Every logged-in connection keeps its online event: its size is per connection.
-        assert!(std::mem::size_of::<Logged>() <= 56, "{} bytes", std::mem::size_of::<Logged>());
-        let logged = |kept| Logged { at_ms: 0, uid: 1, kept };
-        let id = EventId { ms: 0, seq: 1 };
-        let with = logged(Kept::data(Bytes::from_static(b"21.5"), Some("sensors/\u{fc}"))).event(id);
-        let What::Data { payload, topic } = with.what else { panic!("{with:?}") };
-        assert_eq!((payload.as_ref(), topic.as_deref()), (&b"21.5"[..], Some("sensors/\u{fc}")));
-        let without = logged(Kept::data(Bytes::from_static(b"x"), None)).event(id);
-        assert!(matches!(without.what, What::Data { topic: None, .. }), "{without:?}");
     }
 }

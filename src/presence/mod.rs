@@ -4,7 +4,8 @@
 //! becomes ticks; `registry` maps uids to sessions and keeps them consistent with the ring;
 //! `ticker` moves the ring; `session` is what a logged-in client shares with the rest of the
 //! gateway, `outbox` holds pushes until its connection takes them and `subscriptions` says
-//! which pushes an MQTT session takes; `events` logs every online, offline and data event;
+//! which pushes an MQTT session takes; `events` is the ordering lock every online, offline
+//! and data event goes through, into this process's `local_log` or a cluster's store;
 //! `directory` answers presence questions for the backend API, whether from this process or
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
 
@@ -12,6 +13,7 @@ mod backplane;
 mod clock;
 mod directory;
 mod events;
+mod local_log;
 mod outbox;
 mod registry;
 mod ring;
@@ -25,7 +27,7 @@ pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
 pub use outbox::{Outboxes, Push, Pushed, Reach};
-pub use registry::{Liveness, Registry};
+pub use registry::{Registry, Touched};
 pub use ring::{Handle, Ring, Touch};
 pub(crate) use session::data_bucket;
 pub use session::{session_hex, Session};

@@ -49,7 +49,7 @@ pub enum Pushed {
 #[derive(Debug, Default)]
 pub struct Outboxes {
     /// Session id -> payloads not yet taken by its connection, oldest first.
-    pending: DashMap<u64, Vec<Push>, RandomState>,
+    queued: DashMap<u64, Vec<Push>, RandomState>,
 }
 
 /// Bytes `push` takes written to `session`'s connection: a PUSH frame, or (an MQTT session)
@@ -73,7 +73,7 @@ impl Outboxes {
             return Pushed::Ended;
         }
         {
-            let mut queue = self.pending.entry(session.id()).or_default();
+            let mut queue = self.queued.entry(session.id()).or_default();
             let queued: usize = queue.iter().map(|p| encoded_len(session, p)).sum();
             if queued + encoded_len(session, push) > max_queued {
                 return Pushed::Full;
@@ -82,7 +82,7 @@ impl Outboxes {
         }
         if !session.is_live() {
             // Ended while we queued: its connection may already have taken its last pushes.
-            self.pending.remove(&session.id());
+            self.queued.remove(&session.id());
             return Pushed::Ended;
         }
         session.wake();
@@ -91,19 +91,19 @@ impl Outboxes {
 
     /// Takes every push queued for `session`, oldest first.
     pub fn take(&self, session: &Session) -> Vec<Push> {
-        self.pending.remove(&session.id()).map(|(_, queue)| queue).unwrap_or_default()
+        self.queued.remove(&session.id()).map(|(_, queue)| queue).unwrap_or_default()
     }
 
     /// Sessions with pushes pending.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.pending.len()
+        self.queued.len()
     }
 
     /// True when no push is pending.
     #[cfg(test)]
     fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.queued.is_empty()
     }
 }
 

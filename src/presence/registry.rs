@@ -49,7 +49,7 @@ const RING_SHARDS: usize = 64;
 
 /// Whether a frame's activity found its session still online.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Liveness {
+pub enum Touched {
     /// The session is online; its deadline now counts from this tick.
     Alive,
     /// The session is over (expired, kicked or closed); the frame is dropped.
@@ -205,18 +205,18 @@ impl Registry {
 
     /// Records activity of `session` on tick `now`; the caller skips this call when it
     /// already touched on `now`, so a frame in the same tick does no ring work.
-    pub fn touch(&self, session: &Session, now: u64) -> Liveness {
+    pub fn touch(&self, session: &Session, now: u64) -> Touched {
         let mut ring = self.lock_shard_at(session.uid(), now);
         // Checked under the ring lock: a newer login ends this session under the same lock
         // before it files anything again, and a sweep's finish ends it before it lets go of
         // it, so this never touches another session's entry.
         if !session.is_live() {
-            return Liveness::Gone;
+            return Touched::Gone;
         }
         self.debug_check_held(session);
         match ring.touch(session.handle(), session.uid(), now) {
-            Touch::NotTracked => Liveness::Gone,
-            Touch::Moved | Touch::Unchanged => Liveness::Alive,
+            Touch::NotTracked => Touched::Gone,
+            Touch::Moved | Touch::Unchanged => Touched::Alive,
         }
     }
 
@@ -590,8 +590,8 @@ impl Registry {
 /// order they must be: the one whose end left the uid offline (at most one: a later login
 /// logs it first) comes last, since `user_offline` closes the uid's events.
 fn unreported(list: &[Arc<Session>]) -> impl Iterator<Item = &Session> {
-    let pending = |last: bool| list.iter().filter(move |s| !s.is_live() && !s.is_reported() && s.was_last() == last);
-    pending(false).chain(pending(true)).map(|s| &**s)
+    let unlogged = |last: bool| list.iter().filter(move |s| !s.is_live() && !s.is_reported() && s.was_last() == last);
+    unlogged(false).chain(unlogged(true)).map(|s| &**s)
 }
 
 /// Advances `ring` to `to` unless it is there already: the ticker and every connection may
@@ -684,7 +684,7 @@ mod tests {
         let phone = reg.login(1, device(1), 0);
         let desk = reg.login(1, device(2), 0);
         assert_eq!((reg.metrics.online_users.get(), reg.metrics.online_sessions.get()), (1, 2));
-        assert_eq!(reg.touch(&desk, 1), Liveness::Alive);
+        assert_eq!(reg.touch(&desk, 1), Touched::Alive);
         assert!(sweep(&reg, 3).is_empty(), "the desk keeps the uid online");
         assert_eq!(phone.end_reason(), Some(CloseReason::IdleTimeout));
         assert!(!phone.was_last());
@@ -751,8 +751,8 @@ mod tests {
         assert_eq!((a.end_reason(), b.end_reason()), (Some(CloseReason::IdleTimeout), Some(CloseReason::IdleTimeout)));
         assert_eq!([a.was_last(), b.was_last()], [false, true]);
         assert_eq!(reg.finish_expired(&out), 0);
-        assert_eq!(reg.touch(&c, 2), Liveness::Alive);
-        assert_eq!(reg.touch(&a, 2), Liveness::Gone);
+        assert_eq!(reg.touch(&c, 2), Touched::Alive);
+        assert_eq!(reg.touch(&a, 2), Touched::Gone);
         assert_eq!(reg.sessions_of(4, None).len(), 1);
     }
 
@@ -819,9 +819,9 @@ mod tests {
                         let want = match model.iter_mut().find(|m| m.id == s.id()) {
                             Some(m) => {
                                 m.last = now;
-                                Liveness::Alive
+                                Touched::Alive
                             }
-                            None => Liveness::Gone,
+                            None => Touched::Gone,
                         };
                         proptest::prop_assert_eq!(reg.touch(s, now), want);
                     }
@@ -937,10 +937,10 @@ mod tests {
         let b = reg.login(2, Device::DEFAULT, 0);
         assert_eq!(reg.metrics.online_users.get(), 2);
         reg.advance(1);
-        assert_eq!(reg.touch(&a, 1), Liveness::Alive);
+        assert_eq!(reg.touch(&a, 1), Touched::Alive);
         assert_eq!(sweep(&reg, 3), vec![2]);
         assert_eq!(b.end_reason(), Some(CloseReason::IdleTimeout));
-        assert_eq!(reg.touch(&b, 3), Liveness::Gone);
+        assert_eq!(reg.touch(&b, 3), Touched::Gone);
         assert_eq!(sweep(&reg, 4), vec![1]);
         assert_eq!(reg.metrics.online_users.get(), 0);
         assert_eq!(reg.metrics.logins.get(), 2);
@@ -954,7 +954,7 @@ mod tests {
         let b = reg.login(2, Device::DEFAULT, 0);
         // The clock says tick 3 before the ticker ran: uid 1's frame counts on tick 3 and
         // moves its shard, so uid 2 (same shard or not) is due and uid 1 is not.
-        assert_eq!(reg.touch(&a, 3), Liveness::Alive);
+        assert_eq!(reg.touch(&a, 3), Touched::Alive);
         assert_eq!(sweep(&reg, 3), vec![2]);
         assert_eq!(b.end_reason(), Some(CloseReason::IdleTimeout));
         assert!(sweep(&reg, 5).is_empty());
@@ -967,11 +967,11 @@ mod tests {
         let old = reg.login(5, Device::DEFAULT, 0);
         let new = reg.login(5, Device::DEFAULT, 0);
         assert_eq!(old.end_reason(), Some(CloseReason::Kicked));
-        assert_eq!(reg.touch(&old, 0), Liveness::Gone);
+        assert_eq!(reg.touch(&old, 0), Touched::Gone);
         assert_eq!(reg.leave(&old, CloseReason::Disconnect), CloseReason::Kicked);
         assert_eq!(reg.online(), 1);
         assert_eq!(reg.metrics.online_users.get(), 1);
-        assert_eq!(reg.touch(&new, 0), Liveness::Alive);
+        assert_eq!(reg.touch(&new, 0), Touched::Alive);
         assert_eq!(sweep(&reg, 3), vec![5]);
         assert_eq!(new.end_reason(), Some(CloseReason::IdleTimeout));
     }

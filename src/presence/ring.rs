@@ -205,7 +205,7 @@ impl Ring {
     pub fn insert(&mut self, uid: u64, now: u64) -> Handle {
         let deadline = self.deadline_for(now);
         let handle = self.allocate();
-        let at = self.push(deadline, handle);
+        let at = self.file(deadline, handle);
         self.entries[handle as usize] = Entry { uid, deadline: deadline as u32, at };
         self.len += 1;
         self.debug_check(handle);
@@ -382,7 +382,7 @@ impl Ring {
         }
     }
 
-    fn push(&mut self, deadline: u64, handle: u32) -> u32 {
+    fn file(&mut self, deadline: u64, handle: u32) -> u32 {
         debug_assert!(deadline > self.elapsed, "filing handle {handle} under past deadline {deadline}");
         let slot = self.slot_of(deadline);
         if self.slots[slot].len() == self.slots[slot].capacity() {

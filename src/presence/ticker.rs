@@ -189,7 +189,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::presence::events::EventLog;
-    use crate::presence::registry::Liveness;
+    use crate::presence::registry::Touched;
     use crate::proto::CloseReason;
 
     const TICK: Duration = Duration::from_secs(1);
@@ -258,7 +258,7 @@ mod tests {
             tokio::time::sleep(TIMEOUT - 2 * TICK).await;
             let now = h.now();
             assert_ne!(now, last_touch, "each ping lands on a new tick");
-            assert_eq!(h.registry.touch(&session, now), Liveness::Alive);
+            assert_eq!(h.registry.touch(&session, now), Touched::Alive);
             last_touch = now;
         }
         assert_eq!(session.end_reason(), None);
@@ -302,7 +302,7 @@ mod tests {
         }
         assert_eq!(h.metrics.tick_lag.get_sample_count(), 1, "the ticker ran once, late");
         // A frame that arrived during the stall is read now, before the sweep.
-        assert_eq!(h.registry.touch(&active, h.now()), Liveness::Alive);
+        assert_eq!(h.registry.touch(&active, h.now()), Touched::Alive);
         assert_eq!(silent.ended().await, CloseReason::IdleTimeout);
         assert_eq!(active.end_reason(), None);
         assert_eq!(h.metrics.ring_expired.get(), 1);

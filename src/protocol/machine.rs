@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::presence::{session_hex, Liveness, Push, Session, Will};
+use crate::presence::{session_hex, Push, Session, Touched, Will};
 use crate::proto::{
     jittered_ms, kind, put_frame, retry_text, unix_now, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
     REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
@@ -314,13 +314,13 @@ impl Machine {
             return Ok(now);
         }
         match self.context.registry.touch(session, now) {
-            Liveness::Alive => {
+            Touched::Alive => {
                 *last_tick = now;
                 Ok(now)
             }
             // Swept (or kicked) before this command was read: it is dropped, and the close
             // ends the session as expired unless something else ended it first.
-            Liveness::Gone => Err((session.end_reason().unwrap_or(CloseReason::IdleTimeout), String::new())),
+            Touched::Gone => Err((session.end_reason().unwrap_or(CloseReason::IdleTimeout), String::new())),
         }
     }
 

@@ -155,7 +155,7 @@ pub(crate) struct Connection<L, F> {
     layer: L,
     framing: F,
     /// Bytes kept between reads, only while there are any.
-    held: Option<Box<Held>>,
+    leftover: Option<Box<Leftover>>,
 }
 
 /// What a connection keeps between reads: a split frame's start, replies not yet taken.
@@ -163,25 +163,25 @@ pub(crate) struct Connection<L, F> {
 /// empty buffers (64 bytes in every open connection's task, which tokio rounds up to
 /// 128-byte steps).
 #[derive(Default)]
-struct Held {
+struct Leftover {
     /// The start of a frame (or, under TLS, of a record) split across reads.
-    pending: BytesMut,
+    split: BytesMut,
     /// Under TLS: the start of a frame split across records.
     opened: BytesMut,
     /// Bytes the socket did not take yet.
     unsent: BytesMut,
 }
 
-fn pending(held: &mut Held) -> &mut BytesMut {
-    &mut held.pending
+fn split(leftover: &mut Leftover) -> &mut BytesMut {
+    &mut leftover.split
 }
 
-fn opened(held: &mut Held) -> &mut BytesMut {
-    &mut held.opened
+fn opened(leftover: &mut Leftover) -> &mut BytesMut {
+    &mut leftover.opened
 }
 
-fn unsent(held: &mut Held) -> &mut BytesMut {
-    &mut held.unsent
+fn unsent(leftover: &mut Leftover) -> &mut BytesMut {
+    &mut leftover.unsent
 }
 
 // === impl Connection ===
@@ -191,7 +191,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     pub(crate) const TRANSPORT: Transport = Door::by(L::CLEAR, F::SPEAKS);
 
     pub(crate) fn new(stream: TcpStream, layer: L, framing: F) -> Self {
-        Connection { stream, layer, framing, held: None }
+        Connection { stream, layer, framing, leftover: None }
     }
 
     /// Whether the door's handshakes (TLS, WebSocket upgrade) are done.
@@ -212,7 +212,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
 
     /// Polls for what [`Connection::ready`] resolves to.
     pub(crate) fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<Ready>> {
-        if self.held.as_ref().is_some_and(|held| !held.unsent.is_empty()) {
+        if self.leftover.as_ref().is_some_and(|leftover| !leftover.unsent.is_empty()) {
             if let Poll::Ready(result) = self.stream.poll_write_ready(cx) {
                 return Poll::Ready(result.map(|()| Ready::WRITABLE));
             }
@@ -343,7 +343,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
         wire: &mut BytesMut,
         on_input: &mut impl FnMut(Command, &mut dyn Out) -> Result<(), Close>,
     ) -> Result<(), Close> {
-        let mut start = self.take(pending);
+        let mut start = self.take(split);
         let result = with_buffer(&READ_SCRATCH, &mut start, |buf| {
             // The worker's buffer takes a full chunk; a split frame's own buffer only grows by
             // a little, since the codec already reserved the rest of the frame it knows of.
@@ -368,7 +368,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
                 Err(_) => Err(disconnect()),
             }
         });
-        self.keep(pending, start);
+        self.keep(split, start);
         result
     }
 
@@ -387,19 +387,19 @@ impl<L: Layer, F: Framing> Connection<L, F> {
     }
 
     /// Takes one of the held buffers (empty if nothing is held).
-    fn take(&mut self, which: fn(&mut Held) -> &mut BytesMut) -> BytesMut {
-        self.held.as_deref_mut().map(|held| std::mem::take(which(held))).unwrap_or_default()
+    fn take(&mut self, which: fn(&mut Leftover) -> &mut BytesMut) -> BytesMut {
+        self.leftover.as_deref_mut().map(|leftover| std::mem::take(which(leftover))).unwrap_or_default()
     }
 
     /// Puts one of the held buffers back; drops the box once all are empty.
-    fn keep(&mut self, which: fn(&mut Held) -> &mut BytesMut, bytes: BytesMut) {
-        if bytes.is_empty() && self.held.is_none() {
+    fn keep(&mut self, which: fn(&mut Leftover) -> &mut BytesMut, bytes: BytesMut) {
+        if bytes.is_empty() && self.leftover.is_none() {
             return;
         }
-        let held = self.held.get_or_insert_with(Box::default);
-        *which(held) = bytes;
-        if held.pending.is_empty() && held.opened.is_empty() && held.unsent.is_empty() {
-            self.held = None;
+        let leftover = self.leftover.get_or_insert_with(Box::default);
+        *which(leftover) = bytes;
+        if leftover.split.is_empty() && leftover.opened.is_empty() && leftover.unsent.is_empty() {
+            self.leftover = None;
         }
     }
 }
@@ -502,15 +502,15 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let mut conn = Connection::new(stream, crate::transport::tcp::Plain, crate::proto::FrameCodec::new(1024));
         conn.keep(unsent, BytesMut::new());
-        assert!(conn.held.is_none(), "nothing to hold, nothing allocated");
-        conn.keep(pending, BytesMut::from(&b"half a frame"[..]));
+        assert!(conn.leftover.is_none(), "nothing to hold, nothing allocated");
+        conn.keep(split, BytesMut::from(&b"half a frame"[..]));
         conn.keep(unsent, BytesMut::from(&b"a reply"[..]));
-        assert_eq!(&conn.take(pending)[..], b"half a frame");
-        conn.keep(pending, BytesMut::new());
-        assert!(conn.held.is_some(), "the reply is still held");
+        assert_eq!(&conn.take(split)[..], b"half a frame");
+        conn.keep(split, BytesMut::new());
+        assert!(conn.leftover.is_some(), "the reply is still held");
         assert_eq!(&conn.take(unsent)[..], b"a reply");
         conn.keep(unsent, BytesMut::new());
-        assert!(conn.held.is_none(), "both empty: the box is freed");
+        assert!(conn.leftover.is_none(), "both empty: the box is freed");
     }
 
     #[test]

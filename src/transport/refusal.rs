@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 
 use crate::proto::mqtt::{connect_level, ConnectLevel as Level};
 use crate::proto::{put_frame, CloseReason, Frame, Transport};
+use crate::transport::door::{Door, Speaks};
 
 /// Most bytes a refusal reads and drops: a LOGIN, a WebSocket upgrade request or a CONNECT
 /// fits several times over.
@@ -68,10 +69,13 @@ impl Refusals {
     pub(crate) fn refuse(&self, stream: TcpStream, transport: Transport, bound: Bound, hint_ms: u64, why: &str) {
         let text = crate::proto::retry_text(hint_ms, why);
         let mut answer = BytesMut::new();
-        match transport {
-            Transport::Tcp => put_frame(&Frame::Bye { reason: CloseReason::ServerFull, text }, &mut answer),
-            Transport::Ws => super::ws::put_http_refusal(&mut answer, 503, CloseReason::ServerFull, &text),
-            Transport::Mqtt => {
+        let door = Door::of(transport);
+        match (door.is_tls(), door.speaks) {
+            // Nothing can be said before a handshake the gateway has no room for.
+            (true, _) => {}
+            (false, Speaks::Frames) => put_frame(&Frame::Bye { reason: CloseReason::ServerFull, text }, &mut answer),
+            (false, Speaks::WebSocket) => super::ws::put_http_refusal(&mut answer, 503, CloseReason::ServerFull, &text),
+            (false, Speaks::Mqtt) => {
                 let mut first = [0u8; 64];
                 // Nothing there yet (would block) reads as nothing.
                 let read = stream.try_read(&mut first).unwrap_or_default();
@@ -90,7 +94,6 @@ impl Refusals {
                     Level::NotMqtt => {}
                 }
             }
-            Transport::Tls | Transport::Wss | Transport::Mqtts => {}
         }
         if !answer.is_empty() {
             let _ = stream.try_write(&answer);

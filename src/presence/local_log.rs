@@ -1,0 +1,195 @@
+//! This process's own event log: every online, offline and data event, in order, in
+//! memory and bounded. The ordering lock (`events.rs`) decides what is recorded and when;
+//! this file keeps it and hands it to readers.
+//!
+//! Each consumer keeps its own position (a sequence number), so a consumer that stops
+//! reading costs nothing: the log drops its oldest events once it holds `capacity` events
+//! or `max_bytes` of payload, and that consumer later learns how many it missed.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::presence::events::{within_batch_budget, Batch, Event, EventId, What, Will};
+use crate::proto::{CloseReason, Device};
+
+/// The kept events; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct LocalLog {
+    /// Oldest first, with consecutive sequence numbers ending at `next_seq - 1`: an event's
+    /// id follows from its place, so it is not stored.
+    events: VecDeque<Logged>,
+    /// Sequence number the next event gets.
+    next_seq: u64,
+    /// Payload bytes held.
+    bytes: usize,
+    capacity: usize,
+    max_bytes: usize,
+}
+
+/// An event as the log keeps it: without its id, which its place gives, and with the
+/// user-level event it caused folded in. Every logged-in connection's online event is kept
+/// for replay, so each byte here is a byte a connection.
+#[derive(Debug)]
+struct Logged {
+    at_ms: u64,
+    uid: u64,
+    kept: Kept,
+}
+
+/// The event itself, in the log's compact form.
+#[derive(Debug, Clone)]
+pub(crate) enum Kept {
+    /// An online event; `user_online` follows when `first`.
+    Online { session: u64, device: Device, first: bool },
+    /// An offline event; `user_offline` follows when `last`.
+    /// An MQTT session's will rides along (boxed: most sessions have none).
+    Offline { session: u64, device: Device, reason: CloseReason, last: bool, will: Option<Box<Will>> },
+    /// `bytes` holds an MQTT PUBLISH's topic (its first `topic_len` bytes, UTF-8, never
+    /// empty by MQTT's rules) before the payload; `topic_len` 0 for a DATA frame. One buffer,
+    /// not a second pointer: every connection's online event is kept, and a wider variant
+    /// would widen them all.
+    Data { bytes: Bytes, topic_len: u16 },
+}
+
+impl Kept {
+    /// A data event's compact form: the topic, if any (MQTT bounds it to a u16 length), in
+    /// front of the payload.
+    pub(crate) fn data(payload: Bytes, topic: Option<&str>) -> Kept {
+        match topic.filter(|t| !t.is_empty()).map(|t| &t.as_bytes()[..t.len().min(usize::from(u16::MAX))]) {
+            None => Kept::Data { bytes: payload, topic_len: 0 },
+            Some(topic) => {
+                let mut bytes = bytes::BytesMut::with_capacity(topic.len() + payload.len());
+                bytes.extend_from_slice(topic);
+                bytes.extend_from_slice(&payload);
+                Kept::Data { bytes: bytes.freeze(), topic_len: topic.len() as u16 }
+            }
+        }
+    }
+}
+
+impl Logged {
+    /// The session (or data) event.
+    fn event(&self, id: EventId) -> Event {
+        let what = match &self.kept {
+            Kept::Online { session, device, .. } => {
+                What::Online { session: *session, device: device.clone(), node: None }
+            }
+            Kept::Offline { session, device, reason, will, .. } => {
+                let will = will.as_deref().map(|w| Arc::new(w.clone()));
+                What::Offline { session: *session, device: device.clone(), reason: *reason, will }
+            }
+            Kept::Data { bytes, topic_len } => {
+                let at = usize::from(*topic_len);
+                let topic = (at > 0).then(|| Arc::from(String::from_utf8_lossy(&bytes[..at]).as_ref()));
+                What::Data { payload: bytes.slice(at..), topic }
+            }
+        };
+        Event { id, at_ms: self.at_ms, uid: self.uid, what }
+    }
+
+    /// The user-level event it caused, if any.
+    fn user_event(&self, id: EventId) -> Option<Event> {
+        let what = match &self.kept {
+            Kept::Online { first: true, .. } => What::UserOnline,
+            Kept::Offline { last: true, reason, .. } => What::UserOffline { reason: *reason },
+            _ => return None,
+        };
+        Some(Event { id, at_ms: self.at_ms, uid: self.uid, what })
+    }
+
+    fn payload_len(&self) -> usize {
+        match &self.kept {
+            Kept::Data { bytes, .. } => bytes.len(),
+            _ => 0,
+        }
+    }
+}
+
+// === impl LocalLog ===
+
+impl LocalLog {
+    /// An empty log holding at most `capacity` events and `max_bytes` of payload.
+    pub(crate) fn new(capacity: usize, max_bytes: usize) -> LocalLog {
+        LocalLog { events: VecDeque::new(), next_seq: 1, bytes: 0, capacity: capacity.max(1), max_bytes }
+    }
+
+    /// Events held.
+    pub(crate) fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Appends an event under the next sequence number, dropping the oldest past the bounds.
+    pub(crate) fn append(&mut self, at_ms: u64, uid: u64, kept: Kept) {
+        let event = Logged { at_ms, uid, kept };
+        self.next_seq += 1;
+        self.bytes += event.payload_len();
+        self.events.push_back(event);
+        while self.events.len() > self.capacity || self.bytes > self.max_bytes {
+            match self.events.pop_front() {
+                Some(dropped) => self.bytes -= dropped.payload_len(),
+                None => break,
+            }
+        }
+    }
+
+    /// The next events after `after` (ids of the run that began at `boot_ms`), at most
+    /// [`crate::presence::READ_BATCH`]: see [`crate::presence::EventLog::read`].
+    pub(crate) fn read(&self, after: EventId, boot_ms: u64) -> Batch {
+        let id = |seq: u64| EventId { ms: boot_ms, seq };
+        let oldest = self.next_seq - self.events.len() as u64;
+        let newest = self.next_seq - 1;
+        let (after_seq, earlier_process) = match after.ms.cmp(&boot_ms) {
+            std::cmp::Ordering::Less => (0, true),
+            std::cmp::Ordering::Equal => (after.seq.min(2 * newest + 1), false),
+            std::cmp::Ordering::Greater => (2 * newest + 1, false),
+        };
+        // An even id is an entry's session event whose user-level event follows: that
+        // entry's second half is next.
+        let split = (after_seq % 2 == 0).then_some(after_seq / 2).filter(|&at| at >= oldest && at >= 1);
+        let next = after_seq / 2 + 1;
+        let from = next.max(oldest);
+        let held = |at: u64| &self.events[(at - oldest) as usize];
+        let halves = split.and_then(|at| held(at).user_event(id(2 * at + 1)));
+        let entries = self.events.range((from - oldest) as usize..).zip(from..).flat_map(|(e, at)| {
+            let user = e.user_event(id(2 * at + 1));
+            let first = e.event(id(if user.is_some() { 2 * at } else { 2 * at + 1 }));
+            std::iter::once(first).chain(user)
+        });
+        // A batch the budget ends between an entry's halves ends on an even id, from which
+        // the next read starts with the second half.
+        let events = within_batch_budget(halves.into_iter().chain(entries)).collect();
+        Batch { missed: from - next, earlier_process, earlier_stream: false, gap_id: id(2 * (from - 1) + 1), events }
+    }
+
+    /// The sequence `n` entries before the newest, never before the oldest still held.
+    pub(crate) fn recent(&self, n: usize) -> u64 {
+        let oldest = self.next_seq - self.events.len() as u64;
+        let newest = self.next_seq - 1;
+        2 * newest.saturating_sub(n as u64).max(oldest.saturating_sub(1)) + 1
+    }
+
+    /// The sequence after the newest event.
+    pub(crate) fn last_seq(&self) -> u64 {
+        2 * (self.next_seq - 1) + 1
+    }
+}
+
+#[cfg(test)]
+mod footprint {
+    use super::*;
+
+    #[test]
+    fn a_kept_event_stays_small_and_a_topic_comes_back_whole() {
+        // Every logged-in connection keeps its online event: its size is per connection.
+        assert!(std::mem::size_of::<Logged>() <= 56, "{} bytes", std::mem::size_of::<Logged>());
+        let logged = |kept| Logged { at_ms: 0, uid: 1, kept };
+        let id = EventId { ms: 0, seq: 1 };
+        let with = logged(Kept::data(Bytes::from_static(b"21.5"), Some("sensors/\u{fc}"))).event(id);
+        let What::Data { payload, topic } = with.what else { panic!("{with:?}") };
+        assert_eq!((payload.as_ref(), topic.as_deref()), (&b"21.5"[..], Some("sensors/\u{fc}")));
+        let without = logged(Kept::data(Bytes::from_static(b"x"), None)).event(id);
+        assert!(matches!(without.what, What::Data { topic: None, .. }), "{without:?}");
+    }
+}
