@@ -493,6 +493,13 @@ mod tests {
         assert_eq!(waiting.handle_timeout(&inputs), Ok(()));
     }
 
+    /// Every open connection's task holds its machine: the login deadline shares the word
+    /// the logged-in phase gives the session's last tick, so the machine is three words.
+    #[test]
+    fn the_machine_is_three_words() {
+        assert_eq!(std::mem::size_of::<Machine>(), 3 * std::mem::size_of::<usize>());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn login_comes_first_and_once() {
         let (mut machine, inputs) = machine(&Config::default());
