@@ -73,6 +73,15 @@ const INTERNAL_ERROR: u8 = 80;
 const USER_CANCELED: u8 = 90;
 const NO_RENEGOTIATION: u8 = 100;
 
+/// KeyUpdates a client may send with no application data between them. Each one asking
+/// for ours costs a key derivation and a record; past this the session ends, as rustls and
+/// BoringSSL (`kMaxKeyUpdates`) end it, instead of answering a flood without bound.
+const MAX_KEY_UPDATES: u8 = 32;
+
+/// Warning alerts (user_canceled, the one a client may send and go on) a session takes in
+/// all, as rustls and BoringSSL (`kMaxWarningAlerts`) take.
+const MAX_WARNING_ALERTS: u8 = 4;
+
 /// Why the records cannot go on: the alert we send (none to a client that sent its own),
 /// and what the client is told in words.
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +192,13 @@ pub(crate) struct Records {
     peer_closed: bool,
     /// We sent close_notify or a fatal alert: nothing more is sent.
     closed: bool,
+    /// KeyUpdates still taken before application data arrives ([`MAX_KEY_UPDATES`]).
+    key_updates_left: u8,
+    /// Warning alerts still taken ([`MAX_WARNING_ALERTS`]).
+    warnings_left: u8,
+    /// Our KeyUpdate went out during this read: further requests in it are answered by it
+    /// (RFC 8446 §4.6.3 asks for one before our next data, not one each).
+    answered: bool,
 }
 
 // === impl Records ===
@@ -205,6 +221,9 @@ impl Records {
             schedule: tls13.then_some(kernel),
             peer_closed: false,
             closed: false,
+            key_updates_left: MAX_KEY_UPDATES,
+            warnings_left: MAX_WARNING_ALERTS,
+            answered: false,
         })
     }
 
@@ -234,6 +253,7 @@ impl Records {
     }
 
     fn open_records(&mut self, raw: &mut BytesMut, plain: &mut BytesMut, wire: &mut BytesMut) -> Result<bool, Fatal> {
+        self.answered = false;
         while !self.peer_closed {
             if raw.len() < HEADER {
                 return Ok(false);
@@ -252,11 +272,18 @@ impl Records {
                 return Err(fatal(RECORD_OVERFLOW, "a record's plaintext over 16 KiB"));
             }
             match content_type {
-                APPLICATION_DATA => plain.extend_from_slice(payload),
+                APPLICATION_DATA => {
+                    plain.extend_from_slice(payload);
+                    self.key_updates_left = MAX_KEY_UPDATES;
+                }
                 ALERT => match *payload {
                     // Answered by ours when the connection ends (`finish`).
                     [_, CLOSE_NOTIFY] => self.peer_closed = true,
-                    [WARNING, USER_CANCELED] => {}
+                    [WARNING, USER_CANCELED] => {
+                        self.warnings_left = self.warnings_left.checked_sub(1).ok_or_else(|| {
+                            fatal(UNEXPECTED_MESSAGE, format!("more than {MAX_WARNING_ALERTS} warning alerts"))
+                        })?;
+                    }
                     [_, description] => {
                         let why = format!("the client sent alert {description}");
                         return Err(Fatal { alert: None, why });
@@ -267,6 +294,9 @@ impl Records {
                     let message: [u8; KEY_UPDATE_LEN] = payload
                         .try_into()
                         .map_err(|_| fatal(UNEXPECTED_MESSAGE, "a handshake message other than KeyUpdate"))?;
+                    self.key_updates_left = self.key_updates_left.checked_sub(1).ok_or_else(|| {
+                        fatal(UNEXPECTED_MESSAGE, format!("{MAX_KEY_UPDATES} KeyUpdates with no data between them"))
+                    })?;
                     self.key_update(message, wire)?;
                 }
                 HANDSHAKE => return Err(fatal(NO_RENEGOTIATION, "renegotiation is not offered")),
@@ -330,7 +360,8 @@ impl Records {
         }
         let schedule = self.schedule.as_mut().expect("TLS 1.3");
         self.rx = Keys::new(schedule.update_rx_secret().map_err(|e| fatal(INTERNAL_ERROR, e.to_string()))?)?;
-        if request == UPDATE_REQUESTED {
+        if request == UPDATE_REQUESTED && !self.answered {
+            self.answered = true;
             self.update_tx(wire)?;
         }
         Ok(())
@@ -560,6 +591,56 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// rustls's client asks for a key update each time; the layer takes 32 in a row,
+    /// answering the requests of one read with one KeyUpdate, ends the session at the 33rd,
+    /// and counts afresh after application data (issue 34: 10,000 in a row were each
+    /// answered).
+    #[test]
+    fn a_flood_of_key_updates_ends_the_session_and_data_resets_the_count() {
+        let (mut client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
+        for _ in 0..MAX_KEY_UPDATES {
+            client.refresh_traffic_keys().unwrap();
+        }
+        let (answers, _) = exchange(&mut client, &mut tls);
+        // One record: a 5-byte header, the 5-byte KeyUpdate, its content type, a 16-byte tag.
+        assert_eq!(answers.len(), HEADER + KEY_UPDATE_LEN + 1 + TAG, "one answer for the read's 32 requests");
+        client_reads(&mut client, &answers).unwrap();
+        std::io::Write::write_all(&mut client.writer(), b"data").unwrap();
+        assert_eq!(&exchange(&mut client, &mut tls).1[..], b"data", "the count starts again after data");
+        for _ in 0..=MAX_KEY_UPDATES {
+            client.refresh_traffic_keys().unwrap();
+        }
+        let mut raw = Vec::new();
+        while client.wants_write() {
+            client.write_tls(&mut raw).unwrap();
+        }
+        let (mut raw, mut plain, mut wire) = (BytesMut::from(&raw[..]), BytesMut::new(), BytesMut::new());
+        let e = tls.open(&mut raw, &mut plain, &mut wire).unwrap_err();
+        assert!(e.1.contains("KeyUpdates"), "{e:?}");
+        assert_eq!(
+            client_reads(&mut client, &wire).unwrap_err(),
+            rustls::Error::AlertReceived(rustls::AlertDescription::UnexpectedMessage)
+        );
+    }
+
+    /// Warning alerts, sealed as the client would: four are taken, the fifth ends the session.
+    #[test]
+    fn more_than_four_warning_alerts_end_the_session() {
+        let (_client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
+        let Tls::Records(records) = &mut tls else { panic!() };
+        let mut sent = BytesMut::new();
+        let next = records.rx.seq;
+        std::mem::swap(&mut records.tx, &mut records.rx);
+        for _ in 0..=MAX_WARNING_ALERTS {
+            records.seal_record(ALERT, &[WARNING, USER_CANCELED], &mut sent);
+        }
+        std::mem::swap(&mut records.tx, &mut records.rx);
+        records.rx.seq = next;
+        let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
+        let e = records.open(&mut sent, &mut plain, &mut wire).unwrap_err();
+        assert_eq!(e.alert, Some(UNEXPECTED_MESSAGE), "{e}");
     }
 
     #[test]
