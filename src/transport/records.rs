@@ -322,6 +322,11 @@ impl Records {
             let nonce = Nonce::assume_unique_for_key(self.rx.nonce());
             let opened =
                 self.rx.aead().open_in_place(nonce, Aad::from(header), &mut record[HEADER..]).map_err(|_| bad_mac())?;
+            // The inner plaintext, padding included, is bounded (RFC 8446 §5.4), as rustls
+            // bounds it: counted before the padding is stripped.
+            if opened.len() > MAX_PLAINTEXT + 1 {
+                return Err(fatal(RECORD_OVERFLOW, "a record's inner plaintext over 2^14 + 1 bytes"));
+            }
             // The content type is the last byte that is not padding.
             let end = opened
                 .iter()
@@ -623,6 +628,28 @@ mod tests {
             client_reads(&mut client, &wire).unwrap_err(),
             rustls::Error::AlertReceived(rustls::AlertDescription::UnexpectedMessage)
         );
+    }
+
+    /// A TLS 1.3 record whose data fits 16 KiB but whose padding takes its inner plaintext
+    /// past 2^14 + 1 bytes: record_overflow, as rustls answers (the padding went uncounted).
+    /// Sealed with ring under the client's keys, around what the layer's own sealing
+    /// refuses to write.
+    #[test]
+    fn tls13_padding_counts_against_the_record_limit() {
+        let (_client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
+        let Tls::Records(records) = &mut tls else { panic!() };
+        let mut inner = vec![b'x'; MAX_PLAINTEXT];
+        inner.extend_from_slice(&[APPLICATION_DATA, 0]);
+        let len = (inner.len() + TAG) as u16;
+        let header = [APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8];
+        let nonce = Nonce::assume_unique_for_key(records.rx.nonce());
+        records.rx.aead().seal_in_place_append_tag(nonce, Aad::from(header), &mut inner).unwrap();
+        let mut raw = BytesMut::from(&header[..]);
+        raw.extend_from_slice(&inner);
+        let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
+        let e = records.open(&mut raw, &mut plain, &mut wire).unwrap_err();
+        assert_eq!(e.alert, Some(RECORD_OVERFLOW), "{e}");
+        assert!(plain.is_empty());
     }
 
     /// Warning alerts, sealed as the client would: four are taken, the fifth ends the session.
