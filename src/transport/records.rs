@@ -417,8 +417,13 @@ impl Records {
     }
 
     /// Appends one record of `content_type` holding `payload` (at most 16 KiB) to `wire`.
+    /// Nothing once our close_notify or fatal alert went out (RFC 8446 §6.1: nothing follows
+    /// it): a KeyUpdate the client asks for after our close is not answered.
     fn seal_record(&mut self, content_type: u8, payload: &[u8], wire: &mut BytesMut) {
         debug_assert!(payload.len() <= MAX_PLAINTEXT);
+        if self.closed {
+            return;
+        }
         let tls13 = self.tls13();
         let explicit = if !tls13 && self.tx.cipher != Cipher::Chacha20Poly1305 { EXPLICIT_NONCE } else { 0 };
         let inner = payload.len() + usize::from(tls13);
@@ -650,6 +655,19 @@ mod tests {
         let e = records.open(&mut raw, &mut plain, &mut wire).unwrap_err();
         assert_eq!(e.alert, Some(RECORD_OVERFLOW), "{e}");
         assert!(plain.is_empty());
+    }
+
+    /// After our close_notify nothing more goes out, not even the KeyUpdate a client asks
+    /// for before it closes too.
+    #[test]
+    fn nothing_is_sealed_after_our_close() {
+        let (mut client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
+        let mut closing = BytesMut::new();
+        tls.finish(&mut closing);
+        assert!(!closing.is_empty(), "close_notify");
+        client.refresh_traffic_keys().unwrap();
+        let (answer, _) = exchange(&mut client, &mut tls);
+        assert!(answer.is_empty(), "{} bytes after our close_notify", answer.len());
     }
 
     /// Warning alerts, sealed as the client would: four are taken, the fifth ends the session.
