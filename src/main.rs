@@ -141,8 +141,12 @@ struct ServeArgs {
     #[arg(long, env = "IDLEGATE_API_LISTEN", default_value = "127.0.0.1:7072", value_parser = resolve)]
     api_listen: SocketAddr,
     /// Bearer token the backend API requires; without it the API only listens on loopback.
-    #[arg(long, env = "IDLEGATE_API_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "IDLEGATE_API_TOKEN", hide_env_values = true, conflicts_with = "api_token_file")]
     api_token: Option<String>,
+    /// A file holding the API's bearer token (instead of --api-token, so the token shows
+    /// neither in `ps` nor in the environment); a trailing newline is not part of it.
+    #[arg(long, env = "IDLEGATE_API_TOKEN_FILE")]
+    api_token_file: Option<std::path::PathBuf>,
     /// This gateway's name in presence answers and online events [default: the host name].
     #[arg(long, env = "IDLEGATE_NODE_ID")]
     node_id: Option<String>,
@@ -216,6 +220,18 @@ struct TokenArgs {
 }
 
 /// The token checker `serve` runs with, from --auth-secret or --auth-secret-file.
+/// The API's bearer token: `--api-token`, or the file `--api-token-file` names.
+fn api_token(args: &ServeArgs) -> Option<String> {
+    let Some(path) = &args.api_token_file else { return args.api_token.clone() };
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim_end_matches(['\r', '\n']).is_empty() => {
+            Some(text.trim_end_matches(['\r', '\n']).to_string())
+        }
+        Ok(_) => usage_error(format!("--api-token-file {}: the file is empty", path.display())),
+        Err(e) => usage_error(format!("--api-token-file {}: {e}", path.display())),
+    }
+}
+
 fn auth(args: &ServeArgs) -> Option<Auth> {
     if args.max_token_ttl.as_secs() == 0 {
         usage_error("--max-token-ttl: must be at least a second");
@@ -331,7 +347,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         auth: auth(&args),
         drain_timeout: args.drain_timeout,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
-        api_token: args.api_token.clone(),
+        api_token: api_token(&args),
         event_log_capacity: args.event_log_capacity,
         event_log_bytes: args.event_log_bytes,
         redis: match args.redis.as_deref().map(|url| RedisTarget::parse(url, args.redis_cluster)) {
@@ -400,6 +416,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ));
         }
         tracing::warn!("no --api-token: the backend API and the admin listener on loopback need no token");
+    } else {
+        // A bearer token over plain HTTP is readable by anyone on the path.
+        for (flag, addr, tls) in
+            [("--api-listen", args.api_listen, args.api_tls), ("--admin-listen", args.admin_listen, args.admin_tls)]
+        {
+            if !addr.ip().is_loopback() && !tls {
+                tracing::warn!(
+                    "{flag} {addr} is not a loopback address and serves plain HTTP: the API token travels in the \
+                     clear; give it --tls-cert and --tls-key with {}",
+                    if flag == "--api-listen" { "--api-tls" } else { "--admin-tls" }
+                );
+            }
+        }
     }
     let room = default_max_connections(nofile);
     if config.max_connections > room {

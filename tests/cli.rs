@@ -18,6 +18,7 @@ fn idlegate(args: &[&str]) -> std::process::Output {
         .env("IDLEGATE_API_LISTEN", "127.0.0.1:0")
         .env("IDLEGATE_LISTEN", "127.0.0.1:0")
         .env_remove("IDLEGATE_API_TOKEN")
+        .env_remove("IDLEGATE_API_TOKEN_FILE")
         .output()
         .unwrap()
 }
@@ -48,6 +49,9 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["serve", "--node-lease", "5s"], "--redis"),
         (&["serve", "--listen", "no-such-host.invalid:7070"], "--listen"),
         (&["serve", "--auth-secret-file", "/nonexistent/secrets"], "--auth-secret-file"),
+        (&["serve", "--api-token-file", "/nonexistent/token"], "--api-token-file"),
+        (&["serve", "--api-token", "t", "--api-token-file", "/dev/null"], "--api-token"),
+        (&["serve", "--api-token-file", "/dev/null"], "--api-token-file"),
     ];
     for (args, flag) in cases {
         let out = idlegate(args);
@@ -97,4 +101,50 @@ async fn sigterm_sends_bye_shutdown_and_exits_0() {
     client.expect_bye(CloseReason::Shutdown).await;
     let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// `--api-token-file`: the file's token (its trailing newline not part of it) is the one the
+/// API requires.
+#[tokio::test]
+async fn the_api_takes_the_token_from_its_file() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret-token\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let api = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--api-listen", &api])
+        .arg("--api-token-file")
+        .arg(&file)
+        .env_remove("IDLEGATE_AUTH_SECRET")
+        .env_remove("IDLEGATE_API_TOKEN")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = |token: Option<&'static str>| {
+        let api = api.clone();
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(&api).await.ok()?;
+            let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+            let request = format!("GET /v1/online HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.ok()?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.ok()?;
+            answer.split(' ').nth(1).map(str::to_string)
+        }
+    };
+    let mut up = false;
+    for _ in 0..200 {
+        if status(None).await.is_some() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(up, "the API started listening");
+    assert_eq!(status(None).await.as_deref(), Some("401"));
+    assert_eq!(status(Some("s3cret-token")).await.as_deref(), Some("200"));
+    child.kill().unwrap();
+    let _ = child.wait();
 }

@@ -4,7 +4,9 @@
 //! certificate is served to new handshakes without a restart or a dropped connection.
 //!
 //! TLS 1.3 and 1.2 only (rustls offers nothing older), with session tickets, so a client
-//! reconnecting after a restart storm resumes instead of paying a full handshake.
+//! reconnecting to this process resumes instead of paying a full handshake. The tickets'
+//! keys live in this process only: a ticket does not survive a restart and is no good on
+//! another node, so the reconnect storm after a restart pays full handshakes.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
