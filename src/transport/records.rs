@@ -71,7 +71,6 @@ const ILLEGAL_PARAMETER: u8 = 47;
 const DECODE_ERROR: u8 = 50;
 const INTERNAL_ERROR: u8 = 80;
 const USER_CANCELED: u8 = 90;
-const NO_RENEGOTIATION: u8 = 100;
 
 /// KeyUpdates a client may send with no application data between them. Each one asking
 /// for ours costs a key derivation and a record; past this the session ends, as rustls and
@@ -299,7 +298,10 @@ impl Records {
                     })?;
                     self.key_update(message, wire)?;
                 }
-                HANDSHAKE => return Err(fatal(NO_RENEGOTIATION, "renegotiation is not offered")),
+                // Renegotiation is not offered. no_renegotiation is a warning alert (RFC 5246
+                // §7.2.2), not a fatal one; ending the session, a fatal unexpected_message says
+                // it, as rustls says it past its one rebuffed request.
+                HANDSHAKE => return Err(fatal(UNEXPECTED_MESSAGE, "renegotiation is not offered")),
                 other => return Err(fatal(UNEXPECTED_MESSAGE, format!("a record of content type {other}"))),
             }
             raw.advance(HEADER + len);
@@ -668,6 +670,29 @@ mod tests {
         client.refresh_traffic_keys().unwrap();
         let (answer, _) = exchange(&mut client, &mut tls);
         assert!(answer.is_empty(), "{} bytes after our close_notify", answer.len());
+    }
+
+    /// A TLS 1.2 handshake record after the handshake (a renegotiation) ends the session with
+    /// a fatal unexpected_message, not a fatal no_renegotiation, which RFC 5246 §7.2.2 makes
+    /// a warning.
+    #[test]
+    fn a_tls12_renegotiation_gets_a_fatal_unexpected_message() {
+        let (mut client, mut tls) = session(cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
+        let Tls::Records(records) = &mut tls else { panic!() };
+        let mut sent = BytesMut::new();
+        let next = records.rx.seq;
+        std::mem::swap(&mut records.tx, &mut records.rx);
+        // A ClientHello's first bytes: what matters is the record's content type.
+        records.seal_record(HANDSHAKE, &[1, 0, 0, 0], &mut sent);
+        std::mem::swap(&mut records.tx, &mut records.rx);
+        records.rx.seq = next;
+        let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
+        let e = records.open(&mut sent, &mut plain, &mut wire).unwrap_err();
+        assert_eq!(e.alert, Some(UNEXPECTED_MESSAGE), "{e}");
+        assert_eq!(
+            client_reads(&mut client, &wire).unwrap_err(),
+            rustls::Error::AlertReceived(rustls::AlertDescription::UnexpectedMessage)
+        );
     }
 
     /// Warning alerts, sealed as the client would: four are taken, the fifth ends the session.
