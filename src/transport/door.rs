@@ -27,7 +27,8 @@ pub(crate) struct Door {
     pub(crate) alpn: Option<&'static [u8]>,
 }
 
-/// Every door the gateway has.
+/// Every door the gateway has, in [`Transport::ALL`]'s order (a door's place is its
+/// transport's index, which `Doors` indexes its TLS configurations by).
 pub(crate) const DOORS: [Door; 6] = [
     Door { transport: Transport::Tcp, speaks: Speaks::Frames, alpn: None },
     Door { transport: Transport::Tls, speaks: Speaks::Frames, alpn: Some(TLS_ALPN) },
@@ -42,16 +43,9 @@ pub(crate) const DOORS: [Door; 6] = [
 // === impl Door ===
 
 impl Door {
-    /// The door named `transport`.
+    /// The door named `transport`: `DOORS` lists them in [`Transport::ALL`]'s order.
     pub(crate) const fn of(transport: Transport) -> Door {
-        let mut i = 0;
-        while i < DOORS.len() {
-            if DOORS[i].transport as usize == transport as usize {
-                return DOORS[i];
-            }
-            i += 1;
-        }
-        panic!("every transport has its door")
+        DOORS[transport as usize]
     }
 
     /// The door whose layer is clear or not (`clear`) and that speaks `speaks`: what a
@@ -79,7 +73,8 @@ mod tests {
     #[test]
     fn every_transport_has_one_door_and_back() {
         assert_eq!(DOORS.len(), Transport::ALL.len());
-        for transport in Transport::ALL {
+        for (i, transport) in Transport::ALL.into_iter().enumerate() {
+            assert_eq!(DOORS[i].transport, transport, "DOORS is in Transport::ALL's order");
             let door = Door::of(transport);
             assert_eq!(door.transport, transport);
             assert_eq!(door.is_tls(), transport.is_tls(), "{transport}");

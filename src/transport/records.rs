@@ -542,6 +542,20 @@ mod tests {
         Ok(plain)
     }
 
+    /// Records of `content_type`, one per payload, sealed as the client would (its keys
+    /// are the layer's receive keys), for what rustls's client API cannot send.
+    fn sealed_by_client(records: &mut Records, content_type: u8, payloads: &[&[u8]]) -> BytesMut {
+        let mut sent = BytesMut::new();
+        let next = records.rx.seq;
+        std::mem::swap(&mut records.tx, &mut records.rx);
+        for payload in payloads {
+            records.seal_record(content_type, payload, &mut sent);
+        }
+        std::mem::swap(&mut records.tx, &mut records.rx);
+        records.rx.seq = next;
+        sent
+    }
+
     fn limit(tls: &mut Tls, records: u64) {
         let Tls::Records(r) = tls else { panic!("the handshake is over") };
         r.limit = records;
@@ -679,13 +693,8 @@ mod tests {
     fn a_tls12_renegotiation_gets_a_fatal_unexpected_message() {
         let (mut client, mut tls) = session(cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
         let Tls::Records(records) = &mut tls else { panic!() };
-        let mut sent = BytesMut::new();
-        let next = records.rx.seq;
-        std::mem::swap(&mut records.tx, &mut records.rx);
         // A ClientHello's first bytes: what matters is the record's content type.
-        records.seal_record(HANDSHAKE, &[1, 0, 0, 0], &mut sent);
-        std::mem::swap(&mut records.tx, &mut records.rx);
-        records.rx.seq = next;
+        let mut sent = sealed_by_client(records, HANDSHAKE, &[&[1, 0, 0, 0]]);
         let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
         let e = records.open(&mut sent, &mut plain, &mut wire).unwrap_err();
         assert_eq!(e.alert, Some(UNEXPECTED_MESSAGE), "{e}");
@@ -700,14 +709,8 @@ mod tests {
     fn more_than_four_warning_alerts_end_the_session() {
         let (_client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
         let Tls::Records(records) = &mut tls else { panic!() };
-        let mut sent = BytesMut::new();
-        let next = records.rx.seq;
-        std::mem::swap(&mut records.tx, &mut records.rx);
-        for _ in 0..=MAX_WARNING_ALERTS {
-            records.seal_record(ALERT, &[WARNING, USER_CANCELED], &mut sent);
-        }
-        std::mem::swap(&mut records.tx, &mut records.rx);
-        records.rx.seq = next;
+        let warnings = vec![&[WARNING, USER_CANCELED][..]; usize::from(MAX_WARNING_ALERTS) + 1];
+        let mut sent = sealed_by_client(records, ALERT, &warnings);
         let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
         let e = records.open(&mut sent, &mut plain, &mut wire).unwrap_err();
         assert_eq!(e.alert, Some(UNEXPECTED_MESSAGE), "{e}");
@@ -717,14 +720,8 @@ mod tests {
     fn a_key_update_with_an_unknown_request_gets_illegal_parameter() {
         let (mut client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
         let Tls::Records(records) = &mut tls else { panic!() };
-        // A KeyUpdate with request_update 7, sealed as the client would (its keys are the
-        // layer's receive keys).
-        let mut sent = BytesMut::new();
-        let next = records.rx.seq;
-        std::mem::swap(&mut records.tx, &mut records.rx);
-        records.seal_record(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 7], &mut sent);
-        std::mem::swap(&mut records.tx, &mut records.rx);
-        records.rx.seq = next;
+        // A KeyUpdate with request_update 7.
+        let mut sent = sealed_by_client(records, HANDSHAKE, &[&[KEY_UPDATE, 0, 0, 1, 7]]);
         let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
         let e = records.open(&mut sent, &mut plain, &mut wire).unwrap_err();
         assert_eq!(e.alert, Some(ILLEGAL_PARAMETER), "{e}");
