@@ -77,3 +77,10 @@ pub mod bench {
         READ_BATCH,
     };
 }
+
+/// The TLS door's layer as the differential tests (`tests/tls_differential.rs`) and the fuzz
+/// target (`fuzz/`) drive it beside rustls's own: not part of the gateway's API.
+#[doc(hidden)]
+pub mod conformance {
+    pub use crate::transport::tls::ServerLayer;
+}

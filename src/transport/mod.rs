@@ -15,7 +15,7 @@ mod mqtt;
 mod records;
 mod refusal;
 mod tcp;
-mod tls;
+pub(crate) mod tls;
 mod ws;
 
 pub(crate) use accept::Doors;

@@ -81,6 +81,10 @@ const MAX_KEY_UPDATES: u8 = 32;
 /// all, as rustls and BoringSSL (`kMaxWarningAlerts`) take.
 const MAX_WARNING_ALERTS: u8 = 4;
 
+/// Empty records a client may send in a row. They carry nothing and cost a decryption
+/// each; rustls takes 32 in a row, as OpenSSL (`MAX_EMPTY_RECORDS`) does.
+const MAX_EMPTY_RECORDS: u8 = 32;
+
 /// Why the records cannot go on: the alert we send (none to a client that sent its own),
 /// and what the client is told in words.
 #[derive(Debug, thiserror::Error)]
@@ -161,11 +165,11 @@ impl Keys {
     }
 
     /// TLS 1.2's additional data: sequence number, content type, version, plaintext length.
-    fn tls12_aad(&self, content_type: u8, len: usize) -> [u8; 13] {
+    fn tls12_aad(&self, content_type: u8, version: [u8; 2], len: usize) -> [u8; 13] {
         let mut aad = [0; 13];
         aad[..8].copy_from_slice(&self.seq.to_be_bytes());
         aad[8] = content_type;
-        aad[9..11].copy_from_slice(&RECORD_VERSION);
+        aad[9..11].copy_from_slice(&version);
         aad[11..].copy_from_slice(&(len as u16).to_be_bytes());
         aad
     }
@@ -195,6 +199,8 @@ pub(crate) struct Records {
     key_updates_left: u8,
     /// Warning alerts still taken ([`MAX_WARNING_ALERTS`]).
     warnings_left: u8,
+    /// Empty records still taken before one that is not ([`MAX_EMPTY_RECORDS`]).
+    empties_left: u8,
     /// Our KeyUpdate went out during this read: further requests in it are answered by it
     /// (RFC 8446 §4.6.3 asks for one before our next data, not one each).
     answered: bool,
@@ -222,6 +228,7 @@ impl Records {
             closed: false,
             key_updates_left: MAX_KEY_UPDATES,
             warnings_left: MAX_WARNING_ALERTS,
+            empties_left: MAX_EMPTY_RECORDS,
             answered: false,
         })
     }
@@ -257,11 +264,8 @@ impl Records {
             if raw.len() < HEADER {
                 return Ok(false);
             }
-            let len = usize::from(u16::from_be_bytes([raw[3], raw[4]]));
-            let max = if self.tls13() { MAX_CIPHERTEXT_TLS13 } else { MAX_CIPHERTEXT_TLS12 };
-            if len > max {
-                return Err(fatal(RECORD_OVERFLOW, format!("a record of {len} bytes, over the {max} allowed")));
-            }
+            let header: [u8; HEADER] = raw[..HEADER].try_into().expect("a whole header");
+            let len = self.check_header(header)?;
             if raw.len() < HEADER + len {
                 return Ok(false);
             }
@@ -270,15 +274,27 @@ impl Records {
             if payload.len() > MAX_PLAINTEXT {
                 return Err(fatal(RECORD_OVERFLOW, "a record's plaintext over 16 KiB"));
             }
+            if payload.is_empty() {
+                self.empties_left = self.empties_left.checked_sub(1).ok_or_else(|| {
+                    fatal(UNEXPECTED_MESSAGE, format!("more than {MAX_EMPTY_RECORDS} empty records in a row"))
+                })?;
+            } else {
+                self.empties_left = MAX_EMPTY_RECORDS;
+            }
             match content_type {
                 APPLICATION_DATA => {
                     plain.extend_from_slice(payload);
                     self.key_updates_left = MAX_KEY_UPDATES;
                 }
                 ALERT => match *payload {
+                    [level, _] if level != WARNING && level != FATAL => {
+                        return Err(fatal(ILLEGAL_PARAMETER, format!("an alert of level {level}")));
+                    }
                     // Answered by ours when the connection ends (`finish`).
                     [_, CLOSE_NOTIFY] => self.peer_closed = true,
-                    [WARNING, USER_CANCELED] => {
+                    // TLS 1.2's warnings go on, TLS 1.3's user_canceled too (RFC 8446 §6.1);
+                    // every other alert TLS 1.3 treats as an error whatever its level (§6).
+                    [WARNING, description] if !self.tls13() || description == USER_CANCELED => {
                         self.warnings_left = self.warnings_left.checked_sub(1).ok_or_else(|| {
                             fatal(UNEXPECTED_MESSAGE, format!("more than {MAX_WARNING_ALERTS} warning alerts"))
                         })?;
@@ -311,19 +327,56 @@ impl Records {
         Ok(true)
     }
 
+    /// The header's length, once the header could start a record of this session: a
+    /// content type the version does not send after the handshake is unexpected (RFC 8446
+    /// §5, RFC 5246 §6: unexpected_message), then the checks rustls's deframer makes (RFC
+    /// 8446 §5.1, RFC 5246 §6.2.1).
+    fn check_header(&self, header: [u8; HEADER]) -> Result<usize, Fatal> {
+        let [content_type, major, minor, high, low] = header;
+        let len = usize::from(u16::from_be_bytes([high, low]));
+        // TLS 1.3 protects every record as application data; TLS 1.2 sends alerts, handshake
+        // messages and data, and no change_cipher_spec once the handshake is over.
+        let expected = if self.tls13() {
+            content_type == APPLICATION_DATA
+        } else {
+            matches!(content_type, ALERT | HANDSHAKE | APPLICATION_DATA)
+        };
+        if !expected {
+            let why = match content_type {
+                CHANGE_CIPHER_SPEC => "a change_cipher_spec record after the handshake".to_string(),
+                ALERT | HANDSHAKE => "an unprotected record after the handshake".to_string(),
+                other => format!("a record of content type {other}"),
+            };
+            return Err(fatal(UNEXPECTED_MESSAGE, why));
+        }
+        if major != 3 {
+            return Err(fatal(DECODE_ERROR, format!("a record of version {major}.{minor}")));
+        }
+        if len == 0 && content_type != APPLICATION_DATA {
+            return Err(fatal(DECODE_ERROR, "an empty record that is not application data"));
+        }
+        let max = if self.tls13() { MAX_CIPHERTEXT_TLS13 } else { MAX_CIPHERTEXT_TLS12 };
+        if len > max {
+            return Err(fatal(RECORD_OVERFLOW, format!("a record of {len} bytes, over the {max} allowed")));
+        }
+        Ok(len)
+    }
+
     /// Decrypts one whole record in place: its content type and where its plaintext is.
     fn decrypt(&mut self, record: &mut [u8]) -> Result<(u8, std::ops::Range<usize>), Fatal> {
         let header: [u8; HEADER] = record[..HEADER].try_into().expect("a whole header");
         let outer_type = header[0];
         let bad_mac = || fatal(BAD_RECORD_MAC, "a record that does not decrypt");
         let result = if self.tls13() {
-            if outer_type != APPLICATION_DATA {
-                let why = if outer_type == CHANGE_CIPHER_SPEC { "change_cipher_spec" } else { "unprotected" };
-                return Err(fatal(UNEXPECTED_MESSAGE, format!("a {why} record after the handshake")));
-            }
+            debug_assert_eq!(outer_type, APPLICATION_DATA, "checked with the header");
+            // The additional data is the header a TLS 1.3 record has (RFC 8446 §5.2), its
+            // legacy version 0x0303 whatever the header says (§5.1: ignored for all purposes
+            // but this), as rustls builds it.
+            let mut aad = header;
+            aad[1..3].copy_from_slice(&RECORD_VERSION);
             let nonce = Nonce::assume_unique_for_key(self.rx.nonce());
             let opened =
-                self.rx.aead().open_in_place(nonce, Aad::from(header), &mut record[HEADER..]).map_err(|_| bad_mac())?;
+                self.rx.aead().open_in_place(nonce, Aad::from(aad), &mut record[HEADER..]).map_err(|_| bad_mac())?;
             // The inner plaintext, padding included, is bounded (RFC 8446 §5.4), as rustls
             // bounds it: counted before the padding is stripped.
             if opened.len() > MAX_PLAINTEXT + 1 {
@@ -345,7 +398,8 @@ impl Records {
             if explicit > 0 {
                 nonce[aead::NONCE_LEN - EXPLICIT_NONCE..].copy_from_slice(&body[..EXPLICIT_NONCE]);
             }
-            let aad = self.rx.tls12_aad(outer_type, body.len() - explicit - TAG);
+            // The header's own version is authenticated (RFC 5246 §6.2.3.3), as rustls does.
+            let aad = self.rx.tls12_aad(outer_type, [header[1], header[2]], body.len() - explicit - TAG);
             let nonce = Nonce::assume_unique_for_key(nonce);
             let opened =
                 self.rx.aead().open_in_place(nonce, Aad::from(aad), &mut body[explicit..]).map_err(|_| bad_mac())?;
@@ -444,7 +498,7 @@ impl Records {
             wire.put_u8(content_type);
         }
         // TLS 1.3 authenticates the record's header, TLS 1.2 its own 13 bytes.
-        let mut aad = self.tx.tls12_aad(content_type, payload.len());
+        let mut aad = self.tx.tls12_aad(content_type, RECORD_VERSION, payload.len());
         let aad_len = if tls13 {
             aad[..HEADER].copy_from_slice(&wire[start..start + HEADER]);
             HEADER
@@ -486,6 +540,15 @@ mod tests {
 
     /// A client and the door's layer with the handshake done under `suite`.
     fn session(suite: SupportedCipherSuite) -> (ClientConnection, Tls) {
+        let (mut client, mut tls) = handshake_until_finished(suite);
+        let (tickets, _) = exchange(&mut client, &mut tls);
+        client_reads(&mut client, &tickets).unwrap();
+        assert!(matches!(tls, Tls::Records(_)), "the layer holds the keys");
+        (client, tls)
+    }
+
+    /// A client of `suite` and the door's layer, before either has said a word.
+    fn pair(suite: SupportedCipherSuite) -> (ClientConnection, Tls) {
         let cert = CertificateDer::from_pem_slice(CERT).unwrap();
         let provider = Arc::new(rustls::crypto::CryptoProvider { cipher_suites: vec![suite], ..default_provider() });
         let versions = [suite.version()];
@@ -503,18 +566,8 @@ mod tests {
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let mut client = ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap();
-        let mut tls = Tls::new(Arc::new(server)).unwrap();
-        // The client speaks first; each side answers until the door's layer holds the keys.
-        for _ in 0..8 {
-            let (wire, _) = exchange(&mut client, &mut tls);
-            client.read_tls(&mut &wire[..]).unwrap();
-            client.process_new_packets().unwrap();
-            if matches!(tls, Tls::Records(_)) && !client.is_handshaking() {
-                return (client, tls);
-            }
-        }
-        panic!("the handshake did not finish");
+        let client = ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap();
+        (client, Tls::new(Arc::new(server)).unwrap())
     }
 
     /// Hands the client's pending bytes to the layer: what the layer answers, and the
@@ -540,6 +593,40 @@ mod tests {
         let mut plain = Vec::new();
         let _ = std::io::Read::read_to_end(&mut client.reader(), &mut plain);
         Ok(plain)
+    }
+
+    /// The client's Finished and its KeyUpdate asking for ours, in one write: rustls must
+    /// stop at the Finished, so that the KeyUpdate reaches the records' layer and is
+    /// answered there. Handed both, rustls answered it itself, parked the answer where the
+    /// hand-over dropped it, and the gateway then sealed under keys the client was never told
+    /// of (issue 34).
+    #[test]
+    fn a_key_update_in_the_read_that_ends_the_handshake_is_answered() {
+        let suite = cipher_suite::TLS13_AES_128_GCM_SHA256;
+        let (mut client, mut tls) = handshake_until_finished(suite);
+        assert!(!client.is_handshaking() && !matches!(tls, Tls::Records(_)), "the Finished not yet sent");
+        client.refresh_traffic_keys().unwrap();
+        std::io::Write::write_all(&mut client.writer(), b"ping").unwrap();
+        let (answer, plain) = exchange(&mut client, &mut tls);
+        assert_eq!(&plain[..], b"ping");
+        assert!(matches!(tls, Tls::Records(_)));
+        let mut wire = answer;
+        tls.seal(b"pong", &mut wire).unwrap();
+        assert_eq!(client_reads(&mut client, &wire).unwrap(), b"pong");
+    }
+
+    /// The door's layer and a client under `suite`, the client holding its last flight.
+    fn handshake_until_finished(suite: SupportedCipherSuite) -> (ClientConnection, Tls) {
+        let (mut client, mut tls) = pair(suite);
+        for _ in 0..8 {
+            let (wire, _) = exchange(&mut client, &mut tls);
+            client.read_tls(&mut &wire[..]).unwrap();
+            client.process_new_packets().unwrap();
+            if !client.is_handshaking() {
+                return (client, tls);
+            }
+        }
+        panic!("the handshake did not finish");
     }
 
     /// Records of `content_type`, one per payload, sealed as the client would (its keys

@@ -31,12 +31,32 @@ const RECORD_OVERHEAD: usize = 64;
 /// Most plaintext one record carries.
 const MAX_RECORD_PLAINTEXT: usize = 16 * 1024;
 
+/// A record's header: content type, legacy version, length.
+const RECORD_HEADER: usize = 5;
+
+/// Most bytes of the client's handshake held at once, before anyone is authenticated: a
+/// ClientHello with post-quantum key shares (X25519MLKEM768's is 1,216 bytes) and a
+/// resumption ticket is 2 to 3 KiB, and nothing else a client sends to this server (no
+/// client certificates are asked for) comes near it. Without a cap, rustls joins a
+/// handshake message of up to 64 KiB from the records a client trickles in.
+const MAX_HANDSHAKE_HELD: usize = 8 * 1024;
+
+/// The alert a handshake past [`MAX_HANDSHAKE_HELD`] ends with, written here since rustls
+/// never saw the record: fatal `decode_error` (RFC 8446 §6), unprotected, as every alert
+/// before the server's flight is.
+const DECODE_ERROR_ALERT: [u8; 7] = [21, 3, 3, 0, 2, 2, 50];
+
+/// Records rustls may still queue after it failed: its one fatal alert.
+const ALERT_RECORDS: usize = 4;
+
 /// A TLS session over a client socket; see the module documentation. Boxed either way: one
 /// pointer in every TLS connection's task.
 pub(crate) enum Tls {
     /// rustls drives the handshake; `ready` once application data may flow (TLS 1.3's
-    /// server may send before the client's Finished, which ends the handshake).
-    Handshake { conn: Box<UnbufferedServerConnection>, ready: bool },
+    /// server may send before the client's Finished, which ends the handshake); `held`
+    /// bytes at the front of the read buffer are records rustls took but keeps, joining a
+    /// handshake message split across them.
+    Handshake { conn: Box<UnbufferedServerConnection>, ready: bool, held: u16 },
     /// The handshake is over: the records under the traffic keys.
     Records(Box<Records>),
     /// Only while the session passes from one to the other, or after that failed.
@@ -50,7 +70,7 @@ impl Tls {
     /// secret extraction enabled so the session can pass to [`Records`]).
     pub(crate) fn new(config: Arc<ServerConfig>) -> Result<Tls, rustls::Error> {
         debug_assert!(config.enable_secret_extraction, "the records need the traffic secrets");
-        Ok(Tls::Handshake { conn: Box::new(UnbufferedServerConnection::new(config)?), ready: false })
+        Ok(Tls::Handshake { conn: Box::new(UnbufferedServerConnection::new(config)?), ready: false, held: 0 })
     }
 
     /// Passes the session to [`Records`] once rustls has finished the handshake.
@@ -68,60 +88,116 @@ fn tls_error(e: impl std::fmt::Display) -> Close {
     (CloseReason::ProtocolError, format!("TLS: {e}"))
 }
 
+/// The length of the whole record after the `held` bytes at the front of `raw`, or `None`
+/// until it has all arrived. A record that would take the handshake past
+/// [`MAX_HANDSHAKE_HELD`] ends it with `decode_error`, appended to `wire`.
+fn next_record(raw: &[u8], held: usize, wire: &mut BytesMut) -> Result<Option<usize>, Close> {
+    let rest = &raw[held..];
+    let announced = match rest {
+        [_, _, _, high, low, ..] => RECORD_HEADER + usize::from(u16::from_be_bytes([*high, *low])),
+        _ => return Ok(None),
+    };
+    if held + announced > MAX_HANDSHAKE_HELD {
+        wire.extend_from_slice(&DECODE_ERROR_ALERT);
+        return Err(tls_error(format!("a handshake of more than {MAX_HANDSHAKE_HELD} bytes")));
+    }
+    Ok((rest.len() >= announced).then_some(announced))
+}
+
+/// rustls failed the handshake with `e`: the alert it queued for the client goes to `wire`
+/// (RFC 8446 §6.2 and RFC 5246 §7.2.2 make the server send it), then the session ends.
+fn failed(conn: &mut UnbufferedServerConnection, wire: &mut BytesMut, e: rustls::Error) -> Close {
+    for _ in 0..ALERT_RECORDS {
+        match conn.process_tls_records(&mut []).state {
+            Ok(ConnectionState::EncodeTlsData(mut data)) => {
+                let encoded = encode_into(wire, RECORD_OVERHEAD, |room| data.encode(room).map_err(EncodeFailure::from));
+                if encoded.is_err() {
+                    break;
+                }
+            }
+            Ok(ConnectionState::TransmitTlsData(data)) => data.done(),
+            _ => break,
+        }
+    }
+    tls_error(e)
+}
+
 impl Layer for Tls {
     const CLEAR: bool = false;
 
     fn open(&mut self, raw: &mut BytesMut, plain: &mut BytesMut, wire: &mut BytesMut) -> Result<bool, Close> {
-        let (conn, ready) = match self {
-            Tls::Handshake { conn, ready } => (conn, ready),
+        let (conn, ready, held) = match self {
+            Tls::Handshake { conn, ready, held } => (conn, ready, held),
             Tls::Records(records) => return records.open(raw, plain, wire).map_err(tls_error),
             Tls::Gone => return Err(disconnect()),
         };
-        loop {
-            let status = conn.process_tls_records(&mut raw[..]);
-            let mut discard = status.discard;
-            let mut done = false;
+        // rustls takes one whole record at a time, so that it stops at the client's
+        // Finished, which ends its record (RFC 8446 §5.1): whatever follows it (a KeyUpdate,
+        // data) is for the records' layer under the traffic keys. Given more, rustls would
+        // answer a KeyUpdate that came with the Finished itself and park the answer where
+        // the hand-over drops it.
+        while let Some(len) = next_record(raw, usize::from(*held), wire)? {
+            let mut end = usize::from(*held) + len;
             let mut peer_closed = false;
-            let mut handshake_over = false;
-            match status.state.map_err(tls_error)? {
-                ConnectionState::ReadTraffic(mut traffic) => {
-                    while let Some(record) = traffic.next_record() {
-                        let record = record.map_err(tls_error)?;
-                        discard += record.discard;
-                        plain.extend_from_slice(record.payload);
+            let handshake_over = loop {
+                let status = conn.process_tls_records(&mut raw[..end]);
+                let mut discard = status.discard;
+                let mut taken = false;
+                let state = match status.state {
+                    Ok(state) => state,
+                    Err(e) => {
+                        raw.advance(discard);
+                        return Err(failed(conn, wire, e));
                     }
+                };
+                match state {
+                    ConnectionState::ReadTraffic(mut traffic) => {
+                        while let Some(record) = traffic.next_record() {
+                            let record = record.map_err(tls_error)?;
+                            discard += record.discard;
+                            plain.extend_from_slice(record.payload);
+                        }
+                    }
+                    ConnectionState::EncodeTlsData(mut data) => {
+                        encode_into(wire, HANDSHAKE_ROOM, |room| data.encode(room).map_err(EncodeFailure::from))?;
+                    }
+                    ConnectionState::TransmitTlsData(data) => {
+                        // Queued in `wire`, which is written (or kept, in order) before
+                        // anything else this connection sends.
+                        data.done();
+                    }
+                    ConnectionState::BlockedHandshake => taken = true,
+                    ConnectionState::WriteTraffic(_) => {
+                        *ready = true;
+                        taken = true;
+                    }
+                    ConnectionState::PeerClosed | ConnectionState::Closed => {
+                        peer_closed = true;
+                        taken = true;
+                    }
+                    ConnectionState::ReadEarlyData(_) => return Err(tls_error("early data is not accepted")),
+                    _ => return Err(tls_error("a state this gateway does not know")),
                 }
-                ConnectionState::EncodeTlsData(mut data) => {
-                    encode_into(wire, HANDSHAKE_ROOM, |room| data.encode(room).map_err(EncodeFailure::from))?;
+                raw.advance(discard);
+                end -= discard;
+                if taken {
+                    break !conn.is_handshaking();
                 }
-                ConnectionState::TransmitTlsData(data) => {
-                    // Queued in `wire`, which is written (or kept, in order) before anything
-                    // else this connection sends.
-                    data.done();
-                }
-                ConnectionState::BlockedHandshake => done = true,
-                ConnectionState::WriteTraffic(_) => {
-                    *ready = true;
-                    done = true;
-                    handshake_over = !conn.is_handshaking();
-                }
-                ConnectionState::PeerClosed | ConnectionState::Closed => {
-                    peer_closed = true;
-                    done = true;
-                }
-                ConnectionState::ReadEarlyData(_) => return Err(tls_error("early data is not accepted")),
-                _ => return Err(tls_error("a state this gateway does not know")),
+            };
+            // What rustls did not discard of the record it took, it holds.
+            *held = u16::try_from(end).map_err(|_| tls_error("a handshake record over the bound"))?;
+            if peer_closed {
+                return Ok(true);
             }
-            raw.advance(discard);
             if handshake_over {
-                // Whatever the client sent after its Finished is records of the new keys.
+                if *held != 0 {
+                    return Err(tls_error("a handshake message across the change to the traffic keys"));
+                }
                 self.take_over()?;
                 return self.open(raw, plain, wire);
             }
-            if done {
-                return Ok(peer_closed);
-            }
         }
+        Ok(false)
     }
 
     fn seal(&mut self, plain: &[u8], wire: &mut BytesMut) -> Result<(), Close> {
@@ -222,5 +298,41 @@ fn encode_into(
                 return Err(tls_error(e));
             }
         }
+    }
+}
+
+/// The door's TLS layer as the differential tests and the fuzz target drive it, in memory:
+/// rustls's handshake, the hand-over, then this gateway's records. Not the gateway's API.
+#[doc(hidden)]
+pub struct ServerLayer(Tls);
+
+// === impl ServerLayer ===
+
+impl ServerLayer {
+    /// A server session with `config`, which must enable secret extraction.
+    pub fn new(config: Arc<ServerConfig>) -> Result<ServerLayer, rustls::Error> {
+        Tls::new(config).map(ServerLayer)
+    }
+
+    /// Takes the whole records at the front of `raw`: their plaintext to `plain`, what the
+    /// session answers to `wire`. `Ok(true)` once the peer closed; an error ends the session
+    /// (its alert, if any, at the end of `wire`).
+    pub fn open(&mut self, raw: &mut BytesMut, plain: &mut BytesMut, wire: &mut BytesMut) -> Result<bool, String> {
+        self.0.open(raw, plain, wire).map_err(|(_, why)| why)
+    }
+
+    /// Appends `plain`, protected, to `wire`.
+    pub fn seal(&mut self, plain: &[u8], wire: &mut BytesMut) -> Result<(), String> {
+        self.0.seal(plain, wire).map_err(|(_, why)| why)
+    }
+
+    /// Appends close_notify to `wire`.
+    pub fn finish(&mut self, wire: &mut BytesMut) {
+        self.0.finish(wire)
+    }
+
+    /// Whether the session passed from rustls to this gateway's records.
+    pub fn handed_over(&self) -> bool {
+        matches!(self.0, Tls::Records(_))
     }
 }
