@@ -194,3 +194,38 @@ fn openssl_s_client_exchanges_frames_under_every_suite_and_a_key_update() {
     }
     rt.block_on(server.shutdown());
 }
+
+/// A handshake the door refuses ends with rustls's alert, not a silent close (RFC 8446 §6.2,
+/// RFC 5246 §7.2.2): a client offering only another ALPN protocol hears
+/// no_application_protocol, as the HTTPS listener's clients do (issue 34: they saw an
+/// unexpected end of file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_handshake_gets_its_alert() {
+    let (mut server, ca, _dir) = server_with(config()).await;
+    let (Some(ca), Some(door)) = (ca, server.tls) else { return };
+    for suite in [suites::TLS13_AES_128_GCM_SHA256, suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256] {
+        let connector = tokio_rustls::TlsConnector::from(ca.client_config_with(&[b"h2"], vec![suite]));
+        let tcp = TcpStream::connect(door).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(door.ip().into());
+        let e = connector.connect(name, tcp).await.expect_err("no protocol in common");
+        let e = e.into_inner().and_then(|e| e.downcast::<rustls::Error>().ok()).map(|e| *e);
+        assert_eq!(e, Some(rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol)), "{suite:?}");
+    }
+    server.shutdown().await;
+}
+
+/// A ClientHello announced at 16 KiB and trickled in is refused at once with decode_error:
+/// nobody authenticated holds more than 8 KiB of handshake (rustls would join 64 KiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_past_the_cap_gets_decode_error() {
+    let (mut server, _ca, _dir) = server_with(config()).await;
+    let Some(door) = server.tls else { return };
+    let mut tcp = TcpStream::connect(door).await.unwrap();
+    // A handshake record of 16,384 bytes, a ClientHello's first bytes of it sent.
+    tcp.write_all(&[22, 3, 1, 0x40, 0x00, 1, 0, 0x3f, 0xfc, 3, 3]).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, tcp.read_to_end(&mut answer)).await.expect("closed in time").unwrap();
+    // An unprotected fatal decode_error (RFC 8446 §6), and nothing else.
+    assert_eq!(answer, [21, 3, 3, 0, 2, 2, 50]);
+    server.shutdown().await;
+}

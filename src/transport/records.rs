@@ -85,6 +85,11 @@ const MAX_WARNING_ALERTS: u8 = 4;
 /// each; rustls takes 32 in a row, as OpenSSL (`MAX_EMPTY_RECORDS`) does.
 const MAX_EMPTY_RECORDS: u8 = 32;
 
+/// rustls's bounds on a key's record counter: past the soft one a TLS 1.3 key changes (a
+/// TLS 1.2 session closes), and nothing is opened at the hard one.
+const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
+const SEQ_HARD_LIMIT: u64 = 0xffff_ffff_ffff_fffe;
+
 /// Why the records cannot go on: the alert we send (none to a client that sent its own),
 /// and what the client is told in words.
 #[derive(Debug, thiserror::Error)]
@@ -219,6 +224,8 @@ impl Records {
             SupportedCipherSuite::Tls12(suite) => suite.common.confidentiality_limit,
         };
         let tls13 = kernel.protocol_version() == ProtocolVersion::TLSv1_3;
+        // ChaCha20-Poly1305 has no confidentiality limit: rustls's own bound on the counter.
+        let limit = limit.min(SEQ_SOFT_LIMIT);
         Ok(Records {
             tx: Keys::new(secrets.tx)?,
             rx: Keys::new(secrets.rx)?,
@@ -262,6 +269,10 @@ impl Records {
         self.answered = false;
         while !self.peer_closed {
             if raw.len() < HEADER {
+                // A content type refused as soon as it arrives, as rustls refuses it.
+                if let Some(&content_type) = raw.first() {
+                    self.check_type(content_type)?;
+                }
                 return Ok(false);
             }
             let header: [u8; HEADER] = raw[..HEADER].try_into().expect("a whole header");
@@ -320,11 +331,34 @@ impl Records {
                 HANDSHAKE => return Err(fatal(UNEXPECTED_MESSAGE, "renegotiation is not offered")),
                 other => return Err(fatal(UNEXPECTED_MESSAGE, format!("a record of content type {other}"))),
             }
+            // The plaintext was decrypted in place: wiped before the buffer is reused (a
+            // LOGIN's token, an MQTT password).
+            raw[..HEADER + len].zeroize();
             raw.advance(HEADER + len);
         }
         // After close_notify, whatever follows is ignored (RFC 8446 §6.1).
         raw.clear();
         Ok(true)
+    }
+
+    /// A content type the version sends after the handshake: TLS 1.3 protects every record
+    /// as application data; TLS 1.2 sends alerts, handshake messages and data, and no
+    /// change_cipher_spec once the handshake is over.
+    fn check_type(&self, content_type: u8) -> Result<(), Fatal> {
+        let expected = if self.tls13() {
+            content_type == APPLICATION_DATA
+        } else {
+            matches!(content_type, ALERT | HANDSHAKE | APPLICATION_DATA)
+        };
+        if expected {
+            return Ok(());
+        }
+        let why = match content_type {
+            CHANGE_CIPHER_SPEC => "a change_cipher_spec record after the handshake".to_string(),
+            ALERT | HANDSHAKE => "an unprotected record after the handshake".to_string(),
+            other => format!("a record of content type {other}"),
+        };
+        Err(fatal(UNEXPECTED_MESSAGE, why))
     }
 
     /// The header's length, once the header could start a record of this session: a
@@ -334,21 +368,7 @@ impl Records {
     fn check_header(&self, header: [u8; HEADER]) -> Result<usize, Fatal> {
         let [content_type, major, minor, high, low] = header;
         let len = usize::from(u16::from_be_bytes([high, low]));
-        // TLS 1.3 protects every record as application data; TLS 1.2 sends alerts, handshake
-        // messages and data, and no change_cipher_spec once the handshake is over.
-        let expected = if self.tls13() {
-            content_type == APPLICATION_DATA
-        } else {
-            matches!(content_type, ALERT | HANDSHAKE | APPLICATION_DATA)
-        };
-        if !expected {
-            let why = match content_type {
-                CHANGE_CIPHER_SPEC => "a change_cipher_spec record after the handshake".to_string(),
-                ALERT | HANDSHAKE => "an unprotected record after the handshake".to_string(),
-                other => format!("a record of content type {other}"),
-            };
-            return Err(fatal(UNEXPECTED_MESSAGE, why));
-        }
+        self.check_type(content_type)?;
         if major != 3 {
             return Err(fatal(DECODE_ERROR, format!("a record of version {major}.{minor}")));
         }
@@ -406,7 +426,11 @@ impl Records {
             let start = HEADER + explicit;
             (outer_type, start..start + opened.len())
         };
-        self.rx.seq += 1;
+        // A key reaches its limit long before its counter could wrap; a client that never
+        // changes it gets this error past rustls's hard limit, never a reused nonce.
+        self.rx.seq = self.rx.seq.checked_add(1).filter(|&seq| seq < SEQ_HARD_LIMIT).ok_or_else(|| {
+            fatal(INTERNAL_ERROR, "the client's sequence numbers ran out")
+        })?;
         Ok(result)
     }
 
@@ -561,11 +585,12 @@ mod tests {
         server.enable_secret_extraction = true;
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert).unwrap();
-        let client = ClientConfig::builder_with_provider(provider)
+        let mut client = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&versions)
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
+        client.enable_secret_extraction = true;
         let client = ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap();
         (client, Tls::new(Arc::new(server)).unwrap())
     }
@@ -613,6 +638,41 @@ mod tests {
         let mut wire = answer;
         tls.seal(b"pong", &mut wire).unwrap();
         assert_eq!(client_reads(&mut client, &wire).unwrap(), b"pong");
+    }
+
+    /// The contract with rustls's hand-over (`dangerous_into_kernel_connection`, which this
+    /// layer pins rustls's version for): the keys handed over are the client's, each
+    /// direction's sequence number counts the records already sent under them, and nothing
+    /// rustls queued is lost. A rustls that changed any of it fails here, not in the field.
+    #[test]
+    fn the_hand_over_keeps_rustls_keys_and_sequence_numbers() {
+        // Every suite the test's ECDSA certificate can serve.
+        let suites = default_provider().cipher_suites.into_iter().filter(|s| !format!("{:?}", s.suite()).contains("RSA"));
+        for suite in suites {
+            let (mut client, mut tls) = handshake_until_finished(suite);
+            let (after, _) = exchange(&mut client, &mut tls);
+            // What rustls sent after the client's Finished: TLS 1.3's tickets, or nothing.
+            let mut records = 0;
+            let mut rest = &after[..];
+            while rest.len() >= HEADER {
+                records += 1;
+                rest = &rest[HEADER + usize::from(u16::from_be_bytes([rest[3], rest[4]]))..];
+            }
+            client_reads(&mut client, &after).unwrap();
+            let Tls::Records(layer) = &tls else { panic!("{suite:?}: not handed over") };
+            let secrets = client.dangerous_extract_secrets().unwrap();
+            let (client_tx, client_rx) = (Keys::new(secrets.tx).unwrap(), Keys::new(secrets.rx).unwrap());
+            let tls13 = suite.tls13().is_some();
+            for (ours, theirs, what) in [(&layer.rx, &client_tx, "client to server"), (&layer.tx, &client_rx, "server to client")] {
+                assert_eq!(ours.cipher, theirs.cipher, "{suite:?} {what}");
+                assert_eq!(ours.key, theirs.key, "{suite:?} {what}: the key");
+                assert_eq!(ours.iv, theirs.iv, "{suite:?} {what}: the IV");
+                assert_eq!(ours.seq, theirs.seq, "{suite:?} {what}: the sequence number");
+            }
+            // TLS 1.2 counts the Finished under the traffic keys; TLS 1.3's keys are new.
+            assert_eq!(layer.rx.seq, u64::from(!tls13), "{suite:?}");
+            assert_eq!(layer.tx.seq, if tls13 { records } else { 1 }, "{suite:?}");
+        }
     }
 
     /// The door's layer and a client under `suite`, the client holding its last flight.

@@ -6,6 +6,7 @@ pub mod checker;
 pub mod cluster;
 pub mod process;
 pub mod proxy;
+pub mod differential;
 pub mod raw_tls;
 pub mod redis;
 pub mod tls;
