@@ -69,6 +69,10 @@ struct ServeArgs {
     /// background tab online. `false`: only what the client sends keeps it alive.
     #[arg(long, env = "IDLEGATE_WS_KEEPALIVE_PINGS", default_value_t = true, action = clap::ArgAction::Set)]
     ws_keepalive_pings: bool,
+    /// Records one TLS key protects before it changes (TLS 1.3) or the session closes (TLS
+    /// 1.2), for interoperability tests; the suite's own limit otherwise.
+    #[arg(long, hide = true)]
+    tls_record_limit: Option<u64>,
     /// Comma-separated origins a WebSocket upgrade may come from (default: any). An upgrade
     /// with another Origin gets 403; one with no Origin (not a browser) is allowed.
     #[arg(long, env = "IDLEGATE_WS_ALLOWED_ORIGINS", value_delimiter = ',')]
@@ -374,6 +378,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         mqtt_push_topic: args.mqtt_push_topic.clone(),
         mqtt_max_subscriptions: args.mqtt_max_subscriptions,
         ws_keepalive_pings: args.ws_keepalive_pings,
+        tls_record_limit: args.tls_record_limit,
     };
     if let Err(e) = config.validate() {
         usage_error(e);

@@ -157,6 +157,11 @@ pub struct Config {
     /// (`--ws-keepalive-pings`): its client's WebSocket stack answers, so a browser tab whose
     /// timers are throttled stays online. Off, only what the client sends keeps it alive.
     pub ws_keepalive_pings: bool,
+    /// Records one TLS key protects before it changes (TLS 1.3) or the session closes (TLS
+    /// 1.2), instead of the suite's confidentiality limit: a test's way to make the rare
+    /// case happen in a few frames (the hidden `--tls-record-limit`).
+    #[doc(hidden)]
+    pub tls_record_limit: Option<u64>,
 }
 
 /// Default `--mqtt-max-subscriptions`: a device subscribes to a handful of topics; a few
@@ -197,6 +202,7 @@ impl Default for Config {
             mqtt_push_topic: DEFAULT_MQTT_PUSH_TOPIC.to_string(),
             mqtt_max_subscriptions: DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
             ws_keepalive_pings: true,
+            tls_record_limit: None,
         }
     }
 }

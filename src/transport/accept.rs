@@ -38,6 +38,8 @@ pub(crate) struct Doors {
     /// Each TLS door's configuration (`--tls-cert`, `--tls-key`, the door's ALPN), by
     /// [`Transport::index`].
     tls: [Option<Arc<ServerConfig>>; DOORS.len()],
+    /// Records a TLS key protects before it changes, when not its suite's limit.
+    tls_record_limit: Option<u64>,
     /// Who may upgrade to WebSocket.
     ws: Arc<ws::WsPolicy>,
     /// What every MQTT connection shares.
@@ -60,6 +62,7 @@ impl Doors {
             slots,
             admission: Arc::new(Admission::new(config.max_pending_logins, config.max_pending_logins_per_ip)),
             tls,
+            tls_record_limit: config.tls_record_limit,
             ws: Arc::new(ws::WsPolicy { allowed_origins: config.ws_allowed_origins.clone(), mqtt: Some(mqtt.clone()) }),
             mqtt,
             max_frame_bytes: config.max_frame_bytes,
@@ -144,7 +147,7 @@ impl Doors {
         let door = Door::of(transport);
         match &self.tls[transport.index()] {
             None if !door.is_tls() => self.spawn_over(tcp::Plain, door.speaks, stream, guard, ticket),
-            Some(config) => match tls::Tls::new(config.clone()) {
+            Some(config) => match tls::Tls::new(config.clone(), self.tls_record_limit) {
                 Ok(layer) => self.spawn_over(layer, door.speaks, stream, guard, ticket),
                 Err(e) => tracing::warn!(error = %e, "cannot open a TLS session"),
             },

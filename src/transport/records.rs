@@ -215,17 +215,19 @@ pub(crate) struct Records {
 
 impl Records {
     /// Takes over a session from rustls at the end of its handshake.
+    /// `record_limit`, when given, replaces the suite's confidentiality limit.
     pub(crate) fn new(
         secrets: ExtractedSecrets,
         kernel: KernelConnection<ServerConnectionData>,
+        record_limit: Option<u64>,
     ) -> Result<Records, Fatal> {
-        let limit = match kernel.negotiated_cipher_suite() {
+        let suite_limit = match kernel.negotiated_cipher_suite() {
             SupportedCipherSuite::Tls13(suite) => suite.common.confidentiality_limit,
             SupportedCipherSuite::Tls12(suite) => suite.common.confidentiality_limit,
         };
         let tls13 = kernel.protocol_version() == ProtocolVersion::TLSv1_3;
         // ChaCha20-Poly1305 has no confidentiality limit: rustls's own bound on the counter.
-        let limit = limit.min(SEQ_SOFT_LIMIT);
+        let limit = record_limit.unwrap_or(suite_limit).min(SEQ_SOFT_LIMIT);
         Ok(Records {
             tx: Keys::new(secrets.tx)?,
             rx: Keys::new(secrets.rx)?,
@@ -428,9 +430,12 @@ impl Records {
         };
         // A key reaches its limit long before its counter could wrap; a client that never
         // changes it gets this error past rustls's hard limit, never a reused nonce.
-        self.rx.seq = self.rx.seq.checked_add(1).filter(|&seq| seq < SEQ_HARD_LIMIT).ok_or_else(|| {
-            fatal(INTERNAL_ERROR, "the client's sequence numbers ran out")
-        })?;
+        self.rx.seq = self
+            .rx
+            .seq
+            .checked_add(1)
+            .filter(|&seq| seq < SEQ_HARD_LIMIT)
+            .ok_or_else(|| fatal(INTERNAL_ERROR, "the client's sequence numbers ran out"))?;
         Ok(result)
     }
 
@@ -592,7 +597,7 @@ mod tests {
             .with_no_client_auth();
         client.enable_secret_extraction = true;
         let client = ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap();
-        (client, Tls::new(Arc::new(server)).unwrap())
+        (client, Tls::new(Arc::new(server), None).unwrap())
     }
 
     /// Hands the client's pending bytes to the layer: what the layer answers, and the
@@ -647,7 +652,8 @@ mod tests {
     #[test]
     fn the_hand_over_keeps_rustls_keys_and_sequence_numbers() {
         // Every suite the test's ECDSA certificate can serve.
-        let suites = default_provider().cipher_suites.into_iter().filter(|s| !format!("{:?}", s.suite()).contains("RSA"));
+        let suites =
+            default_provider().cipher_suites.into_iter().filter(|s| !format!("{:?}", s.suite()).contains("RSA"));
         for suite in suites {
             let (mut client, mut tls) = handshake_until_finished(suite);
             let (after, _) = exchange(&mut client, &mut tls);
@@ -663,7 +669,9 @@ mod tests {
             let secrets = client.dangerous_extract_secrets().unwrap();
             let (client_tx, client_rx) = (Keys::new(secrets.tx).unwrap(), Keys::new(secrets.rx).unwrap());
             let tls13 = suite.tls13().is_some();
-            for (ours, theirs, what) in [(&layer.rx, &client_tx, "client to server"), (&layer.tx, &client_rx, "server to client")] {
+            for (ours, theirs, what) in
+                [(&layer.rx, &client_tx, "client to server"), (&layer.tx, &client_rx, "server to client")]
+            {
                 assert_eq!(ours.cipher, theirs.cipher, "{suite:?} {what}");
                 assert_eq!(ours.key, theirs.key, "{suite:?} {what}: the key");
                 assert_eq!(ours.iv, theirs.iv, "{suite:?} {what}: the IV");

@@ -56,11 +56,32 @@ pub(crate) enum Tls {
     /// server may send before the client's Finished, which ends the handshake); `held`
     /// bytes at the front of the read buffer are records rustls took but keeps, joining a
     /// handshake message split across them.
-    Handshake { conn: Box<UnbufferedServerConnection>, ready: bool, held: u16 },
+    Handshake { conn: Box<Handshaking>, ready: bool, held: u16 },
     /// The handshake is over: the records under the traffic keys.
     Records(Box<Records>),
     /// Only while the session passes from one to the other, or after that failed.
     Gone,
+}
+
+/// rustls's connection while it shakes hands, and what the records will need from the door.
+pub(crate) struct Handshaking {
+    rustls: UnbufferedServerConnection,
+    /// Records a key protects before it changes, when not the suite's own limit (tests).
+    record_limit: Option<u64>,
+}
+
+impl std::ops::Deref for Handshaking {
+    type Target = UnbufferedServerConnection;
+
+    fn deref(&self) -> &UnbufferedServerConnection {
+        &self.rustls
+    }
+}
+
+impl std::ops::DerefMut for Handshaking {
+    fn deref_mut(&mut self) -> &mut UnbufferedServerConnection {
+        &mut self.rustls
+    }
 }
 
 // === impl Tls ===
@@ -68,9 +89,12 @@ pub(crate) enum Tls {
 impl Tls {
     /// A server session with `config` (the identity of `--tls-cert` and `--tls-key`, with
     /// secret extraction enabled so the session can pass to [`Records`]).
-    pub(crate) fn new(config: Arc<ServerConfig>) -> Result<Tls, rustls::Error> {
+    /// `record_limit` replaces the suite's confidentiality limit (`--tls-record-limit`, for
+    /// tests that must see keys change).
+    pub(crate) fn new(config: Arc<ServerConfig>, record_limit: Option<u64>) -> Result<Tls, rustls::Error> {
         debug_assert!(config.enable_secret_extraction, "the records need the traffic secrets");
-        Ok(Tls::Handshake { conn: Box::new(UnbufferedServerConnection::new(config)?), ready: false, held: 0 })
+        let conn = Box::new(Handshaking { rustls: UnbufferedServerConnection::new(config)?, record_limit });
+        Ok(Tls::Handshake { conn, ready: false, held: 0 })
     }
 
     /// Passes the session to [`Records`] once rustls has finished the handshake.
@@ -78,8 +102,9 @@ impl Tls {
         let Tls::Handshake { conn, .. } = std::mem::replace(self, Tls::Gone) else {
             return Ok(());
         };
-        let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_error)?;
-        *self = Tls::Records(Box::new(Records::new(secrets, kernel).map_err(tls_error)?));
+        let record_limit = conn.record_limit;
+        let (secrets, kernel) = conn.rustls.dangerous_into_kernel_connection().map_err(tls_error)?;
+        *self = Tls::Records(Box::new(Records::new(secrets, kernel, record_limit).map_err(tls_error)?));
         Ok(())
     }
 }
@@ -311,7 +336,7 @@ pub struct ServerLayer(Tls);
 impl ServerLayer {
     /// A server session with `config`, which must enable secret extraction.
     pub fn new(config: Arc<ServerConfig>) -> Result<ServerLayer, rustls::Error> {
-        Tls::new(config).map(ServerLayer)
+        Tls::new(config, None).map(ServerLayer)
     }
 
     /// Takes the whole records at the front of `raw`: their plaintext to `plain`, what the

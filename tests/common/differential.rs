@@ -376,4 +376,3 @@ pub fn compare(suite: SupportedCipherSuite, ops: &[Op], cuts: &[usize]) -> Resul
     }
     Ok(())
 }
-

@@ -4,9 +4,9 @@
 pub mod browser;
 pub mod checker;
 pub mod cluster;
+pub mod differential;
 pub mod process;
 pub mod proxy;
-pub mod differential;
 pub mod raw_tls;
 pub mod redis;
 pub mod tls;
