@@ -78,9 +78,11 @@ pub mod bench {
     };
 }
 
-/// The TLS door's layer as the differential tests (`tests/tls_differential.rs`) and the fuzz
-/// target (`fuzz/`) drive it beside rustls's own: not part of the gateway's API.
+/// The doors' own protocol code as the conformance suites drive it: the TLS layer beside
+/// rustls's own (`tests/tls_differential.rs`, `fuzz/`), the WebSocket framing as an echo for
+/// the Autobahn suite (`examples/ws_echo.rs`). Not part of the gateway's API.
 #[doc(hidden)]
 pub mod conformance {
     pub use crate::transport::tls::ServerLayer;
+    pub use crate::transport::ws::EchoFraming;
 }

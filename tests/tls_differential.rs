@@ -39,7 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..300).prop_map(Op::Oversize),
         1 => Just(Op::BadTag),
         1 => prop_oneof![Just(CHANGE_CIPHER_SPEC), Just(ALERT), Just(HANDSHAKE), Just(24u8), any::<u8>()].prop_map(Op::Outer),
-        1 => prop_oneof![Just([3u8, 1]), Just([3u8, 4]), Just([2u8, 0]), any::<[u8; 2]>()].prop_map(Op::Version),
+        1 => prop_oneof![Just([3u8, 1]), Just([3u8, 4]), Just([2u8, 0]), Just([0u8, 2]), Just([0xfeu8, 0xfd]), any::<[u8; 2]>()].prop_map(Op::Version),
         1 => Just(Op::NoType),
         1 => (prop_oneof![Just(CHANGE_CIPHER_SPEC), Just(24u8), Just(0u8), any::<u8>()], bytes())
             .prop_map(|(typ, payload)| Op::Inner(typ, payload)),
@@ -94,6 +94,8 @@ fn the_named_cases_match_rustls_on_every_suite() {
         ("an empty handshake record", vec![Op::Raw(vec![HANDSHAKE, 3, 3, 0, 0])]),
         ("version 2.0", vec![Op::Version([2, 0])]),
         ("version 3.4", vec![Op::Version([3, 4])]),
+        ("SSL 2's version", vec![Op::Version([0, 2])]),
+        ("DTLS 1.2's version", vec![Op::Version([0xfe, 0xfd])]),
         ("heartbeat", vec![Op::Inner(24, vec![1, 0, 0])]),
     ];
     let mut failures = Vec::new();

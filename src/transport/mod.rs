@@ -16,6 +16,6 @@ mod records;
 mod refusal;
 mod tcp;
 pub(crate) mod tls;
-mod ws;
+pub(crate) mod ws;
 
 pub(crate) use accept::Doors;

@@ -71,6 +71,8 @@ pub(crate) struct WebSocket {
     /// The close code (or, before the upgrade, the HTTP status) the next BYE goes out with
     /// instead of its own; [`CLOSED`] once a close frame went out.
     refusal: u16,
+    /// The message being gathered is text ([`Payload::Echo`] only: the door refuses text).
+    text: bool,
     /// What the messages carry, agreed at the upgrade; with MQTT, `gathered` is the MQTT
     /// stream's unread bytes.
     payload: Payload,
@@ -82,20 +84,23 @@ pub(crate) enum Payload {
     Frames,
     /// An MQTT byte stream (the `mqtt` subprotocol), read by the MQTT door's framing.
     Mqtt(Box<Mqtt>),
+    /// Text or binary, each message sent back as it came: the framing alone, as
+    /// `examples/ws_echo.rs` serves it to the Autobahn suite. No door chooses it.
+    Echo,
 }
 
 impl Payload {
     fn mqtt(&self) -> Option<&Mqtt> {
         match self {
             Payload::Mqtt(mqtt) => Some(mqtt),
-            Payload::Frames => None,
+            Payload::Frames | Payload::Echo => None,
         }
     }
 
     fn mqtt_mut(&mut self) -> Option<&mut Mqtt> {
         match self {
             Payload::Mqtt(mqtt) => Some(mqtt),
-            Payload::Frames => None,
+            Payload::Frames | Payload::Echo => None,
         }
     }
 }
@@ -111,14 +116,32 @@ impl WebSocket {
             fragmented: false,
             first: true,
             refusal: 0,
+            text: false,
             payload: Payload::Frames,
+        }
+    }
+
+    /// A framing that answers each message with itself (see [`Payload::Echo`]).
+    pub(crate) fn echo(max_message_bytes: u32) -> WebSocket {
+        let policy = Arc::new(WsPolicy::default());
+        WebSocket { payload: Payload::Echo, first: false, ..WebSocket::new(max_message_bytes, policy) }
+    }
+
+    /// The close frame of the refusal that ended the connection, without the door's BYE
+    /// before it; nothing if a close frame went out already.
+    pub(crate) fn close_frame(&mut self, why: &str, out: &mut BytesMut) {
+        if self.refusal != CLOSED && self.upgrade.is_none() {
+            put_close(out, Some(self.refusal), why);
+            self.refusal = CLOSED;
         }
     }
 
     /// Fails the connection, answering with `code` (a close code, or an HTTP status before
     /// the upgrade) instead of the BYE's own.
     fn refuse(&mut self, code: u16, why: impl Into<String>) -> Close {
-        self.refusal = code;
+        // The door closes a malformed frame as its BYE(protocol_error) says, 4000 + 4; an
+        // echo has no BYE, and says it in RFC 6455's words.
+        self.refusal = if code == MALFORMED && matches!(self.payload, Payload::Echo) { PROTOCOL_ERROR } else { code };
         (CloseReason::ProtocolError, why.into())
     }
 
@@ -167,7 +190,10 @@ impl Framing for WebSocket {
             match upgrade::upgrade(policy, self.max_frame_bytes, src, out) {
                 Ok(None) => return Ok(None),
                 Ok(Some(payload)) => {
-                    self.payload = payload;
+                    // An echo stays one whatever the upgrade agreed.
+                    if !matches!(self.payload, Payload::Echo) {
+                        self.payload = payload;
+                    }
                     self.upgrade = None;
                 }
                 Err((status, why)) => return Err(self.refuse(status, why)),
@@ -196,18 +222,21 @@ impl Framing for WebSocket {
                         return Err(self.refuse(MALFORMED, "a control frame fragmented or over 125 bytes"));
                     }
                 }
-                opcode::TEXT => {
+                opcode::TEXT if !matches!(self.payload, Payload::Echo) => {
                     return Err(
                         self.refuse(UNSUPPORTED_DATA, "a text message: send protocol frames as binary messages")
                     );
                 }
-                opcode::BINARY if self.fragmented => {
+                opcode::BINARY | opcode::TEXT if self.fragmented => {
                     return Err(self.refuse(MALFORMED, "a new message inside a fragmented one"));
                 }
                 opcode::CONTINUATION if !self.fragmented => {
                     return Err(self.refuse(MALFORMED, "a continuation frame with no message open"));
                 }
-                opcode::BINARY | opcode::CONTINUATION => {
+                opcode::BINARY | opcode::TEXT | opcode::CONTINUATION => {
+                    if head.opcode != opcode::CONTINUATION {
+                        self.text = head.opcode == opcode::TEXT;
+                    }
                     let limit = self.limit();
                     if (g as u64 + len as u64) > u64::from(limit) {
                         let total = g as u64 + len as u64;
@@ -243,7 +272,7 @@ impl Framing for WebSocket {
             if g == 0 && head.fin && matches!(self.payload, Payload::Frames) {
                 // A whole message in one frame: taken where it lies.
                 src.advance(head.header_len);
-                return self.message(src.split_to(len));
+                return self.message(src.split_to(len), out);
             }
             // A fragment (or MQTT's stream): its payload moves down over its header, next to
             // what was gathered.
@@ -257,7 +286,7 @@ impl Framing for WebSocket {
             if head.fin {
                 let message = src.split_to(self.gathered as usize);
                 self.gathered = 0;
-                return self.message(message);
+                return self.message(message, out);
             }
         }
     }
@@ -352,12 +381,62 @@ impl Framing for WebSocket {
 }
 
 impl WebSocket {
-    /// A whole binary message: one protocol frame.
-    fn message(&mut self, message: BytesMut) -> Result<Option<Command>, Close> {
+    /// A whole binary message: one protocol frame (echoed instead, in [`Payload::Echo`]).
+    fn message(&mut self, message: BytesMut, out: &mut BytesMut) -> Result<Option<Command>, Close> {
+        if matches!(self.payload, Payload::Echo) {
+            return self.echo_message(message, out);
+        }
         self.first = false;
         Frame::parse(message.freeze())
             .map(|f| Some(Command::from(f)))
             .map_err(|e| self.refuse(MALFORMED, e.to_string()))
+    }
+}
+
+impl WebSocket {
+    /// Answers `message` with itself, text or binary as it came ([`Payload::Echo`]).
+    fn echo_message(&mut self, message: BytesMut, out: &mut BytesMut) -> Result<Option<Command>, Close> {
+        if self.text && std::str::from_utf8(&message).is_err() {
+            return Err(self.refuse(INVALID_PAYLOAD, "a text message that is not UTF-8"));
+        }
+        put_header(out, if self.text { opcode::TEXT } else { opcode::BINARY }, message.len());
+        out.extend_from_slice(&message);
+        Ok(Some(Command::Activity))
+    }
+}
+
+/// The WebSocket door's framing serving an echo, as `examples/ws_echo.rs` runs it for the
+/// Autobahn suite: the upgrade, frames, fragments, control frames, closes and limits, with
+/// each message (text as well) sent back as it came. Not part of the gateway's API.
+#[doc(hidden)]
+pub struct EchoFraming(WebSocket);
+
+// === impl EchoFraming ===
+
+impl EchoFraming {
+    /// An echo of messages up to `max_message_bytes` (the door's `--max-frame-bytes`).
+    pub fn new(max_message_bytes: u32) -> EchoFraming {
+        EchoFraming(WebSocket::echo(max_message_bytes))
+    }
+
+    /// Reads every whole unit at the front of `src`, appending the answers (the 101, pongs,
+    /// echoes, a close) to `out`. `Err` once the connection must end, its close (or HTTP
+    /// refusal) at the end of `out`.
+    pub fn read(&mut self, src: &mut BytesMut, out: &mut BytesMut) -> Result<(), String> {
+        loop {
+            match self.0.decode(src, out) {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err((reason, why)) => {
+                    if self.0.ready() {
+                        self.0.close_frame("", out);
+                    } else {
+                        self.0.encode(&Frame::Bye { reason, text: why.clone() }, out);
+                    }
+                    return Err(why);
+                }
+            }
+        }
     }
 }
 
