@@ -158,7 +158,7 @@ fn seal(client: &mut RawClient, op: &Op) -> Vec<u8> {
 
 /// How a session stands after the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum End {
+pub enum End {
     Open,
     /// The client's close_notify was taken.
     Closed,
@@ -166,8 +166,8 @@ enum End {
     Failed(Option<u8>),
 }
 
-/// A server session fed bytes: the door's layer or rustls's own.
-trait Server {
+/// A server session fed bytes: the door's layer or rustls's own, in memory or over a socket.
+pub trait Server {
     /// Takes `bytes`: (plaintext, what it wrote back, how it stands).
     fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, Vec<u8>, End);
     /// Sends `data` as application data.
@@ -274,9 +274,9 @@ fn configs(suite: SupportedCipherSuite) -> (Arc<ServerConfig>, ClientConfig) {
 
 /// What one session made of the stream.
 #[derive(Debug)]
-struct Outcome {
-    plain: Vec<u8>,
-    end: End,
+pub struct Outcome {
+    pub plain: Vec<u8>,
+    pub end: End,
     /// KeyUpdates the client heard before the data sent last (if the session stayed open).
     key_updates: usize,
     /// The data sent at the end, as the client read it.
@@ -286,9 +286,10 @@ struct Outcome {
     heard: Vec<Heard>,
 }
 
-fn run(server: &mut dyn Server, suite: SupportedCipherSuite, ops: &[Op], cuts: &[usize]) -> Outcome {
-    let (_, client_config) = configs(suite);
-    let mut client = RawClient::handshake(&client_config, &mut |bytes| server.feed(bytes).1);
+/// Runs `ops` against `server` after a handshake with `client_config` (which must offer
+/// only `suite`), cut at `cuts`.
+pub fn run_with(server: &mut dyn Server, client_config: &ClientConfig, ops: &[Op], cuts: &[usize]) -> Outcome {
+    let mut client = RawClient::handshake(client_config, &mut |bytes| server.feed(bytes).1);
     let mut stream = Vec::new();
     for op in ops {
         stream.extend(seal(&mut client, op));
@@ -310,7 +311,10 @@ fn run(server: &mut dyn Server, suite: SupportedCipherSuite, ops: &[Op], cuts: &
             Heard::Alert(2, description) => Some(*description),
             _ => None,
         });
-        end = End::Failed(alert);
+        // Over a socket an end is an end of stream: after the server's close_notify and no
+        // fatal alert, the close was the client's, answered.
+        let answered_close = heard.iter().any(|h| matches!(h, Heard::Alert(_, 0)));
+        end = if alert.is_none() && answered_close { End::Closed } else { End::Failed(alert) };
     }
     let mut last = None;
     if end == End::Open {
@@ -324,12 +328,23 @@ fn run(server: &mut dyn Server, suite: SupportedCipherSuite, ops: &[Op], cuts: &
 }
 
 /// The door's layer and rustls over the same stream; `Err` says how they differ.
+fn run(server: &mut dyn Server, suite: SupportedCipherSuite, ops: &[Op], cuts: &[usize]) -> Outcome {
+    run_with(server, &configs(suite).1, ops, cuts)
+}
+
+/// The door's layer and rustls in memory over the same stream; `Err` says how they differ.
 pub fn compare(suite: SupportedCipherSuite, ops: &[Op], cuts: &[usize]) -> Result<(), String> {
     let (config, _) = configs(suite);
     let door = Door { layer: ServerLayer::new(config.clone()).unwrap(), raw: BytesMut::new(), end: End::Open };
     let door = run(&mut { door }, suite, ops, cuts);
     let rustls = Rustls { conn: rustls::ServerConnection::new(config).unwrap(), end: End::Open };
     let reference = run(&mut { rustls }, suite, ops, cuts);
+    judge(suite, ops, &door, &reference)
+}
+
+/// Whether the door's outcome of `ops` may differ from rustls's as it does: not at all, or
+/// as one of [`DEVIATIONS`] allows.
+pub fn judge(suite: SupportedCipherSuite, ops: &[Op], door: &Outcome, reference: &Outcome) -> Result<(), String> {
     let tls13 = suite.tls13().is_some();
     let has = |f: &dyn Fn(&Op) -> bool| ops.iter().any(f);
     let max = if tls13 { 16 * 1024 + 256 } else { 16 * 1024 + 2048 };
