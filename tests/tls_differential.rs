@@ -96,6 +96,7 @@ fn the_named_cases_match_rustls_on_every_suite() {
         ("version 3.4", vec![Op::Version([3, 4])]),
         ("SSL 2's version", vec![Op::Version([0, 2])]),
         ("DTLS 1.2's version", vec![Op::Version([0xfe, 0xfd])]),
+        ("a header cut after a bad version", vec![Op::Data(vec![1; 8]), Op::Raw(vec![ALERT, 0x8f, 0x4e, 0x2f])]),
         ("heartbeat", vec![Op::Inner(24, vec![1, 0, 0])]),
     ];
     let mut failures = Vec::new();

@@ -90,6 +90,14 @@ const MAX_EMPTY_RECORDS: u8 = 32;
 const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
 const SEQ_HARD_LIMIT: u64 = 0xffff_ffff_ffff_fffe;
 
+/// A record's version is 3.x (RFC 5246 §6.2.1, RFC 8446 §5.1).
+fn check_version(major: u8, minor: u8) -> Result<(), Fatal> {
+    if major != 3 {
+        return Err(fatal(DECODE_ERROR, format!("a record of version {major}.{minor}")));
+    }
+    Ok(())
+}
+
 /// Why the records cannot go on: the alert we send (none to a client that sent its own),
 /// and what the client is told in words.
 #[derive(Debug, thiserror::Error)]
@@ -271,9 +279,13 @@ impl Records {
         self.answered = false;
         while !self.peer_closed {
             if raw.len() < HEADER {
-                // A content type refused as soon as it arrives, as rustls refuses it.
+                // A content type or a version refused as soon as it arrives, as rustls
+                // refuses them.
                 if let Some(&content_type) = raw.first() {
                     self.check_type(content_type)?;
+                }
+                if let [_, major, minor, ..] = raw[..] {
+                    check_version(major, minor)?;
                 }
                 return Ok(false);
             }
@@ -371,9 +383,7 @@ impl Records {
         let [content_type, major, minor, high, low] = header;
         let len = usize::from(u16::from_be_bytes([high, low]));
         self.check_type(content_type)?;
-        if major != 3 {
-            return Err(fatal(DECODE_ERROR, format!("a record of version {major}.{minor}")));
-        }
+        check_version(major, minor)?;
         if len == 0 && content_type != APPLICATION_DATA {
             return Err(fatal(DECODE_ERROR, "an empty record that is not application data"));
         }

@@ -377,7 +377,14 @@ pub fn judge(suite: SupportedCipherSuite, ops: &[Op], door: &Outcome, reference:
         tls13 && d == End::Failed(None) && has(&|op| matches!(op, Op::Alert(1, d) if *d != 0 && *d != 90)),
         tls13 && unexpected && has(&|op| matches!(op, Op::SplitKeyUpdate)),
         d == End::Failed(Some(DECODE_ERROR))
-            && has(&|op| matches!(op, Op::Version([0x00, 0x02] | [0xfe, 0xff] | [0xfe, 0xfd] | [0xfe, 0xfc])))
+            && has(&|op| {
+                let named = |v: &[u8]| matches!(v, [0x00, 0x02] | [0xfe, 0xff] | [0xfe, 0xfd] | [0xfe, 0xfc]);
+                match op {
+                    Op::Version(version) => named(version),
+                    Op::Raw(bytes) => bytes.len() >= 3 && named(&bytes[1..3]),
+                    _ => false,
+                }
+            })
             && matches!(r, End::Open | End::Closed | End::Failed(_)),
     ];
     debug_assert_eq!(deviations.len(), DEVIATIONS.len());
