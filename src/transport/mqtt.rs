@@ -330,12 +330,23 @@ impl Mqtt {
         }
         let mut whole = src.split_to(at + len);
         let fixed = FixedHeader::decode(&mut whole).map_err(|e| self.malformed(out, &e.to_string()))?;
+        if !fixed.validate_flags() {
+            // [MQTT-2.2.2-2] (3.1.1), 2.1.3 (5): reserved flags as the table has them, or the
+            // packet is malformed and the connection closes.
+            let why = format!("reserved flags {:#06b} on {:?}", fixed.flags, fixed.packet_type);
+            return Err(self.malformed(out, &why));
+        }
         if fixed.packet_type == PacketType::PingReq {
             return Ok(Some(Command::Ping(Bytes::new())));
         }
         let level = if self.version == 0 { LEVEL_5 } else { self.version };
         let packet = Packet::decode_from_body_with_version(fixed.packet_type, &fixed, &mut whole, level)
             .map_err(|e| self.malformed(out, &e.to_string()))?;
+        if packet_identifier(&packet) == Some(0) {
+            // [MQTT-2.3.1-1] (3.1.1), [MQTT-2.2.1-3] (5): a QoS 1 PUBLISH, a SUBSCRIBE and
+            // an UNSUBSCRIBE carry a non-zero packet identifier.
+            return Err(self.malformed(out, "packet identifier 0"));
+        }
         match (self.version, packet) {
             (0, Packet::Connect(connect)) => self.connect(&connect, out).map(Some),
             (0, _) => Err((CloseReason::ProtocolError, "CONNECT must be the first packet".into())),
@@ -599,6 +610,17 @@ impl Mqtt {
             self.answered = true;
         }
         (CloseReason::ProtocolError, format!("MQTT: {why}"))
+    }
+}
+
+/// The packet identifier of a packet a client sends with one (a PUBLISH of QoS 1 or 2, a
+/// SUBSCRIBE, an UNSUBSCRIBE).
+fn packet_identifier(packet: &Packet) -> Option<u16> {
+    match packet {
+        Packet::Publish(publish) => publish.packet_id,
+        Packet::Subscribe(subscribe) => Some(subscribe.packet_id),
+        Packet::Unsubscribe(unsubscribe) => Some(unsubscribe.packet_id),
+        _ => None,
     }
 }
 
