@@ -1,12 +1,18 @@
 //! TLS under a door's bytes (`--tls-listen`, `--wss-listen`): rustls's unbuffered API for
 //! the handshake, then the keys alone (`records.rs`).
 //!
-//! rustls's usual connection keeps buffers of its own (a 4 KiB read buffer at the least,
-//! for as long as the connection lives); the unbuffered one decrypts from the buffer it is
-//! handed and encrypts into another. Here those are the worker's buffers, as for a plain
-//! socket. Once the handshake is over, rustls's connection (its state machine and record
-//! layer, about 3 KiB) is dropped and [`Records`] goes on with the traffic keys: an idle
-//! TLS connection keeps its keys, and no buffer.
+//! rustls's usual connection keeps buffers of its own for as long as the connection lives;
+//! the unbuffered one decrypts from the buffer it is handed and encrypts into another. Here
+//! those are the worker's buffers, as for a plain socket. Once the handshake is over,
+//! rustls's connection is dropped and [`Records`] goes on with the traffic keys: an idle
+//! TLS connection keeps its keys, and no buffer (docs/SECURITY.md weighs both).
+//!
+//! The seam with rustls has three rules. rustls is handed one whole record at a time, so
+//! that it stops at the client's Finished and leaves what follows to the records. When
+//! rustls fails, the alert it queued goes out before the close. And no more than
+//! [`MAX_HANDSHAKE_HELD`] bytes of a client's handshake are held at once. rustls's
+//! version is pinned: `records::tests::the_hand_over_keeps_rustls_keys_and_sequence_numbers`
+//! is the hand-over's contract.
 
 use std::sync::Arc;
 
