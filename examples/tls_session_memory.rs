@@ -15,13 +15,11 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use idlegate::conformance::ServerLayer;
-use rustls::crypto::ring::{cipher_suite, default_provider};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::crypto::ring::cipher_suite;
 use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection, SupportedCipherSuite};
 
-const CERT: &[u8] = include_bytes!("../tests/data/records-cert.pem");
-const KEY: &[u8] = include_bytes!("../tests/data/records-key.pem");
+#[path = "../tests/common/tls_configs.rs"]
+mod tls_configs;
 
 /// Resident memory of this process, from /proc/self/statm (pages of 4 KiB).
 fn rss() -> u64 {
@@ -30,25 +28,9 @@ fn rss() -> u64 {
 }
 
 fn configs(suite: SupportedCipherSuite) -> (Arc<ServerConfig>, Arc<ClientConfig>) {
-    let cert = CertificateDer::from_pem_slice(CERT).unwrap();
-    let provider = Arc::new(rustls::crypto::CryptoProvider { cipher_suites: vec![suite], ..default_provider() });
-    let versions = [suite.version()];
-    let mut server = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&versions)
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.clone()], PrivateKeyDer::from_pem_slice(KEY).unwrap())
-        .unwrap();
-    server.enable_secret_extraction = true;
+    let (mut server, client) = tls_configs::configs(suite);
     // Tickets would be sent, not kept: the same either way.
     server.send_tls13_tickets = 0;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert).unwrap();
-    let client = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     (Arc::new(server), Arc::new(client))
 }
 

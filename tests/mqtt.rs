@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
+use common::mqtt::packet as packet_of;
 use common::{find_on_path, http, skip_without, Sse, TestServer, PATIENCE};
 use idlegate::Config;
 use serde_json::json;
@@ -600,22 +601,6 @@ async fn subscriptions_are_bounded_per_session_and_refused_filter_by_filter() {
     server.shutdown().await;
 }
 
-/// A packet with `first` and `body`, its remaining length as MQTT's variable-length bytes.
-fn whole(first: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![first];
-    let mut len = body.len();
-    loop {
-        let byte = (len % 128) as u8;
-        len /= 128;
-        out.push(if len > 0 { byte | 0x80 } else { byte });
-        if len == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(body);
-    out
-}
-
 /// An MQTT 5 CONNECT of uid `uid`, client id `id`, CONNECT properties `props`, an
 /// optional will and password; clean start.
 fn connect_v5_full(uid: &str, id: &str, props: &[u8], will: Option<(&str, &[u8])>, password: &[u8]) -> Vec<u8> {
@@ -637,7 +622,7 @@ fn connect_v5_full(uid: &str, id: &str, props: &[u8], will: Option<(&str, &[u8])
     if !password.is_empty() {
         put(&mut body, password);
     }
-    whole(0x10, &body)
+    packet_of(0x10, &body)
 }
 
 /// The properties of an MQTT 5 CONNACK: (id, value bytes) pairs, as far as this test
@@ -701,7 +686,7 @@ async fn maximum_packet_size_holds_both_ways() {
     assert_eq!(fits["sessions"], json!(1), "{fits}");
     assert_eq!(published(&mut stream).await, ("t".to_string(), vec![b'y'; 34]));
     // Past the gateway's 1,024 bytes.
-    stream.write_all(&whole(0x30, &[&[0, 1, b't', 0][..], &[b'z'; 1_100]].concat())).await.unwrap();
+    stream.write_all(&packet_of(0x30, &[&[0, 1, b't', 0][..], &[b'z'; 1_100]].concat())).await.unwrap();
     let disconnect = packet(&mut stream).await.expect("a DISCONNECT");
     assert_eq!(&disconnect[..3], &[0xE0, disconnect[1], 0x95], "{disconnect:02x?}");
     // A CONNECT over the bound before any session.
@@ -736,13 +721,13 @@ async fn topic_names_aliases_and_empty_identifiers_follow_the_spec() {
     assert_eq!(packet(&mut wild).await.expect("a DISCONNECT")[2], 0x90);
     let mut alias = session(server.mqtt, &connect_v5("66", "d", 3)).await;
     // PUBLISH "t" with property Topic Alias (0x23) 1.
-    alias.write_all(&whole(0x30, &[0, 1, b't', 3, 0x23, 0, 1, b'x'])).await.unwrap();
+    alias.write_all(&packet_of(0x30, &[0, 1, b't', 3, 0x23, 0, 1, b'x'])).await.unwrap();
     assert_eq!(packet(&mut alias).await.expect("a DISCONNECT")[2], 0x94);
     // 3.1.1, username, CleanSession 0, keepalive 5, empty client identifier.
     let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x80, 0, 5, 0, 0];
     body.extend_from_slice(&[0, 2, b'6', b'7']);
     let mut c = TcpStream::connect(server.mqtt).await.unwrap();
-    c.write_all(&whole(0x10, &body)).await.unwrap();
+    c.write_all(&packet_of(0x10, &body)).await.unwrap();
     assert_eq!(packet(&mut c).await.expect("a CONNACK"), [0x20, 2, 0, 0x02]);
     server.shutdown().await;
 }

@@ -16,6 +16,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::mqtt::packet;
 use common::{short_config, TestServer, PATIENCE};
 use idlegate::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,22 +25,6 @@ use tokio::time::timeout;
 
 fn config() -> Config {
     Config { timeout: Duration::from_secs(30), login_timeout: Duration::from_secs(5), ..short_config() }
-}
-
-/// A packet: its first byte, its remaining length as MQTT's variable-length integer, `body`.
-fn packet(first: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![first];
-    let mut len = body.len();
-    loop {
-        let byte = (len % 128) as u8;
-        len /= 128;
-        out.push(if len > 0 { byte | 0x80 } else { byte });
-        if len == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(body);
-    out
 }
 
 /// A UTF-8 string or binary field: a 16-bit length, then the bytes.

@@ -11,16 +11,13 @@
 
 mod common;
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use common::client_process::run_client;
 use common::tls::{server_with, TestCa};
 use common::{find_on_path, short_config, skip_without};
 use idlegate::Config;
-
-/// How long one client run may take before it is killed and the test fails.
-const CLIENT_PATIENCE: Duration = Duration::from_secs(20);
 
 /// (version, OpenSSL's name of the suite, GnuTLS's priority string for it).
 const SUITES: [(&str, &str, &str); 6] = [
@@ -48,44 +45,6 @@ fn hex(frames: &[Vec<u8>]) -> String {
     frames.iter().map(|f| f.iter().map(|b| format!("{b:02x}")).collect::<String>()).collect::<Vec<_>>().join(",")
 }
 
-/// Runs `command` with `input` on its stdin, written in pieces with a pause between them
-/// (line-reading clients act on each), and returns (exit status, stdout and stderr).
-fn run(mut command: Command, input: &[&[u8]]) -> (Option<i32>, String) {
-    let mut child =
-        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("the client runs");
-    let mut stdin = child.stdin.take().unwrap();
-    let read_all = |mut from: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut out = Vec::new();
-            let _ = from.read_to_end(&mut out);
-            out
-        })
-    };
-    let stdout = read_all(Box::new(child.stdout.take().unwrap()));
-    let stderr = read_all(Box::new(child.stderr.take().unwrap()));
-    for piece in input {
-        let _ = std::io::Write::write_all(&mut stdin, piece);
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    drop(stdin);
-    let poll = Duration::from_millis(50);
-    let mut status = None;
-    for _ in 0..CLIENT_PATIENCE.as_millis() / poll.as_millis() {
-        if let Some(exit) = child.try_wait().unwrap() {
-            status = Some(exit.code());
-            break;
-        }
-        std::thread::sleep(poll);
-    }
-    let status = status.unwrap_or_else(|| {
-        let _ = child.kill();
-        let _ = child.wait();
-        None
-    });
-    let out = [stdout, stderr].map(|r| String::from_utf8_lossy(&r.join().unwrap()).into_owned()).concat();
-    (status, out)
-}
-
 /// Python's or Node's client: `program script` with the arguments both take.
 fn scripted(
     program: &str,
@@ -99,7 +58,7 @@ fn scripted(
     let script = format!("{}/tests/data/interop/{script}", env!("CARGO_MANIFEST_DIR"));
     let mut command = Command::new(program);
     command.args([&script, "127.0.0.1", &door.port().to_string(), &ca.cert, version, suite, &hex(&frames()), close]);
-    run(command, &[])
+    run_client(command, &[])
 }
 
 /// `gnutls-cli` with `priority`, sending the frames, asking for a key update under TLS 1.3
@@ -115,7 +74,7 @@ fn gnutls(door: std::net::SocketAddr, ca: &TestCa, priority: &str, tls13: bool) 
         input.push(b"^rekey1^\n");
     }
     input.push(&after);
-    run(command, &input)
+    run_client(command, &input)
 }
 
 fn config() -> Config {

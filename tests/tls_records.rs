@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::client_process::run_client;
 use common::tls::{server_with, TestCa};
 use common::{short_config, PATIENCE};
 use futures_util::{SinkExt, StreamExt};
@@ -150,42 +150,18 @@ fn openssl_s_client_exchanges_frames_under_every_suite_and_a_key_update() {
         ("-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384"),
         ("-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"),
     ] {
-        let mut child = std::process::Command::new("openssl")
-            .args(["s_client", "-connect", &door.to_string(), "-CAfile", &ca.cert, "-alpn", "idlegate"])
-            .args([version, flag, suite])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("openssl runs");
-        let mut stdin = child.stdin.take().unwrap();
-        // It says KEYUPDATE on stderr, the rest on stdout.
-        let read_all = |mut from: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut out = Vec::new();
-                let _ = from.read_to_end(&mut out);
-                out
-            })
-        };
-        let stdout = read_all(Box::new(child.stdout.take().unwrap()));
-        let stderr = read_all(Box::new(child.stderr.take().unwrap()));
-        // s_client reads its input in lines: a command line (`K`) must start one.
-        let pause = || std::thread::sleep(Duration::from_millis(300));
-        stdin.write_all(&login).unwrap();
-        pause();
-        stdin.write_all(&ping(b"before\n")).unwrap();
-        pause();
+        let mut command = std::process::Command::new("openssl");
+        command.args(["s_client", "-connect", &door.to_string(), "-CAfile", &ca.cert, "-alpn", "idlegate"]);
+        command.args([version, flag, suite]);
+        // s_client reads its input in lines: a command line (`K`, it says KEYUPDATE on
+        // stderr) must start one.
+        let (before, after) = (ping(b"before\n"), ping(b"after\n"));
+        let mut input: Vec<&[u8]> = vec![&login, &before];
         if version == "-tls1_3" {
-            stdin.write_all(b"K\n").unwrap();
-            pause();
+            input.push(b"K\n");
         }
-        stdin.write_all(&ping(b"after\n")).unwrap();
-        pause();
-        drop(stdin);
-        std::thread::sleep(Duration::from_millis(500));
-        let _ = child.kill();
-        let _ = child.wait();
-        let out = [stdout, stderr].map(|r| String::from_utf8_lossy(&r.join().unwrap()).into_owned()).concat();
+        input.push(&after);
+        let (_, out) = run_client(command, &input);
         assert!(out.contains(&format!("Cipher is {suite}")), "{suite}: {out}");
         assert!(out.contains("before") && out.contains("after"), "{suite}: {out}");
         if version == "-tls1_3" {

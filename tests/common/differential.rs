@@ -10,15 +10,10 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use idlegate::conformance::ServerLayer;
-use rustls::crypto::ring::{cipher_suite, default_provider};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::crypto::ring::cipher_suite;
 use rustls::{ClientConfig, ServerConfig, SupportedCipherSuite};
 
 use super::raw_tls::{Heard, RawClient, Record, ALERT, APPLICATION_DATA, HANDSHAKE, KEY_UPDATE};
-
-const CERT: &[u8] = include_bytes!("../data/records-cert.pem");
-const KEY: &[u8] = include_bytes!("../data/records-key.pem");
 
 /// The alert a policy limit ends a session with (RFC 8446 §6).
 const UNEXPECTED_MESSAGE: u8 = 10;
@@ -252,23 +247,7 @@ impl Server for Rustls {
 }
 
 fn configs(suite: SupportedCipherSuite) -> (Arc<ServerConfig>, ClientConfig) {
-    let cert = CertificateDer::from_pem_slice(CERT).unwrap();
-    let provider = Arc::new(rustls::crypto::CryptoProvider { cipher_suites: vec![suite], ..default_provider() });
-    let versions = [suite.version()];
-    let mut server = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&versions)
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.clone()], PrivateKeyDer::from_pem_slice(KEY).unwrap())
-        .unwrap();
-    server.enable_secret_extraction = true;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert).unwrap();
-    let client = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let (server, client) = super::tls_configs::configs(suite);
     (Arc::new(server), client)
 }
 

@@ -3,13 +3,16 @@
 
 pub mod browser;
 pub mod checker;
+pub mod client_process;
 pub mod cluster;
 pub mod differential;
+pub mod mqtt;
 pub mod process;
 pub mod proxy;
 pub mod raw_tls;
 pub mod redis;
 pub mod tls;
+pub mod tls_configs;
 pub mod ws;
 
 use std::net::SocketAddr;
