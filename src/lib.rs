@@ -34,7 +34,8 @@
 //!   - `cluster/`: several gateways sharing presence, events, pushes and kicks through
 //!     Redis, a backplane;
 //!   - `http/`: what servers and operators use over HTTP (`api`, `admin`, `status`, the
-//!     bounded `listener`), reaching the gateway through `state` only.
+//!     bounded `listener`), reaching the gateway through `state` only;
+//!   - `webhook/`: the events POSTed to a backend's URL, signed, in order (`relay`, `sign`).
 //! - `transport/`: the doors, declared once (`door`): accepting (`accept`, `admission`,
 //!   one `guard` per connection, `refusal`), and driving a connection (`drive`) through the
 //!   machine over a `connection` generic over a layer (`tcp`, `tls` with its `records`) and
@@ -55,12 +56,14 @@ use idlegate_proto as proto;
 mod protocol;
 mod server;
 mod transport;
+mod webhook;
 
 pub use config::{
-    default_max_connections, Config, RedisTarget, TlsIdentity, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY,
-    DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_DEVICES, DEFAULT_MAX_PENDING_LOGINS,
-    DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_MQTT_MAX_SUBSCRIPTIONS, DEFAULT_MQTT_PUSH_TOPIC, DEFAULT_NODE_LEASE,
-    DEFAULT_REDIS_QUEUE_BYTES, FD_HEADROOM,
+    default_max_connections, parse_webhook_events, Config, RedisTarget, TlsIdentity, WebhookConfig,
+    DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE,
+    DEFAULT_MAX_DEVICES, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
+    DEFAULT_MQTT_PUSH_TOPIC, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, DEFAULT_WEBHOOK_BATCH,
+    DEFAULT_WEBHOOK_EVENTS, DEFAULT_WEBHOOK_LINGER, DEFAULT_WEBHOOK_MAX_BACKOFF, DEFAULT_WEBHOOK_TIMEOUT, FD_HEADROOM,
 };
 pub use error::ConfigError;
 pub use metrics::Metrics;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use idlegate::{default_max_connections, Auth, Config, Listeners, RedisTarget, Server, TlsIdentity};
+use idlegate::{default_max_connections, Auth, Config, Listeners, RedisTarget, Server, TlsIdentity, WebhookConfig};
 use idlegate_proto::unix_now;
 use tokio::net::{TcpListener, TcpSocket};
 
@@ -151,6 +151,33 @@ struct ServeArgs {
     /// neither in `ps` nor in the environment); a trailing newline is not part of it.
     #[arg(long, env = "IDLEGATE_API_TOKEN_FILE")]
     api_token_file: Option<std::path::PathBuf>,
+    /// Deliver presence events to this URL (http:// or https://), signed as Standard
+    /// Webhooks does, in order, at least once; needs --webhook-secret-file.
+    #[arg(long, env = "IDLEGATE_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// The webhook signing secrets, one a line, newest first: `whsec_` and the base64 of 24
+    /// to 64 random bytes.
+    #[arg(long, env = "IDLEGATE_WEBHOOK_SECRET_FILE")]
+    webhook_secret_file: Option<std::path::PathBuf>,
+    /// A private CA (PEM) the webhook receiver's certificate may chain to, besides the
+    /// system's roots.
+    #[arg(long, env = "IDLEGATE_WEBHOOK_CA_FILE")]
+    webhook_ca_file: Option<std::path::PathBuf>,
+    /// The event types delivered (those of /v1/events); `gap` and `start` always are.
+    #[arg(long, env = "IDLEGATE_WEBHOOK_EVENTS", default_value = idlegate::DEFAULT_WEBHOOK_EVENTS)]
+    webhook_events: String,
+    /// The most events in one webhook request (1 to 10,000).
+    #[arg(long, env = "IDLEGATE_WEBHOOK_BATCH", default_value_t = idlegate::DEFAULT_WEBHOOK_BATCH)]
+    webhook_batch: usize,
+    /// How long a webhook batch waits to fill once it holds an event.
+    #[arg(long, env = "IDLEGATE_WEBHOOK_LINGER", default_value = "50ms", value_parser = humantime::parse_duration)]
+    webhook_linger: Duration,
+    /// One webhook request's deadline.
+    #[arg(long, env = "IDLEGATE_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    webhook_timeout: Duration,
+    /// The longest wait between webhook retries (they back off from 100ms, with jitter).
+    #[arg(long, env = "IDLEGATE_WEBHOOK_MAX_BACKOFF", default_value = "1m", value_parser = humantime::parse_duration)]
+    webhook_max_backoff: Duration,
     /// This gateway's name in presence answers and online events [default: the host name].
     #[arg(long, env = "IDLEGATE_NODE_ID")]
     node_id: Option<String>,
@@ -234,6 +261,27 @@ fn api_token(args: &ServeArgs) -> Option<String> {
         Ok(_) => usage_error(format!("--api-token-file {}: the file is empty", path.display())),
         Err(e) => usage_error(format!("--api-token-file {}: {e}", path.display())),
     }
+}
+
+/// The webhook relay's configuration, from `--webhook-*`.
+fn webhook(args: &ServeArgs) -> Option<WebhookConfig> {
+    let Some(url) = &args.webhook_url else {
+        if args.webhook_secret_file.is_some() {
+            usage_error("--webhook-secret-file: needs --webhook-url");
+        }
+        return None;
+    };
+    let Some(secret_file) = &args.webhook_secret_file else {
+        usage_error("--webhook-url: needs --webhook-secret-file, the secrets deliveries are signed with");
+    };
+    let mut config = WebhookConfig::new(url, secret_file).unwrap_or_else(|e| usage_error(e));
+    config.ca_file = args.webhook_ca_file.clone();
+    config.events = idlegate::parse_webhook_events(&args.webhook_events).unwrap_or_else(|e| usage_error(e));
+    config.batch = args.webhook_batch;
+    config.linger = args.webhook_linger;
+    config.timeout = args.webhook_timeout;
+    config.max_backoff = args.webhook_max_backoff;
+    Some(config)
 }
 
 fn auth(args: &ServeArgs) -> Option<Auth> {
@@ -379,6 +427,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         mqtt_max_subscriptions: args.mqtt_max_subscriptions,
         ws_keepalive_pings: args.ws_keepalive_pings,
         tls_record_limit: args.tls_record_limit,
+        webhook: webhook(&args),
     };
     if let Err(e) = config.validate() {
         usage_error(e);

@@ -31,6 +31,7 @@ use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, Ti
 use crate::proto::{CloseReason, Transport};
 use crate::protocol::{self, Rules};
 use crate::transport::Doors;
+use crate::webhook::Relay;
 
 /// The sockets a gateway serves, bound by the caller.
 #[derive(Debug)]
@@ -211,6 +212,16 @@ impl Server {
         if let Some(identity) = self.config.tls.clone() {
             tasks.push(tokio::spawn(reload_on_sighup(identity, self.metrics.clone(), background.clone())));
         }
+        // The relay follows the log from its first event: started before any door opens.
+        let (finish_relay, relay_finishing) = tokio::sync::watch::channel(None);
+        let relay = match self.config.webhook.clone() {
+            Some(webhook) => {
+                let relay = Relay::new(webhook, self.directory.clone(), self.metrics.clone(), &self.config.node_id)
+                    .map_err(io::Error::other)?;
+                Some(tokio::spawn(relay.run(relay_finishing)))
+            }
+            None => None,
+        };
         let loops = open.iter().map(|(listener, transport)| Box::pin(doors.accept(listener, *transport)));
         let mut ticker = ticker;
         let mut failure = None;
@@ -234,6 +245,14 @@ impl Server {
                 drain_timeout = ?self.config.drain_timeout,
                 "drain timed out; dropping the connections left"
             );
+        }
+        if let Some(mut relay) = relay {
+            // Every session has ended: the relay delivers their offline events (reason
+            // shutdown) and whatever else the log holds, by the deadline.
+            let _ = finish_relay.send(Some(deadline));
+            if timeout_at(deadline + SHUTDOWN_GRACE, &mut relay).await.is_err() {
+                relay.abort();
+            }
         }
         if let Some(backplane) = &self.backplane {
             // Every session has ended: their offline events (reason shutdown) reach the

@@ -23,6 +23,9 @@ fn idlegate(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// A good secret file (Standard Webhooks' form), for the cases whose fault is elsewhere.
+const WEBHOOK_SECRETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/webhook/test-secrets");
+
 #[test]
 fn configuration_errors_exit_2_and_name_the_flag() {
     let cases: &[(&[&str], &str)] = &[
@@ -52,6 +55,45 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["serve", "--api-token-file", "/nonexistent/token"], "--api-token-file"),
         (&["serve", "--api-token", "t", "--api-token-file", "/dev/null"], "--api-token"),
         (&["serve", "--api-token-file", "/dev/null"], "--api-token-file"),
+        (&["serve", "--webhook-url", "http://127.0.0.1:9/hook"], "--webhook-secret-file"),
+        (&["serve", "--webhook-secret-file", "/dev/null"], "--webhook-url"),
+        (
+            &["serve", "--webhook-url", "http://127.0.0.1:9/", "--webhook-secret-file", "/nonexistent"],
+            "--webhook-secret-file",
+        ),
+        (
+            &["serve", "--webhook-url", "http://127.0.0.1:9/", "--webhook-secret-file", "/dev/null"],
+            "--webhook-secret-file",
+        ),
+        (&["serve", "--webhook-url", "ftp://x", "--webhook-secret-file", WEBHOOK_SECRETS], "--webhook-url"),
+        (
+            &["serve", "--webhook-url", "http://x/", "--webhook-secret-file", WEBHOOK_SECRETS, "--webhook-batch", "0"],
+            "--webhook-batch",
+        ),
+        (
+            &[
+                "serve",
+                "--webhook-url",
+                "http://x/",
+                "--webhook-secret-file",
+                WEBHOOK_SECRETS,
+                "--webhook-events",
+                "online,nope",
+            ],
+            "--webhook-events",
+        ),
+        (
+            &[
+                "serve",
+                "--webhook-url",
+                "http://x/",
+                "--webhook-secret-file",
+                WEBHOOK_SECRETS,
+                "--redis",
+                "redis://127.0.0.1:1",
+            ],
+            "--webhook-url",
+        ),
     ];
     for (args, flag) in cases {
         let out = idlegate(args);

@@ -7,12 +7,17 @@ use std::time::Duration;
 use crate::proto::Auth;
 mod redis_target;
 mod tls;
+mod webhook;
 
 use crate::error::ConfigError;
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
 pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 pub use tls::TlsIdentity;
+pub use webhook::{
+    parse_events as parse_webhook_events, WebhookConfig, DEFAULT_WEBHOOK_BATCH, DEFAULT_WEBHOOK_EVENTS,
+    DEFAULT_WEBHOOK_LINGER, DEFAULT_WEBHOOK_MAX_BACKOFF, DEFAULT_WEBHOOK_TIMEOUT,
+};
 
 /// Smallest `--max-frame-bytes` that still fits a LOGIN: a kind byte and the 8-byte uid.
 const MIN_FRAME_BYTES: u32 = 9;
@@ -162,6 +167,9 @@ pub struct Config {
     /// case happen in a few frames (the hidden `--tls-record-limit`).
     #[doc(hidden)]
     pub tls_record_limit: Option<u64>,
+    /// Presence events delivered to a backend's URL, signed (`--webhook-url` and the rest
+    /// of `--webhook-*`); `None`: no relay.
+    pub webhook: Option<WebhookConfig>,
 }
 
 /// Default `--mqtt-max-subscriptions`: a device subscribes to a handful of topics; a few
@@ -203,6 +211,7 @@ impl Default for Config {
             mqtt_max_subscriptions: DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
             ws_keepalive_pings: true,
             tls_record_limit: None,
+            webhook: None,
         }
     }
 }
@@ -213,6 +222,17 @@ impl Config {
     /// Checks every value; the error names the flag at fault.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let whole_ms = |d: Duration| d.as_nanos().is_multiple_of(1_000_000);
+        if let Some(webhook) = &self.webhook {
+            webhook.validate()?;
+            if self.redis.is_some() {
+                // One relay for a cluster needs its lease and its acknowledged position in
+                // Redis; until that lands, a cluster node does not relay on its own.
+                return Err(ConfigError::new(
+                    "--webhook-url",
+                    "not yet with --redis: a cluster's relay (one node at a time, under a lease) is not built; follow GET /v1/events instead",
+                ));
+            }
+        }
         if let Err(e) = crate::proto::mqtt::check_topic_name(&self.mqtt_push_topic) {
             return Err(ConfigError::new("--mqtt-push-topic", e.to_string()));
         }

@@ -33,7 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::http::state::{State as Shared, EVENT_STREAMS_BYTES};
-use crate::presence::{session_hex, Batch, DirectoryError, Event, EventId, Located, NodeCount, Push, What};
+use crate::presence::{
+    session_hex, write_event_data, Batch, DirectoryError, Event, EventId, Located, NodeCount, Push, What,
+};
 use crate::proto::mqtt::check_topic_name;
 use crate::proto::{Device, EventKind};
 
@@ -459,39 +461,8 @@ fn format_batch(batch: &Batch, types: Types, node: &str) -> String {
 
 fn format_event(out: &mut String, event: &Event, node: &str) {
     use std::fmt::Write;
-    let Event { id, at_ms, uid, what } = event;
-    let _ = write!(out, "id: {id}\nevent: {}\ndata: ", what.name());
-    let device = |d: &Device| Value::String(d.as_str().into());
-    let _ = match what {
-        What::Online { session, device: d, node: at } => {
-            let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
-            let d = device(d);
-            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at},"at_ms":{at_ms}}}"#)
-        }
-        What::Offline { session, device: d, reason, will } => {
-            let d = device(d);
-            let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"reason":"{reason}""#);
-            if let Some(will) = will {
-                let topic = serde_json::Value::from(will.topic.as_ref());
-                let _ = write!(out, r#","will":{{"topic":{topic},"payload":""#);
-                BASE64.encode_string(&will.payload, out);
-                out.push_str("\"}");
-            }
-            write!(out, r#","at_ms":{at_ms}}}"#)
-        }
-        What::UserOnline => write!(out, r#"{{"uid":{uid},"at_ms":{at_ms}}}"#),
-        What::UserOffline { reason } => write!(out, r#"{{"uid":{uid},"reason":"{reason}","at_ms":{at_ms}}}"#),
-        What::Data { payload, topic } => {
-            let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
-            BASE64.encode_string(payload, out);
-            out.push('"');
-            if let Some(topic) = topic {
-                // Any UTF-8 a client chose: escaped as JSON.
-                let _ = write!(out, r#","topic":{}"#, serde_json::Value::from(topic.as_ref()));
-            }
-            write!(out, r#","at_ms":{at_ms}}}"#)
-        }
-    };
+    let _ = write!(out, "id: {}\nevent: {}\ndata: ", event.id, event.what.name());
+    write_event_data(out, event, node);
     out.push_str("\n\n");
 }
 

@@ -10,7 +10,8 @@
 mod process;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::config::Config;
@@ -40,6 +41,37 @@ const HANDSHAKE_BUCKETS: [f64; 12] = [5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.0
 
 use crate::proto::EventKind;
 
+/// How a webhook request ended (`idlegate_webhook_requests_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookResult {
+    /// A 2xx: the batch was acknowledged.
+    Ok,
+    /// Any other status.
+    Status,
+    /// No answer within `--webhook-timeout`.
+    Timeout,
+    /// The connection was refused, reset or never made.
+    Connect,
+    /// The TLS handshake failed (a certificate not trusted).
+    Tls,
+}
+
+impl WebhookResult {
+    /// Every result, in the order of their discriminants.
+    pub const ALL: [WebhookResult; 5] =
+        [WebhookResult::Ok, WebhookResult::Status, WebhookResult::Timeout, WebhookResult::Connect, WebhookResult::Tls];
+
+    fn label(self) -> &'static str {
+        match self {
+            WebhookResult::Ok => "ok",
+            WebhookResult::Status => "status",
+            WebhookResult::Timeout => "timeout",
+            WebhookResult::Connect => "connect",
+            WebhookResult::Tls => "tls",
+        }
+    }
+}
+
 /// The gateway's metrics; see the module documentation.
 pub struct Metrics {
     registry: Registry,
@@ -68,6 +100,14 @@ pub struct Metrics {
     pub ring_expired: IntCounter,
     /// uids in the ring; equals online users when healthy.
     pub ring_tracked: IntGauge,
+    /// Webhook requests, by [`WebhookResult`].
+    webhook_requests: Vec<IntCounter>,
+    /// Events webhook receivers acknowledged.
+    pub webhook_events: IntCounter,
+    /// Age of the oldest event the relay read and a receiver has not acknowledged.
+    pub webhook_lag_seconds: Gauge,
+    /// Events the relay read and a receiver has not acknowledged.
+    pub webhook_backlog: IntGauge,
     silence: Vec<IntGauge>,
     /// Time to sweep the slots of one tick, notifications included.
     pub sweep_duration: Histogram,
@@ -219,6 +259,22 @@ impl Metrics {
             "uids taken out of the ring by sweeps; closes for idle_timeout are at most this, the difference being \
              clients that left (logout, disconnect) between the sweep and their close",
         );
+        let webhook_vec = IntCounterVec::new(
+            Opts::new("idlegate_webhook_requests_total", "webhook deliveries attempted, by result"),
+            &["result"],
+        )
+        .expect("valid counter vec");
+        let webhook_requests = WebhookResult::ALL.iter().map(|r| webhook_vec.with_label_values(&[r.label()])).collect();
+        reg(Box::new(webhook_vec));
+        let webhook_events = counter("idlegate_webhook_events_total", "events webhook receivers acknowledged");
+        let webhook_lag_seconds = Gauge::new(
+            "idlegate_webhook_lag_seconds",
+            "age of the oldest event the webhook relay read and no receiver acknowledged yet (0 when none)",
+        )
+        .expect("valid gauge");
+        reg(Box::new(webhook_lag_seconds.clone()));
+        let webhook_backlog =
+            gauge("idlegate_webhook_backlog_events", "events the webhook relay read and no receiver acknowledged yet");
         let ring_tracked = gauge(
             "idlegate_ring_tracked_uids",
             "sessions in the ring, one per device of each online uid (equals idlegate_online_sessions when healthy)",
@@ -357,6 +413,10 @@ impl Metrics {
             frames,
             ring_expired,
             ring_tracked,
+            webhook_requests,
+            webhook_events,
+            webhook_lag_seconds,
+            webhook_backlog,
             silence,
             sweep_duration,
             expired_per_sweep,
@@ -419,6 +479,11 @@ impl Metrics {
     /// Handshakes on `transport` that ended with `result`.
     pub fn handshakes(&self, transport: Transport, result: &str) -> u64 {
         HANDSHAKE_RESULTS.iter().position(|r| *r == result).map_or(0, |i| self.handshakes[transport.index()][i].get())
+    }
+
+    /// Counts a webhook request by its result.
+    pub fn webhook_request(&self, result: WebhookResult) {
+        self.webhook_requests[result as usize].inc();
     }
 
     /// Counts a closed connection.

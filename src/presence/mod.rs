@@ -6,12 +6,14 @@
 //! gateway, `outbox` holds pushes until its connection takes them and `subscriptions` says
 //! which pushes an MQTT session takes; `events` is the ordering lock every online, offline
 //! and data event goes through, into this process's `local_log` or a cluster's store;
+//! `event_json` writes an event's data as the event stream and webhooks carry it;
 //! `directory` answers presence questions for the backend API, whether from this process or
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
 
 mod backplane;
 mod clock;
 mod directory;
+mod event_json;
 mod events;
 mod local_log;
 mod outbox;
@@ -25,6 +27,7 @@ pub(crate) use backplane::Backplane;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
+pub use event_json::write_data as write_event_data;
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
 pub use outbox::{Outboxes, Push, Pushed, Reach};
 pub use registry::{Registry, Touched};

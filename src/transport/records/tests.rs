@@ -313,3 +313,27 @@ fn a_key_update_with_an_unknown_request_gets_illegal_parameter() {
         rustls::Error::AlertReceived(rustls::AlertDescription::IllegalParameter)
     );
 }
+
+/// A client's sequence numbers never wrap: past rustls's hard limit the session ends
+/// instead of opening a record under a nonce used before (the counter was unchecked).
+#[test]
+fn the_clients_sequence_number_never_wraps() {
+    let (_client, mut tls) = session(cipher_suite::TLS13_AES_128_GCM_SHA256);
+    let Tls::Records(records) = &mut tls else { panic!() };
+    records.rx.seq = SEQ_HARD_LIMIT - 1;
+    let mut sent = sealed_by_client(records, APPLICATION_DATA, &[b"last"]);
+    let (mut plain, mut wire) = (BytesMut::new(), BytesMut::new());
+    let e = records.open(&mut sent, &mut plain, &mut wire).unwrap_err();
+    assert_eq!(e.alert, Some(INTERNAL_ERROR), "{e}");
+}
+
+/// Our own counter changes keys before rustls's soft limit even where the suite sets no
+/// confidentiality limit (ChaCha20-Poly1305's is u64::MAX).
+#[test]
+fn every_suite_changes_keys_before_the_counters_soft_limit() {
+    for suite in [cipher_suite::TLS13_CHACHA20_POLY1305_SHA256, cipher_suite::TLS13_AES_256_GCM_SHA384] {
+        let (_client, tls) = session(suite);
+        let Tls::Records(records) = &tls else { panic!() };
+        assert!(records.limit <= SEQ_SOFT_LIMIT, "{suite:?}: {}", records.limit);
+    }
+}

@@ -1,0 +1,49 @@
+//! An event's data as JSON: what `/v1/events` carries after `data:` and what a webhook
+//! delivery carries beside the event's `id` and `type`, written by one function so the two
+//! never differ.
+
+use std::fmt::Write;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use serde_json::Value;
+
+use crate::presence::{Event, What};
+use crate::proto::Device;
+
+/// Appends `event`'s data object to `out`. `node` is this node's id, already JSON-quoted:
+/// an `online` of this node names it.
+pub fn write_data(out: &mut String, event: &Event, node: &str) {
+    let Event { uid, what, at_ms, .. } = event;
+    let device = |d: &Device| Value::String(d.as_str().into());
+    let _ = match what {
+        What::Online { session, device: d, node: at } => {
+            let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
+            let d = device(d);
+            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at},"at_ms":{at_ms}}}"#)
+        }
+        What::Offline { session, device: d, reason, will } => {
+            let d = device(d);
+            let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"reason":"{reason}""#);
+            if let Some(will) = will {
+                let topic = Value::from(will.topic.as_ref());
+                let _ = write!(out, r#","will":{{"topic":{topic},"payload":""#);
+                BASE64.encode_string(&will.payload, out);
+                out.push_str("\"}");
+            }
+            write!(out, r#","at_ms":{at_ms}}}"#)
+        }
+        What::UserOnline => write!(out, r#"{{"uid":{uid},"at_ms":{at_ms}}}"#),
+        What::UserOffline { reason } => write!(out, r#"{{"uid":{uid},"reason":"{reason}","at_ms":{at_ms}}}"#),
+        What::Data { payload, topic } => {
+            let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
+            BASE64.encode_string(payload, out);
+            out.push('"');
+            if let Some(topic) = topic {
+                // Any UTF-8 a client chose: escaped as JSON.
+                let _ = write!(out, r#","topic":{}"#, Value::from(topic.as_ref()));
+            }
+            write!(out, r#","at_ms":{at_ms}}}"#)
+        }
+    };
+}
