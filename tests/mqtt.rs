@@ -239,21 +239,32 @@ async fn malformed_packets_close_only_their_own_connection() {
 }
 
 #[tokio::test]
-async fn mosquitto_pub_comes_in_over_mqtts() {
+async fn mosquitto_pub_comes_in_over_mqtts_on_every_suite() {
     let Some(()) = clients() else { return };
     let (mut server, ca, _dir) = common::tls::server_with(config()).await;
     let Some(ca) = ca else { return };
     let (_, mut events) = Sse::open(server.api, "/v1/events?types=data", &[]).await;
     let port = server.mqtts.unwrap().port().to_string();
-    let out = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port, "--cafile", &ca.cert, "--insecure"])
-        .args(["-u", "44", "-k", "5", "-q", "1", "-t", "t", "-m", "over tls"])
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let data = events.expect("data", 44).await;
-    assert_eq!(data.data["payload"], json!(BASE64.encode("over tls")));
+    // TLS 1.3 (OpenSSL's choice of suite), then each TLS 1.2 suite the door offers.
+    let runs: [&[&str]; 4] = [
+        &["--tls-version", "tlsv1.3"],
+        &["--tls-version", "tlsv1.2", "--ciphers", "ECDHE-ECDSA-AES128-GCM-SHA256"],
+        &["--tls-version", "tlsv1.2", "--ciphers", "ECDHE-ECDSA-AES256-GCM-SHA384"],
+        &["--tls-version", "tlsv1.2", "--ciphers", "ECDHE-ECDSA-CHACHA20-POLY1305"],
+    ];
+    for (uid, tls) in (44..).zip(runs) {
+        let message = format!("over {}", tls.join(" "));
+        let out = Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port, "--cafile", &ca.cert, "--insecure"])
+            .args(tls)
+            .args(["-u", &uid.to_string(), "-k", "5", "-q", "1", "-t", "t", "-m", &message])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{tls:?}: {out:?}");
+        let data = events.expect("data", uid).await;
+        assert_eq!(data.data["payload"], json!(BASE64.encode(&message)), "{tls:?}");
+    }
     server.shutdown().await;
 }
 
