@@ -78,6 +78,10 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
         "idlegate_handshake_duration_seconds_bucket",
         "idlegate_tls_reloads_total",
         "idlegate_tls_cert_expiry_timestamp_seconds",
+        "idlegate_webhook_requests_total",
+        "idlegate_webhook_events_total",
+        "idlegate_webhook_lag_seconds",
+        "idlegate_webhook_backlog_events",
     ] {
         assert!(exported.contains(required), "{required} is not exported");
     }
