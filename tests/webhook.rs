@@ -177,6 +177,10 @@ async fn events_arrive_signed_in_order_and_in_batches_starting_with_start() {
     eventually(&server, "idlegate_webhook_events_total", |v| v == acknowledged).await;
     eventually(&server, "idlegate_webhook_requests_total{result=\"ok\"}", |v| v == requests.len() as f64).await;
     eventually(&server, "idlegate_webhook_lag_seconds", |v| v == 0.0).await;
+    // The status page shows the lag (null without a relay).
+    let (_, status) = common::http_get(server.admin, "/status.json").await;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["webhook_lag_ms"], 0, "{status}");
     server.shutdown().await;
 }
 

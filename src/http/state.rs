@@ -61,6 +61,8 @@ pub(crate) struct Settings {
     pub(crate) tls: Option<Arc<TlsIdentity>>,
     pub(crate) admin_tls: bool,
     pub(crate) api_tls: bool,
+    /// Whether a webhook relay runs (`--webhook-url`): the status page shows its lag.
+    pub(crate) webhook: bool,
     /// The bearer token the API and the event stream require (`--api-token`).
     pub(crate) api_token: Option<String>,
     pub(crate) max_push_bytes: usize,
@@ -95,6 +97,7 @@ impl Settings {
             tls: config.tls.clone(),
             admin_tls: config.admin_tls,
             api_tls: config.api_tls,
+            webhook: config.webhook.is_some(),
             api_token: config.api_token.clone(),
             max_push_bytes: config.max_push_bytes(),
             push_topic: Arc::from(config.mqtt_push_topic.as_str()),

@@ -109,6 +109,8 @@ pub(crate) async fn summary(
         "closes": closes,
         "closes_per_s": closes_per_s,
         "api_token_required": config.api_token.is_some(),
+        // The age of the oldest event no webhook receiver acknowledged yet; null without one.
+        "webhook_lag_ms": config.webhook.then(|| (metrics.webhook_lag_seconds.get() * 1000.0).round() as u64),
         "nodes": nodes,
     }))
 }
