@@ -261,6 +261,36 @@ async fn a_receiver_that_resets_connections_a_while_gets_a_gap_then_everything_i
     server.shutdown().await;
 }
 
+/// An `https://` receiver whose certificate chains to `--webhook-ca-file` is delivered to;
+/// one the relay cannot trust gets nothing, and the refusals count as `tls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_receivers_are_verified_against_the_system_roots_and_the_ca_file() {
+    if !ready() || common::find_on_path(&["openssl"]).is_none() {
+        return skip_without("node, standardwebhooks and openssl", INSTALL);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::tls::TestCa::new(dir.path());
+    let (cert, key) = ca.leaf("receiver");
+    let (newest, _, file) = secrets();
+    std::fs::write(dir.path().join("secrets"), file).unwrap();
+    let tls = [("TLS_CERT", cert.as_str()), ("TLS_KEY", key.as_str())];
+    for trusted in [true, false] {
+        let mut receiver = Receiver::start(0, &newest, &tls).await;
+        let url = format!("https://localhost:{}/hook", receiver.port);
+        let ca_file = trusted.then(|| std::path::PathBuf::from(&ca.cert));
+        let mut server = TestServer::start(config(url, &dir.path().join("secrets"), |w| w.ca_file = ca_file)).await;
+        let _client = login(&server, 1).await;
+        if trusted {
+            let requests = receiver.until(is("user_online", 1)).await;
+            assert!(requests.iter().all(|r| r["verified"] == true));
+        } else {
+            eventually(&server, "idlegate_webhook_requests_total{result=\"tls\"}", |v| v >= 2.0).await;
+            eventually(&server, "idlegate_webhook_requests_total{result=\"ok\"}", |v| v == 0.0).await;
+        }
+        server.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_delivers_the_offline_events_it_causes() {
     if !ready() {

@@ -260,12 +260,15 @@ fn classify(e: &reqwest::Error) -> WebhookResult {
     // chain of a connect error.
     let mut source: Option<&dyn std::error::Error> = Some(e);
     while let Some(error) = source {
-        // An io::Error's source skips the error it wraps: looked at too.
-        let wrapped = error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
-        if error.is::<rustls::Error>() || wrapped.is_some_and(|inner| inner.is::<rustls::Error>()) {
+        if error.is::<rustls::Error>() {
             return WebhookResult::Tls;
         }
-        source = error.source();
+        // An io::Error's `source` skips the error it wraps (hyper-rustls wraps rustls's
+        // error in two of them): the walk goes into the wrapped one instead.
+        source = match error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(wrapped) => Some(wrapped as &dyn std::error::Error),
+            None => error.source(),
+        };
     }
     WebhookResult::Connect
 }

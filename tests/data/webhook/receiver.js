@@ -7,6 +7,7 @@
 //      FAIL_MODE   how: `status` (answer 500), `hang` (never answer) or `reset` (reset the
 //                  connection)
 //      HOLD_FILE   while this file exists, every request is reset unread
+//      TLS_CERT, TLS_KEY  serve HTTPS with this certificate chain and key (PEM files)
 "use strict";
 const http = require("http");
 const { Webhook } = require("standardwebhooks");
@@ -20,7 +21,7 @@ let attempt = 0;
 const fs = require("fs");
 const hold = process.env.HOLD_FILE;
 
-const server = http.createServer((req, res) => {
+const handler = (req, res) => {
   if (hold && fs.existsSync(hold)) {
     req.socket.destroy();
     return;
@@ -60,7 +61,13 @@ const server = http.createServer((req, res) => {
     res.writeHead(failing ? 500 : 204);
     res.end();
   });
-});
+};
+const server = process.env.TLS_CERT
+  ? require("https").createServer(
+      { cert: fs.readFileSync(process.env.TLS_CERT), key: fs.readFileSync(process.env.TLS_KEY) },
+      handler,
+    )
+  : http.createServer(handler);
 server.listen(port, "127.0.0.1", () => {
   process.stdout.write(`LISTENING ${server.address().port}\n`);
 });
