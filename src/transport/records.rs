@@ -295,7 +295,7 @@ impl Records {
                 return Ok(false);
             }
             let (content_type, range) = self.decrypt(&mut raw[..HEADER + len])?;
-            let payload = &raw[range];
+            let payload = &raw[range.clone()];
             if payload.len() > MAX_PLAINTEXT {
                 return Err(fatal(RECORD_OVERFLOW, "a record's plaintext over 16 KiB"));
             }
@@ -346,8 +346,8 @@ impl Records {
                 other => return Err(fatal(UNEXPECTED_MESSAGE, format!("a record of content type {other}"))),
             }
             // The plaintext was decrypted in place: wiped before the buffer is reused (a
-            // LOGIN's token, an MQTT password).
-            raw[..HEADER + len].zeroize();
+            // LOGIN's token, an MQTT password). The header and the tag are no secret.
+            raw[range].zeroize();
             raw.advance(HEADER + len);
         }
         // After close_notify, whatever follows is ignored (RFC 8446 §6.1).

@@ -129,9 +129,9 @@ impl WebSocket {
 
     /// The close frame of the refusal that ended the connection, without the door's BYE
     /// before it; nothing if a close frame went out already.
-    pub(crate) fn close_frame(&mut self, why: &str, out: &mut BytesMut) {
+    pub(crate) fn close_frame(&mut self, out: &mut BytesMut) {
         if self.refusal != CLOSED && self.upgrade.is_none() {
-            put_close(out, Some(self.refusal), why);
+            put_close(out, Some(self.refusal), "");
             self.refusal = CLOSED;
         }
     }
@@ -429,7 +429,7 @@ impl EchoFraming {
                 Ok(None) => return Ok(()),
                 Err((reason, why)) => {
                     if self.0.ready() {
-                        self.0.close_frame("", out);
+                        self.0.close_frame(out);
                     } else {
                         self.0.encode(&Frame::Bye { reason, text: why.clone() }, out);
                     }
