@@ -178,6 +178,11 @@ struct ServeArgs {
     /// The longest wait between webhook retries (they back off from 100ms, with jitter).
     #[arg(long, env = "IDLEGATE_WEBHOOK_MAX_BACKOFF", default_value = "1m", value_parser = humantime::parse_duration)]
     webhook_max_backoff: Duration,
+    /// How long a uid's user_offline waits after its last session ended: a login within it
+    /// hides both that user_offline and the next user_online (a quick reconnect). A whole
+    /// number of ticks, at most 5m; 0s: none.
+    #[arg(long, env = "IDLEGATE_OFFLINE_GRACE", default_value = "0s", value_parser = humantime::parse_duration)]
+    offline_grace: Duration,
     /// This gateway's name in presence answers and online events [default: the host name].
     #[arg(long, env = "IDLEGATE_NODE_ID")]
     node_id: Option<String>,
@@ -398,6 +403,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_data_burst: args.max_data_burst,
         auth: auth(&args),
         drain_timeout: args.drain_timeout,
+        offline_grace: args.offline_grace,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
         api_token: api_token(&args),
         event_log_capacity: args.event_log_capacity,

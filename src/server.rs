@@ -115,6 +115,7 @@ impl Server {
                 min_replicas: config.redis_min_replicas,
                 max_devices: config.max_devices,
                 push_topic: Arc::from(config.mqtt_push_topic.as_str()),
+                offline_grace: config.offline_grace,
             };
             let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
             Joining::new(target, settings, metrics.clone(), capacity, bytes)
@@ -123,9 +124,11 @@ impl Server {
         if let Some(joining) = &joining {
             events = events.replicating_to(joining.replica());
         }
-        let registry =
-            Arc::new(Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone()));
         let clock = Clock::new(Instant::now(), config.tick);
+        let registry = Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone());
+        // A cluster's graces live in Redis, where they outlive the node that began them.
+        let grace = if joining.is_some() { 0 } else { config.grace_ticks() };
+        let registry = Arc::new(registry.with_offline_grace(grace, clock));
         // The one line that picks the backplane: Redis with `--redis`, none alone.
         let backplane = joining.map(|joining| joining.join(registry.clone(), clock) as Arc<dyn Backplane>);
         let directory: Arc<dyn Directory> = match &backplane {

@@ -70,6 +70,16 @@ impl ClusterDirectory {
             .collect())
     }
 
+    /// For each uid, when its offline grace ends (Redis's unix ms), while it is in one.
+    async fn graces(&self, uids: &[u64]) -> Result<Vec<Option<u64>>, StoreError> {
+        let mut cmd = redis::cmd("ZMSCORE");
+        cmd.arg(keys::GRACE).arg(uids);
+        let answer = self.cluster.send_control(vec![cmd]).await?;
+        let scores: Vec<Option<f64>> =
+            answer.into_iter().next().and_then(|v| redis::from_redis_value(v).ok()).unwrap_or_default();
+        Ok(uids.iter().enumerate().map(|(i, _)| scores.get(i).copied().flatten().map(|ms| ms as u64)).collect())
+    }
+
     /// For each uid, the members holding its sessions now (each once) and whether they
     /// answer: this member only for sessions its registry holds, another only while its
     /// lease lives.
@@ -193,13 +203,22 @@ impl Directory for ClusterDirectory {
         .boxed()
     }
 
+    fn grace_until(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>> {
+        async move { Ok(self.graces(&[uid]).await?.pop().flatten()) }.boxed()
+    }
+
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
         async move {
             if uids.is_empty() {
                 return Ok(Vec::new());
             }
             let routes = self.routes(uids).await?;
-            Ok(self.owners(uids, &routes).await?.into_iter().map(|o| !o.is_empty()).collect())
+            let mut online: Vec<bool> = self.owners(uids, &routes).await?.into_iter().map(|o| !o.is_empty()).collect();
+            if !self.cluster.settings.offline_grace.is_zero() {
+                let graces = self.graces(uids).await?;
+                online.iter_mut().zip(graces).for_each(|(on, grace)| *on |= grace.is_some());
+            }
+            Ok(online)
         }
         .boxed()
     }
@@ -227,6 +246,11 @@ impl Directory for ClusterDirectory {
                 count.online += node.online;
                 count.connections += node.connections;
                 count.nodes.push(node);
+            }
+            if !self.cluster.settings.offline_grace.is_zero() {
+                // uids in their grace belong to no node: the total counts them, no node does.
+                let card = self.cluster.send_control(vec![redis::Cmd::zcard(keys::GRACE)]).await?;
+                count.online += card.first().and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok()).unwrap_or(0);
             }
             Ok(count)
         }

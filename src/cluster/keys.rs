@@ -26,6 +26,13 @@ pub(crate) const EVENTS_LAST: &str = "{idlegate}:events:last";
 /// `user_offline`, in the same script as the session events.
 pub(crate) const USERS: &str = "{idlegate}:users";
 
+/// Sorted set uid -> when its offline grace ends (Redis's unix ms): uids with no session
+/// whose `user_offline` waits (`--offline-grace`).
+pub(crate) const GRACE: &str = "{idlegate}:grace";
+
+/// Hash uid -> `<reason>|<ended_ms>` of each uid in [`GRACE`]: what its `user_offline` says.
+pub(crate) const GRACE_WHY: &str = "{idlegate}:grace:why";
+
 /// Set of members that have announced themselves and not yet left or been reaped.
 pub(crate) const MEMBERS: &str = "{idlegate}:members";
 
@@ -174,7 +181,7 @@ mod tests {
         assert_eq!(parse_field("7/tab/2"), Some((7, tab)));
         assert_eq!(parse_field("7"), Some((7, crate::proto::Device::DEFAULT)));
         assert_eq!(parse_field("x/y"), None);
-        for key in [EVENTS.to_string(), MEMBERS.to_string(), lease("m"), sessions("m"), inbox("m"), reaped("m")] {
+        for key in [EVENTS.to_string(), GRACE.to_string(), GRACE_WHY.to_string(), MEMBERS.to_string(), lease("m"), sessions("m"), inbox("m"), reaped("m")] {
             assert!(key.starts_with("{idlegate}:"), "{key}");
         }
     }

@@ -73,10 +73,48 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 continue;
             }
         }
+        if !cluster.settings.offline_grace.is_zero() {
+            if let Err(e) = release_graces(&cluster).await {
+                tracing::debug!(error = %e, "releasing offline graces failed; trying again next tick");
+            }
+        }
         if cluster.health.stable_for(cluster.settings.lease) {
             if let Err(e) = reap_dead(&cluster, &stop).await {
                 tracing::warn!(error = %e, "reaping dead nodes failed; trying again next tick");
             }
+        }
+    }
+}
+
+/// uids one `RELEASE` call logs offline at most: a reconnect storm's graces run out over a
+/// few calls, each a short step for Redis.
+const RELEASE_STEP: usize = 1000;
+
+/// Logs the `user_offline` of every uid whose offline grace ran out, whichever node began
+/// it. Every node runs it every tick: each grace ends exactly once (the script's `ZREM`),
+/// within a tick of its end while any node lives.
+async fn release_graces(cluster: &Cluster) -> Result<(), StoreError> {
+    let script = &cluster.scripts.release;
+    loop {
+        let (released, epoch): (u64, redis::Value) = cluster
+            .call(1, |mut conn| async move {
+                let answer = script
+                    .key(keys::GRACE)
+                    .key(keys::GRACE_WHY)
+                    .key(keys::EVENTS)
+                    .key(keys::EVENTS_LAST)
+                    .key(keys::USERS)
+                    .arg(RELEASE_STEP)
+                    .arg(cluster.settings.stream_cap)
+                    .arg(cluster.settings.stream_bytes)
+                    .invoke_async(&mut conn)
+                    .await?;
+                Ok(answer)
+            })
+            .await?;
+        cluster.saw_epoch(keys::epoch_of(&epoch));
+        if released < RELEASE_STEP as u64 {
+            return Ok(());
         }
     }
 }
@@ -200,11 +238,14 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .key(keys::unroute(member))
                 .key(keys::USERS)
                 .key(keys::wills(member))
+                .key(keys::GRACE)
+                .key(keys::GRACE_WHY)
                 .arg(cursor)
                 .arg(REAP_STEP)
                 .arg(cluster.settings.stream_cap)
                 .arg(cluster.settings.stream_bytes)
                 .arg(crate::presence::unix_ms_now())
+                .arg(cluster.settings.offline_grace.as_millis() as u64)
                 .invoke_async(&mut conn)
                 .await?;
             Ok(answer)

@@ -69,6 +69,9 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   function e.epoch()
     return epoch
   end
+  function e.now()
+    return now
+  end
   function e.save()
     local len = redis.call('XLEN', stream)
     while len > maxlen or bytes > maxbytes do
@@ -107,6 +110,30 @@ local function take_will(key, f, s)
   return string.sub(w, bar + 1, z - 1), string.sub(w, z + 1)
 end
 
+-- A uid's last session across the cluster ended (for reason r, at ms at): its user_offline
+-- now, or with an offline grace (grace_ms > 0) held in the grace set (gk: uid -> when the
+-- grace ends, by Redis's clock) with its reason and ending (wk: uid -> `<r>|<at>`), for
+-- RELEASE to log once the grace ran out, unless the uid logs in first (`user_back`).
+-- Redis holds it, so it outlives the node whose session ended.
+local function user_gone(ev, gk, wk, uid, r, at, grace_ms)
+  if grace_ms > 0 then
+    redis.call('ZADD', gk, ev.now() + grace_ms, uid)
+    redis.call('HSET', wk, uid, r .. '|' .. at)
+  else
+    ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'at', at)
+  end
+end
+
+-- A login takes a uid from no session to one: true if it came back within its grace (no
+-- user event either way), false for a user_online.
+local function user_back(gk, wk, uid)
+  if redis.call('ZREM', gk, uid) == 1 then
+    redis.call('HDEL', wk, uid)
+    return true
+  end
+  return false
+end
+
 -- An offline event, with the session's will when it has one.
 local function emit_offline(ev, uid, s, d, r, at, wt, wp)
   if wt then
@@ -125,9 +152,10 @@ end
 /// the session events they follow.
 ///
 /// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
-/// the member's reaped marker, the users hash, the member's wills. ARGV: member, node name, batch number, the
-/// number of the member's batch applied before it (0 for none), stream cap, stream byte cap,
-/// data events dropped before this batch, then six per change (the last is the device name,
+/// the member's reaped marker, the users hash, the member's wills, the grace set and its
+/// reasons. ARGV: member, node name, batch number, the number of the member's batch applied
+/// before it (0 for none), stream cap, stream byte cap, data events dropped before this
+/// batch, the offline grace in ms (0: none), then six per change (the last is the device name,
 /// empty for the default device):
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
 ///   the route named before (or empty): a relogin of the device elsewhere, or the oldest
@@ -155,7 +183,9 @@ end
 /// `user_offline` the `offline` that leaves it none. An ending that makes room for a login
 /// (a takeover, a plain `E`) owes its `user_offline` only until the batch ends: the login
 /// that replaces it, announced in the same batch, is no user-level transition and settles
-/// it; otherwise the batch ends by logging it.
+/// it; otherwise the batch ends by logging it. With an offline grace, a `user_offline` is
+/// held in the grace set instead (`user_gone`), and a login that finds its uid there takes
+/// it out and is no `user_online` (`user_back`).
 ///
 /// Returns `{status, epoch, dropped}`: status -1 if the member was reaped (nothing changed),
 /// 0 for a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
@@ -183,6 +213,7 @@ if applied < prev then
 end
 ev.skip(tonumber(ARGV[7]))
 local me, node = ARGV[1], ARGV[2]
+local grace_ms = tonumber(ARGV[8])
 local function field(uid, d)
   if d == '' then return uid end
   return uid .. '/' .. d
@@ -199,7 +230,7 @@ local function owe(uid, r, at)
   if not owed[uid] then owed_order[#owed_order + 1] = uid end
   owed[uid] = {r, at}
 end
-for i = 8, #ARGV, 6 do
+for i = 9, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   -- What rides after a '|' in the kind: a data event's topic, an offline event's will.
   local extra = nil
@@ -244,7 +275,7 @@ for i = 8, #ARGV, 6 do
         if owed[uid] then
           -- It replaces the session whose end owed the user_offline: no transition.
           owed[uid] = nil
-        else
+        elseif not user_back(KEYS[8], KEYS[9], uid) then
           ev.emit('t', 'user_online', 'uid', uid, 'at', at)
         end
       end
@@ -265,7 +296,7 @@ for i = 8, #ARGV, 6 do
       if n <= 0 then
         if user then
           owed[uid] = nil
-          ev.emit('t', 'user_offline', 'uid', uid, 'r', x, 'at', at)
+          user_gone(ev, KEYS[8], KEYS[9], uid, x, at, grace_ms)
         else
           owe(uid, x, at)
         end
@@ -290,13 +321,43 @@ end
 for _, uid in ipairs(owed_order) do
   local o = owed[uid]
   if o and tonumber(redis.call('HGET', KEYS[6], uid) or '0') <= 0 then
-    ev.emit('t', 'user_offline', 'uid', uid, 'r', o[1], 'at', o[2])
+    user_gone(ev, KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms)
   end
 end
 ev.save()
 local lost = table.concat(dropped, ',')
 redis.call('SET', dropped_key, lost)
 return {status, ev.epoch(), lost}
+"#;
+
+/// Logs the `user_offline` of up to ARGV[1] uids whose offline grace ran out by Redis's
+/// clock, oldest first, each with its last session's reason and ending (`e`). Every node
+/// calls it every tick; the `ZREM` inside one atomic step is what makes each `user_offline`
+/// exactly once, and a grace outlives whichever node began it.
+///
+/// KEYS: the grace set, its reasons, the stream, its last-id hash, the users hash. ARGV:
+/// count, stream cap, stream byte cap. Returns `{uids taken, epoch or ''}`.
+const RELEASE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if #due == 0 then return {0, ''} end
+local ev = emitter(KEYS[3], KEYS[4], ARGV[2], ARGV[3])
+local released = 0
+for _, uid in ipairs(due) do
+  redis.call('ZREM', KEYS[1], uid)
+  local why = redis.call('HGET', KEYS[2], uid) or ''
+  redis.call('HDEL', KEYS[2], uid)
+  local r, at = string.match(why, '^([^|]*)|(%d+)$')
+  -- A uid with a session again came back without a login taking it out (only if Redis
+  -- lost writes between the two): it never went offline.
+  if tonumber(redis.call('HGET', KEYS[5], uid) or '0') <= 0 then
+    ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or now, 'at', now)
+    released = released + 1
+  end
+end
+ev.save()
+return {#due, ev.epoch()}
 "#;
 
 /// Claims the reaping of a member whose lease ran out, or renews this node's claim, and
@@ -322,7 +383,9 @@ return 1
 /// log one twice.
 ///
 /// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash,
-/// the users hash, the member's wills (an MQTT session's goes in its `node_lost`). ARGV: cursor, count, stream cap, stream byte cap, unix ms. Returns
+/// the users hash, the member's wills (an MQTT session's goes in its `node_lost`), the
+/// grace set and its reasons. ARGV: cursor, count, stream cap, stream byte cap, unix ms,
+/// the offline grace in ms (a `user_offline` waits it out as after any ending). Returns
 /// `{next cursor, sessions left, sessions reaped, epoch}`.
 const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
@@ -339,7 +402,7 @@ for i = 1, #found, 2 do
     local n = redis.call('HINCRBY', KEYS[5], uid, -1)
     if n <= 0 then
       redis.call('HDEL', KEYS[5], uid)
-      ev.emit('t', 'user_offline', 'uid', uid, 'r', 'node_lost', 'at', ARGV[5])
+      user_gone(ev, KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]))
     end
     redis.call('HSET', KEYS[4], found[i], found[i + 1])
     reaped = reaped + 1
@@ -461,6 +524,7 @@ pub(crate) struct Scripts {
     pub lease: Script,
     pub route_set: Script,
     pub route_del: Script,
+    pub release: Script,
 }
 
 // === impl Scripts ===
@@ -475,11 +539,12 @@ impl Scripts {
             lease: Script::new(LEASE),
             route_set: Script::new(ROUTE_SET),
             route_del: Script::new(ROUTE_DEL),
+            release: with_emit(RELEASE),
         }
     }
 
     /// Every script, for `SCRIPT LOAD` on every master before pipelines call them by hash.
-    pub(crate) fn all(&self) -> [&Script; 6] {
-        [&self.apply, &self.claim, &self.reap, &self.lease, &self.route_set, &self.route_del]
+    pub(crate) fn all(&self) -> [&Script; 7] {
+        [&self.apply, &self.claim, &self.reap, &self.lease, &self.route_set, &self.route_del, &self.release]
     }
 }

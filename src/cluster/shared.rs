@@ -54,6 +54,9 @@ pub(crate) struct Settings {
     /// The topic a push names none (`--mqtt-push-topic`): every node must be started with
     /// the same.
     pub push_topic: Arc<str>,
+    /// How long a uid's `user_offline` waits after its last session across the cluster
+    /// ended (`--offline-grace`): every node must be started with the same.
+    pub offline_grace: Duration,
 }
 
 /// This node in the cluster; see the module documentation.

@@ -184,6 +184,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let mut kind = None;
     let (mut uid, mut session, mut at_ms) = (None, None, 0);
     let (mut reason, mut node, mut payload, mut device) = (None, None, None, None::<Device>);
+    let mut ended_ms = None;
     let mut topic = None;
     let (mut will_topic, mut will_payload) = (None, None);
     for (name, value) in fields {
@@ -194,6 +195,8 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "uid" => uid = text().parse::<u64>().ok(),
             "s" => session = u64::from_str_radix(&text(), 16).ok(),
             "at" => at_ms = text().parse().unwrap_or(0),
+            // When the last session ended, on a `user_offline` that waited out a grace.
+            "e" => ended_ms = text().parse().ok(),
             "r" => reason = CloseReason::from_label(&text()),
             "node" => node = Some(Arc::<str>::from(text())),
             "p" => payload = Some(Bytes::from(bytes)),
@@ -217,7 +220,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will }
         }
         Ok(EventKind::UserOnline) => What::UserOnline,
-        Ok(EventKind::UserOffline) => What::UserOffline { reason: reason? },
+        Ok(EventKind::UserOffline) => What::UserOffline { reason: reason?, ended_ms: ended_ms.unwrap_or(at_ms) },
         Ok(EventKind::Data) => What::Data { payload: payload.unwrap_or_default(), topic },
         Err(e) => {
             // A newer node's kind this one does not know: skipped, and said.

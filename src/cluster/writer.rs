@@ -350,10 +350,21 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
 fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
     let wills = keys::wills(member);
-    let keys = [&*sessions, keys::EVENTS, keys::EVENTS_LAST, &applied, &reaped, keys::USERS, &wills];
+    let keys = [
+        &*sessions,
+        keys::EVENTS,
+        keys::EVENTS_LAST,
+        &applied,
+        &reaped,
+        keys::USERS,
+        &wills,
+        keys::GRACE,
+        keys::GRACE_WHY,
+    ];
     let mut cmd = evalsha(&cluster.scripts.apply, &keys);
     cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
     cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes).arg(batch.dropped);
+    cmd.arg(cluster.settings.offline_grace.as_millis() as u64);
     let mut replaced = replaced.iter();
     for op in &batch.ops {
         match op {

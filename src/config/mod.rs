@@ -170,7 +170,16 @@ pub struct Config {
     /// Presence events delivered to a backend's URL, signed (`--webhook-url` and the rest
     /// of `--webhook-*`); `None`: no relay.
     pub webhook: Option<WebhookConfig>,
+    /// How long a uid's `user_offline` waits after its last session ended
+    /// (`--offline-grace`): a login within it cancels both that `user_offline` and the
+    /// `user_online` it would have caused. Zero: user events follow session events at once.
+    pub offline_grace: Duration,
 }
+
+/// Longest `--offline-grace`: a reconnect after a network switch takes seconds; a grace of
+/// minutes already hides a user who truly left, and every uid in grace is held in memory
+/// (or in Redis) for all of it.
+pub const MAX_OFFLINE_GRACE: Duration = Duration::from_secs(300);
 
 /// Default `--mqtt-max-subscriptions`: a device subscribes to a handful of topics; a few
 /// hundred leaves room for any real client while a push's match stays a short scan and a
@@ -212,6 +221,7 @@ impl Default for Config {
             ws_keepalive_pings: true,
             tls_record_limit: None,
             webhook: None,
+            offline_grace: Duration::ZERO,
         }
     }
 }
@@ -315,10 +325,26 @@ impl Config {
                 ));
             }
         }
+        if self.offline_grace > MAX_OFFLINE_GRACE
+            || !self.offline_grace.as_nanos().is_multiple_of(self.tick.as_nanos())
+        {
+            return Err(ConfigError::new(
+                "--offline-grace",
+                format!(
+                    "{:?} is not a whole multiple of the tick ({:?}) of at most {MAX_OFFLINE_GRACE:?}",
+                    self.offline_grace, self.tick
+                ),
+            ));
+        }
         if self.api_token.as_deref() == Some("") {
             return Err(ConfigError::new("--api-token", "must not be empty; leave it unset for no token"));
         }
         Ok(())
+    }
+
+    /// `--offline-grace` in ticks (0: none).
+    pub fn grace_ticks(&self) -> u64 {
+        (self.offline_grace.as_nanos() / self.tick.as_nanos().max(1)) as u64
     }
 
     /// Session changes held for Redis while it is away before the queue compacts.

@@ -205,7 +205,11 @@ async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Res
     let sessions = state.shared.directory.locate(uid).await?;
     // The most recently active: the least silent, a session of unknown silence last.
     let Some(recent) = sessions.iter().min_by_key(|s| s.silent_ms.unwrap_or(u64::MAX)) else {
-        return Ok(Json(json!({ "uid": uid, "online": false, "sessions": [] })));
+        // No session; still online as a user while its offline grace lasts.
+        return Ok(Json(match state.shared.directory.grace_until(uid).await? {
+            Some(until) => json!({ "uid": uid, "online": true, "sessions": [], "grace_until_ms": until }),
+            None => json!({ "uid": uid, "online": false, "sessions": [] }),
+        }));
     };
     let mut answer = json!({ "uid": uid, "online": true, "node": recent.node, "since_ms": recent.since_ms });
     if let Some(silent_ms) = recent.silent_ms {

@@ -77,6 +77,8 @@ pub struct Metrics {
     registry: Registry,
     /// uids with at least one session now.
     pub online_users: IntGauge,
+    /// uids in their offline grace: no session, their `user_offline` still held.
+    pub grace_users: IntGauge,
     /// Sessions now: one per device of each uid online.
     pub online_sessions: IntGauge,
     /// Client connections open now on every door, logged in or not (the sum of
@@ -189,6 +191,10 @@ impl Metrics {
         };
 
         let online_users = gauge("idlegate_online_users", "uids with at least one session now");
+        let grace_users = gauge(
+            "idlegate_offline_grace_users",
+            "uids whose last session ended within --offline-grace: their user_offline still waits (this node's; 0 in a cluster, whose graces are in Redis)",
+        );
         let online_sessions = gauge("idlegate_online_sessions", "sessions now: one per logged-in device of each uid");
         // The total is not exported under its own name: the labelled series sum to it.
         let connections_open = IntGauge::new("connections_open", "all doors").expect("valid gauge");
@@ -399,6 +405,7 @@ impl Metrics {
         Metrics {
             registry,
             online_users,
+            grace_users,
             online_sessions,
             connections_open,
             open_by_transport,

@@ -65,9 +65,13 @@ pub struct OnlineCount {
 pub trait Directory: Send + Sync + std::fmt::Debug {
     /// Where each session of `uid` is, oldest login first; empty while it is offline.
     fn locate(&self, uid: u64) -> BoxFuture<'_, Result<Vec<Located>, DirectoryError>>;
-    /// For each uid, whether it is online.
+    /// When `uid`'s offline grace ends (unix ms), while it is in one (`--offline-grace`): it
+    /// has no session, yet user-level presence counts it online until then.
+    fn grace_until(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>>;
+    /// For each uid, whether it is online (in its offline grace included).
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
-    /// How many are online.
+    /// How many are online: `online` counts uids in their offline grace, `connections`
+    /// does not.
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>>;
     /// Hands `push` to every session of each uid that takes it (only the one on `device`
     /// when given; an MQTT session only on a topic it subscribed to); for each uid, whom it
@@ -126,15 +130,23 @@ impl Directory for Local {
         async move { Ok(located) }.boxed()
     }
 
+    fn grace_until(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>> {
+        let until = self.registry.grace_until_ms(uid);
+        async move { Ok(until) }.boxed()
+    }
+
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
-        let online = uids.iter().map(|&uid| self.registry.is_online(uid)).collect();
+        let online = uids
+            .iter()
+            .map(|&uid| self.registry.is_online(uid) || self.registry.grace_until_ms(uid).is_some())
+            .collect();
         async move { Ok(online) }.boxed()
     }
 
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>> {
         let local = NodeCount {
             node: self.node.clone(),
-            online: self.registry.online() as u64,
+            online: (self.registry.online() + self.registry.in_grace()) as u64,
             connections: self.connections.get().max(0) as u64,
         };
         let count =

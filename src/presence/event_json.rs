@@ -34,7 +34,9 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
             write!(out, r#","at_ms":{at_ms}}}"#)
         }
         What::UserOnline => write!(out, r#"{{"uid":{uid},"at_ms":{at_ms}}}"#),
-        What::UserOffline { reason } => write!(out, r#"{{"uid":{uid},"reason":"{reason}","at_ms":{at_ms}}}"#),
+        What::UserOffline { reason, ended_ms } => {
+            write!(out, r#"{{"uid":{uid},"reason":"{reason}","ended_ms":{ended_ms},"at_ms":{at_ms}}}"#)
+        }
         What::Data { payload, topic } => {
             let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
             BASE64.encode_string(payload, out);

@@ -134,8 +134,9 @@ pub enum What {
     Offline { session: u64, device: Device, reason: CloseReason, will: Option<Arc<Will>> },
     /// The uid went from no session to one.
     UserOnline,
-    /// The uid's last session ended, for `reason`.
-    UserOffline { reason: CloseReason },
+    /// The uid's last session ended, for `reason`, at `ended_ms`: when this event was
+    /// logged, or earlier by the offline grace (`--offline-grace`) it waited out.
+    UserOffline { reason: CloseReason, ended_ms: u64 },
     /// The client sent a DATA frame with this payload (an MQTT PUBLISH: on this topic).
     Data { payload: Bytes, topic: Option<Arc<str>> },
 }
@@ -227,6 +228,11 @@ trait Record: Send + std::fmt::Debug {
     /// A live session's DATA (an MQTT PUBLISH: on `topic`); returns the position it is
     /// durable at (0: at once).
     fn data(&mut self, at_ms: u64, session: &Session, payload: Bytes, topic: Option<&str>) -> u64;
+    /// A uid's offline grace ran out: its `user_offline`, for the session that ended at
+    /// `ended_ms`. Only this process's own log holds graces (a cluster's are in its store).
+    fn grace_over(&mut self, _at_ms: u64, _uid: u64, _reason: CloseReason, _ended_ms: u64) {
+        debug_assert!(false, "a cluster's graces run out in its store");
+    }
     /// Announces a live session again, after the store lost it; false where nothing can be
     /// lost.
     fn reassert(&mut self, _at_ms: u64, _session: &Session) -> bool {
@@ -255,6 +261,10 @@ impl Record for LocalLog {
     fn data(&mut self, at_ms: u64, session: &Session, payload: Bytes, topic: Option<&str>) -> u64 {
         self.append(at_ms, session.uid(), Kept::data(payload, topic));
         0
+    }
+
+    fn grace_over(&mut self, at_ms: u64, uid: u64, reason: CloseReason, ended_ms: u64) {
+        self.append(at_ms, uid, Kept::UserOffline { reason, ended_ms });
     }
 
     fn local(&self) -> Option<&LocalLog> {
@@ -373,6 +383,17 @@ impl EventLog {
         self.metrics.event(EventKind::Data);
         self.recorded(inner);
         Some(position)
+    }
+
+    /// Records the `user_offline` of `uid`, whose offline grace ran out: its last session
+    /// ended at `ended_ms` for `reason`. The caller holds the uid's entry in the registry,
+    /// which logged that session's offline event before.
+    pub(crate) fn grace_over(&self, uid: u64, reason: CloseReason, ended_ms: u64) {
+        let at_ms = unix_ms();
+        let mut inner = self.lock();
+        inner.record.grace_over(at_ms, uid, reason, ended_ms);
+        self.metrics.event(EventKind::UserOffline);
+        self.recorded(inner);
     }
 
     /// The position through which data events are durable (see [`EventLog::data`]).
@@ -562,7 +583,10 @@ mod tests {
         assert_eq!(names(&batch), ["online", "user_online", "offline", "user_offline"]);
         let ids: Vec<EventId> = batch.events.iter().map(|e| e.id).collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
-        assert_eq!(batch.events[3].what, What::UserOffline { reason: CloseReason::IdleTimeout });
+        assert_eq!(
+            batch.events[3].what,
+            What::UserOffline { reason: CloseReason::IdleTimeout, ended_ms: batch.events[3].at_ms }
+        );
         let phone: Device = "phone".parse().unwrap();
         assert_eq!(batch.events[0].what, What::Online { session: 1, device: phone, node: None });
         // Resuming between the halves of an entry gives the second half first.

@@ -51,6 +51,9 @@ pub(crate) enum Kept {
     /// not a second pointer: every connection's online event is kept, and a wider variant
     /// would widen them all.
     Data { bytes: Bytes, topic_len: u16 },
+    /// A `user_offline` of its own, not folded into an offline event: the uid's offline
+    /// grace ran out; its last session ended at `ended_ms`.
+    UserOffline { reason: CloseReason, ended_ms: u64 },
 }
 
 impl Kept {
@@ -85,6 +88,7 @@ impl Logged {
                 let topic = (at > 0).then(|| Arc::from(String::from_utf8_lossy(&bytes[..at]).as_ref()));
                 What::Data { payload: bytes.slice(at..), topic }
             }
+            Kept::UserOffline { reason, ended_ms } => What::UserOffline { reason: *reason, ended_ms: *ended_ms },
         };
         Event { id, at_ms: self.at_ms, uid: self.uid, what }
     }
@@ -93,7 +97,7 @@ impl Logged {
     fn user_event(&self, id: EventId) -> Option<Event> {
         let what = match &self.kept {
             Kept::Online { first: true, .. } => What::UserOnline,
-            Kept::Offline { last: true, reason, .. } => What::UserOffline { reason: *reason },
+            Kept::Offline { last: true, reason, .. } => What::UserOffline { reason: *reason, ended_ms: self.at_ms },
             _ => return None,
         };
         Some(Event { id, at_ms: self.at_ms, uid: self.uid, what })

@@ -20,6 +20,13 @@
 //! makes room for a new login of the uid (a relogin of the same device, or the least
 //! recently active of `--max-devices` sessions) is no user-level transition.
 //!
+//! With an offline grace (`--offline-grace`, a gateway alone), an ending that leaves a uid
+//! with no session holds the uid in its grace (`grace.rs`) instead of marking its
+//! `user_offline`; a login within the grace takes it out again and is no `user_online`, and
+//! a grace that runs out logs the `user_offline` on its own ([`Registry::finish_graces`]).
+//! Each of the three holds the uid's entry, which is what makes that `user_offline` exactly
+//! once.
+//!
 //! Callers pass the tick their frame was read on, from the [`crate::Clock`]. A shard whose
 //! cursor trails that tick (the ticker has not run yet, or the process stalled) is moved up
 //! to it first, so a frame read just after a tick boundary counts on the new tick, never on
@@ -36,8 +43,9 @@ use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
 use crate::metrics::Metrics;
-use crate::presence::clock::unix_ms;
+use crate::presence::clock::{unix_ms, Clock};
 use crate::presence::events::EventLog;
+use crate::presence::grace::Graces;
 use crate::presence::ring::{Ring, Touch};
 use crate::presence::session::Ending;
 use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions, Will};
@@ -83,6 +91,9 @@ pub struct Registry {
     /// MQTT sessions' topic filters: which pushes they take.
     subscriptions: Subscriptions,
     metrics: Arc<Metrics>,
+    /// uids whose last session ended within the offline grace; `None` without one (or in a
+    /// cluster, whose graces live in its store).
+    graces: Option<Graces>,
     /// Next session id. Starts at a random value, so ids from two gateways, or two runs of
     /// one, do not collide in a backend that pairs online and offline events.
     next_session: AtomicU64,
@@ -113,10 +124,18 @@ impl Registry {
             outboxes: Outboxes::default(),
             subscriptions: Subscriptions::default(),
             metrics,
+            graces: None,
             next_session: AtomicU64::new(salt),
             #[cfg(test)]
             fail_sweeps: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The same, holding each uid's `user_offline` for an offline grace of `ticks` ticks of
+    /// `clock` (none when 0).
+    pub fn with_offline_grace(mut self, ticks: u64, clock: Clock) -> Registry {
+        self.graces = (ticks > 0).then(|| Graces::new(ticks, clock));
+        self
     }
 
     /// Number of ring shards, for the ticker's sweep loop.
@@ -173,7 +192,7 @@ impl Registry {
         let live: Vec<usize> = (0..list.len()).filter(|&i| list[i].is_live() && !swept.contains(&i)).collect();
         for (k, &i) in swept.iter().enumerate() {
             let last = live.is_empty() && k + 1 == swept.len();
-            list[i].end_as(CloseReason::IdleTimeout, Ending { last, evicted: false });
+            self.end_one(&list[i], CloseReason::IdleTimeout, last);
         }
         let same = live.iter().copied().find(|&i| *list[i].device() == device);
         let evicted = match same {
@@ -192,7 +211,10 @@ impl Registry {
         let session = if filters_pushes { session.filtering_pushes() } else { session };
         let session = Arc::new(if pingable { session.pingable() } else { session });
         drop(ring);
-        self.events.login(unreported(&list), &session, live.is_empty(), will);
+        // A uid in its grace (perhaps since the swept ending above) comes back: no
+        // user-level transition either way.
+        let returned = live.is_empty() && self.graces.as_ref().is_some_and(|graces| graces.take(uid).is_some());
+        self.events.login(unreported(&list), &session, live.is_empty() && !returned, will);
         for s in list.iter().filter(|s| !s.is_live()) {
             s.wake();
         }
@@ -234,7 +256,7 @@ impl Registry {
                 // Only a live session's handle names its own entry (see `login`).
                 ring.remove(session.handle(), uid);
                 let last = !list.iter().any(|s| s.is_live() && !Arc::ptr_eq(s, session));
-                if session.end_as(reason, Ending { last, evicted: false }) {
+                if self.end_one(session, reason, last) {
                     session.wake();
                 }
             }
@@ -385,6 +407,9 @@ impl Registry {
         for shard in self.rings.iter() {
             catch_up(&mut lock(shard), to);
         }
+        if let Some(graces) = &self.graces {
+            graces.advance(to);
+        }
     }
 
     /// Takes up to `max` overdue sessions of ring shard `shard` into `out`, by uid; returns
@@ -436,7 +461,7 @@ impl Registry {
             drop(ring);
             for (k, session) in swept.iter().enumerate() {
                 let last = !live_left && k + 1 == swept.len();
-                if session.end_as(CloseReason::IdleTimeout, Ending { last, evicted: false }) {
+                if self.end_one(session, CloseReason::IdleTimeout, last) {
                     ended.push((*session).clone());
                 }
             }
@@ -466,6 +491,55 @@ impl Registry {
             }
             self.events.report_ends(unreported(&list));
         }
+        // A gateway alone cannot hold a grace past its own life: each uid still in one
+        // goes offline now, as its sessions did before it.
+        let Some(graces) = &self.graces else { return };
+        for uid in graces.uids() {
+            let _held = self.sessions.entry(uid);
+            if let Some(grace) = graces.take(uid) {
+                self.events.grace_over(uid, grace.reason, grace.ended_ms);
+            }
+        }
+    }
+
+    /// Takes up to `max` uids of grace shard `shard` whose offline grace ran out into
+    /// `out`; returns how many (0 without a grace). [`Registry::finish_graces`] logs them.
+    pub fn expire_graces(&self, shard: usize, max: usize, out: &mut Vec<u64>) -> usize {
+        self.graces.as_ref().map_or(0, |graces| graces.expire_chunk(shard, max, out))
+    }
+
+    /// Grace shards, for the ticker's sweep (0 without a grace).
+    pub fn grace_shard_count(&self) -> usize {
+        self.graces.as_ref().map_or(0, Graces::shard_count)
+    }
+
+    /// Logs the `user_offline` of each of `uids` whose grace ran out, unless a login came
+    /// back first; returns how many it logged.
+    pub fn finish_graces(&self, uids: &[u64]) -> usize {
+        let Some(graces) = &self.graces else { return 0 };
+        let mut logged = 0;
+        for &uid in uids {
+            let held = self.sessions.entry(uid);
+            // The last session's offline event comes first, if its sweep has not logged it
+            // yet (a grace outlasts a tick, so it always has: this only keeps it so).
+            self.events.report_ends(unreported(&self.gather(uid, &held)));
+            if let Some(grace) = graces.take_expired(uid) {
+                self.events.grace_over(uid, grace.reason, grace.ended_ms);
+                logged += 1;
+            }
+        }
+        logged
+    }
+
+    /// When `uid`'s offline grace ends (unix ms), while it is in one: it has no session,
+    /// and user-level presence still counts it online.
+    pub fn grace_until_ms(&self, uid: u64) -> Option<u64> {
+        self.graces.as_ref()?.of(uid).map(|grace| grace.until_ms)
+    }
+
+    /// uids in their offline grace now.
+    pub fn in_grace(&self) -> usize {
+        self.graces.as_ref().map_or(0, Graces::len)
     }
 
     /// uids with a session now.
@@ -486,6 +560,19 @@ impl Registry {
             }
         }
         tracked
+    }
+
+    /// Ends `session` for `reason`, as its uid's last live one when `last`; returns whether
+    /// this call ended it. The caller holds the uid's entry. With an offline grace, a last
+    /// ending (but a shutdown's) holds the uid in its grace: its offline event then carries
+    /// no `user_offline`, which the grace owes instead.
+    fn end_one(&self, session: &Session, reason: CloseReason, last: bool) -> bool {
+        let graced = last && reason != CloseReason::Shutdown && self.graces.is_some();
+        let ended = session.end_as(reason, Ending { last: last && !graced, evicted: false });
+        if let Some(graces) = self.graces.as_ref().filter(|_| ended && graced) {
+            graces.hold(session.uid(), reason, unix_ms());
+        }
+        ended
     }
 
     /// The uid's sessions, the lead first, as `held` finds them.

@@ -148,6 +148,21 @@ impl Ticker {
         if !ended.is_empty() {
             tokio::spawn(wake_paced(ended));
         }
+        // Then the offline graces that ran out: each a `user_offline` after the offline
+        // event of its uid's last session, logged above or on an earlier tick.
+        for shard in 0..self.registry.grace_shard_count() {
+            loop {
+                let taken = self.registry.expire_graces(shard, SWEEP_CHUNK - since_yield, &mut self.expired);
+                self.registry.finish_graces(&self.expired);
+                self.expired.clear();
+                since_yield += taken;
+                if since_yield < SWEEP_CHUNK {
+                    break;
+                }
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
+        }
         total
     }
 
@@ -155,6 +170,7 @@ impl Ticker {
     fn refresh_picture(&mut self) {
         let tracked = self.registry.ring_picture(&mut self.due);
         self.metrics.ring_tracked.set(tracked as i64);
+        self.metrics.grace_users.set(self.registry.in_grace() as i64);
         self.by_age.fill(0);
         let last = self.by_age.len().saturating_sub(1);
         for (k, &n) in self.due.iter().enumerate() {
@@ -181,6 +197,9 @@ async fn wake_paced(ended: Vec<Arc<Session>>) {
         tokio::task::yield_now().await;
     }
 }
+
+#[cfg(test)]
+mod grace_tests;
 
 #[cfg(test)]
 mod tests {
