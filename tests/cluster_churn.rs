@@ -12,7 +12,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::checker::{violations, OVERLAP};
+use common::checker::{violations, violations_with_grace, OVERLAP};
 use common::cluster::*;
 use common::redis::{assert_paired, RedisServer, StreamEvent};
 use common::*;
@@ -81,7 +81,11 @@ async fn actor(seed: u64, actor: u64, doors: Vec<SocketAddr>, apis: Vec<SocketAd
 
 /// Runs one seed's churn on three gateways; returns the stream Redis holds afterwards.
 async fn churn(redis: &RedisServer, seed: u64) -> Vec<StreamEvent> {
-    let mut nodes = gateways(&redis.url(), &["a", "b", "c"]).await;
+    churn_on(redis, seed, gateways(&redis.url(), &["a", "b", "c"]).await).await
+}
+
+/// The same churn on `nodes`, until every uid is offline (its grace, if any, over).
+async fn churn_on(redis: &RedisServer, seed: u64, mut nodes: Vec<TestServer>) -> Vec<StreamEvent> {
     let doors: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let apis: Vec<SocketAddr> = nodes.iter().map(|n| n.api).collect();
     let tasks: Vec<_> = (0..ACTORS).map(|a| tokio::spawn(actor(seed, a, doors.clone(), apis.clone()))).collect();
@@ -91,6 +95,7 @@ async fn churn(redis: &RedisServer, seed: u64) -> Vec<StreamEvent> {
     // Every client is gone: every session ends, and every node writes its ends.
     eventually("every uid is offline everywhere", || async {
         redis.cli(&["HLEN", "{idlegate}:users"]).trim() == "0"
+            && redis.cli(&["ZCARD", "{idlegate}:grace"]).trim() == "0"
             && redis.keys("{idlegate}:sessions:*").iter().all(|k| redis.cli(&["HLEN", k]).trim() == "0")
     })
     .await;
@@ -125,6 +130,36 @@ async fn random_churn_over_three_gateways_keeps_every_event_promise() {
             overlaps.len()
         );
     }
+}
+
+/// The churn with an offline grace longer than most of its reconnects: a uid's user events
+/// still alternate, exactly once each, whichever node ends or resumes it, and every grace
+/// ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_under_an_offline_grace_keeps_user_events_paired() {
+    let seed = seeds()[0];
+    let Some(redis) = RedisServer::start().await else { return };
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let config =
+            idlegate::Config { offline_grace: Duration::from_millis(300), ..cluster_config(&redis.url(), name) };
+        let node = TestServer::start(config).await;
+        wait_ready(&node).await;
+        nodes.push(node);
+    }
+    let events = churn_on(&redis, seed, nodes).await;
+    let found: Vec<String> =
+        violations_with_grace(&events, 1, true).into_iter().filter(|v| !v.contains(OVERLAP)).collect();
+    assert!(
+        found.is_empty(),
+        "seed {seed}: {} violations; the first ones:\n{}",
+        found.len(),
+        found[..found.len().min(5)].join("\n\n")
+    );
+    let users = events.iter().filter(|e| e.kind.starts_with("user_")).count();
+    let sessions = events.iter().filter(|e| e.kind == "online").count();
+    assert!(users < sessions, "the grace hid reconnects: {users} user events for {sessions} sessions");
+    assert_paired(&events);
 }
 
 /// An MQTT 5 CONNECT of uid `uid` (username), client id `id`, keepalive 60 s and a will of

@@ -181,7 +181,16 @@ mod tests {
         assert_eq!(parse_field("7/tab/2"), Some((7, tab)));
         assert_eq!(parse_field("7"), Some((7, crate::proto::Device::DEFAULT)));
         assert_eq!(parse_field("x/y"), None);
-        for key in [EVENTS.to_string(), GRACE.to_string(), GRACE_WHY.to_string(), MEMBERS.to_string(), lease("m"), sessions("m"), inbox("m"), reaped("m")] {
+        for key in [
+            EVENTS.to_string(),
+            GRACE.to_string(),
+            GRACE_WHY.to_string(),
+            MEMBERS.to_string(),
+            lease("m"),
+            sessions("m"),
+            inbox("m"),
+            reaped("m"),
+        ] {
             assert!(key.starts_with("{idlegate}:"), "{key}");
         }
     }

@@ -75,7 +75,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         }
         if !cluster.settings.offline_grace.is_zero() {
             if let Err(e) = release_graces(&cluster).await {
-                tracing::debug!(error = %e, "releasing offline graces failed; trying again next tick");
+                tracing::warn!(error = %e, "releasing offline graces failed; trying again next tick");
             }
         }
         if cluster.health.stable_for(cluster.settings.lease) {

@@ -352,7 +352,8 @@ for _, uid in ipairs(due) do
   -- A uid with a session again came back without a login taking it out (only if Redis
   -- lost writes between the two): it never went offline.
   if tonumber(redis.call('HGET', KEYS[5], uid) or '0') <= 0 then
-    ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or now, 'at', now)
+    local stamp = string.format('%d', now)
+    ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or stamp, 'at', stamp)
     released = released + 1
   end
 end

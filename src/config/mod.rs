@@ -325,8 +325,7 @@ impl Config {
                 ));
             }
         }
-        if self.offline_grace > MAX_OFFLINE_GRACE
-            || !self.offline_grace.as_nanos().is_multiple_of(self.tick.as_nanos())
+        if self.offline_grace > MAX_OFFLINE_GRACE || !self.offline_grace.as_nanos().is_multiple_of(self.tick.as_nanos())
         {
             return Err(ConfigError::new(
                 "--offline-grace",

@@ -10,7 +10,10 @@
 //! - user events alternate per uid, `user_online` first, and agree with the session
 //!   events: `user_online` follows the `online` that took the uid from no session to one,
 //!   `user_offline` follows the `offline` that left it none, and a takeover (an `offline`
-//!   followed at once by the `online` of the uid's next session) is neither.
+//!   followed at once by the `online` of the uid's next session) is neither. With an
+//!   offline grace ([`violations_with_grace`]) the `user_offline` comes later, or never when
+//!   the uid logs in again within it: only the alternation and "no `user_offline` while a
+//!   session is online" are checked then.
 //!
 //! Each violation names the events of its uid around it.
 
@@ -28,6 +31,16 @@ const CONTEXT: usize = 6;
 /// `quiesced`: every client has gone and every ending was logged, so every session must
 /// have ended and every uid must be offline as a user.
 pub fn violations(events: &[StreamEvent], max_devices: usize, quiesced: bool) -> Vec<String> {
+    check(events, max_devices, quiesced, false)
+}
+
+/// The same under `--offline-grace`: a uid's `user_offline` need not follow its last
+/// `offline` at once.
+pub fn violations_with_grace(events: &[StreamEvent], max_devices: usize, quiesced: bool) -> Vec<String> {
+    check(events, max_devices, quiesced, true)
+}
+
+fn check(events: &[StreamEvent], max_devices: usize, quiesced: bool, grace: bool) -> Vec<String> {
     let mut by_uid: HashMap<u64, Vec<&StreamEvent>> = HashMap::new();
     for e in events {
         if ["online", "offline", "user_online", "user_offline"].contains(&e.kind.as_str()) {
@@ -39,7 +52,7 @@ pub fn violations(events: &[StreamEvent], max_devices: usize, quiesced: bool) ->
     uids.sort_unstable();
     for uid in uids {
         let history = &by_uid[&uid];
-        for (at, what) in check_uid(history, max_devices, quiesced) {
+        for (at, what) in check_uid(history, max_devices, quiesced, grace) {
             let from = at.saturating_sub(CONTEXT);
             let to = (at + CONTEXT + 1).min(history.len());
             let around: Vec<String> = (from..to)
@@ -56,7 +69,7 @@ pub fn violations(events: &[StreamEvent], max_devices: usize, quiesced: bool) ->
 }
 
 /// The violations in one uid's history, by the index of the event that shows each.
-fn check_uid(history: &[&StreamEvent], max_devices: usize, quiesced: bool) -> Vec<(usize, String)> {
+fn check_uid(history: &[&StreamEvent], max_devices: usize, quiesced: bool, grace: bool) -> Vec<(usize, String)> {
     let mut found = Vec::new();
     let mut online: HashSet<&str> = HashSet::new();
     let mut ended: HashSet<&str> = HashSet::new();
@@ -87,7 +100,8 @@ fn check_uid(history: &[&StreamEvent], max_devices: usize, quiesced: bool) -> Ve
                 ended.insert(&e.session);
                 // The uid's last session: user_offline follows, unless the next session of
                 // the uid comes online at once (a takeover).
-                if online.is_empty() && user_online && !matches!(next, Some("user_offline") | Some("online")) {
+                if !grace && online.is_empty() && user_online && !matches!(next, Some("user_offline") | Some("online"))
+                {
                     found.push((i, "the uid's last session ended, and no user_offline follows".into()));
                 }
             }

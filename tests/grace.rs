@@ -1,0 +1,185 @@
+//! The offline grace (`--offline-grace`) over real sockets: what the event stream and the
+//! presence answers say while a uid is in its grace, after a reconnect within it, and once
+//! it runs out; alone, and in a cluster on real Redis, where the grace outlives a node
+//! killed with SIGKILL and a login on another node cancels it. (The exact ticks are tested
+//! under paused time in `src/presence/ticker/grace_tests.rs`.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{api_json, cluster_config, eventually, node_b_process, presence, wait_ready};
+use common::redis::{assert_paired, RedisServer};
+use common::{Client, Sse, TestServer};
+use idlegate::Config;
+use idlegate_proto::Frame;
+use serde_json::{json, Value};
+
+const TICK: Duration = Duration::from_millis(100);
+const GRACE: Duration = Duration::from_secs(1);
+
+fn alone() -> Config {
+    Config { node_id: "solo".into(), tick: TICK, offline_grace: GRACE, ..Config::default() }
+}
+
+/// The next event that is not about `uid`'s sessions: a user event (or another uid's).
+async fn next_user_event(sse: &mut Sse) -> common::SseEvent {
+    loop {
+        let event = sse.next().await.expect("an event");
+        if event.event.starts_with("user_") {
+            return event;
+        }
+    }
+}
+
+#[tokio::test]
+async fn alone_a_uid_in_its_grace_is_online_without_sessions_and_its_user_offline_says_when_it_ended() {
+    let server = TestServer::start(alone()).await;
+    let (_, mut sse) = Sse::open(server.api, "/v1/events", &[]).await;
+    let mut c = server.client().await;
+    c.login(5).await;
+    sse.expect("online", 5).await;
+    sse.expect("user_online", 5).await;
+    c.send(Frame::Logout).await;
+    let offline = sse.expect("offline", 5).await;
+    assert_eq!(offline.data["reason"], "logout");
+
+    // In its grace: online as a user, no session, and when the grace ends.
+    let (status, body) = api_json(&server, "GET", "/v1/presence/5", "").await;
+    assert_eq!(status, 200);
+    assert_eq!((body["online"].clone(), body["sessions"].clone()), (json!(true), json!([])), "{body}");
+    let until = body["grace_until_ms"].as_u64().unwrap_or_else(|| panic!("no grace_until_ms: {body}"));
+    let ended = offline.data["at_ms"].as_u64().unwrap();
+    assert!(until >= ended + 900 && until <= ended + 1_100, "until {until}, ended {ended}");
+    let query = api_json(&server, "POST", "/v1/presence/query", r#"{"uids":[5,6]}"#).await;
+    assert_eq!(query, (200, json!({"online": [5], "offline": [6]})));
+    let online = api_json(&server, "GET", "/v1/online", "").await.1;
+    assert_eq!(online["online"], 1, "{online}");
+
+    // Back within the grace: its sessions' events only.
+    let mut again = server.client().await;
+    again.login(5).await;
+    sse.expect("online", 5).await;
+    again.send(Frame::Logout).await;
+    sse.expect("offline", 5).await;
+    // Then the grace runs out: one user_offline, with the last session's reason and end.
+    let user = sse.next().await.expect("an event");
+    assert_eq!((user.event.as_str(), user.data["uid"].as_u64()), ("user_offline", Some(5)), "{user:?}");
+    assert_eq!(user.data["reason"], "logout");
+    let ended_ms = user.data["ended_ms"].as_u64().expect("ended_ms");
+    let at_ms = user.data["at_ms"].as_u64().unwrap();
+    assert!(at_ms >= ended_ms + 1_000, "the grace ran out {} ms after the ending", at_ms - ended_ms);
+    assert_eq!(
+        api_json(&server, "GET", "/v1/presence/5", "").await.1,
+        json!({"uid": 5, "online": false, "sessions": []})
+    );
+}
+
+#[tokio::test]
+async fn without_a_grace_user_offline_follows_at_once_and_ended_ms_is_its_own_time() {
+    let server = TestServer::start(Config { tick: TICK, ..Config::default() }).await;
+    let (_, mut sse) = Sse::open(server.api, "/v1/events", &[]).await;
+    let mut c = server.client().await;
+    c.login(8).await;
+    c.send(Frame::Logout).await;
+    sse.expect("online", 8).await;
+    sse.expect("user_online", 8).await;
+    sse.expect("offline", 8).await;
+    let user = sse.expect("user_offline", 8).await;
+    assert_eq!(user.data["ended_ms"], user.data["at_ms"], "{user:?}");
+}
+
+fn cluster_node(url: &str, node: &str) -> Config {
+    Config { offline_grace: GRACE, ..cluster_config(url, node) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_login_on_another_node_within_the_grace_is_no_user_event() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let a = TestServer::start(cluster_node(&redis.url(), "a")).await;
+    let b = TestServer::start(cluster_node(&redis.url(), "b")).await;
+    wait_ready(&a).await;
+    wait_ready(&b).await;
+    let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
+    let mut on_a = a.client().await;
+    on_a.login(11).await;
+    sse.expect("online", 11).await;
+    sse.expect("user_online", 11).await;
+    on_a.send(Frame::Logout).await;
+    sse.expect("offline", 11).await;
+    // Every node answers the same while the grace lasts.
+    for gw in [&a, &b] {
+        let body = presence(gw, 11).await;
+        assert_eq!((body["online"].clone(), body["sessions"].clone()), (json!(true), json!([])), "{body}");
+        assert!(body["grace_until_ms"].as_u64().is_some(), "{body}");
+        let query = api_json(gw, "POST", "/v1/presence/query", r#"{"uids":[11]}"#).await.1;
+        assert_eq!(query["online"], json!([11]));
+        assert_eq!(api_json(gw, "GET", "/v1/online", "").await.1["online"], 1);
+    }
+    let mut on_b = b.client().await;
+    on_b.login(11).await;
+    let online = sse.expect("online", 11).await;
+    assert_eq!(online.data["node"], "b");
+    assert!(presence(&a, 11).await["grace_until_ms"].is_null());
+    on_b.send(Frame::Logout).await;
+    sse.expect("offline", 11).await;
+    let user = next_user_event(&mut sse).await;
+    assert_eq!((user.event.as_str(), user.data["uid"].as_u64()), ("user_offline", Some(11)), "{user:?}");
+    assert_eq!(user.data["reason"], "logout");
+    assert!(user.data["at_ms"].as_u64() >= user.data["ended_ms"].as_u64().map(|e| e + 900));
+    let events = redis.events();
+    assert_eq!(events.iter().filter(|e| e.kind.starts_with("user_")).count(), 2, "{events:#?}");
+    assert_paired(&events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_the_grace_outlives_the_node_killed_while_it_held_it() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let a = TestServer::start(cluster_node(&redis.url(), "a")).await;
+    wait_ready(&a).await;
+    let (_, mut sse) = Sse::open(a.api, "/v1/events", &[]).await;
+    let (mut b, listen) = node_b_process(&redis.url(), &["--offline-grace", "1s"]).await;
+    // uid 21 left b just before b died: its grace began there. uid 22 was still on b:
+    // node_lost, then a grace of its own.
+    let mut gone = Client::connect(listen).await;
+    gone.login(21).await;
+    let mut lost = Client::connect(listen).await;
+    lost.login(22).await;
+    gone.send(Frame::Logout).await;
+    let mut ended = 0;
+    while ended < 1 {
+        let event = sse.next().await.expect("an event");
+        ended += usize::from(event.event == "offline");
+    }
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let mut users: Vec<Value> = Vec::new();
+    while users.iter().filter(|e| e["type"] == "user_offline").count() < 2 {
+        let event = sse.next().await.expect("an event");
+        if event.event == "offline" {
+            assert_eq!((event.data["uid"].as_u64(), &event.data["reason"]), (Some(22), &json!("node_lost")));
+            // node_lost began uid 22's grace: every node answers it, from Redis.
+            let body = presence(&a, 22).await;
+            assert!(body["grace_until_ms"].as_u64().is_some() || body["online"] == false, "{body}");
+        }
+        if event.event.starts_with("user_") {
+            let mut data = event.data.clone();
+            data["type"] = event.event.clone().into();
+            users.push(data);
+        }
+    }
+    let reasons: Vec<(u64, String)> =
+        users.iter().map(|u| (u["uid"].as_u64().unwrap(), u["reason"].as_str().unwrap().to_string())).collect();
+    assert!(reasons.contains(&(21, "logout".into())) && reasons.contains(&(22, "node_lost".into())), "{users:?}");
+    for u in &users {
+        assert_eq!(u["type"], "user_offline", "{users:?}");
+        assert!(u["at_ms"].as_u64() >= u["ended_ms"].as_u64().map(|e| e + 900), "{u}");
+    }
+    // Exactly once, whatever the surviving node's ticks saw.
+    tokio::time::sleep(GRACE * 2).await;
+    let events = redis.events();
+    assert_eq!(events.iter().filter(|e| e.kind == "user_offline").count(), 2, "{events:#?}");
+    assert_paired(&events);
+    eventually("no uid is left in its grace", || async { redis.cli(&["ZCARD", "{idlegate}:grace"]).trim() == "0" })
+        .await;
+}
