@@ -219,8 +219,10 @@ impl Server {
         let (finish_relay, relay_finishing) = tokio::sync::watch::channel(None);
         let relay = match self.config.webhook.clone() {
             Some(webhook) => {
-                let relay = Relay::new(webhook, self.directory.clone(), self.metrics.clone(), &self.config.node_id)
-                    .map_err(io::Error::other)?;
+                let shared = self.backplane.clone().map(|b| (b.relay_turn(), self.config.node_lease));
+                let relay =
+                    Relay::new(webhook, self.directory.clone(), shared, self.metrics.clone(), &self.config.node_id)
+                        .map_err(io::Error::other)?;
                 Some(tokio::spawn(relay.run(relay_finishing)))
             }
             None => None,

@@ -82,18 +82,8 @@ fn configuration_errors_exit_2_and_name_the_flag() {
             ],
             "--webhook-events",
         ),
-        (
-            &[
-                "serve",
-                "--webhook-url",
-                "http://x/",
-                "--webhook-secret-file",
-                WEBHOOK_SECRETS,
-                "--redis",
-                "redis://127.0.0.1:1",
-            ],
-            "--webhook-url",
-        ),
+        (&["serve", "--offline-grace", "1500ms"], "--offline-grace"),
+        (&["serve", "--offline-grace", "6m"], "--offline-grace"),
     ];
     for (args, flag) in cases {
         let out = idlegate(args);

@@ -14,93 +14,14 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use base64::Engine;
+use common::webhook::{delivered, events, is, ready, secrets, Receiver, INSTALL};
 use common::ws::DoorClient;
 use common::{short_config, skip_without, TestServer, PATIENCE};
 use idlegate::{Config, WebhookConfig};
 use idlegate_proto::{Frame, Transport};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-const INSTALL: &str = "apt-get install nodejs npm && (cd tests/data/webhook && npm ci)";
-
-fn receiver_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/webhook"))
-}
-
-fn ready() -> bool {
-    if common::find_on_path(&["node"]).is_none() || !receiver_dir().join("node_modules/standardwebhooks").is_dir() {
-        skip_without("node and the standardwebhooks package", INSTALL);
-        return false;
-    }
-    true
-}
-
-/// Two secrets, newest first, and the text of the file holding them.
-fn secrets() -> (String, String, String) {
-    let encode = |b: u8| format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([b; 32]));
-    let (newest, older) = (encode(7), encode(9));
-    let file = format!("{newest}\n{older}\n");
-    (newest, older, file)
-}
-
-/// The receiver, listening on `port`, verifying with `secret`; `env` scripts its failures.
-struct Receiver {
-    // Killed when the receiver is dropped.
-    _child: Child,
-    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    port: u16,
-}
-
-impl Receiver {
-    async fn start(port: u16, secret: &str, env: &[(&str, &str)]) -> Receiver {
-        let mut child = Command::new("node")
-            .arg(receiver_dir().join("receiver.js"))
-            .arg(port.to_string())
-            .env("SECRET", secret)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("node runs");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(PATIENCE, lines.next_line()).await.expect("the receiver starts").unwrap();
-        let port = first.as_deref().and_then(|l| l.strip_prefix("LISTENING ")).expect("LISTENING").parse().unwrap();
-        Receiver { _child: child, lines, port }
-    }
-
-    /// The next request the receiver got.
-    async fn next(&mut self) -> Value {
-        let line = tokio::time::timeout(PATIENCE, self.lines.next_line()).await.expect("a request in time").unwrap();
-        serde_json::from_str(&line.expect("the receiver is running")).unwrap()
-    }
-
-    /// Requests until the acknowledged ones hold an event matching `done`; all of them.
-    async fn until(&mut self, done: impl Fn(&Value) -> bool) -> Vec<Value> {
-        let mut got = Vec::new();
-        loop {
-            let request = self.next().await;
-            let finished = request["acknowledged"] == true && events(&request).iter().any(&done);
-            got.push(request);
-            if finished {
-                return got;
-            }
-        }
-    }
-}
-
-fn events(request: &Value) -> Vec<Value> {
-    request["body"]["events"].as_array().cloned().unwrap_or_default()
-}
-
-/// The acknowledged events of `requests`, in order.
-fn delivered(requests: &[Value]) -> Vec<Value> {
-    requests.iter().filter(|r| r["acknowledged"] == true).flat_map(events).collect()
-}
 
 fn config(url: String, secret_file: &Path, edit: impl FnOnce(&mut WebhookConfig)) -> Config {
     let mut webhook = WebhookConfig::new(&url, secret_file).unwrap();
@@ -128,10 +49,6 @@ async fn eventually(server: &TestServer, name: &str, ok: impl Fn(f64) -> bool) {
         assert!(tokio::time::Instant::now() < deadline, "{name}: {:?}", common::sample(&metrics, name));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn is(kind: &'static str, uid: u64) -> impl Fn(&Value) -> bool {
-    move |e: &Value| e["type"] == kind && e["uid"] == uid
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

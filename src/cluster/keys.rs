@@ -33,6 +33,12 @@ pub(crate) const GRACE: &str = "{idlegate}:grace";
 /// Hash uid -> `<reason>|<ended_ms>` of each uid in [`GRACE`]: what its `user_offline` says.
 pub(crate) const GRACE_WHY: &str = "{idlegate}:grace:why";
 
+/// The member whose turn it is to relay the shared stream to the webhook, with a TTL.
+pub(crate) const RELAY_TURN: &str = "{idlegate}:webhook:turn";
+
+/// The id of the last event the webhook's receiver acknowledged.
+pub(crate) const RELAY_ACKED: &str = "{idlegate}:webhook:acked";
+
 /// Set of members that have announced themselves and not yet left or been reaped.
 pub(crate) const MEMBERS: &str = "{idlegate}:members";
 

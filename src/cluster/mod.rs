@@ -5,7 +5,8 @@
 //! says what lives where, `scripts` the atomic steps that change it, `store` connects,
 //! `shared` holds this node's member name, its fence and the one way scripts are called.
 //! `queue` and `writer` take this node's session changes to Redis in batches (and
-//! reconcile after Redis was away or lost writes), `membership` keeps the node's lease and
+//! reconcile after Redis was away or lost writes), `relay_turn` is the webhook relay's turn and
+//! position, `membership` keeps the node's lease and
 //! reaps dead nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream`
 //! follows the shared event stream, and `directory` answers the backend API from all of
 //! it. `node` builds the node (in two steps: its queue, then the node on the registry),
@@ -23,6 +24,7 @@ mod keys;
 mod membership;
 mod node;
 mod queue;
+mod relay_turn;
 mod scripts;
 mod shared;
 mod store;

@@ -18,10 +18,11 @@ use futures_util::future::BoxFuture;
 use crate::cluster::directory::ClusterDirectory;
 use crate::cluster::keys;
 use crate::cluster::queue::{Op, Queue};
+use crate::cluster::relay_turn::SharedTurn;
 use crate::cluster::shared::{Cluster, Settings};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::{Backplane, Clock, Directory, Registry, Replicate};
+use crate::presence::{Backplane, Clock, Directory, Registry, RelayTurn, Replicate};
 use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
@@ -140,6 +141,10 @@ impl Backplane for Cluster {
 
     fn directory(self: Arc<Self>) -> Arc<dyn Directory> {
         Arc::new(ClusterDirectory::new(self))
+    }
+
+    fn relay_turn(self: Arc<Self>) -> Arc<dyn RelayTurn> {
+        Arc::new(SharedTurn::new(self))
     }
 }
 

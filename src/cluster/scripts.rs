@@ -361,6 +361,47 @@ ev.save()
 return {#due, ev.epoch()}
 "#;
 
+/// Takes the webhook relay's turn if nobody holds it, or keeps it for this member.
+///
+/// KEYS: the turn. ARGV: member, TTL in ms. Returns 1 while the member holds it.
+const TURN_HOLD: &str = r#"
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"#;
+
+/// The relay's acknowledged position; before the first one ever, the stream's newest id,
+/// recorded as acknowledged.
+///
+/// KEYS: the acknowledged position, the stream's last-id hash. Returns the id.
+const TURN_FROM: &str = r#"
+local at = redis.call('GET', KEYS[1])
+if at then return at end
+local last = redis.call('HMGET', KEYS[2], 'ms', 'n')
+at = (last[1] or '0') .. '-' .. (last[2] or '0')
+redis.call('SET', KEYS[1], at)
+return at
+"#;
+
+/// Records the relay's acknowledged position and keeps its turn, only while the member
+/// holds the turn: a relay that lost it (paused past its TTL) moves nothing.
+///
+/// KEYS: the turn, the acknowledged position. ARGV: member, event id, TTL in ms. Returns 1
+/// if recorded.
+const TURN_ACK: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"#;
+
+/// Gives the relay's turn up if the member holds it. KEYS: the turn. ARGV: member.
+const TURN_LEAVE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"#;
+
 /// Claims the reaping of a member whose lease ran out, or renews this node's claim, and
 /// fences the member off (its reaped marker) in the same step, so no write of the member
 /// lands between the claim and the reaping.
@@ -526,6 +567,10 @@ pub(crate) struct Scripts {
     pub route_set: Script,
     pub route_del: Script,
     pub release: Script,
+    pub turn_hold: Script,
+    pub turn_from: Script,
+    pub turn_ack: Script,
+    pub turn_leave: Script,
 }
 
 // === impl Scripts ===
@@ -541,11 +586,27 @@ impl Scripts {
             route_set: Script::new(ROUTE_SET),
             route_del: Script::new(ROUTE_DEL),
             release: with_emit(RELEASE),
+            turn_hold: Script::new(TURN_HOLD),
+            turn_from: Script::new(TURN_FROM),
+            turn_ack: Script::new(TURN_ACK),
+            turn_leave: Script::new(TURN_LEAVE),
         }
     }
 
     /// Every script, for `SCRIPT LOAD` on every master before pipelines call them by hash.
-    pub(crate) fn all(&self) -> [&Script; 7] {
-        [&self.apply, &self.claim, &self.reap, &self.lease, &self.route_set, &self.route_del, &self.release]
+    pub(crate) fn all(&self) -> [&Script; 11] {
+        [
+            &self.apply,
+            &self.claim,
+            &self.reap,
+            &self.lease,
+            &self.route_set,
+            &self.route_del,
+            &self.release,
+            &self.turn_hold,
+            &self.turn_from,
+            &self.turn_ack,
+            &self.turn_leave,
+        ]
     }
 }

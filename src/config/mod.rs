@@ -234,14 +234,6 @@ impl Config {
         let whole_ms = |d: Duration| d.as_nanos().is_multiple_of(1_000_000);
         if let Some(webhook) = &self.webhook {
             webhook.validate()?;
-            if self.redis.is_some() {
-                // One relay for a cluster needs its lease and its acknowledged position in
-                // Redis; until that lands, a cluster node does not relay on its own.
-                return Err(ConfigError::new(
-                    "--webhook-url",
-                    "not yet with --redis: a cluster's relay (one node at a time, under a lease) is not built; follow GET /v1/events instead",
-                ));
-            }
         }
         if let Err(e) = crate::proto::mqtt::check_topic_name(&self.mqtt_push_topic) {
             return Err(ConfigError::new("--mqtt-push-topic", e.to_string()));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::presence::Directory;
+use crate::presence::{Directory, DirectoryError, EventId};
 
 /// A shared store for presence, events, pushes and kicks; see the module documentation.
 pub(crate) trait Backplane: Send + Sync + Debug {
@@ -28,4 +28,29 @@ pub(crate) trait Backplane: Send + Sync + Debug {
 
     /// The backend API's view of every node.
     fn directory(self: Arc<Self>) -> Arc<dyn Directory>;
+
+    /// The webhook relay's turn: one node at a time relays the shared stream.
+    fn relay_turn(self: Arc<Self>) -> Arc<dyn RelayTurn>;
+}
+
+/// One webhook relay for a whole cluster: whose turn it is to deliver the shared stream's
+/// events, and how far the receiver acknowledged them. Both live in the store, so when the
+/// relaying node dies (or stops answering), another takes the turn once it runs out and
+/// continues after the last acknowledged batch.
+pub(crate) trait RelayTurn: Send + Sync + Debug {
+    /// Takes the turn if nobody holds it, or keeps it if this node does, for `ttl`; true
+    /// while this node holds it.
+    fn hold(&self, ttl: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>>;
+
+    /// The position acknowledged last. Before the first acknowledgement ever, the shared
+    /// stream's newest position, recorded as acknowledged: the cluster's first relay
+    /// starts from the events after it.
+    fn acknowledged(&self) -> BoxFuture<'_, Result<EventId, DirectoryError>>;
+
+    /// Records every event through `through` as acknowledged and keeps the turn for `ttl`,
+    /// only if this node still holds it; false if it lost it.
+    fn acknowledge(&self, through: EventId, ttl: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>>;
+
+    /// Gives the turn up, if this node holds it, so another node takes it at once.
+    fn give_up(&self) -> BoxFuture<'_, ()>;
 }

@@ -25,7 +25,7 @@ mod session;
 mod subscriptions;
 mod ticker;
 
-pub(crate) use backplane::Backplane;
+pub(crate) use backplane::{Backplane, RelayTurn};
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};

@@ -4,10 +4,9 @@
 //! a balancer that cuts long streams) gets the same events, with the same ids to
 //! deduplicate by, and a `gap` where the relay fell behind the log.
 //!
-//! Side by side with `http/` and `cluster/`, it reads presence through the directory only.
-//! For now it serves a lone gateway: a cluster's relay (one node at a time, under a lease,
-//! its acknowledged position in Redis) is not built, and `--webhook-url` with `--redis` is
-//! refused at start.
+//! Side by side with `http/` and `cluster/`, it reads presence through the directory only,
+//! and a cluster's turn (one relaying node at a time, the acknowledged position) through
+//! [`crate::presence::RelayTurn`], which the composition root hands it.
 
 mod relay;
 mod sign;

@@ -3,6 +3,14 @@
 //! body) with full-jitter exponential backoff otherwise. The log is the buffer: the relay
 //! reads a batch ahead at most, so a receiver that is down never costs the gateway more
 //! than the log's own bounds, and a relay that falls behind them sends a `gap`.
+//!
+//! In a cluster one node relays the shared stream at a time: it holds the turn in the
+//! store ([`RelayTurn`]), checks it before every request, renews it while idle, and records
+//! each acknowledged batch's position there. When it dies or pauses past the turn, another
+//! node takes the turn and continues after the last acknowledged batch; the paused one,
+//! finding its turn gone, sends nothing more. Between the check and the request's first
+//! byte a pause can still slip in: the check refuses an answer that took longer than half
+//! the turn, which leaves that window at microseconds.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,7 +24,7 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
 use crate::config::WebhookConfig;
 use crate::metrics::{Metrics, WebhookResult};
-use crate::presence::{unix_ms_now, write_event_data, Batch, Directory};
+use crate::presence::{unix_ms_now, write_event_data, Batch, Directory, EventId, RelayTurn};
 use crate::proto::jittered_ms;
 use crate::webhook::sign::signature;
 
@@ -39,8 +47,44 @@ pub enum WebhookError {
 /// One event ready to send: its id and its JSON object.
 struct Pending {
     id: String,
+    /// Its place in the stream, for the acknowledged position (`None` for `start`).
+    at: Option<EventId>,
     at_ms: u64,
     json: String,
+}
+
+/// How a relay's delivering ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Finishing, and the log stayed quiet: everything read was delivered.
+    Delivered,
+    /// Finishing, and the drain deadline passed first.
+    Deadline,
+    /// Another node holds the turn now (a cluster).
+    LostTurn,
+}
+
+/// The cluster's turn, as the relaying node holds it.
+struct Turn {
+    store: Arc<dyn RelayTurn>,
+    /// How long each renewal holds the turn: three quarters of the node lease, renewed
+    /// every quarter, so a dead relay's turn is taken within the lease.
+    ttl: Duration,
+    every: Duration,
+}
+
+impl Turn {
+    fn new(store: Arc<dyn RelayTurn>, lease: Duration) -> Turn {
+        Turn { store, ttl: lease * 3 / 4, every: lease / 4 }
+    }
+
+    /// Takes or keeps the turn. False if another node holds it, if the store does not
+    /// answer (nobody can tell), or if the answer took so long that the turn may have run
+    /// out meanwhile (this process was paused): a relay that is not sure sends nothing.
+    async fn keep(&self) -> bool {
+        let asked = Instant::now();
+        matches!(self.store.hold(self.ttl).await, Ok(true)) && asked.elapsed() < self.ttl / 2
+    }
 }
 
 /// The relay of one process; see the module documentation.
@@ -48,8 +92,11 @@ pub struct Relay {
     config: WebhookConfig,
     client: reqwest::Client,
     metrics: Arc<Metrics>,
-    /// The log from the relay's creation on.
+    directory: Arc<dyn Directory>,
+    /// Alone: the log from the relay's creation on.
     stream: Option<BoxStream<'static, Batch>>,
+    /// In a cluster: the turn to relay the shared stream, and the node lease.
+    shared: Option<(Arc<dyn RelayTurn>, Duration)>,
     /// This node's id, JSON-quoted, as events name it.
     node: String,
     /// The relay was failing at its last attempt: the log says so once, not per retry.
@@ -59,15 +106,20 @@ pub struct Relay {
 // === impl Relay ===
 
 impl Relay {
-    pub fn new(
+    /// A relay of `directory`'s events: this process's log from now on when alone, or, with
+    /// `shared` (a cluster's turn and its `--node-lease`), the shared stream whenever this
+    /// node holds the turn.
+    pub(crate) fn new(
         config: WebhookConfig,
         directory: Arc<dyn Directory>,
+        shared: Option<(Arc<dyn RelayTurn>, Duration)>,
         metrics: Arc<Metrics>,
         node: &str,
     ) -> Result<Relay, WebhookError> {
+        let user_agent = format!("idlegate/{} (node {node})", env!("CARGO_PKG_VERSION"));
         let mut builder = reqwest::Client::builder()
             .timeout(config.timeout)
-            .user_agent(concat!("idlegate/", env!("CARGO_PKG_VERSION")))
+            .user_agent(user_agent)
             .redirect(reqwest::redirect::Policy::none());
         if let Some(path) = &config.ca_file {
             let pem = std::fs::read(path).map_err(|e| WebhookError::CaFile(format!("{}: {e}", path.display())))?;
@@ -82,18 +134,75 @@ impl Relay {
         }
         let client = builder.build().map_err(|e| WebhookError::Client(e.to_string()))?;
         let node = Value::String(node.to_string()).to_string();
-        // Followed from now, before any door opens: the first login's events are the
-        // relay's too.
-        let stream = Some(directory.follow(None));
-        Ok(Relay { config, client, stream, metrics, node, failing: false })
+        // Alone, followed from now, before any door opens: the first login's events are
+        // the relay's too. A cluster's relay follows from the acknowledged position once it
+        // holds the turn.
+        let stream = shared.is_none().then(|| directory.follow(None));
+        Ok(Relay { config, client, metrics, directory, stream, shared, node, failing: false })
     }
 
     /// Delivers events until `finish` holds a deadline; then delivers what the log holds
     /// and returns, or gives up at the deadline, logging what was not delivered.
     pub async fn run(mut self, mut finish: watch::Receiver<Option<Instant>>) {
-        let Some(mut stream) = self.stream.take() else { return };
-        let mut queue = VecDeque::new();
-        queue.push_back(self.start());
+        match self.shared.take() {
+            None => {
+                let Some(stream) = self.stream.take() else { return };
+                let mut queue = VecDeque::from([self.start()]);
+                self.relay(stream, &mut queue, &mut finish, None).await;
+            }
+            Some((store, lease)) => self.run_shared(Turn::new(store, lease), finish).await,
+        }
+    }
+
+    /// A cluster's relay: waits for the turn, relays from the acknowledged position while
+    /// it holds it, and waits again when it loses it. On finishing it delivers what it
+    /// read (by the deadline) and gives the turn up, so another node continues at once.
+    async fn run_shared(mut self, turn: Turn, mut finish: watch::Receiver<Option<Instant>>) {
+        loop {
+            loop {
+                if finish.borrow().is_some() {
+                    return;
+                }
+                if turn.keep().await {
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(turn.every) => {}
+                    _ = finish.changed() => {}
+                }
+            }
+            let from = match turn.store.acknowledged().await {
+                Ok(from) => from,
+                Err(e) => {
+                    tracing::debug!(error = %e, "webhook: the relay's position is out of reach");
+                    tokio::time::sleep(turn.every).await;
+                    continue;
+                }
+            };
+            tracing::info!(after = %from, "webhook: this node relays the cluster's events");
+            let stream = self.directory.follow(Some(from));
+            let mut queue = VecDeque::new();
+            let ended = self.relay(stream, &mut queue, &mut finish, Some(&turn)).await;
+            self.observe(&VecDeque::new());
+            if ended == Ended::LostTurn {
+                tracing::warn!("webhook: this node lost the relay's turn; another node relays");
+                continue;
+            }
+            turn.store.give_up().await;
+            return;
+        }
+    }
+
+    /// Delivers `stream`'s events in batches until finishing (or, holding `turn`, until it
+    /// is lost); acknowledges each batch to the turn's store.
+    async fn relay(
+        &mut self,
+        mut stream: BoxStream<'static, Batch>,
+        queue: &mut VecDeque<Pending>,
+        finish: &mut watch::Receiver<Option<Instant>>,
+        turn: Option<&Turn>,
+    ) -> Ended {
+        let mut renew = turn.map(|turn| tokio::time::interval_at(Instant::now() + turn.every, turn.every));
         loop {
             let deadline = *finish.borrow();
             if queue.is_empty() {
@@ -103,10 +212,19 @@ impl Relay {
                     None => tokio::select! {
                         batch = stream.next() => batch,
                         _ = finish.changed() => continue,
+                        // Idle, the relay keeps its turn, so no other node takes it over.
+                        _ = async { match &mut renew { Some(r) => r.tick().await, None => std::future::pending().await } } => {
+                            if let Some(turn) = turn {
+                                if !turn.keep().await {
+                                    return Ended::LostTurn;
+                                }
+                            }
+                            continue;
+                        }
                     },
                 };
                 let Some(batch) = batch else { break };
-                self.take(batch, &mut queue);
+                self.take(batch, queue);
                 if queue.is_empty() {
                     continue;
                 }
@@ -115,23 +233,35 @@ impl Relay {
             let linger = Instant::now() + self.config.linger;
             while queue.len() < self.config.batch {
                 match timeout_at(linger, stream.next()).await {
-                    Ok(Some(batch)) => self.take(batch, &mut queue),
+                    Ok(Some(batch)) => self.take(batch, queue),
                     _ => break,
                 }
             }
             let n = queue.len().min(self.config.batch);
-            if !self.deliver(&queue, n, &mut finish).await {
-                tracing::warn!(
-                    undelivered = queue.len(),
-                    "webhook: the drain deadline passed before the receiver took these events"
-                );
-                return;
+            match self.deliver(queue, n, finish, turn).await {
+                Ended::Delivered => {}
+                Ended::Deadline => {
+                    tracing::warn!(
+                        undelivered = queue.len(),
+                        "webhook: the drain deadline passed before the receiver took these events"
+                    );
+                    return Ended::Deadline;
+                }
+                Ended::LostTurn => return Ended::LostTurn,
+            }
+            if let (Some(turn), Some(through)) = (turn, queue.iter().take(n).filter_map(|p| p.at).max()) {
+                if !matches!(turn.store.acknowledge(through, turn.ttl).await, Ok(true)) {
+                    // Delivered, not recorded: the next relay sends this batch again, with
+                    // the same ids, which is what at-least-once allows.
+                    return Ended::LostTurn;
+                }
             }
             queue.drain(..n);
             self.metrics.webhook_events.inc_by(n as u64);
-            self.observe(&queue);
+            self.observe(queue);
         }
-        self.observe(&queue);
+        self.observe(queue);
+        Ended::Delivered
     }
 
     /// The `start` event the first batch of this process begins with: every session an
@@ -140,7 +270,7 @@ impl Relay {
         let at_ms = unix_ms_now();
         let id = format!("start-{at_ms}");
         let json = format!(r#"{{"id":"{id}","type":"start","node":{},"at_ms":{at_ms}}}"#, self.node);
-        Pending { id, at_ms, json }
+        Pending { id, at: None, at_ms, json }
     }
 
     /// Renders `batch`'s wanted events (a `gap` first if the relay fell behind the log).
@@ -148,7 +278,7 @@ impl Relay {
         if batch.has_gap() {
             let id = batch.gap_id.to_string();
             let json = format!(r#"{{"id":"{id}","type":"gap","missed":{}}}"#, batch.missed);
-            queue.push_back(Pending { id, at_ms: unix_ms_now(), json });
+            queue.push_back(Pending { id, at: Some(batch.gap_id), at_ms: unix_ms_now(), json });
         }
         for event in batch.events.iter().filter(|e| self.config.wants(e.what.kind())) {
             let id = event.id.to_string();
@@ -157,19 +287,20 @@ impl Relay {
             write_event_data(&mut json, event, &self.node);
             // The data object's own braces go: its fields join the id and the type.
             json.replace_range(start..start + 1, "");
-            queue.push_back(Pending { id, at_ms: event.at_ms, json });
+            queue.push_back(Pending { id, at: Some(event.id), at_ms: event.at_ms, json });
         }
         self.observe(queue);
     }
 
-    /// POSTs the first `n` of `queue` until a 2xx takes them; `false` if the deadline of a
-    /// finish passed first.
+    /// POSTs the first `n` of `queue` until a 2xx takes them. Ends early at the deadline of
+    /// a finish, or, holding `turn`, as soon as it is lost: checked before every attempt.
     async fn deliver(
         &mut self,
         queue: &VecDeque<Pending>,
         n: usize,
         finish: &mut watch::Receiver<Option<Instant>>,
-    ) -> bool {
+        turn: Option<&Turn>,
+    ) -> Ended {
         debug_assert!(n > 0 && n <= queue.len());
         let id = queue[n - 1].id.clone();
         let mut body = String::with_capacity(16 + queue.iter().take(n).map(|p| p.json.len() + 1).sum::<usize>());
@@ -183,6 +314,11 @@ impl Relay {
         body.push_str("]}");
         let mut backoff = FIRST_BACKOFF;
         loop {
+            if let Some(turn) = turn {
+                if !turn.keep().await {
+                    return Ended::LostTurn;
+                }
+            }
             let timestamp = unix_ms_now() / 1000;
             let signed = signature(&self.config.secrets, &id, timestamp, body.as_bytes());
             let request = self
@@ -211,7 +347,7 @@ impl Relay {
                     self.failing = false;
                     tracing::info!(url = %self.config.url, "webhook: delivering again");
                 }
-                return true;
+                return Ended::Delivered;
             }
             self.observe(queue);
             // Full jitter: anywhere from nothing to the backoff.
@@ -222,7 +358,7 @@ impl Relay {
                 let deadline = *finish.borrow();
                 if let Some(deadline) = deadline {
                     if until >= deadline {
-                        return false;
+                        return Ended::Deadline;
                     }
                     sleep_until(until).await;
                     break;

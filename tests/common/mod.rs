@@ -13,6 +13,7 @@ pub mod raw_tls;
 pub mod redis;
 pub mod tls;
 pub mod tls_configs;
+pub mod webhook;
 pub mod ws;
 
 use std::net::SocketAddr;

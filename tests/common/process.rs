@@ -17,7 +17,12 @@ pub struct GatewayProcess {
 impl GatewayProcess {
     /// Starts `idlegate serve` with `extra` flags and waits until `/healthz` answers.
     pub async fn start(extra: &[&str]) -> GatewayProcess {
-        let gw = GatewayProcess::spawn(extra).await;
+        GatewayProcess::start_as("proc", extra).await
+    }
+
+    /// The same, as node `node`.
+    pub async fn start_as(node: &str, extra: &[&str]) -> GatewayProcess {
+        let gw = GatewayProcess::spawn(node, extra).await;
         assert_eq!(http_get(gw.admin, "/healthz").await.0, 200);
         gw
     }
@@ -25,16 +30,16 @@ impl GatewayProcess {
     /// Starts `idlegate serve` with `extra` flags whose HTTP listeners speak TLS: waits until
     /// both accept connections.
     pub async fn start_https(extra: &[&str]) -> GatewayProcess {
-        let gw = GatewayProcess::spawn(extra).await;
+        let gw = GatewayProcess::spawn("proc", extra).await;
         wait_listening(gw.api).await;
         gw
     }
 
-    async fn spawn(extra: &[&str]) -> GatewayProcess {
+    async fn spawn(node: &str, extra: &[&str]) -> GatewayProcess {
         let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
         let child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
             .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
-            .args(["--api-listen", &api.to_string(), "--node-id", "proc"])
+            .args(["--api-listen", &api.to_string(), "--node-id", node])
             .args(extra)
             .env_remove("IDLEGATE_AUTH_SECRET")
             .env_remove("IDLEGATE_API_TOKEN")

@@ -47,6 +47,7 @@ const handler = (req, res) => {
       timestamp: req.headers["webhook-timestamp"],
       signatures: (req.headers["webhook-signature"] || "").split(" ").length,
       content_type: req.headers["content-type"],
+      agent: req.headers["user-agent"],
       verified,
       why,
       acknowledged: !failing,

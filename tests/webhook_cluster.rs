@@ -1,0 +1,200 @@
+//! A cluster's webhook relay on real Redis, with gateways as processes of their own so
+//! they can die (SIGKILL) or stop (SIGSTOP): one node at a time relays the shared stream;
+//! after the relaying node is killed under a steady churn another takes over within the
+//! lease, continuing after the last acknowledged batch, and the receiver ends up with every
+//! event of the stream, in order (duplicates allowed, each with its id); a relay stopped
+//! past its turn sends nothing once it runs again.
+//!
+//! Needs Redis, Node and the receiver's package; skips without them, except under CI.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::process::GatewayProcess;
+use common::redis::RedisServer;
+use common::webhook::{delivered, ready, secrets, Receiver};
+use common::Client;
+use idlegate_proto::Frame;
+use serde_json::Value;
+
+const LEASE: &str = "1s";
+
+/// Starts node `name` relaying to `url` with the secrets in `secret_file`.
+async fn node(name: &str, redis: &str, url: &str, secret_file: &str) -> GatewayProcess {
+    let gw = GatewayProcess::start_as(
+        name,
+        &[
+            "--redis",
+            redis,
+            "--node-lease",
+            LEASE,
+            "--tick",
+            "100ms",
+            "--webhook-url",
+            url,
+            "--webhook-secret-file",
+            secret_file,
+            "--webhook-linger",
+            "10ms",
+            "--webhook-max-backoff",
+            "200ms",
+        ],
+    )
+    .await;
+    common::cluster::eventually("the node joins", || async {
+        common::http_get(gw.admin, "/readyz").await.1 == "ready\n"
+    })
+    .await;
+    gw
+}
+
+/// The node that sent `request`, from its User-Agent `idlegate/<version> (node <name>)`.
+fn sender(request: &Value) -> String {
+    let agent = request["agent"].as_str().unwrap_or_default();
+    agent.rsplit_once("(node ").map(|(_, n)| n.trim_end_matches(')').to_string()).unwrap_or_default()
+}
+
+/// Logs uids in and out on `doors`, one after another, until `stop`; returns the uids used.
+async fn churn(doors: Vec<SocketAddr>, first_uid: u64, stop: Arc<AtomicBool>) -> u64 {
+    let mut uid = first_uid;
+    while !stop.load(Ordering::Relaxed) {
+        let mut client = Client::connect(doors[(uid as usize) % doors.len()]).await;
+        if matches!(client.login(uid).await, Frame::Welcome { .. }) {
+            client.send(Frame::Logout).await;
+            client.recv().await;
+        }
+        uid += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    uid
+}
+
+/// The events of the shared stream (ids and types) the relay delivers by default.
+fn stream_events(redis: &RedisServer) -> Vec<(String, String)> {
+    redis
+        .events()
+        .into_iter()
+        .filter(|e| ["online", "offline", "user_online", "user_offline"].contains(&e.kind.as_str()))
+        .map(|e| (e.id, e.kind))
+        .collect()
+}
+
+/// Each request's events are in the stream's order; the first delivery of each id, in
+/// order, is exactly `want` from its first id on.
+fn assert_complete_and_ordered(requests: &[Value], want: &[(String, String)]) {
+    let seq = |id: &str| id.rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok()).unwrap_or(0);
+    for request in requests {
+        let ids: Vec<u64> = common::webhook::events(request).iter().map(|e| seq(e["id"].as_str().unwrap())).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "a request out of order: {ids:?}");
+    }
+    let mut seen = HashSet::new();
+    let got: Vec<(String, String)> = delivered(requests)
+        .into_iter()
+        .filter(|e| seen.insert(e["id"].as_str().unwrap().to_string()))
+        .map(|e| (e["id"].as_str().unwrap().to_string(), e["type"].as_str().unwrap().to_string()))
+        .collect();
+    assert!(got.iter().all(|(_, kind)| kind != "gap"), "the relay fell behind: {got:?}");
+    let from = want.iter().position(|w| w.0 == got[0].0).expect("the first delivered event is in the stream");
+    let want = &want[from..];
+    let missing: Vec<_> = want.iter().filter(|w| !got.contains(w)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} events never delivered, the first: {:?}",
+        missing.len(),
+        &missing[..3.min(missing.len())]
+    );
+    assert_eq!(got.len(), want.len(), "delivered events the stream does not hold");
+    assert!(got.windows(2).all(|w| seq(&w[0].0) < seq(&w[1].0)), "first deliveries out of order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaying_node_killed_under_churn_is_taken_over_and_nothing_is_lost_or_reordered() {
+    if !ready() {
+        return;
+    }
+    let Some(redis) = RedisServer::start().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (newest, _, file) = secrets();
+    let secret_file = dir.path().join("secrets");
+    std::fs::write(&secret_file, file).unwrap();
+    let mut receiver = Receiver::start(0, &newest, &[]).await;
+    let url = format!("http://127.0.0.1:{}/hook", receiver.port);
+    let (redis_url, secret_file) = (redis.url(), secret_file.to_string_lossy().to_string());
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        nodes.push(Some(node(name, &redis_url, &url, &secret_file).await));
+    }
+    // A first event shows who relays.
+    let mut first = Client::connect(nodes[0].as_ref().unwrap().listen).await;
+    first.login(1).await;
+    let mut requests = receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
+    let relaying = sender(&requests[0]);
+    let victim = ["a", "b", "c"].iter().position(|n| *n == relaying).expect("a node relays");
+    assert!(requests.iter().all(|r| sender(r) == relaying), "one node relays at a time");
+
+    // A steady churn on the others, through the kill.
+    let doors: Vec<SocketAddr> =
+        nodes.iter().enumerate().filter(|(i, _)| *i != victim).map(|(_, n)| n.as_ref().unwrap().listen).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churning = tokio::spawn(churn(doors, 1_000, stop.clone()));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    nodes[victim].as_ref().unwrap().signal("KILL");
+    let killed = tokio::time::Instant::now();
+    nodes[victim] = None;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let last = churning.await.unwrap() - 1;
+    let after = receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await;
+    let took_over = after.iter().find(|r| sender(r) != relaying).expect("another node relays");
+    eprintln!("taken over by {} within {:?} of the kill", sender(took_over), killed.elapsed());
+    requests.extend(after);
+    assert_complete_and_ordered(&requests, &stream_events(&redis));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_past_its_turn_sends_nothing_once_it_runs_again() {
+    if !ready() {
+        return;
+    }
+    let Some(redis) = RedisServer::start().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (newest, _, file) = secrets();
+    let secret_file = dir.path().join("secrets");
+    std::fs::write(&secret_file, file).unwrap();
+    let mut receiver = Receiver::start(0, &newest, &[]).await;
+    let url = format!("http://127.0.0.1:{}/hook", receiver.port);
+    let (redis_url, secret_file) = (redis.url(), secret_file.to_string_lossy().to_string());
+    let nodes = [node("a", &redis_url, &url, &secret_file).await, node("b", &redis_url, &url, &secret_file).await];
+    let mut first = Client::connect(nodes[0].listen).await;
+    first.login(1).await;
+    let mut requests = receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
+    let relaying = sender(&requests[0]);
+    let (stopped, other) = if relaying == "a" { (&nodes[0], &nodes[1]) } else { (&nodes[1], &nodes[0]) };
+
+    // Stopped past its turn (and its node lease: its client goes node_lost, one more event
+    // to relay) while the other node's clients churn on.
+    stopped.signal("STOP");
+    let stop = Arc::new(AtomicBool::new(false));
+    let churning = tokio::spawn(churn(vec![other.listen], 1_000, stop.clone()));
+    let taken = receiver.until(|_| true).await;
+    let mut more = taken;
+    while more.last().map(sender) == Some(relaying.clone()) {
+        more.extend(receiver.until(|_| true).await);
+    }
+    requests.extend(more);
+    // It runs again, past its turn, while the other relays on.
+    stopped.signal("CONT");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let last = churning.await.unwrap() - 1;
+    let after = receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await;
+    let resumed: Vec<&Value> = after.iter().filter(|r| sender(r) == relaying).map(|r| &r["id"]).collect();
+    assert!(resumed.is_empty(), "the stopped relay sent {} requests after running again: {resumed:?}", resumed.len());
+    requests.extend(after);
+    assert_complete_and_ordered(&requests, &stream_events(&redis));
+}
