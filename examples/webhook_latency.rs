@@ -14,9 +14,12 @@
 //! cargo build --release && cargo run --release --example webhook_latency -- target/release/idlegate [clients] [--raw]
 //! ```
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,12 +28,13 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use base64::Engine;
 use futures_util::SinkExt;
 use idlegate_proto::{Frame, FrameCodec};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
+
+use support::{free_port, secret_dir, serve_receiver, Gateway};
 
 /// The gateway's timeout and tick: short, so a run takes seconds, and a tick as by default.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,19 +60,6 @@ async fn receive(State(receiver): State<Arc<Receiver>>, body: Bytes) -> StatusCo
     StatusCode::NO_CONTENT
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Gateway(Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -81,14 +72,8 @@ async fn main() -> anyhow::Result<()> {
     let raw = args.iter().any(|a| a == "--raw");
 
     let receiver = Arc::new(Receiver::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let hook = listener.local_addr()?;
-    let app = Router::new().route("/hook", post(receive)).with_state(receiver.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let dir = tempfile::tempdir()?;
-    let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([5u8; 32]));
-    std::fs::write(dir.path().join("secrets"), secret)?;
+    let hook = serve_receiver(Router::new().route("/hook", post(receive)).with_state(receiver.clone())).await?;
+    let dir = secret_dir()?;
     let door: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
     let timeout = format!("{}s", TIMEOUT.as_secs());
     let gateway = Gateway(

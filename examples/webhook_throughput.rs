@@ -10,8 +10,11 @@
 //! cargo build --release && cargo run --release --example webhook_throughput -- target/release/idlegate [clients] [rounds] [batch]
 //! ```
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,12 +24,13 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use idlegate_proto::{Frame, FrameCodec};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
+
+use support::{free_port, secret_dir, serve_receiver, Gateway};
 
 /// What the receiver counts.
 #[derive(Default)]
@@ -55,19 +59,6 @@ fn cpu_us(pid: u32) -> u64 {
     ticks * 10_000
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Gateway(Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -77,14 +68,8 @@ async fn main() -> anyhow::Result<()> {
     let batch: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(100);
 
     let receiver = Arc::new(Receiver::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let hook = listener.local_addr()?;
-    let app = Router::new().route("/hook", post(receive)).with_state(receiver.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let dir = tempfile::tempdir()?;
-    let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([5u8; 32]));
-    std::fs::write(dir.path().join("secrets"), secret)?;
+    let hook = serve_receiver(Router::new().route("/hook", post(receive)).with_state(receiver.clone())).await?;
+    let dir = secret_dir()?;
     println!("# examples/webhook_throughput.rs {binary} {clients} {rounds} {batch}");
     println!("# round events seconds events_per_second gateway_cpu_us_per_event");
     for round in 1..=rounds {

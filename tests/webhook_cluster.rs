@@ -24,6 +24,32 @@ use serde_json::Value;
 
 const LEASE: &str = "1s";
 
+/// A receiver, the secrets it verifies with, and the Redis the nodes share.
+struct Relaying {
+    receiver: Receiver,
+    url: String,
+    redis: String,
+    secret_file: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Relaying {
+    async fn start(redis: &RedisServer) -> Relaying {
+        let dir = tempfile::tempdir().unwrap();
+        let (newest, _, file) = secrets();
+        let secret_file = dir.path().join("secrets");
+        std::fs::write(&secret_file, file).unwrap();
+        let receiver = Receiver::start(0, &newest, &[]).await;
+        let url = format!("http://127.0.0.1:{}/hook", receiver.port);
+        let secret_file = secret_file.to_string_lossy().to_string();
+        Relaying { receiver, url, redis: redis.url(), secret_file, _dir: dir }
+    }
+
+    async fn node(&self, name: &str) -> GatewayProcess {
+        node(name, &self.redis, &self.url, &self.secret_file).await
+    }
+}
+
 /// Starts node `name` relaying to `url` with the secrets in `secret_file`.
 async fn node(name: &str, redis: &str, url: &str, secret_file: &str) -> GatewayProcess {
     let gw = GatewayProcess::start_as(
@@ -118,21 +144,15 @@ async fn a_relaying_node_killed_under_churn_is_taken_over_and_nothing_is_lost_or
         return;
     }
     let Some(redis) = RedisServer::start().await else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (newest, _, file) = secrets();
-    let secret_file = dir.path().join("secrets");
-    std::fs::write(&secret_file, file).unwrap();
-    let mut receiver = Receiver::start(0, &newest, &[]).await;
-    let url = format!("http://127.0.0.1:{}/hook", receiver.port);
-    let (redis_url, secret_file) = (redis.url(), secret_file.to_string_lossy().to_string());
+    let mut relay = Relaying::start(&redis).await;
     let mut nodes = Vec::new();
     for name in ["a", "b", "c"] {
-        nodes.push(Some(node(name, &redis_url, &url, &secret_file).await));
+        nodes.push(Some(relay.node(name).await));
     }
     // A first event shows who relays.
     let mut first = Client::connect(nodes[0].as_ref().unwrap().listen).await;
     first.login(1).await;
-    let mut requests = receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
+    let mut requests = relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
     let relaying = sender(&requests[0]);
     let victim = ["a", "b", "c"].iter().position(|n| *n == relaying).expect("a node relays");
     assert!(requests.iter().all(|r| sender(r) == relaying), "one node relays at a time");
@@ -149,7 +169,7 @@ async fn a_relaying_node_killed_under_churn_is_taken_over_and_nothing_is_lost_or
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     stop.store(true, Ordering::Relaxed);
     let last = churning.await.unwrap() - 1;
-    let after = receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await;
+    let after = relay.receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await;
     let took_over = after.iter().find(|r| sender(r) != relaying).expect("another node relays");
     eprintln!("taken over by {} within {:?} of the kill", sender(took_over), killed.elapsed());
     requests.extend(after);
@@ -162,17 +182,11 @@ async fn a_relay_stopped_past_its_turn_sends_nothing_once_it_runs_again() {
         return;
     }
     let Some(redis) = RedisServer::start().await else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (newest, _, file) = secrets();
-    let secret_file = dir.path().join("secrets");
-    std::fs::write(&secret_file, file).unwrap();
-    let mut receiver = Receiver::start(0, &newest, &[]).await;
-    let url = format!("http://127.0.0.1:{}/hook", receiver.port);
-    let (redis_url, secret_file) = (redis.url(), secret_file.to_string_lossy().to_string());
-    let nodes = [node("a", &redis_url, &url, &secret_file).await, node("b", &redis_url, &url, &secret_file).await];
+    let mut relay = Relaying::start(&redis).await;
+    let nodes = [relay.node("a").await, relay.node("b").await];
     let mut first = Client::connect(nodes[0].listen).await;
     first.login(1).await;
-    let mut requests = receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
+    let mut requests = relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
     let relaying = sender(&requests[0]);
     let (stopped, other) = if relaying == "a" { (&nodes[0], &nodes[1]) } else { (&nodes[1], &nodes[0]) };
 
@@ -181,10 +195,10 @@ async fn a_relay_stopped_past_its_turn_sends_nothing_once_it_runs_again() {
     stopped.signal("STOP");
     let stop = Arc::new(AtomicBool::new(false));
     let churning = tokio::spawn(churn(vec![other.listen], 1_000, stop.clone()));
-    let taken = receiver.until(|_| true).await;
+    let taken = relay.receiver.until(|_| true).await;
     let mut more = taken;
     while more.last().map(sender) == Some(relaying.clone()) {
-        more.extend(receiver.until(|_| true).await);
+        more.extend(relay.receiver.until(|_| true).await);
     }
     requests.extend(more);
     // It runs again, past its turn, while the other relays on.
@@ -192,7 +206,7 @@ async fn a_relay_stopped_past_its_turn_sends_nothing_once_it_runs_again() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     stop.store(true, Ordering::Relaxed);
     let last = churning.await.unwrap() - 1;
-    let after = receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await;
+    let after = relay.receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await;
     let resumed: Vec<&Value> = after.iter().filter(|r| sender(r) == relaying).map(|r| &r["id"]).collect();
     assert!(resumed.is_empty(), "the stopped relay sent {} requests after running again: {resumed:?}", resumed.len());
     requests.extend(after);

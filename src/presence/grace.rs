@@ -19,12 +19,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
 
 use crate::presence::clock::Clock;
 use crate::presence::ring::{Handle, Ring};
+use crate::presence::shards::{lock, shard_of};
 use crate::proto::CloseReason;
 
 /// Shards of the graces. Only endings, logins and the sweep come here, never a frame: a
@@ -158,19 +159,8 @@ impl Graces {
     }
 
     fn lock(&self, uid: u64) -> MutexGuard<'_, Shard> {
-        lock(&self.shards[shard_of(uid)])
+        lock(&self.shards[shard_of(uid, GRACE_SHARDS)])
     }
-}
-
-/// A poisoned shard is used as is: each call leaves it consistent before it returns.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Shard of a uid: Fibonacci hashing, so sequential uids spread evenly.
-fn shard_of(uid: u64) -> usize {
-    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-    (uid.wrapping_mul(GOLDEN) >> (64 - GRACE_SHARDS.trailing_zeros())) as usize
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //! which pushes an MQTT session takes; `events` is the ordering lock every online, offline
 //! and data event goes through, into this process's `local_log` or a cluster's store;
 //! `event_json` writes an event's data as the event stream and webhooks carry it;
-//! `grace` holds a uid's `user_offline` for the offline grace;
+//! `grace` holds a uid's `user_offline` for the offline grace; `shards` places a uid on a
+//! lock;
 //! `directory` answers presence questions for the backend API, whether from this process or
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
 
@@ -22,6 +23,7 @@ mod outbox;
 mod registry;
 mod ring;
 mod session;
+mod shards;
 mod subscriptions;
 mod ticker;
 

@@ -34,7 +34,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(test)]
 use bytes::Bytes;
@@ -48,6 +48,7 @@ use crate::presence::events::EventLog;
 use crate::presence::grace::Graces;
 use crate::presence::ring::{Ring, Touch};
 use crate::presence::session::Ending;
+use crate::presence::shards::{self, lock};
 use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions, Will};
 use crate::proto::{CloseReason, Device};
 
@@ -689,17 +690,9 @@ fn catch_up(ring: &mut Ring, to: u64) {
     }
 }
 
-/// Locks a ring shard. A panic elsewhere while holding it cannot leave a ring half-updated
-/// in a way later calls trip over (each call restores its invariants before returning), so a
-/// poisoned lock is used as is rather than taking the gateway down.
-fn lock(shard: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Ring shard of a uid: Fibonacci hashing, so sequential uids spread evenly.
+/// Ring shard of a uid.
 fn shard_of(uid: u64) -> usize {
-    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-    (uid.wrapping_mul(GOLDEN) >> (64 - RING_SHARDS.trailing_zeros())) as usize
+    shards::shard_of(uid, RING_SHARDS)
 }
 
 #[cfg(test)]
