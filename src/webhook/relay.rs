@@ -188,6 +188,10 @@ impl Relay {
                 tracing::warn!("webhook: this node lost the relay's turn; another node relays");
                 continue;
             }
+            if finish.borrow().is_none() {
+                // The stream ended without a finish: follow it again from the position.
+                continue;
+            }
             turn.store.give_up().await;
             return;
         }
