@@ -2,9 +2,9 @@
 //! (`tests/data/webhook/receiver.js`) verifies every request with the Standard Webhooks
 //! library (npm `standardwebhooks`), as a backend would, and the test reads what it got.
 //! Covered: the `start` first, every event in the log's order and batches, the signature
-//! under rotation (two secrets; the receiver holds the older), retries after 500s, hangs
-//! and reset connections (the same `webhook-id` and body each time, nothing lost, order
-//! kept), the `gap` when the relay fell behind the log, and shutdown delivering the
+//! under rotation (two secrets; the receiver holds the older), retries after 500s, hangs,
+//! reset connections and refused ones (the same `webhook-id` and body each time, nothing
+//! lost, order kept), the `gap` when the relay fell behind the log, and shutdown delivering the
 //! `offline(shutdown)` events.
 //!
 //! Needs Node and the receiver's package (`npm ci` in tests/data/webhook, which `.ci/run`
@@ -227,4 +227,34 @@ async fn shutdown_delivers_the_offline_events_it_causes() {
     let ended: Vec<Value> = delivered(&requests).into_iter().filter(|e| e["type"] == "offline").collect();
     assert_eq!(ended.len(), 2, "{ended:?}");
     assert!(ended.iter().all(|e| e["reason"] == "shutdown"));
+}
+
+/// Nothing listens at the receiver's port for a while (connections refused, counted as
+/// `connect`); once the receiver comes up there, everything arrives, in order, the first
+/// batch being the one refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_refuses_connections_a_while_then_gets_everything_in_order() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (newest, _, file) = secrets();
+    std::fs::write(dir.path().join("secrets"), file).unwrap();
+    // A port nothing listens on (as free as every test's loopback port is).
+    let port = common::free_addr().port();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let mut server = TestServer::start(config(url, &dir.path().join("secrets"), |_| {})).await;
+    let mut clients = Vec::new();
+    for uid in 1..=5 {
+        clients.push(login(&server, uid).await);
+    }
+    eventually(&server, "idlegate_webhook_requests_total{result=\"connect\"}", |v| v >= 2.0).await;
+    let mut receiver = Receiver::start(port, &newest, &[]).await;
+    let requests = receiver.until(is("user_online", 5)).await;
+    let got = delivered(&requests);
+    assert_eq!(got[0]["type"], "start", "{got:?}");
+    let online: Vec<u64> = got.iter().filter(|e| e["type"] == "online").map(|e| e["uid"].as_u64().unwrap()).collect();
+    assert_eq!(online, [1, 2, 3, 4, 5]);
+    assert!(requests.iter().all(|r| r["verified"] == true));
+    server.shutdown().await;
 }
