@@ -7,8 +7,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use idlegate::{default_max_connections, Auth, Config, Listeners, RedisTarget, Server, TlsIdentity, WebhookConfig};
+use idlegate::{
+    default_max_connections, Auth, Config, JwtAuth, JwtRules, Listeners, RedisTarget, Server, TlsIdentity,
+    WebhookConfig,
+};
 use idlegate_proto::unix_now;
+use std::sync::Arc;
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Pending-connection queue of the client listener. The kernel caps it at
@@ -135,6 +139,27 @@ struct ServeArgs {
     /// refused (BYE(auth_failed) saying so).
     #[arg(long, env = "IDLEGATE_MAX_TOKEN_TTL", default_value = "1d", value_parser = humantime::parse_duration)]
     max_token_ttl: Duration,
+    /// JWT verification keys: a JWKS document ({"keys":[...]}) or PEM public keys (RSA, EC
+    /// P-256/P-384, Ed25519), several allowed; matched by kid when a token names one. Read
+    /// again on SIGHUP.
+    #[arg(long, env = "IDLEGATE_JWT_KEY_FILE")]
+    jwt_key_file: Option<std::path::PathBuf>,
+    /// HS256/HS384/HS512 secrets for JWTs, one a line. Read again on SIGHUP.
+    #[arg(long, env = "IDLEGATE_JWT_SECRET_FILE")]
+    jwt_secret_file: Option<std::path::PathBuf>,
+    /// Clock skew forgiven when checking a JWT's exp, nbf and iat.
+    #[arg(long, env = "IDLEGATE_JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration)]
+    jwt_leeway: Duration,
+    /// The iss a JWT must carry, if set.
+    #[arg(long, env = "IDLEGATE_JWT_ISSUER")]
+    jwt_issuer: Option<String>,
+    /// An aud a JWT must carry, if set.
+    #[arg(long, env = "IDLEGATE_JWT_AUDIENCE")]
+    jwt_audience: Option<String>,
+    /// The JWT claim holding the uid (a decimal u64, as a string or a number); it must equal
+    /// the LOGIN's uid (the MQTT username).
+    #[arg(long, env = "IDLEGATE_JWT_UID_CLAIM", default_value = idlegate::DEFAULT_JWT_UID_CLAIM)]
+    jwt_uid_claim: String,
     /// Allow running without --auth-secret on a non-loopback --listen address.
     #[arg(long, env = "IDLEGATE_ALLOW_ANONYMOUS")]
     allow_anonymous: bool,
@@ -307,6 +332,24 @@ fn auth(args: &ServeArgs) -> Option<Auth> {
     }
 }
 
+/// The JWT keys and checks, from --jwt-key-file and --jwt-secret-file.
+fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
+    if args.jwt_key_file.is_none() && args.jwt_secret_file.is_none() {
+        return None;
+    }
+    let rules = JwtRules {
+        leeway: args.jwt_leeway,
+        issuer: args.jwt_issuer.clone(),
+        audience: args.jwt_audience.clone(),
+        uid_claim: args.jwt_uid_claim.clone(),
+        max_ttl: args.max_token_ttl,
+    };
+    match JwtAuth::load(args.jwt_key_file.as_deref(), args.jwt_secret_file.as_deref(), rules) {
+        Ok(jwt) => Some(jwt),
+        Err(e) => usage_error(e),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -402,6 +445,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_data_rate: args.max_data_rate,
         max_data_burst: args.max_data_burst,
         auth: auth(&args),
+        jwt: jwt(&args),
         drain_timeout: args.drain_timeout,
         offline_grace: args.offline_grace,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
@@ -438,7 +482,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Err(e) = config.validate() {
         usage_error(e);
     }
-    if config.auth.is_none() {
+    if config.auth.is_none() && config.jwt.is_none() {
         let doors = [
             ("--listen", Some(args.listen)),
             ("--tls-listen", args.tls_listen),

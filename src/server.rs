@@ -24,7 +24,7 @@ use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Joining, Settings};
-use crate::config::{Config, TlsIdentity};
+use crate::config::{Config, JwtAuth, TlsIdentity};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::metrics::Metrics;
 use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, Ticker};
@@ -212,8 +212,9 @@ impl Server {
         if let Some(api) = api {
             tasks.push(tokio::spawn(serve_api(api, http, background.clone())));
         }
-        if let Some(identity) = self.config.tls.clone() {
-            tasks.push(tokio::spawn(reload_on_sighup(identity, self.metrics.clone(), background.clone())));
+        if self.config.tls.is_some() || self.config.jwt.is_some() {
+            let (identity, jwt) = (self.config.tls.clone(), self.config.jwt.clone());
+            tasks.push(tokio::spawn(reload_on_sighup(identity, jwt, self.metrics.clone(), background.clone())));
         }
         // The relay follows the log from its first event: started before any door opens.
         let (finish_relay, relay_finishing) = tokio::sync::watch::channel(None);
@@ -305,14 +306,25 @@ impl Server {
 /// are aborted: the whole shutdown stays within `--drain-timeout` plus this.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
-/// Reads `--tls-cert` and `--tls-key` again on every SIGHUP; a bad pair is logged, counted
-/// and the one served stays. Connections open keep the session they have.
-async fn reload_on_sighup(identity: Arc<TlsIdentity>, metrics: Arc<Metrics>, stop: CancellationToken) {
-    metrics.tls_cert_expiry.set(identity.not_after());
+/// Reads `--tls-cert` and `--tls-key`, and the JWT keys, again on every SIGHUP; a bad file
+/// is logged, counted and what was in use stays. Connections open keep the session they
+/// have; a live session is never checked again against the new keys.
+async fn reload_on_sighup(
+    identity: Option<Arc<TlsIdentity>>,
+    jwt: Option<Arc<JwtAuth>>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    if let Some(identity) = &identity {
+        metrics.tls_cert_expiry.set(identity.not_after());
+    }
+    if let Some(jwt) = &jwt {
+        metrics.jwt_keys.set(jwt.key_count() as i64);
+    }
     #[cfg(unix)]
     {
         let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP; the TLS certificate is read only at start");
+            tracing::warn!("cannot listen for SIGHUP; the TLS certificate and JWT keys are read only at start");
             return;
         };
         loop {
@@ -320,6 +332,20 @@ async fn reload_on_sighup(identity: Arc<TlsIdentity>, metrics: Arc<Metrics>, sto
                 _ = stop.cancelled() => return,
                 got = hup.recv() => if got.is_none() { return },
             }
+            if let Some(jwt) = &jwt {
+                match jwt.reload() {
+                    Ok(keys) => {
+                        metrics.jwt_reloads_ok.inc();
+                        metrics.jwt_keys.set(keys as i64);
+                        tracing::info!(keys, "SIGHUP: JWT keys read again; new logins are checked against them");
+                    }
+                    Err(e) => {
+                        metrics.jwt_reloads_error.inc();
+                        tracing::error!(error = %e, "SIGHUP: keeping the JWT keys in use until now");
+                    }
+                }
+            }
+            let Some(identity) = &identity else { continue };
             match identity.reload() {
                 Ok(()) => {
                     metrics.tls_reloads_ok.inc();

@@ -83,6 +83,9 @@ fn configuration_errors_exit_2_and_name_the_flag() {
             "--webhook-events",
         ),
         (&["serve", "--offline-grace", "1500ms"], "--offline-grace"),
+        (&["serve", "--jwt-key-file", "/nonexistent"], "--jwt-key-file"),
+        (&["serve", "--jwt-key-file", "/dev/null"], "--jwt-key-file"),
+        (&["serve", "--jwt-secret-file", "/dev/null"], "--jwt-secret-file"),
         (&["serve", "--offline-grace", "6m"], "--offline-grace"),
     ];
     for (args, flag) in cases {

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::proto::Auth;
+mod jwt;
 mod redis_target;
 mod tls;
 mod webhook;
 
 use crate::error::ConfigError;
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
+pub use jwt::{JwtAuth, JwtRules, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM};
 pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 pub use tls::TlsIdentity;
@@ -124,6 +126,9 @@ pub struct Config {
     pub max_data_burst: u32,
     /// Token checking; `None` accepts any token.
     pub auth: Option<Auth>,
+    /// JWT logins (`--jwt-key-file`, `--jwt-secret-file`): a token in a JWT's compact form
+    /// is checked here, any other by `auth`. With neither, any token is accepted.
+    pub jwt: Option<Arc<JwtAuth>>,
     /// Time shutdown waits for connections to take their BYE and close.
     pub drain_timeout: Duration,
     /// This gateway's name in presence answers and online events.
@@ -203,6 +208,7 @@ impl Default for Config {
             max_data_rate: DEFAULT_MAX_DATA_RATE,
             max_data_burst: DEFAULT_MAX_DATA_BURST,
             auth: None,
+            jwt: None,
             drain_timeout: Duration::from_secs(5),
             node_id: "idlegate".into(),
             api_token: None,

@@ -90,6 +90,10 @@ pub struct Metrics {
     /// SIGHUP reloads of `--tls-cert` and `--tls-key`, good and refused.
     pub tls_reloads_ok: IntCounter,
     pub tls_reloads_error: IntCounter,
+    /// SIGHUP reloads of the JWT keys, by result, and the keys in use.
+    pub jwt_reloads_ok: IntCounter,
+    pub jwt_reloads_error: IntCounter,
+    pub jwt_keys: IntGauge,
     /// When the certificate served now stops being valid (Unix seconds).
     pub tls_cert_expiry: IntGauge,
     /// Connections accepted, including those refused as server_full.
@@ -237,6 +241,18 @@ impl Metrics {
         let tls_reloads_ok = reloads_vec.with_label_values(&["ok"]);
         let tls_reloads_error = reloads_vec.with_label_values(&["error"]);
         reg(Box::new(reloads_vec));
+        let jwt_reloads_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_jwt_key_reloads_total",
+                "SIGHUP reloads of --jwt-key-file and --jwt-secret-file, by result (an error keeps the keys in use)",
+            ),
+            &["result"],
+        )
+        .expect("valid counter vec");
+        let jwt_reloads_ok = jwt_reloads_vec.with_label_values(&["ok"]);
+        let jwt_reloads_error = jwt_reloads_vec.with_label_values(&["error"]);
+        reg(Box::new(jwt_reloads_vec));
+        let jwt_keys = gauge("idlegate_jwt_keys", "JWT verification keys and secrets in use");
         let tls_cert_expiry = gauge(
             "idlegate_tls_cert_expiry_timestamp_seconds",
             "when the TLS certificate served now expires (Unix seconds; 0 without TLS)",
@@ -413,6 +429,9 @@ impl Metrics {
             handshake_duration,
             tls_reloads_ok,
             tls_reloads_error,
+            jwt_reloads_ok,
+            jwt_reloads_error,
+            jwt_keys,
             tls_cert_expiry,
             connections_accepted,
             closed,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, JwtAuth};
 use crate::metrics::Metrics;
 use crate::presence::{data_bucket, Clock, Registry};
 use crate::proto::Auth;
@@ -31,6 +31,8 @@ pub(crate) struct Context {
 pub(crate) struct Rules {
     /// Token check on LOGIN (`--auth-secret`), if any.
     pub(crate) auth: Option<Auth>,
+    /// JWT check on LOGIN (`--jwt-key-file`, `--jwt-secret-file`), if any.
+    pub(crate) jwt: Option<Arc<JwtAuth>>,
     /// For the WELCOME: how long silence lasts before expiry, and the tick.
     pub(crate) timeout_ms: u32,
     pub(crate) tick_ms: u32,
@@ -57,6 +59,7 @@ impl Rules {
     pub(crate) fn new(config: &Config) -> Rules {
         Rules {
             auth: config.auth.clone(),
+            jwt: config.jwt.clone(),
             timeout_ms: config.timeout_ms(),
             tick_ms: config.tick_ms(),
             window: config.window(),

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
+use crate::config::JwtAuth;
 use crate::presence::{session_hex, Push, Session, Touched, Will};
 use crate::proto::{
     jittered_ms, kind, put_frame, retry_text, unix_now, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
@@ -279,19 +280,34 @@ impl Machine {
         let Login { uid, token, device, subscriber, will } = login;
         let context = &self.context;
         let rules = &context.rules;
-        if let Some(auth) = &rules.auth {
-            if let Err(e) = auth.verify(uid, token, inputs.unix_secs()) {
-                tracing::debug!(uid, error = %e, "login refused");
-                // Says what to do about it (refresh, or fix the minting), never what the
-                // secret is.
-                let why = match e {
-                    AuthError::Expired { .. } => "token expired",
-                    AuthError::BadSignature => "token did not verify",
-                    AuthError::Malformed => "token malformed: expected <expiry>.<64 lowercase hex>",
-                    AuthError::TooLong { .. } => "token expiry too far ahead (--max-token-ttl)",
-                };
-                return Err((CloseReason::AuthFailed, why.into()));
+        // A JWT (three base64url parts) goes to the JWT keys when there are any; any other
+        // token to the HMAC secrets. With neither configured, any token is taken.
+        match (&rules.jwt, &rules.auth) {
+            (Some(jwt), _) if JwtAuth::looks_like_jwt(token) => {
+                if let Err(e) = jwt.verify(uid, token, inputs.unix_secs()) {
+                    tracing::debug!(uid, error = %e, "login refused");
+                    // Names the check that failed, never the token.
+                    return Err((CloseReason::AuthFailed, e.to_string()));
+                }
             }
+            (_, Some(auth)) => {
+                if let Err(e) = auth.verify(uid, token, inputs.unix_secs()) {
+                    tracing::debug!(uid, error = %e, "login refused");
+                    // Says what to do about it (refresh, or fix the minting), never what
+                    // the secret is.
+                    let why = match e {
+                        AuthError::Expired { .. } => "token expired",
+                        AuthError::BadSignature => "token did not verify",
+                        AuthError::Malformed => "token malformed: expected <expiry>.<64 lowercase hex>",
+                        AuthError::TooLong { .. } => "token expiry too far ahead (--max-token-ttl)",
+                    };
+                    return Err((CloseReason::AuthFailed, why.into()));
+                }
+            }
+            (Some(_), None) => {
+                return Err((CloseReason::AuthFailed, "token malformed: expected a JWT".into()));
+            }
+            (None, None) => {}
         }
         let now = context.clock.tick_at(inputs.now());
         let pingable = out.pings() && rules.ws_keepalive_pings;

@@ -17,11 +17,15 @@ pub const HEADER_LEN: usize = 4;
 /// application message a client should send over a control connection.
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 65_536;
 
+/// Longest LOGIN token: a JWT of an identity provider (RS256 with a few claims runs to
+/// 700-1,200 bytes; a 4096-bit key's signature alone is 683) with room to spare.
+pub const MAX_TOKEN_BYTES: u32 = 4096;
+
 /// Longest first frame the gateway reads: a LOGIN (kind byte and uid) with a token of up to
-/// 512 bytes, six times the 85 of today's tokens, then the 0x00 and a device name of up to
+/// [`MAX_TOKEN_BYTES`], then the 0x00 and a device name of up to
 /// [`crate::MAX_DEVICE_BYTES`]. Until a connection has logged in it costs at most
 /// this much, however large `--max-frame-bytes` is.
-pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + 512 + 1 + crate::MAX_DEVICE_BYTES as u32;
+pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + MAX_TOKEN_BYTES + 1 + crate::MAX_DEVICE_BYTES as u32;
 
 /// Least a split frame's buffer grows by; after that it doubles with what has arrived.
 const MIN_SPLIT_GROWTH: usize = 64;

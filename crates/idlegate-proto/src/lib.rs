@@ -40,7 +40,7 @@ mod tokio_codec;
 mod transport;
 pub mod websocket;
 
-pub use codec::{put_frame, FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES};
+pub use codec::{put_frame, FrameCodec, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN, MAX_LOGIN_FRAME_BYTES, MAX_TOKEN_BYTES};
 pub use device::{Device, DeviceError, MAX_DEVICE_BYTES};
 pub use door::{BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};
 pub use error::{AuthError, FrameError};

@@ -1,0 +1,380 @@
+//! JWT logins (`--jwt-key-file`, `--jwt-secret-file` and the `--jwt-*` checks): the keys a
+//! backend's identity provider signs with, and the check of a LOGIN's token against them.
+//!
+//! Verification is `jsonwebtoken`'s (with its pure-Rust `rust_crypto` backend: the `ring`
+//! backend is gone from its current versions, and `aws-lc-rs` would add a C build to every
+//! fresh machine). This file decides which keys a token may be checked with: only keys
+//! whose type fits the token's `alg` (an HS256 token is never checked against an RSA
+//! public key's bytes: the RS/HS confusion), the one named by `kid` when the token names
+//! one, and never `alg: none` (no such algorithm exists for the crate). Then the claims:
+//! `exp` required, `nbf` and `iat` with the leeway, `iss` and `aud` when configured, and
+//! the uid claim, which must name the LOGIN's uid.
+//!
+//! Keys are read at start (a bad file is a configuration error naming its flag) and again
+//! on SIGHUP ([`JwtAuth::reload`]): on any error the keys in use stay.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm};
+use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+use crate::error::ConfigError;
+
+/// Default `--jwt-leeway`: the clock skew between an identity provider and a gateway that
+/// `nbf`, `iat` and `exp` forgive.
+pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(30);
+
+/// Default `--jwt-uid-claim`.
+pub const DEFAULT_JWT_UID_CLAIM: &str = "sub";
+
+/// The DER of the P-256 curve's OID (1.2.840.10045.3.1.7), as an EC public key names it.
+const P256_OID: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+
+/// The DER of the P-384 curve's OID (1.3.132.0.34).
+const P384_OID: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
+
+/// The DER of Ed25519's OID (1.3.101.112).
+const ED25519_OID: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
+
+const RSA_ALGS: &[Algorithm] =
+    &[Algorithm::RS256, Algorithm::RS384, Algorithm::RS512, Algorithm::PS256, Algorithm::PS384, Algorithm::PS512];
+const HMAC_ALGS: &[Algorithm] = &[Algorithm::HS256, Algorithm::HS384, Algorithm::HS512];
+
+/// What the checks are (all but the keys).
+#[derive(Debug, Clone)]
+pub struct JwtRules {
+    pub leeway: Duration,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub uid_claim: String,
+    /// `--max-token-ttl`: a token whose `exp` lies further ahead is refused.
+    pub max_ttl: Duration,
+}
+
+impl Default for JwtRules {
+    fn default() -> JwtRules {
+        JwtRules {
+            leeway: DEFAULT_JWT_LEEWAY,
+            issuer: None,
+            audience: None,
+            uid_claim: DEFAULT_JWT_UID_CLAIM.into(),
+            max_ttl: Duration::from_secs(crate::proto::DEFAULT_MAX_TOKEN_TTL_SECS),
+        }
+    }
+}
+
+/// One verification key: its `kid` if it has one, and the algorithms it may check.
+#[derive(Clone)]
+struct Key {
+    kid: Option<String>,
+    algorithms: Vec<Algorithm>,
+    key: DecodingKey,
+}
+
+/// Why a JWT was refused: each says which check failed, never what the token held.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JwtError {
+    #[error("JWT malformed")]
+    Malformed,
+    #[error("JWT algorithm refused: {0}")]
+    Algorithm(String),
+    #[error("JWT kid unknown")]
+    UnknownKid,
+    #[error("JWT signature did not verify")]
+    BadSignature,
+    #[error("JWT expired (exp)")]
+    Expired,
+    #[error("JWT has no exp")]
+    NoExpiry,
+    #[error("JWT not yet valid ({0})")]
+    NotYetValid(&'static str),
+    #[error("JWT issuer (iss) is not --jwt-issuer")]
+    Issuer,
+    #[error("JWT audience (aud) is not --jwt-audience")]
+    Audience,
+    #[error("JWT uid claim {0:?} missing or not a decimal u64")]
+    NoUid(String),
+    #[error("JWT uid claim {0:?} names another uid")]
+    UidMismatch(String),
+    #[error("JWT exp too far ahead (--max-token-ttl)")]
+    TooLong,
+}
+
+/// The keys and the checks; see the module documentation.
+pub struct JwtAuth {
+    key_file: Option<PathBuf>,
+    secret_file: Option<PathBuf>,
+    rules: JwtRules,
+    keys: RwLock<Arc<Vec<Key>>>,
+}
+
+impl std::fmt::Debug for JwtAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtAuth")
+            .field("key_file", &self.key_file)
+            .field("secret_file", &self.secret_file)
+            .field("rules", &self.rules)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl JwtAuth ===
+
+impl JwtAuth {
+    /// Reads the keys of `key_file` (a JWKS document or PEM public keys) and the secrets of
+    /// `secret_file` (one a line); at least one of the two.
+    pub fn load(
+        key_file: Option<&Path>,
+        secret_file: Option<&Path>,
+        rules: JwtRules,
+    ) -> Result<Arc<JwtAuth>, ConfigError> {
+        let keys = read_keys(key_file, secret_file)?;
+        Ok(Arc::new(JwtAuth {
+            key_file: key_file.map(Path::to_path_buf),
+            secret_file: secret_file.map(Path::to_path_buf),
+            rules,
+            keys: RwLock::new(Arc::new(keys)),
+        }))
+    }
+
+    /// Reads the files again; on any error the keys in use stay. Returns how many keys are
+    /// in use now.
+    pub fn reload(&self) -> Result<usize, ConfigError> {
+        let fresh = read_keys(self.key_file.as_deref(), self.secret_file.as_deref())?;
+        let n = fresh.len();
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh);
+        Ok(n)
+    }
+
+    /// Keys and secrets in use.
+    pub fn key_count(&self) -> usize {
+        self.keys.read().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Whether `token` has a JWT's compact form (three base64url parts): such a token is
+    /// checked here, any other as an HMAC token.
+    pub fn looks_like_jwt(token: &[u8]) -> bool {
+        let b64url = |b: &u8| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_';
+        token.iter().filter(|&&b| b == b'.').count() == 2 && token.iter().all(|b| *b == b'.' || b64url(b))
+    }
+
+    /// Checks `token` for `uid` at `now_unix`; returns its `exp`.
+    pub fn verify(&self, uid: u64, token: &[u8], now_unix: u64) -> Result<u64, JwtError> {
+        let token = std::str::from_utf8(token).map_err(|_| JwtError::Malformed)?;
+        let header = decode_header(token).map_err(|e| match e.kind() {
+            jsonwebtoken::errors::ErrorKind::InvalidAlgorithmName | jsonwebtoken::errors::ErrorKind::Json(_) => {
+                JwtError::Algorithm("not one of RS, PS, ES, EdDSA or HS (never none)".into())
+            }
+            _ => JwtError::Malformed,
+        })?;
+        let alg = header.alg;
+        let keys = self.keys.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let fitting: Vec<&Key> = keys.iter().filter(|k| k.algorithms.contains(&alg)).collect();
+        if fitting.is_empty() {
+            return Err(JwtError::Algorithm(format!("{alg:?} fits no configured key")));
+        }
+        let candidates: Vec<&Key> = match &header.kid {
+            Some(kid) => {
+                let named: Vec<&Key> = keys.iter().filter(|k| k.kid.as_deref() == Some(kid)).collect();
+                if named.is_empty() {
+                    return Err(JwtError::UnknownKid);
+                }
+                named.into_iter().filter(|k| k.algorithms.contains(&alg)).collect()
+            }
+            None => fitting,
+        };
+        if candidates.is_empty() {
+            return Err(JwtError::Algorithm(format!("{alg:?} does not fit the key its kid names")));
+        }
+        let mut validation = Validation::new(alg);
+        validation.leeway = self.rules.leeway.as_secs();
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp"]);
+        match &self.rules.audience {
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                validation.required_spec_claims.insert("aud".into());
+            }
+            None => validation.validate_aud = false,
+        }
+        if let Some(iss) = &self.rules.issuer {
+            validation.set_issuer(&[iss]);
+            validation.required_spec_claims.insert("iss".into());
+        }
+        let mut last = JwtError::BadSignature;
+        let mut claims = None;
+        for key in candidates {
+            match decode::<Map<String, Value>>(token, &key.key, &validation) {
+                Ok(data) => {
+                    claims = Some(data.claims);
+                    break;
+                }
+                Err(e) => {
+                    use jsonwebtoken::errors::ErrorKind as K;
+                    last = match e.kind() {
+                        K::ExpiredSignature => JwtError::Expired,
+                        K::ImmatureSignature => JwtError::NotYetValid("nbf"),
+                        K::InvalidIssuer => JwtError::Issuer,
+                        K::InvalidAudience => JwtError::Audience,
+                        K::MissingRequiredClaim(c) if c == "exp" => JwtError::NoExpiry,
+                        K::MissingRequiredClaim(c) if c == "iss" => JwtError::Issuer,
+                        K::MissingRequiredClaim(c) if c == "aud" => JwtError::Audience,
+                        K::InvalidSignature | K::InvalidEcdsaKey | K::InvalidEddsaKey | K::InvalidRsaKey(_) => {
+                            JwtError::BadSignature
+                        }
+                        K::InvalidAlgorithm => JwtError::Algorithm(format!("{alg:?} does not fit the key")),
+                        _ => JwtError::Malformed,
+                    };
+                    // A claim failed on a genuine signature: no other key would change that.
+                    if !matches!(last, JwtError::BadSignature) {
+                        return Err(last);
+                    }
+                }
+            }
+        }
+        let claims = claims.ok_or(last)?;
+        let number = |name: &str| claims.get(name).and_then(Value::as_u64);
+        let exp = number("exp").ok_or(JwtError::NoExpiry)?;
+        let leeway = self.rules.leeway.as_secs();
+        if number("iat").is_some_and(|iat| iat > now_unix + leeway) {
+            return Err(JwtError::NotYetValid("iat"));
+        }
+        if exp > now_unix + self.rules.max_ttl.as_secs() {
+            return Err(JwtError::TooLong);
+        }
+        let claim = &self.rules.uid_claim;
+        let named = match claims.get(claim) {
+            Some(Value::String(text)) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+                text.parse::<u64>().ok()
+            }
+            Some(Value::Number(n)) => n.as_u64(),
+            _ => None,
+        };
+        match named {
+            None => Err(JwtError::NoUid(claim.clone())),
+            Some(named) if named != uid => Err(JwtError::UidMismatch(claim.clone())),
+            Some(_) => Ok(exp),
+        }
+    }
+}
+
+/// Every key of the two files.
+fn read_keys(key_file: Option<&Path>, secret_file: Option<&Path>) -> Result<Vec<Key>, ConfigError> {
+    let mut keys = Vec::new();
+    if let Some(path) = key_file {
+        let fail = |why: String| ConfigError::new("--jwt-key-file", format!("{}: {why}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        let found = if text.trim_start().starts_with('{') { jwks(&text) } else { pem_keys(&text) }.map_err(fail)?;
+        keys.extend(found);
+    }
+    if let Some(path) = secret_file {
+        let fail = |why: &str| ConfigError::new("--jwt-secret-file", format!("{}: {why}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| fail(&e.to_string()))?;
+        let before = keys.len();
+        for line in text.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
+            keys.push(Key {
+                kid: None,
+                algorithms: HMAC_ALGS.to_vec(),
+                key: DecodingKey::from_secret(line.as_bytes()),
+            });
+        }
+        if keys.len() == before {
+            return Err(fail("no secret in it"));
+        }
+    }
+    if keys.is_empty() {
+        return Err(ConfigError::new("--jwt-key-file", "no key in it"));
+    }
+    Ok(keys)
+}
+
+/// The keys of a JWKS document (`{"keys":[...]}`).
+fn jwks(text: &str) -> Result<Vec<Key>, String> {
+    let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let mut keys = Vec::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i}: {e}"))?;
+        let by_type = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => RSA_ALGS.to_vec(),
+            AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+                EllipticCurve::P256 => vec![Algorithm::ES256],
+                EllipticCurve::P384 => vec![Algorithm::ES384],
+                _ => return Err(format!("key {i}: curve {:?} is not P-256 or P-384", ec.curve)),
+            },
+            AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => vec![Algorithm::EdDSA],
+            AlgorithmParameters::OctetKeyPair(_) => return Err(format!("key {i}: only Ed25519 key pairs")),
+            AlgorithmParameters::OctetKey(_) => HMAC_ALGS.to_vec(),
+            _ => return Err(format!("key {i}: an unsupported key type")),
+        };
+        // A key that names its algorithm may check that one only.
+        let algorithms = match jwk.common.key_algorithm.and_then(algorithm_of) {
+            Some(alg) if by_type.contains(&alg) => vec![alg],
+            Some(alg) => return Err(format!("key {i}: alg {alg:?} does not fit its key type")),
+            None if jwk.common.key_algorithm.is_some() => return Err(format!("key {i}: not a signing algorithm")),
+            None => by_type,
+        };
+        keys.push(Key { kid: jwk.common.key_id.clone(), algorithms, key });
+    }
+    if keys.is_empty() {
+        return Err("no key in the set".into());
+    }
+    Ok(keys)
+}
+
+/// The public keys of PEM text: `PUBLIC KEY` (RSA, EC P-256/P-384, Ed25519) and
+/// `RSA PUBLIC KEY` blocks, any number.
+fn pem_keys(text: &str) -> Result<Vec<Key>, String> {
+    let blocks = pem::parse_many(text).map_err(|e| format!("not PEM: {e}"))?;
+    let mut keys = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let one = pem::encode(block);
+        let (algorithms, key) = match block.tag() {
+            "RSA PUBLIC KEY" => (RSA_ALGS.to_vec(), DecodingKey::from_rsa_pem(one.as_bytes())),
+            "PUBLIC KEY" => {
+                let der = block.contents();
+                if contains(der, ED25519_OID) {
+                    (vec![Algorithm::EdDSA], DecodingKey::from_ed_pem(one.as_bytes()))
+                } else if contains(der, P256_OID) {
+                    (vec![Algorithm::ES256], DecodingKey::from_ec_pem(one.as_bytes()))
+                } else if contains(der, P384_OID) {
+                    (vec![Algorithm::ES384], DecodingKey::from_ec_pem(one.as_bytes()))
+                } else {
+                    (RSA_ALGS.to_vec(), DecodingKey::from_rsa_pem(one.as_bytes()))
+                }
+            }
+            other => return Err(format!("block {i} is a {other}, not a public key")),
+        };
+        let key = key.map_err(|e| format!("block {i}: {e}"))?;
+        keys.push(Key { kid: None, algorithms, key });
+    }
+    if keys.is_empty() {
+        return Err("no PEM block in it".into());
+    }
+    Ok(keys)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The signing algorithm a JWK names, if it is one.
+fn algorithm_of(alg: KeyAlgorithm) -> Option<Algorithm> {
+    Some(match alg {
+        KeyAlgorithm::HS256 => Algorithm::HS256,
+        KeyAlgorithm::HS384 => Algorithm::HS384,
+        KeyAlgorithm::HS512 => Algorithm::HS512,
+        KeyAlgorithm::ES256 => Algorithm::ES256,
+        KeyAlgorithm::ES384 => Algorithm::ES384,
+        KeyAlgorithm::RS256 => Algorithm::RS256,
+        KeyAlgorithm::RS384 => Algorithm::RS384,
+        KeyAlgorithm::RS512 => Algorithm::RS512,
+        KeyAlgorithm::PS256 => Algorithm::PS256,
+        KeyAlgorithm::PS384 => Algorithm::PS384,
+        KeyAlgorithm::PS512 => Algorithm::PS512,
+        KeyAlgorithm::EdDSA => Algorithm::EdDSA,
+        _ => return None,
+    })
+}
