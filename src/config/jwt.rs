@@ -236,7 +236,8 @@ impl JwtAuth {
             }
         }
         let claims = claims.ok_or(last)?;
-        let number = |name: &str| claims.get(name).and_then(Value::as_u64);
+        // NumericDate may carry a fraction (RFC 7519 §2); whole seconds are what count.
+        let number = |name: &str| claims.get(name).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f as u64)));
         let exp = number("exp").ok_or(JwtError::NoExpiry)?;
         let leeway = self.rules.leeway.as_secs();
         if number("iat").is_some_and(|iat| iat > now_unix + leeway) {

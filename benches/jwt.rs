@@ -1,0 +1,56 @@
+//! What a LOGIN's token check costs, per algorithm: one JWT verification (signature and
+//! claims) for each algorithm the gateway takes, beside the HMAC token it had before.
+//!
+//! The keys and tokens come from `tests/data/jwt/mint.py` (PyJWT and `cryptography`), run
+//! into a temporary folder at the start, so the bench verifies what a real identity
+//! provider's library signs. `cargo bench --bench jwt` (needs python3 with pyjwt and
+//! cryptography: `python3 -m pip install pyjwt cryptography`).
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use idlegate::{Auth, JwtAuth, JwtRules};
+
+const UID: u64 = 42;
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let mint = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jwt/mint.py");
+    let out = std::process::Command::new("python3").arg(mint).arg(dir.path()).arg(UID.to_string()).output();
+    let tokens: HashMap<String, String> = match out {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout).expect("tokens as JSON"),
+        _ => {
+            eprintln!(
+                "skipping: needs python3 with pyjwt and cryptography (python3 -m pip install pyjwt cryptography)"
+            );
+            return;
+        }
+    };
+    let rules = JwtRules {
+        issuer: Some("https://idp.example".into()),
+        audience: Some("idlegate".into()),
+        ..JwtRules::default()
+    };
+    let jwt = JwtAuth::load(Some(&dir.path().join("jwks.json")), Some(&dir.path().join("secret.txt")), rules)
+        .expect("the minted keys load");
+    let now = idlegate_proto::unix_now();
+    let mut group = c.benchmark_group("login_token");
+    let hmac = Auth::new("s3cret");
+    let hmac_token = hmac.mint(UID, now + 3600);
+    group.bench_function("hmac (idlegate's own)", |b| {
+        b.iter(|| hmac.verify(black_box(UID), black_box(hmac_token.as_bytes()), now).unwrap())
+    });
+    for alg in
+        ["HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"]
+    {
+        let token = tokens[alg].as_bytes();
+        assert!(jwt.verify(UID, token, now).is_ok(), "{alg} verifies");
+        group.bench_function(alg, |b| b.iter(|| jwt.verify(black_box(UID), black_box(token), now).unwrap()));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
