@@ -3,7 +3,13 @@
 //!
 //! The keys and tokens come from `tests/data/jwt/mint.py` (PyJWT and `cryptography`), run
 //! into a temporary folder at the start, so the bench verifies what a real identity
-//! provider's library signs. `cargo bench --bench jwt` (needs python3 with pyjwt and
+//! provider's library signs.
+//!
+//! Two groups: `login_token`, the whole check as a LOGIN makes it (signature by `ring`,
+//! which the gateway installs as `jsonwebtoken`'s verifier, then the claims); and
+//! `signature`, the signature alone by each of two providers side by side: the crate's
+//! pure-Rust one (`rust_crypto`) and the one the gateway installs (`gateway`: `ring` for
+//! RSA and ECDSA, the pure-Rust one for EdDSA and HS, where it is as fast or faster). `cargo bench --bench jwt` (needs python3 with pyjwt and
 //! cryptography: `python3 -m pip install pyjwt cryptography`).
 
 use std::collections::HashMap;
@@ -48,6 +54,33 @@ fn bench(c: &mut Criterion) {
         let token = tokens[alg].as_bytes();
         assert!(jwt.verify(UID, token, now).is_ok(), "{alg} verifies");
         group.bench_function(alg, |b| b.iter(|| jwt.verify(black_box(UID), black_box(token), now).unwrap()));
+    }
+    group.finish();
+
+    // The signature alone, by each provider, on the same key and token.
+    let jwks: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("jwks.json")).unwrap()).unwrap();
+    let secret = std::fs::read_to_string(dir.path().join("secret.txt")).unwrap();
+    let ring_provider = idlegate::bench::jwt_ring_provider();
+    let rust_crypto = &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER;
+    let mut group = c.benchmark_group("signature");
+    for (alg, kid) in
+        [("HS256", ""), ("RS256", "rsa-1"), ("PS256", "rsa-1"), ("ES256", "p256"), ("ES384", "p384"), ("EdDSA", "ed")]
+    {
+        let algorithm: jsonwebtoken::Algorithm = alg.parse().unwrap();
+        let key = match kid {
+            "" => jsonwebtoken::DecodingKey::from_secret(secret.trim_end().as_bytes()),
+            kid => jsonwebtoken::DecodingKey::from_jwk(jwks.find(kid).unwrap()).unwrap(),
+        };
+        let token = &tokens[alg];
+        let (message, signature) = token.rsplit_once('.').unwrap();
+        let signature = base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, signature).unwrap();
+        for (name, provider) in [("rust_crypto", rust_crypto), ("gateway", ring_provider)] {
+            let check =
+                || (provider.verifier_factory)(&algorithm, &key).unwrap().verify(message.as_bytes(), &signature);
+            assert!(check().is_ok(), "{alg} by {name}");
+            group.bench_function(format!("{alg}/{name}"), |b| b.iter(|| black_box(check()).unwrap()));
+        }
     }
     group.finish();
 }

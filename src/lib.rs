@@ -76,6 +76,8 @@ pub use server::{Listeners, Server};
 /// not part of the gateway's API, and free to change with it.
 #[doc(hidden)]
 pub mod bench {
+    /// `ring` as `jsonwebtoken`'s verifier, as the gateway installs it (`benches/jwt.rs`).
+    pub use crate::config::jwt_ring_provider;
     pub use crate::presence::{
         Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Session, Touch, What,
         READ_BATCH,

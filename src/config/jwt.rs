@@ -1,9 +1,9 @@
 //! JWT logins (`--jwt-key-file`, `--jwt-secret-file` and the `--jwt-*` checks): the keys a
 //! backend's identity provider signs with, and the check of a LOGIN's token against them.
 //!
-//! Verification is `jsonwebtoken`'s (with its pure-Rust `rust_crypto` backend: the `ring`
-//! backend is gone from its current versions, and `aws-lc-rs` would add a C build to every
-//! fresh machine). This file decides which keys a token may be checked with: only keys
+//! Verification is `jsonwebtoken`'s, its signatures checked by `ring` (`jwt_ring.rs`: the
+//! crate's own `ring` backend is gone from its current versions, its pure-Rust one is
+//! several times slower, and `aws-lc-rs` would add a C build to every fresh machine). This file decides which keys a token may be checked with: only keys
 //! whose type fits the token's `alg` (an HS256 token is never checked against an RSA
 //! public key's bytes: the RS/HS confusion), the one named by `kid` when the token names
 //! one, and never `alg: none` (no such algorithm exists for the crate). Then the claims:
@@ -131,6 +131,7 @@ impl JwtAuth {
         secret_file: Option<&Path>,
         rules: JwtRules,
     ) -> Result<Arc<JwtAuth>, ConfigError> {
+        crate::config::jwt_ring::install();
         let keys = read_keys(key_file, secret_file)?;
         Ok(Arc::new(JwtAuth {
             key_file: key_file.map(Path::to_path_buf),

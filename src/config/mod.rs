@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::proto::Auth;
 mod jwt;
+mod jwt_ring;
 mod redis_target;
 mod tls;
 mod webhook;
@@ -13,6 +14,7 @@ mod webhook;
 use crate::error::ConfigError;
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
 pub use jwt::{JwtAuth, JwtRules, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM};
+pub use jwt_ring::provider as jwt_ring_provider;
 pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 pub use tls::TlsIdentity;
