@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use jsonwebtoken::crypto::{CryptoProvider, JwtSigner, JwtVerifier};
 use jsonwebtoken::errors::{Error, ErrorKind};
 use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, EncodingKey};
-use ring::signature::{self as sig, RsaPublicKeyComponents, UnparsedPublicKey, VerificationAlgorithm};
+use ring::signature::{self as sig, RsaPublicKeyComponents, UnparsedPublicKey};
 
 /// Makes `ring` the verifier of every JWT this process checks, once.
 pub(crate) fn install() {
@@ -62,34 +62,34 @@ struct RingVerifier {
 
 impl RingVerifier {
     fn check(&self, message: &[u8], signature: &[u8]) -> bool {
-        let asymmetric: &'static dyn VerificationAlgorithm = match self.algorithm {
-            Algorithm::RS256 => &sig::RSA_PKCS1_2048_8192_SHA256,
-            Algorithm::RS384 => &sig::RSA_PKCS1_2048_8192_SHA384,
-            Algorithm::RS512 => &sig::RSA_PKCS1_2048_8192_SHA512,
-            Algorithm::PS256 => &sig::RSA_PSS_2048_8192_SHA256,
-            Algorithm::PS384 => &sig::RSA_PSS_2048_8192_SHA384,
-            Algorithm::PS512 => &sig::RSA_PSS_2048_8192_SHA512,
-            Algorithm::ES256 => &sig::ECDSA_P256_SHA256_FIXED,
-            Algorithm::ES384 => &sig::ECDSA_P384_SHA384_FIXED,
-            // A newer algorithm of the crate that this verifier does not know: refused.
-            _ => return false,
+        let rsa: Option<&'static sig::RsaParameters> = match self.algorithm {
+            Algorithm::RS256 => Some(&sig::RSA_PKCS1_2048_8192_SHA256),
+            Algorithm::RS384 => Some(&sig::RSA_PKCS1_2048_8192_SHA384),
+            Algorithm::RS512 => Some(&sig::RSA_PKCS1_2048_8192_SHA512),
+            Algorithm::PS256 => Some(&sig::RSA_PSS_2048_8192_SHA256),
+            Algorithm::PS384 => Some(&sig::RSA_PSS_2048_8192_SHA384),
+            Algorithm::PS512 => Some(&sig::RSA_PSS_2048_8192_SHA512),
+            _ => None,
         };
-        match self.key.kind() {
-            DecodingKeyKind::SecretOrDer(der) => {
-                UnparsedPublicKey::new(asymmetric, der).verify(message, signature).is_ok()
+        let ecdsa: Option<&'static sig::EcdsaVerificationAlgorithm> = match self.algorithm {
+            Algorithm::ES256 => Some(&sig::ECDSA_P256_SHA256_FIXED),
+            Algorithm::ES384 => Some(&sig::ECDSA_P384_SHA384_FIXED),
+            _ => None,
+        };
+        match (self.key.kind(), rsa, ecdsa) {
+            // A PKCS#1 key from PEM, or an EC point.
+            (DecodingKeyKind::SecretOrDer(der), Some(rsa), _) => {
+                UnparsedPublicKey::new(rsa, der).verify(message, signature).is_ok()
             }
-            DecodingKeyKind::RsaModulusExponent { n, e } => {
-                let rsa: &'static sig::RsaParameters = match self.algorithm {
-                    Algorithm::RS256 => &sig::RSA_PKCS1_2048_8192_SHA256,
-                    Algorithm::RS384 => &sig::RSA_PKCS1_2048_8192_SHA384,
-                    Algorithm::RS512 => &sig::RSA_PKCS1_2048_8192_SHA512,
-                    Algorithm::PS256 => &sig::RSA_PSS_2048_8192_SHA256,
-                    Algorithm::PS384 => &sig::RSA_PSS_2048_8192_SHA384,
-                    Algorithm::PS512 => &sig::RSA_PSS_2048_8192_SHA512,
-                    _ => return false,
-                };
+            (DecodingKeyKind::SecretOrDer(der), None, Some(ecdsa)) => {
+                UnparsedPublicKey::new(ecdsa, der).verify(message, signature).is_ok()
+            }
+            // A JWK's modulus and exponent.
+            (DecodingKeyKind::RsaModulusExponent { n, e }, Some(rsa), _) => {
                 RsaPublicKeyComponents { n, e }.verify(rsa, message, signature).is_ok()
             }
+            // A key of another family, or an algorithm this verifier does not take.
+            _ => false,
         }
     }
 }
