@@ -160,6 +160,16 @@ struct ServeArgs {
     /// the LOGIN's uid (the MQTT username).
     #[arg(long, env = "IDLEGATE_JWT_UID_CLAIM", default_value = idlegate::DEFAULT_JWT_UID_CLAIM)]
     jwt_uid_claim: String,
+    /// JWT claims carried in each session's online and offline events, webhooks and presence
+    /// entries as "claims": {...} (comma-separated, e.g. name,org,app_version): those present,
+    /// when they take at most 1 KiB of JSON.
+    #[arg(long, env = "IDLEGATE_JWT_CLAIMS_TO_EVENTS", value_delimiter = ',')]
+    jwt_claims_to_events: Option<Vec<String>>,
+    /// End a session when the token it logged in (or last refreshed) with expires:
+    /// BYE(token_expired) within one tick, offline reason token_expired. Clients refresh
+    /// with a REFRESH frame (MQTT 5: AUTH re-authentication).
+    #[arg(long, env = "IDLEGATE_ENFORCE_TOKEN_EXPIRY")]
+    enforce_token_expiry: bool,
     /// Allow running without --auth-secret on a non-loopback --listen address.
     #[arg(long, env = "IDLEGATE_ALLOW_ANONYMOUS")]
     allow_anonymous: bool,
@@ -335,6 +345,9 @@ fn auth(args: &ServeArgs) -> Option<Auth> {
 /// The JWT keys and checks, from --jwt-key-file and --jwt-secret-file.
 fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
     if args.jwt_key_file.is_none() && args.jwt_secret_file.is_none() {
+        if args.jwt_claims_to_events.is_some() {
+            usage_error("--jwt-claims-to-events: no JWT is checked (set --jwt-key-file or --jwt-secret-file)");
+        }
         return None;
     }
     let rules = JwtRules {
@@ -343,6 +356,13 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
         audience: args.jwt_audience.clone(),
         uid_claim: args.jwt_uid_claim.clone(),
         max_ttl: args.max_token_ttl,
+        claims_to_events: args
+            .jwt_claims_to_events
+            .iter()
+            .flatten()
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect(),
     };
     match JwtAuth::load(args.jwt_key_file.as_deref(), args.jwt_secret_file.as_deref(), rules) {
         Ok(jwt) => Some(jwt),
@@ -446,6 +466,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_data_burst: args.max_data_burst,
         auth: auth(&args),
         jwt: jwt(&args),
+        enforce_token_expiry: args.enforce_token_expiry,
         drain_timeout: args.drain_timeout,
         offline_grace: args.offline_grace,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
@@ -481,6 +502,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     if let Err(e) = config.validate() {
         usage_error(e);
+    }
+    if config.enforce_token_expiry && config.auth.is_none() && config.jwt.is_none() {
+        usage_error(
+            "--enforce-token-expiry: no token is checked (set --auth-secret, --jwt-key-file or --jwt-secret-file)",
+        );
     }
     if config.auth.is_none() && config.jwt.is_none() {
         let doors = [

@@ -128,7 +128,8 @@ impl Server {
         let registry = Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone());
         // A cluster's graces live in Redis, where they outlive the node that began them.
         let grace = if joining.is_some() { 0 } else { config.grace_ticks() };
-        let registry = Arc::new(registry.with_offline_grace(grace, clock));
+        let registry = registry.with_offline_grace(grace, clock);
+        let registry = Arc::new(if config.enforce_token_expiry { registry.with_token_expiry() } else { registry });
         // The one line that picks the backplane: Redis with `--redis`, none alone.
         let backplane = joining.map(|joining| joining.join(registry.clone(), clock) as Arc<dyn Backplane>);
         let directory: Arc<dyn Directory> = match &backplane {

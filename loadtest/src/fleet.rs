@@ -110,7 +110,7 @@ impl Cell {
     pub fn close_reason(&self) -> Option<CloseReason> {
         match self.close.load(Ordering::Relaxed) {
             0 => None,
-            code => CloseReason::ALL.get(usize::from(code) - 1).copied(),
+            code => CloseReason::from_code(code),
         }
     }
 }

@@ -24,7 +24,9 @@ use crate::cluster::keys::{self, Route};
 use crate::cluster::membership::{liveness, nodes, Liveness};
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{Batch, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Push, Reach};
+use crate::presence::{
+    Batch, Claims, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Push, Reach,
+};
 use crate::proto::Device;
 
 impl From<StoreError> for DirectoryError {
@@ -153,15 +155,8 @@ impl Directory for ClusterDirectory {
             let mut located = Vec::new();
             for member in members {
                 let node = keys::node_of(member).to_string();
-                let here = |(device, session, since_ms, silent_ms)| Located {
-                    node: node.clone(),
-                    device,
-                    session,
-                    since_ms,
-                    silent_ms: Some(silent_ms),
-                };
                 if *member == *me {
-                    located.extend(self.cluster.locate_here(uid).into_iter().map(here));
+                    located.extend(self.cluster.locate_here(uid));
                     continue;
                 }
                 // What the routes alone say: its sessions there, their silence unknown.
@@ -172,6 +167,7 @@ impl Directory for ClusterDirectory {
                         session: u64::from_str_radix(&r.session, 16).unwrap_or(0),
                         since_ms: r.since_ms,
                         silent_ms: None,
+                        claims: None,
                     })
                 };
                 match self.liveness(member).await? {
@@ -185,12 +181,17 @@ impl Directory for ClusterDirectory {
                 let uid_text = uid.to_string().into_bytes();
                 match ask(&self.cluster, member, "locate", vec![("uid", uid_text)]).await? {
                     Some(answer) => located.extend(String::from_utf8_lossy(&answer).lines().filter_map(|line| {
+                        let (line, claims) = match line.split_once('\t') {
+                            Some((line, claims)) => (line, Claims::parse(claims.as_bytes()).map(Arc::new)),
+                            None => (line, None),
+                        };
                         let mut parts = line.splitn(4, ',');
                         let session = u64::from_str_radix(parts.next()?, 16).ok()?;
                         let since_ms = parts.next()?.parse().ok()?;
                         let silent_ms = parts.next()?.parse().ok()?;
                         let device = parts.next().unwrap_or("").parse().unwrap_or_default();
-                        Some(here((device, session, since_ms, silent_ms)))
+                        let node = node.clone();
+                        Some(Located { node, device, session, since_ms, silent_ms: Some(silent_ms), claims })
                     })),
                     // Its node holds a lease but did not answer: online by the routes,
                     // silence unknown.

@@ -207,11 +207,18 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
             else {
                 return;
             };
-            // One line per session; the device last, since a name may hold commas.
+            // One line per session; the device last, since a name may hold commas, then its
+            // claims after a tab, which neither a device name nor compact JSON holds.
             let answer = cluster
                 .locate_here(uid)
                 .into_iter()
-                .map(|(device, session, since_ms, silent_ms)| format!("{session:016x},{since_ms},{silent_ms},{device}"))
+                .map(|l| {
+                    let line = format!("{:016x},{},{},{}", l.session, l.since_ms, l.silent_ms.unwrap_or(0), l.device);
+                    match l.claims {
+                        Some(claims) => format!("{line}\t{}", claims.as_json()),
+                        None => line,
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join("\n");
             reply(cluster, member, &from, req, answer.into_bytes()).await;

@@ -85,6 +85,12 @@ pub(crate) fn reaped(member: &str) -> String {
 
 /// Hash of `member`'s sessions the reaper has logged `node_lost` but whose routes it has
 /// not yet deleted: a reaper that dies half way leaves them here for the next one.
+/// The claims of a member's sessions (`--jwt-claims-to-events`), by session field
+/// (`scripts.rs`, `take_claims`).
+pub(crate) fn claims(member: &str) -> String {
+    format!("{{idlegate}}:claims:{member}")
+}
+
 /// The wills of a member's MQTT sessions, by session field (`scripts.rs`, `take_will`).
 pub(crate) fn wills(member: &str) -> String {
     format!("{{idlegate}}:wills:{member}")

@@ -218,6 +218,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         redis::Cmd::del(keys::sessions(&member_owned)),
         redis::Cmd::del(keys::unroute(&member_owned)),
         redis::Cmd::del(keys::wills(&member_owned)),
+        redis::Cmd::del(keys::claims(&member_owned)),
         redis::Cmd::del(keys::reaping(&member_owned)),
     ];
     cluster.send_control(cmds).await?;
@@ -240,6 +241,7 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .key(keys::wills(member))
                 .key(keys::GRACE)
                 .key(keys::GRACE_WHY)
+                .key(keys::claims(member))
                 .arg(cursor)
                 .arg(REAP_STEP)
                 .arg(cluster.settings.stream_cap)

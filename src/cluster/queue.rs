@@ -18,12 +18,12 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::presence::Will;
+use crate::presence::{Claims, Will};
 use crate::proto::{CloseReason, Device};
 
 /// One session change.
@@ -32,7 +32,15 @@ pub(crate) enum Op {
     /// A LOGIN succeeded on `device` (`None` for the default one); `first` when its uid had
     /// no session here: its `user_online` follows unless it took the uid over from another
     /// node.
-    Online { uid: u64, session: u64, device: Device, first: bool, since_ms: u64, at_ms: u64 },
+    Online {
+        uid: u64,
+        session: u64,
+        device: Device,
+        first: bool,
+        since_ms: u64,
+        at_ms: u64,
+        claims: Option<Arc<Claims>>,
+    },
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
     /// An MQTT session's will rides along.
@@ -264,7 +272,7 @@ mod tests {
     use super::*;
 
     fn online(uid: u64, session: u64) -> Op {
-        Op::Online { uid, session, device: Device::DEFAULT, first: true, since_ms: 0, at_ms: 0 }
+        Op::Online { uid, session, device: Device::DEFAULT, first: true, since_ms: 0, at_ms: 0, claims: None }
     }
 
     fn offline(uid: u64, session: u64) -> Op {

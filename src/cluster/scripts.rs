@@ -134,13 +134,35 @@ local function user_back(gk, wk, uid)
   return false
 end
 
--- An offline event, with the session's will when it has one.
-local function emit_offline(ev, uid, s, d, r, at, wt, wp)
+-- A session's claims (`--jwt-claims-to-events`), kept in its member's claims hash under the
+-- session's field as `<session>|<json>` while the session is held, so that whoever logs its
+-- offline event (its node, a login elsewhere taking it over, the reaper of a dead node)
+-- gives it the claims its online event had: taken (and deleted) if it is session s's.
+local function take_claims(key, f, s)
+  local c = redis.call('HGET', key, f)
+  if not c then return nil end
+  local bar = string.find(c, '|', 1, true)
+  if not bar or string.sub(c, 1, bar - 1) ~= s then return nil end
+  redis.call('HDEL', key, f)
+  return string.sub(c, bar + 1)
+end
+
+-- An offline event, with the session's will and claims when it has them.
+local function emit_offline(ev, uid, s, d, r, at, wt, wp, c)
+  local fields = {'t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', r}
   if wt then
-    ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', r, 'wt', wt, 'wp', wp, 'at', at)
-  else
-    ev.emit('t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', r, 'at', at)
+    fields[#fields + 1] = 'wt'
+    fields[#fields + 1] = wt
+    fields[#fields + 1] = 'wp'
+    fields[#fields + 1] = wp
   end
+  if c then
+    fields[#fields + 1] = 'c'
+    fields[#fields + 1] = c
+  end
+  fields[#fields + 1] = 'at'
+  fields[#fields + 1] = at
+  ev.emit(unpack(fields))
 end
 "#;
 
@@ -153,12 +175,14 @@ end
 ///
 /// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
 /// the member's reaped marker, the users hash, the member's wills, the grace set and its
-/// reasons. ARGV: member, node name, batch number, the number of the member's batch applied
+/// reasons, the member's claims. ARGV: member, node name, batch number, the number of the member's batch applied
 /// before it (0 for none), stream cap, stream byte cap, data events dropped before this
 /// batch, the offline grace in ms (0: none), then six per change (the last is the device name,
 /// empty for the default device):
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
-///   the route named before (or empty): a relogin of the device elsewhere, or the oldest
+///   the route named before (or empty); `L|<json>` (or `L1|<json>`) for a session with
+///   claims, kept in the member's claims hash and carried by its online and offline events
+///   as `c`. `replaced` names the route named before: a relogin of the device elsewhere, or the oldest
 ///   session of a uid at `--max-devices` across the nodes. If that session is in its
 ///   member's hash it ends as kicked; either way its member is told through its inbox and
 ///   ends it (one its member has not announced yet, two logins having raced, is announced
@@ -254,7 +278,8 @@ for i = 9, #ARGV, 6 do
           if redis.call('HGET', key, pf) == ps then
             redis.call('HDEL', key, pf)
             local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
-            emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp)
+            local c = take_claims('{idlegate}:claims:' .. m, pf, ps)
+            emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp, c)
             if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
           end
           -- Held or not yet announced, its node ends it; one not yet announced is announced
@@ -270,7 +295,12 @@ for i = 9, #ARGV, 6 do
     if redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
-      ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
+      if extra then
+        redis.call('HSET', KEYS[10], f, s .. '|' .. extra)
+        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'c', extra, 'at', at)
+      else
+        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
+      end
       if n == 1 then
         if owed[uid] then
           -- It replaces the session whose end owed the user_offline: no transition.
@@ -287,11 +317,12 @@ for i = 9, #ARGV, 6 do
       -- The node says whether the will goes out (not after a clean DISCONNECT); the kept
       -- copy goes either way.
       take_will(KEYS[7], f, s)
+      local c = take_claims(KEYS[10], f, s)
       if extra then
         local z = string.find(extra, '\0', 1, true)
-        emit_offline(ev, uid, s, d, x, at, string.sub(extra, 1, z - 1), string.sub(extra, z + 1))
+        emit_offline(ev, uid, s, d, x, at, string.sub(extra, 1, z - 1), string.sub(extra, z + 1), c)
       else
-        emit_offline(ev, uid, s, d, x, at)
+        emit_offline(ev, uid, s, d, x, at, nil, nil, c)
       end
       if n <= 0 then
         if user then
@@ -426,7 +457,7 @@ return 1
 ///
 /// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash,
 /// the users hash, the member's wills (an MQTT session's goes in its `node_lost`), the
-/// grace set and its reasons. ARGV: cursor, count, stream cap, stream byte cap, unix ms,
+/// grace set and its reasons, the member's claims (a session's go in its `node_lost`). ARGV: cursor, count, stream cap, stream byte cap, unix ms,
 /// the offline grace in ms (a `user_offline` waits it out as after any ending). Returns
 /// `{next cursor, sessions left, sessions reaped, epoch}`.
 const REAP: &str = r#"
@@ -440,7 +471,8 @@ for i = 1, #found, 2 do
     local uid, d = string.match(found[i], '^(%d+)/?(.*)$')
     uid = uid or found[i]
     local wt, wp = take_will(KEYS[6], found[i], found[i + 1])
-    emit_offline(ev, uid, found[i + 1], d or '', 'node_lost', ARGV[5], wt, wp)
+    local c = take_claims(KEYS[9], found[i], found[i + 1])
+    emit_offline(ev, uid, found[i + 1], d or '', 'node_lost', ARGV[5], wt, wp, c)
     local n = redis.call('HINCRBY', KEYS[5], uid, -1)
     if n <= 0 then
       redis.call('HDEL', KEYS[5], uid)

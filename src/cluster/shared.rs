@@ -26,7 +26,7 @@ use crate::cluster::scripts::Scripts;
 use crate::cluster::store::{Conn, Store, StoreError};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::{Clock, EventId, Push, Reach, Registry};
+use crate::presence::{Clock, EventId, Located, Push, Reach, Registry};
 use crate::proto::{CloseReason, Device};
 
 /// A Redis call slower than this counts as Redis being away: a paused or overloaded Redis
@@ -147,15 +147,19 @@ impl Cluster {
         uids.into_iter().map(|uid| registry.push(uid, device, push, self.settings.max_queued)).collect()
     }
 
-    /// `uid`'s sessions on this node, each as `(device, session, since_ms, silent_ms)`.
-    pub(crate) fn locate_here(&self, uid: u64) -> Vec<(Device, u64, u64, u64)> {
+    /// `uid`'s sessions on this node.
+    pub(crate) fn locate_here(&self, uid: u64) -> Vec<Located> {
         let clock = &self.clock;
         self.registry
             .sightings(uid)
             .into_iter()
-            .map(|s| {
-                let silent_ms = clock.since(s.last_heard_tick).as_millis() as u64;
-                (s.session.device().clone(), s.session.id(), s.session.since_ms(), silent_ms)
+            .map(|s| Located {
+                node: self.settings.node.to_string(),
+                device: s.session.device().clone(),
+                session: s.session.id(),
+                since_ms: s.session.since_ms(),
+                silent_ms: Some(clock.since(s.last_heard_tick).as_millis() as u64),
+                claims: s.session.claims().cloned(),
             })
             .collect()
     }

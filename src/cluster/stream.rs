@@ -20,7 +20,7 @@ use redis::Value;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{within_batch_budget, Batch, Event, EventId, What, Will, READ_BATCH};
+use crate::presence::{within_batch_budget, Batch, Claims, Event, EventId, What, Will, READ_BATCH};
 use crate::proto::{CloseReason, Device, EventKind};
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
@@ -187,6 +187,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let mut ended_ms = None;
     let mut topic = None;
     let (mut will_topic, mut will_payload) = (None, None);
+    let mut claims = None;
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -206,6 +207,9 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             // A name Redis holds was checked when its LOGIN was read; anything else reads as
             // the default device rather than losing the event.
             "d" => device = Device::parse(&bytes).ok(),
+            // A session's claims, the JSON object its node wrote: anything else is left out
+            // rather than written into the events as it is.
+            "c" => claims = Claims::parse(&bytes).map(Arc::new),
             _ => {}
         }
     }
@@ -214,10 +218,10 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         return Some(Entry::Epoch(id));
     }
     let what = match kind.parse::<EventKind>() {
-        Ok(EventKind::Online) => What::Online { session: session?, device: device.unwrap_or_default(), node },
+        Ok(EventKind::Online) => What::Online { session: session?, device: device.unwrap_or_default(), node, claims },
         Ok(EventKind::Offline) => {
             let will = will_topic.map(|topic| Arc::new(Will { topic, payload: will_payload.unwrap_or_default() }));
-            What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will }
+            What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will, claims }
         }
         Ok(EventKind::UserOnline) => What::UserOnline,
         Ok(EventKind::UserOffline) => What::UserOffline { reason: reason?, ended_ms: ended_ms.unwrap_or(at_ms) },
@@ -250,7 +254,10 @@ mod tests {
         ];
         let Some(Entry::Event(event)) = parse("5-9", online) else { panic!("an event") };
         assert_eq!(event.id, EventId { ms: 5, seq: 9 });
-        assert_eq!(event.what, What::Online { session: 255, device: Device::DEFAULT, node: Some("a".into()) });
+        assert_eq!(
+            event.what,
+            What::Online { session: 255, device: Device::DEFAULT, node: Some("a".into()), claims: None }
+        );
         let lost = vec![
             ("t".into(), bulk("offline")),
             ("uid".into(), bulk("42")),
@@ -260,7 +267,13 @@ mod tests {
         let Some(Entry::Event(event)) = parse("5-10", lost) else { panic!("an event") };
         assert_eq!(
             event.what,
-            What::Offline { session: 255, device: Device::DEFAULT, reason: CloseReason::NodeLost, will: None }
+            What::Offline {
+                session: 255,
+                device: Device::DEFAULT,
+                reason: CloseReason::NodeLost,
+                will: None,
+                claims: None
+            }
         );
         assert!(parse("5-11", vec![("t".into(), bulk("other"))]).is_none());
         assert_eq!(parse("5-12", vec![("t".into(), bulk("epoch"))]), Some(Entry::Epoch(EventId { ms: 5, seq: 12 })));

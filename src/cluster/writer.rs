@@ -349,7 +349,7 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
 fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
-    let wills = keys::wills(member);
+    let (wills, claims) = (keys::wills(member), keys::claims(member));
     let keys = [
         &*sessions,
         keys::EVENTS,
@@ -360,6 +360,7 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
         &wills,
         keys::GRACE,
         keys::GRACE_WHY,
+        &claims,
     ];
     let mut cmd = evalsha(&cluster.scripts.apply, &keys);
     cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
@@ -368,9 +369,14 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
     let mut replaced = replaced.iter();
     for op in &batch.ops {
         match op {
-            Op::Online { uid, session, device, first, at_ms, .. } => {
+            Op::Online { uid, session, device, first, at_ms, claims, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
                 let kind = if *first { "L1" } else { "L" };
+                // Claims ride in the kind's argument, after "L|", as a will does after "E|".
+                let kind = match claims {
+                    Some(claims) => format!("{kind}|{}", claims.as_json()),
+                    None => kind.to_string(),
+                };
                 cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device.as_str());
             }
             Op::Offline { uid, session, device, reason, last, will, at_ms } => {

@@ -30,6 +30,12 @@ pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(30);
 /// Default `--jwt-uid-claim`.
 pub const DEFAULT_JWT_UID_CLAIM: &str = "sub";
 
+/// Most bytes of JSON the claims named by `--jwt-claims-to-events` may take in a session's
+/// events: every `online` and `offline` event of the session (and a cluster's copy of them in
+/// Redis) carries them, so an identity provider's large claims must not multiply there. A
+/// session whose claims are larger logs in, its events without them (counted).
+pub const MAX_EVENT_CLAIMS_BYTES: usize = 1024;
+
 /// The DER of the P-256 curve's OID (1.2.840.10045.3.1.7), as an EC public key names it.
 const P256_OID: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 
@@ -52,6 +58,8 @@ pub struct JwtRules {
     pub uid_claim: String,
     /// `--max-token-ttl`: a token whose `exp` lies further ahead is refused.
     pub max_ttl: Duration,
+    /// `--jwt-claims-to-events`: the claims a session's events carry, as the token had them.
+    pub claims_to_events: Vec<String>,
 }
 
 impl Default for JwtRules {
@@ -62,6 +70,7 @@ impl Default for JwtRules {
             audience: None,
             uid_claim: DEFAULT_JWT_UID_CLAIM.into(),
             max_ttl: Duration::from_secs(crate::proto::DEFAULT_MAX_TOKEN_TTL_SECS),
+            claims_to_events: Vec::new(),
         }
     }
 }
@@ -101,6 +110,18 @@ pub enum JwtError {
     UidMismatch(String),
     #[error("JWT exp too far ahead (--max-token-ttl)")]
     TooLong,
+}
+
+/// A token that verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedJwt {
+    /// Its `exp`, unix seconds.
+    pub exp: u64,
+    /// The claims `--jwt-claims-to-events` names that it has, as a JSON object: `None` when
+    /// it has none of them, or when they take more than [`MAX_EVENT_CLAIMS_BYTES`].
+    pub claims: Option<String>,
+    /// Its claims were left out for taking more than [`MAX_EVENT_CLAIMS_BYTES`].
+    pub claims_too_large: bool,
 }
 
 /// The keys and the checks; see the module documentation.
@@ -162,8 +183,13 @@ impl JwtAuth {
         token.iter().filter(|&&b| b == b'.').count() == 2 && token.iter().all(|b| *b == b'.' || b64url(b))
     }
 
-    /// Checks `token` for `uid` at `now_unix`; returns its `exp`.
-    pub fn verify(&self, uid: u64, token: &[u8], now_unix: u64) -> Result<u64, JwtError> {
+    /// `--jwt-leeway`: a token is taken until this long after its `exp`.
+    pub fn leeway(&self) -> Duration {
+        self.rules.leeway
+    }
+
+    /// Checks `token` for `uid` at `now_unix`.
+    pub fn verify(&self, uid: u64, token: &[u8], now_unix: u64) -> Result<VerifiedJwt, JwtError> {
         let token = std::str::from_utf8(token).map_err(|_| JwtError::Malformed)?;
         let header = decode_header(token).map_err(|e| match e.kind() {
             jsonwebtoken::errors::ErrorKind::InvalidAlgorithmName | jsonwebtoken::errors::ErrorKind::Json(_) => {
@@ -191,8 +217,10 @@ impl JwtAuth {
             return Err(JwtError::Algorithm(format!("{alg:?} does not fit the key its kid names")));
         }
         let mut validation = Validation::new(alg);
-        validation.leeway = self.rules.leeway.as_secs();
-        validation.validate_nbf = true;
+        // `exp` and `nbf` are judged below against `now_unix`, the time the caller gives (the
+        // crate would read the system clock itself): one clock for every check.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
         validation.set_required_spec_claims(&["exp"]);
         match &self.rules.audience {
             Some(aud) => {
@@ -241,7 +269,14 @@ impl JwtAuth {
         let number = |name: &str| claims.get(name).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f as u64)));
         let exp = number("exp").ok_or(JwtError::NoExpiry)?;
         let leeway = self.rules.leeway.as_secs();
-        if number("iat").is_some_and(|iat| iat > now_unix + leeway) {
+        // RFC 7519 4.1.4: valid only before `exp`; the leeway forgives a skewed clock.
+        if now_unix >= exp.saturating_add(leeway) {
+            return Err(JwtError::Expired);
+        }
+        if number("nbf").is_some_and(|nbf| nbf > now_unix.saturating_add(leeway)) {
+            return Err(JwtError::NotYetValid("nbf"));
+        }
+        if number("iat").is_some_and(|iat| iat > now_unix.saturating_add(leeway)) {
             return Err(JwtError::NotYetValid("iat"));
         }
         if exp > now_unix + self.rules.max_ttl.as_secs() {
@@ -258,8 +293,30 @@ impl JwtAuth {
         match named {
             None => Err(JwtError::NoUid(claim.clone())),
             Some(named) if named != uid => Err(JwtError::UidMismatch(claim.clone())),
-            Some(_) => Ok(exp),
+            Some(_) => {
+                let (claims, claims_too_large) = self.event_claims(&claims);
+                Ok(VerifiedJwt { exp, claims, claims_too_large })
+            }
         }
+    }
+
+    /// The claims `--jwt-claims-to-events` names, as a JSON object (in the order named), and
+    /// whether they were left out for their size.
+    fn event_claims(&self, claims: &Map<String, Value>) -> (Option<String>, bool) {
+        let picked: Map<String, Value> = self
+            .rules
+            .claims_to_events
+            .iter()
+            .filter_map(|name| claims.get(name).map(|value| (name.clone(), value.clone())))
+            .collect();
+        if picked.is_empty() {
+            return (None, false);
+        }
+        let json = Value::Object(picked).to_string();
+        if json.len() > MAX_EVENT_CLAIMS_BYTES {
+            return (None, true);
+        }
+        (Some(json), false)
     }
 }
 

@@ -131,6 +131,10 @@ pub struct Config {
     /// JWT logins (`--jwt-key-file`, `--jwt-secret-file`): a token in a JWT's compact form
     /// is checked here, any other by `auth`. With neither, any token is accepted.
     pub jwt: Option<Arc<JwtAuth>>,
+    /// End a session when the token it logged in (or last refreshed) with expires
+    /// (`--enforce-token-expiry`): BYE(token_expired) within a tick of it. Off, a token is
+    /// checked at login only.
+    pub enforce_token_expiry: bool,
     /// Time shutdown waits for connections to take their BYE and close.
     pub drain_timeout: Duration,
     /// This gateway's name in presence answers and online events.
@@ -211,6 +215,7 @@ impl Default for Config {
             max_data_burst: DEFAULT_MAX_DATA_BURST,
             auth: None,
             jwt: None,
+            enforce_token_expiry: false,
             drain_timeout: Duration::from_secs(5),
             node_id: "idlegate".into(),
             api_token: None,

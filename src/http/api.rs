@@ -225,6 +225,9 @@ async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Res
         if let Some(silent_ms) = s.silent_ms {
             one["silent_ms"] = silent_ms.into();
         }
+        if let Some(claims) = s.claims.as_deref().and_then(|c| serde_json::from_str::<Value>(c.as_json()).ok()) {
+            one["claims"] = claims;
+        }
         one
     };
     answer["sessions"] = sessions.iter().map(session).collect();

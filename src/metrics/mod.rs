@@ -94,6 +94,13 @@ pub struct Metrics {
     pub jwt_reloads_ok: IntCounter,
     pub jwt_reloads_error: IntCounter,
     pub jwt_keys: IntGauge,
+    /// REFRESH frames (and MQTT 5 re-authentications), by result.
+    pub refreshes_ok: IntCounter,
+    pub refreshes_refused: IntCounter,
+    /// Sessions whose token expiry the gateway holds (`--enforce-token-expiry`).
+    pub token_expiries: IntGauge,
+    /// Logins whose `--jwt-claims-to-events` claims were left out of their events for size.
+    pub claims_too_large: IntCounter,
     /// When the certificate served now stops being valid (Unix seconds).
     pub tls_cert_expiry: IntGauge,
     /// Connections accepted, including those refused as server_full.
@@ -253,6 +260,25 @@ impl Metrics {
         let jwt_reloads_error = jwt_reloads_vec.with_label_values(&["error"]);
         reg(Box::new(jwt_reloads_vec));
         let jwt_keys = gauge("idlegate_jwt_keys", "JWT verification keys and secrets in use");
+        let refreshes_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_token_refreshes_total",
+                "REFRESH frames and MQTT 5 re-authentications, by result (refused ends the session as auth_failed)",
+            ),
+            &["result"],
+        )
+        .expect("valid counter vec");
+        let refreshes_ok = refreshes_vec.with_label_values(&["ok"]);
+        let refreshes_refused = refreshes_vec.with_label_values(&["refused"]);
+        reg(Box::new(refreshes_vec));
+        let token_expiries = gauge(
+            "idlegate_token_expiries",
+            "sessions whose token expiry this node enforces (--enforce-token-expiry): each ends as token_expired unless refreshed",
+        );
+        let claims_too_large = counter(
+            "idlegate_jwt_claims_too_large_total",
+            "logins whose --jwt-claims-to-events claims took more than 1 KiB: their events carry none",
+        );
         let tls_cert_expiry = gauge(
             "idlegate_tls_cert_expiry_timestamp_seconds",
             "when the TLS certificate served now expires (Unix seconds; 0 without TLS)",
@@ -432,6 +458,10 @@ impl Metrics {
             jwt_reloads_ok,
             jwt_reloads_error,
             jwt_keys,
+            refreshes_ok,
+            refreshes_refused,
+            token_expiries,
+            claims_too_large,
             tls_cert_expiry,
             connections_accepted,
             closed,

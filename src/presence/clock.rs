@@ -59,6 +59,16 @@ impl Clock {
         self.start + Duration::from_millis(ms)
     }
 
+    /// The first tick to begin at or after the wall-clock moment `at_unix_ms`, reckoned from
+    /// `now`, which the wall clock read as `now_unix_ms`: where a token's expiry falls on the
+    /// ring's ticks. A later wall-clock jump moves it no more than it moves anything else
+    /// the ticks keep; a moment already past is the current tick's end.
+    pub fn first_tick_at_or_after_unix(&self, now: Instant, now_unix_ms: u64, at_unix_ms: u64) -> u64 {
+        let at = now + Duration::from_millis(at_unix_ms.saturating_sub(now_unix_ms));
+        let since = u64::try_from(at.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX);
+        since.div_ceil(self.tick_nanos).max(self.tick_at(now) + 1)
+    }
+
     /// How long one tick lasts.
     pub fn tick(&self) -> Duration {
         self.tick
@@ -101,5 +111,19 @@ mod tests {
             assert_eq!(clock.tick_at(at + Duration::from_millis(99)), tick);
         }
         assert_eq!(clock.whole_seconds(299), 29);
+    }
+
+    #[test]
+    fn a_wall_clock_moment_falls_on_the_first_tick_at_or_after_it() {
+        let start = Instant::now();
+        let clock = Clock::new(start, Duration::from_millis(1000));
+        let now = start + Duration::from_millis(2500);
+        let unix = 1_700_000_000_000;
+        // 10.5 s on: tick 13 begins 0.5 s after it, at 13 s.
+        assert_eq!(clock.first_tick_at_or_after_unix(now, unix, unix + 10_500), 13);
+        // On a boundary: that tick.
+        assert_eq!(clock.first_tick_at_or_after_unix(now, unix, unix + 500), 3);
+        // Already past: the next tick.
+        assert_eq!(clock.first_tick_at_or_after_unix(now, unix, unix - 5_000), 3);
     }
 }

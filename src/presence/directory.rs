@@ -15,7 +15,7 @@ use prometheus::IntGauge;
 use crate::presence::clock::Clock;
 use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
-use crate::presence::{Push, Reach};
+use crate::presence::{Claims, Push, Reach};
 use crate::proto::Device;
 
 /// Why a directory could not answer.
@@ -41,6 +41,8 @@ pub struct Located {
     /// Milliseconds since its last frame, coarse to one tick (never less than the truth);
     /// `None` when the node holding it did not say in time.
     pub silent_ms: Option<u64>,
+    /// Its token's claims (`--jwt-claims-to-events`), when it has any and its node said.
+    pub claims: Option<Arc<Claims>>,
 }
 
 /// Logged-in uids and open connections of one node.
@@ -125,6 +127,7 @@ impl Directory for Local {
                 session: s.session.id(),
                 since_ms: s.session.since_ms(),
                 silent_ms: Some(self.clock.since(s.last_heard_tick).as_millis() as u64),
+                claims: s.session.claims().cloned(),
             })
             .collect();
         async move { Ok(located) }.boxed()

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde_json::Value;
 
-use crate::presence::{Event, What};
+use crate::presence::{Claims, Event, What};
 use crate::proto::Device;
 
 /// Appends `event`'s data object to `out`. `node` is this node's id, already JSON-quoted:
@@ -17,14 +17,17 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
     let Event { uid, what, at_ms, .. } = event;
     let device = |d: &Device| Value::String(d.as_str().into());
     let _ = match what {
-        What::Online { session, device: d, node: at } => {
+        What::Online { session, device: d, node: at, claims } => {
             let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
             let d = device(d);
-            write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at},"at_ms":{at_ms}}}"#)
+            let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at}"#);
+            write_claims(out, claims.as_deref());
+            write!(out, r#","at_ms":{at_ms}}}"#)
         }
-        What::Offline { session, device: d, reason, will } => {
+        What::Offline { session, device: d, reason, will, claims } => {
             let d = device(d);
             let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"reason":"{reason}""#);
+            write_claims(out, claims.as_deref());
             if let Some(will) = will {
                 let topic = Value::from(will.topic.as_ref());
                 let _ = write!(out, r#","will":{{"topic":{topic},"payload":""#);
@@ -48,4 +51,12 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
             write!(out, r#","at_ms":{at_ms}}}"#)
         }
     };
+}
+
+/// `,"claims":{...}` when the session's token gave any (a JSON object already).
+fn write_claims(out: &mut String, claims: Option<&Claims>) {
+    if let Some(claims) = claims {
+        out.push_str(r#","claims":"#);
+        out.push_str(claims.as_json());
+    }
 }

@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::local_log::{Kept, LocalLog};
-use crate::presence::Session;
+use crate::presence::{Claims, Session};
 use crate::proto::{CloseReason, Device, EventKind};
 
 /// Events one read hands a consumer: large enough to amortize the lock, small enough that
@@ -127,11 +127,11 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum What {
     /// A LOGIN succeeded, on `device` (`None` for the default one); on `node`, or on this
-    /// one when `None`.
-    Online { session: u64, device: Device, node: Option<Arc<str>> },
+    /// one when `None`; with its token's `claims` (`--jwt-claims-to-events`), if any.
+    Online { session: u64, device: Device, node: Option<Arc<str>>, claims: Option<Arc<Claims>> },
     /// A logged-in session ended (an MQTT session with a will: told here, unless it
-    /// logged out).
-    Offline { session: u64, device: Device, reason: CloseReason, will: Option<Arc<Will>> },
+    /// logged out), with the claims its online event carried.
+    Offline { session: u64, device: Device, reason: CloseReason, will: Option<Arc<Will>>, claims: Option<Arc<Claims>> },
     /// The uid went from no session to one.
     UserOnline,
     /// The uid's last session ended, for `reason`, at `ended_ms`: when this event was
@@ -249,12 +249,18 @@ impl Record for LocalLog {
         self.append(
             at_ms,
             session.uid(),
-            Kept::Online { session: session.id(), device: session.device().clone(), first },
+            Kept::Online {
+                session: session.id(),
+                device: session.device().clone(),
+                first,
+                claims: session.claims().cloned(),
+            },
         );
     }
 
     fn offline(&mut self, at_ms: u64, session: &Session, reason: CloseReason, last: bool, will: Option<Box<Will>>) {
-        let kept = Kept::Offline { session: session.id(), device: session.device().clone(), reason, last, will };
+        let (session_id, device, claims) = (session.id(), session.device().clone(), session.claims().cloned());
+        let kept = Kept::Offline { session: session_id, device, reason, last, will, claims };
         self.append(at_ms, session.uid(), kept);
     }
 
@@ -566,7 +572,13 @@ mod tests {
         assert_eq!(batch.missed, 0);
         assert_eq!(
             batch.events[3].what,
-            What::Offline { session: 1, device: Device::DEFAULT, reason: CloseReason::Logout, will: None }
+            What::Offline {
+                session: 1,
+                device: Device::DEFAULT,
+                reason: CloseReason::Logout,
+                will: None,
+                claims: None
+            }
         );
         assert!(log.read(batch.events[3].id).events.is_empty());
     }
@@ -588,7 +600,7 @@ mod tests {
             What::UserOffline { reason: CloseReason::IdleTimeout, ended_ms: batch.events[3].at_ms }
         );
         let phone: Device = "phone".parse().unwrap();
-        assert_eq!(batch.events[0].what, What::Online { session: 1, device: phone, node: None });
+        assert_eq!(batch.events[0].what, What::Online { session: 1, device: phone, node: None, claims: None });
         // Resuming between the halves of an entry gives the second half first.
         assert_eq!(names(&log.read(ids[0])), ["user_online", "offline", "user_offline"]);
         assert_eq!(names(&log.read(ids[2])), ["user_offline"]);

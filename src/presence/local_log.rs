@@ -12,6 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::presence::events::{within_batch_budget, Batch, Event, EventId, What, Will};
+use crate::presence::Claims;
 use crate::proto::{CloseReason, Device};
 
 /// The kept events; see the module documentation.
@@ -42,10 +43,17 @@ struct Logged {
 #[derive(Debug, Clone)]
 pub(crate) enum Kept {
     /// An online event; `user_online` follows when `first`.
-    Online { session: u64, device: Device, first: bool },
+    Online { session: u64, device: Device, first: bool, claims: Option<Arc<Claims>> },
     /// An offline event; `user_offline` follows when `last`.
     /// An MQTT session's will rides along (boxed: most sessions have none).
-    Offline { session: u64, device: Device, reason: CloseReason, last: bool, will: Option<Box<Will>> },
+    Offline {
+        session: u64,
+        device: Device,
+        reason: CloseReason,
+        last: bool,
+        will: Option<Box<Will>>,
+        claims: Option<Arc<Claims>>,
+    },
     /// `bytes` holds an MQTT PUBLISH's topic (its first `topic_len` bytes, UTF-8, never
     /// empty by MQTT's rules) before the payload; `topic_len` 0 for a DATA frame. One buffer,
     /// not a second pointer: every connection's online event is kept, and a wider variant
@@ -76,12 +84,13 @@ impl Logged {
     /// The session (or data) event.
     fn event(&self, id: EventId) -> Event {
         let what = match &self.kept {
-            Kept::Online { session, device, .. } => {
-                What::Online { session: *session, device: device.clone(), node: None }
+            Kept::Online { session, device, claims, .. } => {
+                What::Online { session: *session, device: device.clone(), node: None, claims: claims.clone() }
             }
-            Kept::Offline { session, device, reason, will, .. } => {
+            Kept::Offline { session, device, reason, will, claims, .. } => {
                 let will = will.as_deref().map(|w| Arc::new(w.clone()));
-                What::Offline { session: *session, device: device.clone(), reason: *reason, will }
+                let claims = claims.clone();
+                What::Offline { session: *session, device: device.clone(), reason: *reason, will, claims }
             }
             Kept::Data { bytes, topic_len } => {
                 let at = usize::from(*topic_len);

@@ -7,8 +7,8 @@
 //! which pushes an MQTT session takes; `events` is the ordering lock every online, offline
 //! and data event goes through, into this process's `local_log` or a cluster's store;
 //! `event_json` writes an event's data as the event stream and webhooks carry it;
-//! `grace` holds a uid's `user_offline` for the offline grace; `shards` places a uid on a
-//! lock;
+//! `grace` holds a uid's `user_offline` for the offline grace; `expiries` the tick each
+//! session's token expires on, when that is enforced; `shards` places a uid on a lock;
 //! `directory` answers presence questions for the backend API, whether from this process or
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
 
@@ -17,6 +17,7 @@ mod clock;
 mod directory;
 mod event_json;
 mod events;
+mod expiries;
 mod grace;
 mod local_log;
 mod outbox;
@@ -37,6 +38,7 @@ pub use outbox::{Outboxes, Push, Pushed, Reach};
 pub use registry::{Registry, Touched};
 pub use ring::{Handle, Ring, Touch};
 pub(crate) use session::data_bucket;
-pub use session::{session_hex, Session};
+pub(crate) use session::Traits;
+pub use session::{session_hex, Claims, Session};
 pub use subscriptions::Subscriptions;
 pub use ticker::Ticker;

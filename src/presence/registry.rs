@@ -45,11 +45,12 @@ use foldhash::fast::RandomState;
 use crate::metrics::Metrics;
 use crate::presence::clock::{unix_ms, Clock};
 use crate::presence::events::EventLog;
+use crate::presence::expiries::Expiries;
 use crate::presence::grace::Graces;
 use crate::presence::ring::{Ring, Touch};
-use crate::presence::session::Ending;
+use crate::presence::session::{Ending, Traits};
 use crate::presence::shards::{self, lock};
-use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions, Will};
+use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions};
 use crate::proto::{CloseReason, Device};
 
 /// Ring shards. Touches on different shards never contend, and a sweep holds one shard at a
@@ -95,6 +96,8 @@ pub struct Registry {
     /// uids whose last session ended within the offline grace; `None` without one (or in a
     /// cluster, whose graces live in its store).
     graces: Option<Graces>,
+    /// When sessions' tokens expire (`--enforce-token-expiry`); `None` when not enforced.
+    expiries: Option<Expiries>,
     /// Next session id. Starts at a random value, so ids from two gateways, or two runs of
     /// one, do not collide in a backend that pairs online and offline events.
     next_session: AtomicU64,
@@ -126,6 +129,7 @@ impl Registry {
             subscriptions: Subscriptions::default(),
             metrics,
             graces: None,
+            expiries: None,
             next_session: AtomicU64::new(salt),
             #[cfg(test)]
             fail_sweeps: std::sync::atomic::AtomicBool::new(false),
@@ -137,6 +141,55 @@ impl Registry {
     pub fn with_offline_grace(mut self, ticks: u64, clock: Clock) -> Registry {
         self.graces = (ticks > 0).then(|| Graces::new(ticks, clock));
         self
+    }
+
+    /// The same, ending each session whose token expires (see [`Registry::expire_at`]) on
+    /// the tick it does, as `token_expired`.
+    pub fn with_token_expiry(mut self) -> Registry {
+        self.expiries = Some(Expiries::default());
+        self
+    }
+
+    /// Whether token expiry is enforced.
+    pub fn enforces_token_expiry(&self) -> bool {
+        self.expiries.is_some()
+    }
+
+    /// `session` ends as `token_expired` on tick `tick` (again on a refresh: the new tick
+    /// replaces the old), when token expiry is enforced.
+    pub fn expire_at(&self, session: &Arc<Session>, tick: u64) {
+        if let Some(expiries) = &self.expiries {
+            expiries.set(session, tick);
+        }
+    }
+
+    /// The tick `session`'s token expires on, when enforced.
+    pub fn expiry_of(&self, session: &Session) -> Option<u64> {
+        self.expiries.as_ref().and_then(|e| e.get(session))
+    }
+
+    /// Forgets `session`'s token expiry: its connection closed.
+    pub fn forget_expiry(&self, session: &Session) {
+        if let Some(expiries) = &self.expiries {
+            expiries.forget(session);
+        }
+    }
+
+    /// Ends up to `max` sessions whose token expired on or before tick `now`, as
+    /// `token_expired`; returns how many expiries it took (ended or already over).
+    pub fn end_expired_tokens(&self, now: u64, max: usize, scratch: &mut Vec<Arc<Session>>) -> usize {
+        let Some(expiries) = &self.expiries else { return 0 };
+        let taken = expiries.take_due(now, max, scratch);
+        for session in scratch.drain(..) {
+            // An ending that came first (a kick, the client's close) keeps its reason.
+            self.leave(&session, CloseReason::TokenExpired);
+        }
+        taken
+    }
+
+    /// Sessions whose token expiry is held.
+    pub fn token_expiries(&self) -> usize {
+        self.expiries.as_ref().map_or(0, Expiries::len)
     }
 
     /// Number of ring shards, for the ticker's sweep loop.
@@ -158,28 +211,21 @@ impl Registry {
     /// the uid holds `--max-devices` live sessions, its least recently active one does
     /// (evicted). Their offline events go to the log before this one's online event.
     pub fn login(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
-        self.login_as(uid, device, now, false, false, None)
+        self.login_as(uid, device, now, Traits::default())
     }
 
     /// Logs in an MQTT session, as [`Registry::login`] does: one that takes only the pushes
     /// its subscriptions match.
     pub fn login_subscriber(&self, uid: u64, device: Device, now: u64) -> Arc<Session> {
-        self.login_as(uid, device, now, true, false, None)
+        self.login_as(uid, device, now, Traits { filters_pushes: true, ..Traits::default() })
     }
 
     /// Logs in a session that takes only the pushes its subscriptions match
     /// (`filters_pushes`, MQTT) and whose door can ping its client (`pingable`, WebSocket),
     /// with the `will` its offline event tells (MQTT): logged with its online event, so no
     /// ending can come between the two and lose it.
-    pub(crate) fn login_as(
-        &self,
-        uid: u64,
-        device: Device,
-        now: u64,
-        filters_pushes: bool,
-        pingable: bool,
-        will: Option<Box<Will>>,
-    ) -> Arc<Session> {
+    pub(crate) fn login_as(&self, uid: u64, device: Device, now: u64, traits: Traits) -> Arc<Session> {
+        let Traits { filters_pushes, pingable, will, claims } = traits;
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
         let held = self.sessions.entry(uid);
@@ -208,7 +254,7 @@ impl Registry {
             ring.remove(list[i].handle(), uid);
             list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
         }
-        let session = Session::on_device(uid, device, id, since, ring.insert(uid, now));
+        let session = Session::on_device(uid, device, id, since, ring.insert(uid, now)).with_claims(claims);
         let session = if filters_pushes { session.filtering_pushes() } else { session };
         let session = Arc::new(if pingable { session.pingable() } else { session });
         drop(ring);
@@ -735,8 +781,9 @@ mod tests {
     #[test]
     fn a_will_given_at_login_is_told_however_soon_the_session_ends() {
         let reg = registry(30);
-        let will = Will { topic: "gone".into(), payload: Bytes::from_static(b"bye") };
-        let session = reg.login_as(7, Device::DEFAULT, 1, true, false, Some(Box::new(will.clone())));
+        let will = crate::presence::Will { topic: "gone".into(), payload: Bytes::from_static(b"bye") };
+        let traits = Traits { filters_pushes: true, will: Some(Box::new(will.clone())), ..Traits::default() };
+        let session = reg.login_as(7, Device::DEFAULT, 1, traits);
         assert_eq!(reg.kick(7, None), 1);
         reg.leave(&session, CloseReason::Kicked);
         let events = reg.events().read(crate::presence::EventId { ms: 0, seq: 0 }).events;

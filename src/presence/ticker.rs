@@ -148,6 +148,19 @@ impl Ticker {
         if !ended.is_empty() {
             tokio::spawn(wake_paced(ended));
         }
+        // Then the sessions whose token expired (`--enforce-token-expiry`): each ends now,
+        // within a tick of its expiry, unless a refresh moved it.
+        let to = self.elapsed;
+        let mut ending = Vec::new();
+        loop {
+            let taken = self.registry.end_expired_tokens(to, SWEEP_CHUNK - since_yield, &mut ending);
+            since_yield += taken;
+            if since_yield < SWEEP_CHUNK {
+                break;
+            }
+            since_yield = 0;
+            tokio::task::yield_now().await;
+        }
         // Then the offline graces that ran out: each a `user_offline` after the offline
         // event of its uid's last session, logged above or on an earlier tick.
         for shard in 0..self.registry.grace_shard_count() {
@@ -171,6 +184,7 @@ impl Ticker {
         let tracked = self.registry.ring_picture(&mut self.due);
         self.metrics.ring_tracked.set(tracked as i64);
         self.metrics.grace_users.set(self.registry.in_grace() as i64);
+        self.metrics.token_expiries.set(self.registry.token_expiries() as i64);
         self.by_age.fill(0);
         let last = self.by_age.len().saturating_sub(1);
         for (k, &n) in self.due.iter().enumerate() {

@@ -23,6 +23,8 @@ pub(crate) enum Command {
     Data { payload: Bytes, topic: Option<Arc<str>> },
     /// The client leaves.
     Logout,
+    /// A new token for the session's uid (a REFRESH frame; MQTT 5's re-authentication).
+    Refresh(Bytes),
     /// MQTT SUBSCRIBE: topic filters, from a client that takes packets of up to
     /// `max_packet` bytes.
     Subscribe { filters: Vec<String>, max_packet: u32 },
@@ -44,7 +46,8 @@ impl From<Frame> for Command {
             // buffer, which the log must not keep alive.
             Frame::Data(payload) => Command::Data { payload: Bytes::copy_from_slice(&payload), topic: None },
             Frame::Logout => Command::Logout,
-            Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Bye { .. } => {
+            Frame::Refresh(token) => Command::Refresh(token),
+            Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Refreshed { .. } | Frame::Bye { .. } => {
                 Command::Refused("gateway-to-client frame kind sent by a client")
             }
         }

@@ -33,6 +33,8 @@ pub(crate) struct Rules {
     pub(crate) auth: Option<Auth>,
     /// JWT check on LOGIN (`--jwt-key-file`, `--jwt-secret-file`), if any.
     pub(crate) jwt: Option<Arc<JwtAuth>>,
+    /// End sessions when their token expires (`--enforce-token-expiry`).
+    pub(crate) enforce_token_expiry: bool,
     /// For the WELCOME: how long silence lasts before expiry, and the tick.
     pub(crate) timeout_ms: u32,
     pub(crate) tick_ms: u32,
@@ -60,6 +62,7 @@ impl Rules {
         Rules {
             auth: config.auth.clone(),
             jwt: config.jwt.clone(),
+            enforce_token_expiry: config.enforce_token_expiry,
             timeout_ms: config.timeout_ms(),
             tick_ms: config.tick_ms(),
             window: config.window(),
@@ -84,8 +87,8 @@ impl Context {
         use crate::presence::EventLog;
         let metrics = Arc::new(Metrics::new(config));
         let events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
-        let registry =
-            Arc::new(Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone()));
+        let registry = Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone());
+        let registry = Arc::new(if config.enforce_token_expiry { registry.with_token_expiry() } else { registry });
         Arc::new(Context {
             registry,
             clock: Clock::new(tokio::time::Instant::now(), config.tick),

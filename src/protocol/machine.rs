@@ -15,9 +15,9 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use crate::config::JwtAuth;
-use crate::presence::{session_hex, Push, Session, Touched, Will};
+use crate::presence::{session_hex, unix_ms_now, Claims, Push, Session, Touched, Traits, Will};
 use crate::proto::{
-    jittered_ms, kind, put_frame, retry_text, unix_now, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
+    jittered_ms, kind, put_frame, retry_text, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
     REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
 use crate::protocol::command::Command;
@@ -55,8 +55,12 @@ impl Out for BytesMut {
 pub(crate) trait Inputs {
     /// Monotonic time now: the ring's ticks and the login deadline.
     fn now(&self) -> Instant;
-    /// Wall-clock seconds since the Unix epoch: token expiry only.
-    fn unix_secs(&self) -> u64;
+    /// Wall-clock milliseconds since the Unix epoch: token expiry only.
+    fn unix_ms(&self) -> u64;
+    /// The same in whole seconds, as tokens count.
+    fn unix_secs(&self) -> u64 {
+        self.unix_ms() / 1000
+    }
     /// `base` plus a random share of `spread`, in milliseconds: the retry hints, so a fleet
     /// told to come back does not come back at once.
     fn jitter_ms(&self, base: Duration, spread: Duration) -> u64;
@@ -71,8 +75,8 @@ impl Inputs for System {
         Instant::now()
     }
 
-    fn unix_secs(&self) -> u64 {
-        unix_now()
+    fn unix_ms(&self) -> u64 {
+        unix_ms_now()
     }
 
     fn jitter_ms(&self, base: Duration, spread: Duration) -> u64 {
@@ -87,6 +91,18 @@ struct Login<'a> {
     device: Device,
     subscriber: bool,
     will: Option<Box<Will>>,
+}
+
+/// A token that checked out: when it expires, and what of it the session's events carry.
+#[derive(Debug, Default)]
+struct Checked {
+    /// Its expiry (unix seconds; `exp` for a JWT), 0 when nothing was checked (no token
+    /// rules are configured).
+    expires: u64,
+    /// When it stops being taken (unix milliseconds): the expiry, plus `--jwt-leeway` for a
+    /// JWT. The session ends there when expiry is enforced.
+    deadline_ms: Option<u64>,
+    claims: Option<Arc<Claims>>,
 }
 
 /// What a wake-up of the session means for its connection.
@@ -199,6 +215,7 @@ impl Machine {
             Command::Ping(_) => Some(kind::PING),
             Command::Data { .. } => Some(kind::DATA),
             Command::Logout => Some(kind::LOGOUT),
+            Command::Refresh(_) => Some(kind::REFRESH),
             _ => None,
         };
         if let Some(kind) = counted {
@@ -221,6 +238,7 @@ impl Machine {
             }
             Command::Data { payload, topic } => self.data(inputs, payload, topic.as_deref(), out),
             Command::Logout => Err((CloseReason::Logout, String::new())),
+            Command::Refresh(token) => self.refresh(inputs, &token, out),
             Command::Subscribe { filters, max_packet } => self.subscriptions(inputs, &filters, Some(max_packet), out),
             Command::Unsubscribe(filters) => self.subscriptions(inputs, &filters, None, out),
         }
@@ -274,25 +292,34 @@ impl Machine {
         Ok(())
     }
 
-    /// Logs in; a `subscriber` (an MQTT session) takes only the pushes its subscriptions
-    /// match.
-    fn login(&mut self, inputs: &impl Inputs, login: Login<'_>, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
-        let Login { uid, token, device, subscriber, will } = login;
+    /// Checks a LOGIN's or a REFRESH's token for `uid`. A JWT (three base64url parts) goes to
+    /// the JWT keys when there are any; any other token to the HMAC secrets. With neither
+    /// configured, any token is taken.
+    fn check_token(&self, inputs: &impl Inputs, uid: u64, token: &[u8]) -> Result<Checked, Close> {
         let context = &self.context;
-        let rules = &context.rules;
-        // A JWT (three base64url parts) goes to the JWT keys when there are any; any other
-        // token to the HMAC secrets. With neither configured, any token is taken.
-        match (&rules.jwt, &rules.auth) {
-            (Some(jwt), _) if JwtAuth::looks_like_jwt(token) => {
-                if let Err(e) = jwt.verify(uid, token, inputs.unix_secs()) {
-                    tracing::debug!(uid, error = %e, "login refused");
-                    // Names the check that failed, never the token.
-                    return Err((CloseReason::AuthFailed, e.to_string()));
+        match (&context.rules.jwt, &context.rules.auth) {
+            (Some(jwt), _) if JwtAuth::looks_like_jwt(token) => match jwt.verify(uid, token, inputs.unix_secs()) {
+                Ok(verified) => {
+                    if verified.claims_too_large {
+                        context.metrics.claims_too_large.inc();
+                    }
+                    let leeway_ms = u64::try_from(jwt.leeway().as_millis()).unwrap_or(u64::MAX);
+                    Ok(Checked {
+                        expires: verified.exp,
+                        deadline_ms: Some(verified.exp.saturating_mul(1000).saturating_add(leeway_ms)),
+                        claims: verified.claims.map(|json| Arc::new(Claims::from_json(json))),
+                    })
                 }
-            }
-            (_, Some(auth)) => {
-                if let Err(e) = auth.verify(uid, token, inputs.unix_secs()) {
-                    tracing::debug!(uid, error = %e, "login refused");
+                Err(e) => {
+                    tracing::debug!(uid, error = %e, "token refused");
+                    // Names the check that failed, never the token.
+                    Err((CloseReason::AuthFailed, e.to_string()))
+                }
+            },
+            (_, Some(auth)) => match auth.verify(uid, token, inputs.unix_secs()) {
+                Ok(expires) => Ok(Checked { expires, deadline_ms: Some(expires.saturating_mul(1000)), claims: None }),
+                Err(e) => {
+                    tracing::debug!(uid, error = %e, "token refused");
                     // Says what to do about it (refresh, or fix the minting), never what
                     // the secret is.
                     let why = match e {
@@ -301,21 +328,61 @@ impl Machine {
                         AuthError::Malformed => "token malformed: expected <expiry>.<64 lowercase hex>",
                         AuthError::TooLong { .. } => "token expiry too far ahead (--max-token-ttl)",
                     };
-                    return Err((CloseReason::AuthFailed, why.into()));
+                    Err((CloseReason::AuthFailed, why.into()))
                 }
-            }
-            (Some(_), None) => {
-                return Err((CloseReason::AuthFailed, "token malformed: expected a JWT".into()));
-            }
-            (None, None) => {}
+            },
+            (Some(_), None) => Err((CloseReason::AuthFailed, "token malformed: expected a JWT".into())),
+            (None, None) => Ok(Checked::default()),
         }
+    }
+
+    /// Files the session's token deadline on the ticks, when expiry is enforced: the
+    /// ticker ends it on the first tick at or after it.
+    fn enforce(&self, inputs: &impl Inputs, session: &Arc<Session>, checked: &Checked) {
+        let context = &self.context;
+        if let (true, Some(deadline_ms)) = (context.rules.enforce_token_expiry, checked.deadline_ms) {
+            let tick = context.clock.first_tick_at_or_after_unix(inputs.now(), inputs.unix_ms(), deadline_ms);
+            context.registry.expire_at(session, tick);
+        }
+    }
+
+    /// Logs in; a `subscriber` (an MQTT session) takes only the pushes its subscriptions
+    /// match.
+    fn login(&mut self, inputs: &impl Inputs, login: Login<'_>, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
+        let Login { uid, token, device, subscriber, will } = login;
+        let checked = self.check_token(inputs, uid, token)?;
+        let context = &self.context;
+        let rules = &context.rules;
         let now = context.clock.tick_at(inputs.now());
         let pingable = out.pings() && rules.ws_keepalive_pings;
-        let session = context.registry.login_as(uid, device, now, subscriber, pingable, will);
+        let traits = Traits { filters_pushes: subscriber, pingable, will, claims: checked.claims.clone() };
+        let session = context.registry.login_as(uid, device, now, traits);
+        self.enforce(inputs, &session, &checked);
         let id = session_hex(session.id());
         out.frame(&Frame::Welcome { timeout_ms: rules.timeout_ms, tick_ms: rules.tick_ms, session: id });
         self.phase = Phase::LoggedIn { session, last_tick: now };
         tracing::debug!(uid, "logged in");
+        Ok(())
+    }
+
+    /// A new token for the logged-in uid: activity, and when it checks out the session goes
+    /// on under it (its expiry moves) and the client is told the new expiry; when it does
+    /// not, or names another uid, the session ends as `auth_failed`. Its claims are not
+    /// taken: the session's events carry its login's.
+    fn refresh(&mut self, inputs: &impl Inputs, token: &[u8], out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
+        self.activity(inputs)?;
+        let Some(session) = self.session().cloned() else { return Ok(()) };
+        let metrics = &self.context.metrics;
+        let checked = match self.check_token(inputs, session.uid(), token) {
+            Ok(checked) => checked,
+            Err((reason, text)) => {
+                metrics.refreshes_refused.inc();
+                return Err((reason, format!("REFRESH refused: {text}")));
+            }
+        };
+        metrics.refreshes_ok.inc();
+        self.enforce(inputs, &session, &checked);
+        out.frame(&Frame::Refreshed { expires: checked.expires });
         Ok(())
     }
 
@@ -374,6 +441,7 @@ impl Machine {
                 // Here, the connection's last word, not at the ending: a SUBSCRIBE read after
                 // a kick but before its wake-up would otherwise leave its filters behind.
                 context.registry.subscriptions().forget(session.id());
+                context.registry.forget_expiry(session);
                 context.registry.leave(session, reason)
             }
             None => reason,
@@ -444,8 +512,8 @@ mod tests {
             self.now.get()
         }
 
-        fn unix_secs(&self) -> u64 {
-            self.unix
+        fn unix_ms(&self) -> u64 {
+            self.unix * 1000
         }
 
         fn jitter_ms(&self, base: Duration, _spread: Duration) -> u64 {

@@ -4,6 +4,8 @@
 
 mod command;
 mod context;
+#[cfg(test)]
+mod expiry_tests;
 mod machine;
 
 pub(crate) use command::Command;

@@ -22,13 +22,16 @@ use mqtt5_protocol::QoS;
 
 use crate::presence::{Push, Will};
 use crate::proto::mqtt::{
-    check_topic_filter, fixed_header, packet, put_fixed_header as put_header, put_str, put_varint,
+    check_topic_filter, fixed_header, packet, put_fixed_header as put_header, put_str, put_varint, AUTH_METHOD,
 };
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
 use crate::protocol::Command;
 use crate::transport::connection::Framing;
 use crate::transport::door::Speaks;
+
+/// What a client naming another Authentication Method is told.
+const AUTH_METHOD_TEXT: &str = "the one authentication method is idlegate-token";
 
 /// MQTT's protocol levels.
 const LEVEL_311: u8 = 4;
@@ -61,6 +64,12 @@ mod code5 {
     pub const SERVER_SHUTTING_DOWN: u8 = 0x8B;
     pub const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
     pub const SESSION_TAKEN_OVER: u8 = 0x8E;
+    pub const NOT_AUTHORIZED: u8 = 0x87;
+    pub const BAD_AUTHENTICATION_METHOD: u8 = 0x8C;
+    /// DISCONNECT: the token the session was let in with has expired.
+    pub const MAXIMUM_CONNECT_TIME: u8 = 0xA0;
+    /// AUTH: a re-authentication succeeded.
+    pub const SUCCESS: u8 = 0x00;
     pub const QUOTA_EXCEEDED: u8 = 0x97;
     pub const QOS_NOT_SUPPORTED: u8 = 0x9B;
     pub const TOPIC_NAME_INVALID: u8 = 0x90;
@@ -83,7 +92,13 @@ mod property {
     pub const SHARED_SUBSCRIPTION_AVAILABLE: u8 = 0x2A;
     pub const MAXIMUM_PACKET_SIZE: u8 = 0x27;
     pub const ASSIGNED_CLIENT_IDENTIFIER: u8 = 0x12;
+    pub const AUTHENTICATION_METHOD: u8 = 0x15;
+    pub const USER_PROPERTY: u8 = 0x26;
 }
+
+/// The User Property name under which an AUTH (Success) tells the new token's expiry, unix
+/// seconds in decimal, as REFRESHED does on the other doors.
+const EXPIRES_PROPERTY: &str = "expires";
 
 /// What every MQTT connection of a gateway shares, built once at start.
 #[derive(Debug)]
@@ -129,6 +144,8 @@ pub(crate) struct Mqtt {
     answered: bool,
     /// The client sent an empty client identifier: MQTT 5 is told the one it was given.
     anonymous: bool,
+    /// The MQTT 5 CONNECT named [`AUTH_METHOD`]: the client may re-authenticate with AUTH.
+    enhanced_auth: bool,
     /// The largest packet the client takes (MQTT 5's Maximum Packet Size; unbounded else).
     client_max_packet: u32,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
@@ -167,6 +184,7 @@ impl Mqtt {
             welcomed: false,
             answered: false,
             anonymous: false,
+            enhanced_auth: false,
             client_max_packet: u32::MAX,
             owed_ack: None,
             owed: None,
@@ -247,7 +265,20 @@ impl Mqtt {
                 ),
             ));
         }
-        let token = Bytes::from(connect.password.clone().unwrap_or_default());
+        let mut token = Bytes::from(connect.password.clone().unwrap_or_default());
+        if let Some(method) = connect.properties.get_authentication_method() {
+            // MQTT 5's enhanced authentication, under the one method the gateway knows: its
+            // data is the token, and the session may re-authenticate (4.12).
+            if method != AUTH_METHOD {
+                put_connack(out, version, code5::BAD_AUTHENTICATION_METHOD, AUTH_METHOD_TEXT.as_bytes());
+                self.answered = true;
+                return Err((CloseReason::AuthFailed, format!("CONNECT authentication method: {AUTH_METHOD_TEXT}")));
+            }
+            self.enhanced_auth = true;
+            if let Some(data) = connect.properties.get_authentication_data() {
+                token = Bytes::copy_from_slice(data);
+            }
+        }
         let will = connect.will.as_ref().map(|will| {
             Box::new(Will { topic: will.topic.as_str().into(), payload: Bytes::from(will.payload.clone()) })
         });
@@ -418,8 +449,9 @@ impl Mqtt {
                 Err((CloseReason::Disconnect, "DISCONNECT with Will Message".into()))
             }
             (_, Packet::Disconnect(_)) => Ok(Some(Command::Logout)),
-            // Acknowledgements of QoS the gateway never sends, AUTH: nothing to do, but the
-            // client is there.
+            (LEVEL_5, Packet::Auth(auth)) => self.auth(&auth, out).map(Some),
+            // Acknowledgements of QoS the gateway never sends: nothing to do, but the client
+            // is there.
             (_, Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubRel(_) | Packet::PubComp(_) | Packet::Auth(_)) => {
                 Ok(Some(Command::Activity))
             }
@@ -428,6 +460,24 @@ impl Mqtt {
                 Err(self.refuse(out, code5::PROTOCOL_ERROR, &why))
             }
         }
+    }
+
+    /// An MQTT 5 AUTH after CONNACK: a re-authentication (0x19) under [`AUTH_METHOD`], its
+    /// data the new token, is the REFRESH; anything else is a protocol error (4.12: a client
+    /// whose CONNECT named no method sends no AUTH, and the gateway never continues one).
+    fn auth(&mut self, auth: &mqtt5_protocol::packet::auth::AuthPacket, out: &mut BytesMut) -> Result<Command, Close> {
+        use mqtt5_protocol::protocol::v5::reason_codes::ReasonCode;
+        if !self.enhanced_auth {
+            return Err(self.refuse(out, code5::PROTOCOL_ERROR, "AUTH, but CONNECT named no authentication method"));
+        }
+        if auth.reason_code != ReasonCode::ReAuthenticate {
+            return Err(self.refuse(out, code5::PROTOCOL_ERROR, "AUTH that is not a re-authentication (0x19)"));
+        }
+        if auth.properties.get_authentication_method().map(String::as_str) != Some(AUTH_METHOD) {
+            return Err(self.refuse(out, code5::PROTOCOL_ERROR, "AUTH under another method than CONNECT's"));
+        }
+        let token = auth.properties.get_authentication_data().map(Bytes::copy_from_slice).unwrap_or_default();
+        Ok(Command::Refresh(token))
     }
 
     /// The PUBACK a QoS 1 PUBLISH is owed, once the machine took its DATA, or the SUBACK a
@@ -511,6 +561,10 @@ impl Mqtt {
                         props.put_u8(property::ASSIGNED_CLIENT_IDENTIFIER);
                         put_str(&mut props, session.as_bytes());
                     }
+                    if self.enhanced_auth {
+                        props.put_u8(property::AUTHENTICATION_METHOD);
+                        put_str(&mut props, AUTH_METHOD.as_bytes());
+                    }
                 }
                 put_connack_props(out, self.version, 0, &props);
                 self.welcomed = true;
@@ -519,8 +573,24 @@ impl Mqtt {
             // Pushes come through `encode_push`, with their topics.
             Frame::Push(_) => debug_assert!(false, "an MQTT push without its topic"),
             Frame::Bye { reason, text } => self.bye(*reason, text, out),
+            // A re-authentication succeeded: AUTH (Success) under the method, with the new
+            // expiry. Only an MQTT 5 session with enhanced authentication can refresh.
+            Frame::Refreshed { expires } => {
+                let mut props = BytesMut::new();
+                props.put_u8(property::AUTHENTICATION_METHOD);
+                put_str(&mut props, AUTH_METHOD.as_bytes());
+                props.put_u8(property::USER_PROPERTY);
+                put_str(&mut props, EXPIRES_PROPERTY.as_bytes());
+                put_str(&mut props, expires.to_string().as_bytes());
+                let mut len_bytes = BytesMut::new();
+                put_varint(&mut len_bytes, props.len());
+                put_header(out, packet::AUTH, 1 + len_bytes.len() + props.len());
+                out.put_u8(code5::SUCCESS);
+                out.put_slice(&len_bytes);
+                out.put_slice(&props);
+            }
             // Client frames never come back out.
-            Frame::Login { .. } | Frame::Ping(_) | Frame::Data(_) | Frame::Logout => {}
+            Frame::Login { .. } | Frame::Ping(_) | Frame::Data(_) | Frame::Logout | Frame::Refresh(_) => {}
         }
     }
 }
@@ -577,7 +647,10 @@ impl Mqtt {
             CloseReason::Shutdown | CloseReason::ServerFull => code5::SERVER_SHUTTING_DOWN,
             CloseReason::IdleTimeout => code5::KEEP_ALIVE_TIMEOUT,
             CloseReason::SlowConsumer => code5::QUOTA_EXCEEDED,
-            CloseReason::ProtocolError | CloseReason::LoginTimeout | CloseReason::AuthFailed => code5::PROTOCOL_ERROR,
+            // A refused re-authentication.
+            CloseReason::AuthFailed => code5::NOT_AUTHORIZED,
+            CloseReason::TokenExpired => code5::MAXIMUM_CONNECT_TIME,
+            CloseReason::ProtocolError | CloseReason::LoginTimeout => code5::PROTOCOL_ERROR,
         };
         put_disconnect(out, code, text.as_bytes());
     }

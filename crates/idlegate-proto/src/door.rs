@@ -46,6 +46,7 @@ mod tests {
         assert_eq!(CloseReason::IdleTimeout.close_code(), Some(4001));
         assert_eq!(CloseReason::from_close_code(1000), None);
         assert_eq!(CloseReason::from_close_code(4000), None);
-        assert_eq!(CloseReason::from_close_code(4010), None);
+        assert_eq!(CloseReason::TokenExpired.close_code(), Some(4010));
+        assert_eq!(CloseReason::from_close_code(4011), None);
     }
 }

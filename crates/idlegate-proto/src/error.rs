@@ -22,6 +22,9 @@ pub enum FrameError {
     /// ASCII.
     #[error("WELCOME payload of {0} bytes: expected 8, then an ASCII session id")]
     BadWelcome(usize),
+    /// A REFRESHED whose payload is not the 8-byte expiry.
+    #[error("REFRESHED payload of {0} bytes: expected 8")]
+    BadRefreshed(usize),
     /// A LOGIN whose device name (after the 0x00) is not one.
     #[error("LOGIN device: {0}")]
     BadDevice(#[from] crate::DeviceError),

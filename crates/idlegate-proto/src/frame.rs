@@ -18,12 +18,17 @@ pub mod kind {
     pub const DATA: u8 = 0x03;
     /// Ends the session now.
     pub const LOGOUT: u8 = 0x04;
+    /// A new token for the logged-in uid, replacing the LOGIN's before it expires
+    /// (version 4).
+    pub const REFRESH: u8 = 0x05;
     /// `timeout_ms` (u32 BE), `tick_ms` (u32 BE), then the session id in ASCII.
     pub const WELCOME: u8 = 0x81;
     /// The PING's payload.
     pub const PONG: u8 = 0x82;
     /// Application bytes a backend pushed through the API; not a reply to anything.
     pub const PUSH: u8 = 0x83;
+    /// The REFRESH was taken: the new token's expiry, unix seconds (u64 BE).
+    pub const REFRESHED: u8 = 0x84;
     /// A reason byte and optional UTF-8 text; the gateway closes after it.
     pub const BYE: u8 = 0x8F;
 }
@@ -33,6 +38,9 @@ const UID_LEN: usize = 8;
 
 /// Bytes of a WELCOME payload before the session id: two u32 values, all an old client reads.
 const WELCOME_LEN: usize = 8;
+
+/// Bytes of a REFRESHED payload: the expiry, unix seconds as a u64.
+const REFRESHED_LEN: usize = 8;
 
 /// Separates a LOGIN's token from its device name. Tokens are printable ASCII, so it can
 /// never be part of one, and a LOGIN without it is an old client's: the default device.
@@ -50,6 +58,8 @@ pub enum Frame {
     Data(Bytes),
     /// The client ends its session.
     Logout,
+    /// A new token for the session's uid (version 4): the session goes on under it.
+    Refresh(Bytes),
     /// The gateway accepted the LOGIN and tells the client how often it must speak, and the
     /// id its session has in the events (empty from a gateway older than version 3).
     Welcome { timeout_ms: u32, tick_ms: u32, session: String },
@@ -57,6 +67,9 @@ pub enum Frame {
     Pong(Bytes),
     /// Application bytes from a backend.
     Push(Bytes),
+    /// The REFRESH was taken; the session now ends at `expires` (unix seconds) when the
+    /// gateway enforces token expiry.
+    Refreshed { expires: u64 },
     /// The gateway's last frame on a connection.
     Bye { reason: CloseReason, text: String },
 }
@@ -87,6 +100,7 @@ impl Frame {
             kind::PING => Frame::Ping(body),
             kind::DATA => Frame::Data(body),
             kind::LOGOUT => Frame::Logout,
+            kind::REFRESH => Frame::Refresh(body),
             kind::WELCOME => {
                 if body.len() < WELCOME_LEN || !body[WELCOME_LEN..].is_ascii() {
                     return Err(FrameError::BadWelcome(body.len()));
@@ -97,6 +111,12 @@ impl Frame {
             }
             kind::PONG => Frame::Pong(body),
             kind::PUSH => Frame::Push(body),
+            kind::REFRESHED => {
+                if body.len() != REFRESHED_LEN {
+                    return Err(FrameError::BadRefreshed(body.len()));
+                }
+                Frame::Refreshed { expires: body.get_u64() }
+            }
             kind::BYE => {
                 if body.is_empty() {
                     return Err(FrameError::BadBye(None));
@@ -116,8 +136,9 @@ impl Frame {
             Frame::Login { token, device, .. } => {
                 UID_LEN + token.len() + if device.is_default() { 0 } else { 1 + device.len() }
             }
-            Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) | Frame::Push(p) => p.len(),
+            Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) | Frame::Push(p) | Frame::Refresh(p) => p.len(),
             Frame::Logout => 0,
+            Frame::Refreshed { .. } => REFRESHED_LEN,
             Frame::Welcome { session, .. } => WELCOME_LEN + session.len(),
             Frame::Bye { text, .. } => 1 + text.len(),
         }
@@ -145,6 +166,14 @@ impl Frame {
                 dst.put_slice(p);
             }
             Frame::Logout => dst.put_u8(kind::LOGOUT),
+            Frame::Refresh(token) => {
+                dst.put_u8(kind::REFRESH);
+                dst.put_slice(token);
+            }
+            Frame::Refreshed { expires } => {
+                dst.put_u8(kind::REFRESHED);
+                dst.put_u64(*expires);
+            }
             Frame::Welcome { timeout_ms, tick_ms, session } => {
                 dst.put_u8(kind::WELCOME);
                 dst.put_u32(*timeout_ms);
@@ -184,18 +213,22 @@ pub enum CloseReason {
     ServerFull = 7,
     Shutdown = 8,
     SlowConsumer = 9,
+    /// The token the session logged in (or last refreshed) with expired, and the gateway
+    /// enforces expiry (`--enforce-token-expiry`).
+    TokenExpired = 10,
     /// The client closed the socket; nothing is sent.
-    Disconnect = 10,
+    Disconnect = 11,
     /// The node holding the session died (cluster events only): no connection of this
     /// node closes for it, so it is not in [`CloseReason::ALL`].
-    NodeLost = 11,
+    NodeLost = 12,
 }
 
 // === impl CloseReason ===
 
 impl CloseReason {
-    /// Every reason, in code order; `ALL[i]` has code `i + 1`.
-    pub const ALL: [CloseReason; 10] = [
+    /// Every reason a connection of this node closes with, in code order; `ALL[i]` has
+    /// code `i + 1`.
+    pub const ALL: [CloseReason; 11] = [
         CloseReason::IdleTimeout,
         CloseReason::Logout,
         CloseReason::Kicked,
@@ -205,6 +238,7 @@ impl CloseReason {
         CloseReason::ServerFull,
         CloseReason::Shutdown,
         CloseReason::SlowConsumer,
+        CloseReason::TokenExpired,
         CloseReason::Disconnect,
     ];
 
@@ -219,8 +253,15 @@ impl CloseReason {
 
     /// The reason for a BYE reason byte.
     pub fn from_wire(code: u8) -> Option<CloseReason> {
+        CloseReason::from_code(code).filter(|r| r.wire_code().is_some())
+    }
+
+    /// The reason whose discriminant is `code` (every reason, the two with no BYE too): how
+    /// a reason is kept in one byte.
+    pub fn from_code(code: u8) -> Option<CloseReason> {
         match code {
-            1..=9 => Some(CloseReason::ALL[usize::from(code) - 1]),
+            1..=11 => Some(CloseReason::ALL[usize::from(code) - 1]),
+            12 => Some(CloseReason::NodeLost),
             _ => None,
         }
     }
@@ -242,6 +283,7 @@ impl CloseReason {
             CloseReason::ServerFull => "server_full",
             CloseReason::Shutdown => "shutdown",
             CloseReason::SlowConsumer => "slow_consumer",
+            CloseReason::TokenExpired => "token_expired",
             CloseReason::Disconnect => "disconnect",
             CloseReason::NodeLost => "node_lost",
         }
@@ -284,6 +326,8 @@ mod tests {
         round_trip(Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: "00000000000000ff".into() });
         round_trip(Frame::Pong(Bytes::from_static(b"t")));
         round_trip(Frame::Push(Bytes::from_static(b"\x00\xffbin")));
+        round_trip(Frame::Refresh(Bytes::from_static(b"a.b.c")));
+        round_trip(Frame::Refreshed { expires: 1_700_000_000 });
         for reason in CloseReason::ALL.into_iter().filter(|r| r.wire_code().is_some()) {
             round_trip(Frame::Bye { reason, text: "why".into() });
         }
@@ -308,7 +352,13 @@ mod tests {
             }
         }
         assert_eq!(CloseReason::from_wire(0), None);
-        assert_eq!(CloseReason::from_wire(10), None);
+        assert_eq!(CloseReason::from_wire(10), Some(CloseReason::TokenExpired));
+        assert_eq!(CloseReason::from_wire(11), None);
+        assert_eq!(CloseReason::from_wire(12), None);
+        for code in 1..=12 {
+            assert_eq!(CloseReason::from_code(code).map(|r| r as u8), Some(code));
+        }
+        assert_eq!(CloseReason::from_code(13), None);
     }
 
     #[test]
@@ -322,6 +372,7 @@ mod tests {
         assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01tok\x00"), FrameError::BadDevice(_)));
         assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00a\x07"), FrameError::BadDevice(_)));
         assert!(matches!(parse(b"\x8f"), FrameError::BadBye(None)));
-        assert!(matches!(parse(b"\x8f\x0a"), FrameError::BadBye(Some(10))));
+        assert!(matches!(parse(b"\x8f\x0b"), FrameError::BadBye(Some(11))));
+        assert!(matches!(parse(b"\x84\x00\x01"), FrameError::BadRefreshed(2)));
     }
 }

@@ -8,6 +8,11 @@ use bytes::BufMut;
 /// Largest remaining length four variable-length bytes can say (2.2.3).
 pub const MAX_REMAINING: usize = 268_435_455;
 
+/// The MQTT 5 Authentication Method under which a client gives its token as Authentication
+/// Data (at CONNECT and in a re-authentication's AUTH), and with which the gateway answers:
+/// the same token a LOGIN carries, a JWT or an HMAC token.
+pub const AUTH_METHOD: &str = "idlegate-token";
+
 /// A fixed header that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MqttHeaderError {
@@ -62,6 +67,8 @@ pub mod packet {
     pub const PINGREQ: u8 = 0xC0;
     pub const PINGRESP: u8 = 0xD0;
     pub const DISCONNECT: u8 = 0xE0;
+    /// MQTT 5 only.
+    pub const AUTH: u8 = 0xF0;
 }
 
 /// CONNECT's protocol level for MQTT 3.1.1 (3.1.2.2).

@@ -67,8 +67,9 @@ impl Auth {
         format!("{expiry_unix}.{}", hex::encode(mac))
     }
 
-    /// Checks `token` for `uid` at `now_unix`; the MAC comparison runs in constant time.
-    pub fn verify(&self, uid: u64, token: &[u8], now_unix: u64) -> Result<(), AuthError> {
+    /// Checks `token` for `uid` at `now_unix` and returns its expiry (unix seconds); the MAC
+    /// comparison runs in constant time.
+    pub fn verify(&self, uid: u64, token: &[u8], now_unix: u64) -> Result<u64, AuthError> {
         let token = std::str::from_utf8(token).map_err(|_| AuthError::Malformed)?;
         let (expiry, mac_hex) = token.split_once('.').ok_or(AuthError::Malformed)?;
         let is_lower_hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
@@ -96,7 +97,7 @@ impl Auth {
         if expiry - now_unix > self.max_ttl_secs {
             return Err(AuthError::TooLong { expiry, max_ttl_secs: self.max_ttl_secs });
         }
-        Ok(())
+        Ok(expiry)
     }
 }
 
@@ -121,7 +122,7 @@ mod tests {
         let auth = Auth::new("s3cret");
         let token = auth.mint(42, 1_000);
         assert!(token.starts_with("1000."));
-        assert_eq!(auth.verify(42, token.as_bytes(), 999), Ok(()));
+        assert_eq!(auth.verify(42, token.as_bytes(), 999), Ok(1_000));
         // Another spelling of the same expiry is not the same token.
         let padded = format!("0{token}");
         assert_eq!(auth.verify(42, padded.as_bytes(), 999), Err(AuthError::Malformed));
@@ -150,7 +151,7 @@ mod tests {
     #[test]
     fn a_token_may_live_at_most_the_maximum_lifetime() {
         let auth = Auth::new("s3cret").with_max_ttl(3600);
-        assert_eq!(auth.verify(1, auth.mint(1, 1_000 + 3600).as_bytes(), 1_000), Ok(()));
+        assert_eq!(auth.verify(1, auth.mint(1, 1_000 + 3600).as_bytes(), 1_000), Ok(1_000 + 3600));
         let far = auth.mint(1, u64::MAX);
         assert_eq!(
             auth.verify(1, far.as_bytes(), 1_000),
@@ -162,7 +163,7 @@ mod tests {
     fn rotation_mints_with_the_newest_and_accepts_any() {
         let old = Auth::new("old");
         let both = Auth::rotating([b"new".to_vec(), b"old".to_vec()]).unwrap();
-        assert_eq!(both.verify(5, old.mint(5, 2_000).as_bytes(), 1_000), Ok(()), "tokens of the older secret");
+        assert_eq!(both.verify(5, old.mint(5, 2_000).as_bytes(), 1_000), Ok(2_000), "tokens of the older secret");
         let minted = both.mint(5, 2_000);
         assert_eq!(minted, Auth::new("new").mint(5, 2_000), "minted with the newest");
         assert_eq!(old.verify(5, minted.as_bytes(), 1_000), Err(AuthError::BadSignature));
