@@ -33,6 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             event = events.recv() => match event {
                 Some(Event::State(state)) => eprintln!("state: {state:?}"),
                 Some(Event::Push(payload)) => println!("push: {}", String::from_utf8_lossy(&payload)),
+                Some(Event::Refreshed { expires }) => eprintln!("token refreshed: the session lasts until {expires}"),
                 None => return Ok(()),
             },
             line = lines.next_line() => match line? {

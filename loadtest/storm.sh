@@ -21,6 +21,9 @@
 # The report counts reconnect attempts per 100 ms; loadtest/storm-compare.sh runs both and
 # draws them side by side.
 #
+# GATEWAY_ARGS and CLIENT_ARGS add flags to both gateways and to the load generator (the
+# tokens of loadtest/storm-jwt.sh: --jwt-key-file, --token-file).
+#
 #   loadtest/storm.sh [CONNECTIONS] [OUT_PREFIX] [SIGNAL]     # about 90 s
 set -uo pipefail
 connections=${1:-19000}
@@ -34,6 +37,8 @@ cargo build --release -q --workspace
 mkdir -p "$(dirname "$out")"
 door=(--listen 127.0.0.1:7270)
 client=()
+read -ra gateway_args <<<"${GATEWAY_ARGS:-}"
+read -ra client_args <<<"${CLIENT_ARGS:-}"
 # The first ramp is set-up, not the storm: TLS clients come in at a rate one core of each
 # side keeps up with (a full handshake costs far more than a TCP connect), and the restart
 # waits until they are all in.
@@ -55,7 +60,7 @@ fi
 
 # Starts a gateway in the background; its pid goes to $pid (no subshell: we wait on it).
 gateway() {
-  target/release/idlegate serve "${door[@]}" --admin-listen 127.0.0.1:7271 \
+  target/release/idlegate serve "${door[@]}" "${gateway_args[@]}" --admin-listen 127.0.0.1:7271 \
     --api-listen 127.0.0.1:7272 --drain-timeout 10s >"${TMPDIR:-/tmp}/storm-gateway-$1.log" 2>&1 &
   pid=$!
 }
@@ -65,7 +70,7 @@ first=$pid
 sleep 1
 target/release/loadtest --target 127.0.0.1:7270 --connections "$connections" --connect-rate "$rate" \
   --ping-interval 10s --silent-fraction 0 --duration "$((settle + 50))s" --source-ips 127.0.0.1-127.0.0.4 \
-  --reconnect --reconnect-policy "$policy" --admin http://127.0.0.1:7271 --report "$out.json" --check "${client[@]}" >"$out.txt" 2>"$out.progress" &
+  --reconnect --reconnect-policy "$policy" --admin http://127.0.0.1:7271 --report "$out.json" --check "${client[@]}" "${client_args[@]}" >"$out.txt" 2>"$out.progress" &
 harness=$!
 
 sleep "$settle"

@@ -50,6 +50,8 @@ fn configuration_errors_exit_2_and_name_the_flag() {
         (&["token", "--uid", "1", "--secret", "s", "--ttl", "0s"], "--ttl"),
         (&["serve", "--max-token-ttl", "0s"], "--max-token-ttl"),
         (&["serve", "--node-lease", "5s"], "--redis"),
+        (&["serve", "--enforce-token-expiry"], "--enforce-token-expiry"),
+        (&["serve", "--jwt-claims-to-events", "name,org"], "--jwt-claims-to-events"),
         (&["serve", "--listen", "no-such-host.invalid:7070"], "--listen"),
         (&["serve", "--auth-secret-file", "/nonexistent/secrets"], "--auth-secret-file"),
         (&["serve", "--api-token-file", "/nonexistent/token"], "--api-token-file"),

@@ -188,6 +188,7 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/js/src/index.js");
     let welcome = body(&Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: "00000000000000ff".into() });
     let bye = body(&Frame::Bye { reason: CloseReason::Shutdown, text: "retry_after_ms=4200; restarting".into() });
+    let refreshed = body(&Frame::Refreshed { expires: 1_700_000_020 });
     let script = format!(
         "const w = await import({module:?});
          const hex = (b) => Buffer.from(b).toString('hex');
@@ -195,6 +196,8 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
            kind: w.KIND, reasons: w.REASONS.slice(1), base: w.BYE_CLOSE_BASE, device: w.MAX_DEVICE_BYTES,
            login: hex(w.encodeLogin('18446744073709551615', 'tok', 'tab')),
            ping: hex(w.encodePing(new Uint8Array([1, 2]))), data: hex(w.encodeData('app')), logout: hex(w.encodeLogout()),
+           refresh: hex(w.encodeRefresh('a.b.c')),
+           refreshed: w.decodeFrame(Buffer.from('{refreshed}', 'hex')),
            welcome: w.decodeFrame(Buffer.from('{welcome}', 'hex')),
            bye: w.decodeFrame(Buffer.from('{bye}', 'hex')),
            hint: w.retryHint('retry_after_ms=4200; restarting'),
@@ -210,15 +213,18 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
         ("PING", kind::PING),
         ("DATA", kind::DATA),
         ("LOGOUT", kind::LOGOUT),
+        ("REFRESH", kind::REFRESH),
         ("WELCOME", kind::WELCOME),
         ("PONG", kind::PONG),
         ("PUSH", kind::PUSH),
+        ("REFRESHED", kind::REFRESHED),
         ("BYE", kind::BYE),
     ];
     for (name, byte) in kinds {
         assert_eq!(js["kind"][name], json!(byte), "{name}");
     }
-    let reasons: Vec<&str> = (1..=9).map(|b| CloseReason::from_wire(b).unwrap().label()).collect();
+    let reasons: Vec<&str> = (1..=255).map_while(CloseReason::from_wire).map(CloseReason::label).collect();
+    assert_eq!(reasons.last(), Some(&"token_expired"));
     assert_eq!(js["reasons"], json!(reasons));
     assert_eq!(js["base"], json!(idlegate_proto::BYE_CLOSE_BASE));
     assert_eq!(js["device"], json!(idlegate_proto::MAX_DEVICE_BYTES));
@@ -229,6 +235,8 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     assert_eq!(js["ping"], json!(body(&Frame::Ping(Bytes::from_static(&[1, 2])))));
     assert_eq!(js["data"], json!(body(&Frame::Data(Bytes::from_static(b"app")))));
     assert_eq!(js["logout"], json!(body(&Frame::Logout)));
+    assert_eq!(js["refresh"], json!(body(&Frame::Refresh(Bytes::from_static(b"a.b.c")))));
+    assert_eq!(js["refreshed"], json!({"type": "refreshed", "expires": 1_700_000_020u64}));
     assert_eq!(
         js["welcome"],
         json!({"type": "welcome", "timeoutMs": 30000, "tickMs": 1000, "session": "00000000000000ff"})
@@ -242,4 +250,60 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
         frame.encode(&mut out);
         hex::encode(&out)
     }
+}
+
+const REFRESHING: &str = r#"
+(async () => { try {
+  window.log = [];
+  window.refreshed = [];
+  const { Client } = await import('/src/index.js');
+  const tokens = TOKENS;
+  window.r = new Client({ url: WS, uid: 8, token: async () => tokens.shift() });
+  window.r.on('state', (s) => window.log.push({ name: 'r', ...s }));
+  window.r.on('refreshed', (e) => window.refreshed.push(e.expires));
+  return 'started';
+} catch (e) { return `failed: ${e} ${e.stack}`; } })()
+"#;
+
+/// The client's `token` function is asked again before each token expires, and the
+/// session goes on under REFRESH: a 20-second token (minted by PyJWT) refreshed three times
+/// against a gateway with `--enforce-token-expiry`, one session throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_client_in_chromium_refreshes_a_20_second_token_three_times_in_one_session() {
+    let Some(browser) = chromium() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut tokens) = common::jwt::mint(dir.path(), 4, &[8]) else { return };
+    let tokens = tokens.remove(&8).unwrap();
+    let server = common::TestServer::start(common::jwt::config(dir.path())).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=online,offline", &[]).await;
+    let site = serve_package().await;
+    let profile = tempfile::tempdir().unwrap();
+    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[]).await;
+    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
+    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
+    until(&mut page, &loaded).await;
+    let script = REFRESHING
+        .replace("TOKENS", &json!(tokens).to_string())
+        .replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()));
+    assert_eq!(page.eval_async(&script).await, json!("started"));
+    // Three refreshes take three quarters of a minute: 5 s before each token's expiry.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while page.eval("window.refreshed.length >= 3").await != json!(true) {
+        let log = page.eval("JSON.stringify(window.log)").await;
+        assert!(tokio::time::Instant::now() < deadline, "fewer than 3 refreshes; log {log}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let refreshed = page.eval("JSON.stringify(window.refreshed)").await;
+    let expiries: Vec<u64> = tokens[1..].iter().map(|t| common::jwt::exp(t)).collect();
+    assert_eq!(serde_json::from_str::<Value>(refreshed.as_str().unwrap()).unwrap(), json!(expiries));
+    let log = states(&mut page, "r").await;
+    let kinds: Vec<&str> = log.iter().map(|s| s["state"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["connecting", "online"], "one session throughout: {log:?}");
+    let online = backend.expect("online", 8).await;
+    assert_eq!(online.data["session"], log[1]["session"]);
+    assert_eq!(online.data["claims"], common::jwt::claims(8));
+    page.eval("window.r.logout(), true").await;
+    let offline = backend.expect("offline", 8).await;
+    assert_eq!(offline.data["reason"], json!("logout"));
+    let _ = chromium.kill().await;
 }

@@ -11,19 +11,15 @@
 
 mod common;
 
-use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use common::{find_on_path, http, skip_without, Sse, TestServer, PATIENCE};
+use common::mqttjs::driver;
+use common::{http, Sse, TestServer};
 use idlegate::{Auth, Config};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 
 /// MQTT's windows as `tests/mqtt.rs` has them: a 9 s timeout gives MQTT 5 clients a Server
 /// Keep Alive of 3 s.
@@ -47,71 +43,6 @@ const SERVER_KEEP_ALIVE: u64 = 3;
 const BAD_USERNAME_OR_PASSWORD: u64 = 0x86;
 const KEEP_ALIVE_TIMEOUT: u64 = 0x8D;
 const SESSION_TAKEN_OVER: u64 = 0x8E;
-
-fn mqttjs_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mqttjs")
-}
-
-/// The driver around MQTT.js (`tests/data/mqttjs/driver.mjs`), or `None` after saying how
-/// to install what is missing.
-async fn driver() -> Option<Driver> {
-    if find_on_path(&["node"]).is_none() {
-        skip_without("node", "apt-get install nodejs npm");
-        return None;
-    }
-    if !mqttjs_dir().join("node_modules/mqtt/package.json").exists() {
-        skip_without("MQTT.js", "cd tests/data/mqttjs && npm ci");
-        return None;
-    }
-    let mut child = Command::new("node")
-        .arg(mqttjs_dir().join("driver.mjs"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node runs");
-    let stdin = child.stdin.take().unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    Some(Driver { _child: child, stdin, lines, seen: VecDeque::new() })
-}
-
-/// MQTT.js clients, commanded a line at a time; see `driver.mjs`.
-struct Driver {
-    _child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-    /// Events read while waiting for another, oldest first.
-    seen: VecDeque<Value>,
-}
-
-impl Driver {
-    async fn send(&mut self, command: Value) {
-        self.stdin.write_all(format!("{command}\n").as_bytes()).await.unwrap();
-        self.stdin.flush().await.unwrap();
-    }
-
-    /// The next `event` of client `id`, waiting up to `PATIENCE` for it; other events stay
-    /// for later.
-    async fn expect(&mut self, id: &str, event: &str) -> Value {
-        let wanted = |v: &Value| v["id"] == json!(id) && v["event"] == json!(event);
-        if let Some(i) = self.seen.iter().position(wanted) {
-            return self.seen.remove(i).unwrap();
-        }
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let line = timeout(deadline - Instant::now(), self.lines.next_line())
-                .await
-                .unwrap_or_else(|_| panic!("no {event} for {id}; seen {:?}", self.seen))
-                .unwrap()
-                .expect("the driver runs");
-            let got: Value = serde_json::from_str(&line).unwrap();
-            if wanted(&got) {
-                return got;
-            }
-            self.seen.push_back(got);
-        }
-    }
-}
 
 /// One door's run; `url` is the door's, `ca` the test CA for TLS doors.
 async fn scenario(server: &mut TestServer, auth: &Auth, url: &str, ca: Option<&str>) {

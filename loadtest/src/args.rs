@@ -114,6 +114,11 @@ pub struct Args {
     /// The gateway's --auth-secret, to mint LOGIN tokens.
     #[arg(long, env = "IDLEGATE_AUTH_SECRET", hide_env_values = true)]
     pub auth_secret: Option<String>,
+    /// LOGIN tokens minted elsewhere (JWTs from an identity provider's library): one
+    /// `<uid> <token>` a line; a client uses its uid's at every login. Wins over
+    /// --auth-secret.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// Local addresses to connect from, as one address or a range like 127.0.0.1-127.0.0.8;
     /// spreads connections past one address's ephemeral ports.
     #[arg(long, value_parser = parse_source_ips)]

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use idlegate_proto::Auth;
 use idlegate_proto::CloseReason;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -26,6 +25,7 @@ pub use crate::fleet::connect;
 use crate::fleet::{Cell, Fleet, Reconnect};
 use crate::payload::parse_push;
 use crate::stats::Stats;
+use crate::tokens::Tokens;
 use crate::wire::{Incoming, Wire};
 
 /// Expiries later than `timeout` by more than this count as late: room for the sweep itself
@@ -47,7 +47,7 @@ pub struct Ctx {
     pub wire: Wire,
     /// How clients connect: TCP, TLS, WebSocket, or WebSocket in TLS.
     pub door: Door,
-    pub auth: Option<Auth>,
+    pub tokens: Tokens,
     pub ping_interval: Duration,
     pub data_interval: Option<Duration>,
     pub stats: Arc<Stats>,
@@ -224,7 +224,7 @@ impl Client {
         let mut frames = FramedRead::with_capacity(read_half, wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
 
-        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate_proto::unix_now() + 3600));
+        let token = ctx.tokens.for_uid(self.plan.uid);
         wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
@@ -248,10 +248,11 @@ impl Client {
                 if reason == CloseReason::AuthFailed {
                     stats.set_fatal(format!(
                         "the gateway answered LOGIN with BYE(auth_failed): {}",
-                        if ctx.auth.is_some() {
-                            "--auth-secret does not match the gateway's"
-                        } else {
-                            "it wants a token: pass --auth-secret"
+                        match ctx.tokens {
+                            Tokens::Hmac(_) => "--auth-secret does not match the gateway's".to_string(),
+                            Tokens::File(_) =>
+                                "a --token-file token was refused (the gateway log says why)".to_string(),
+                            Tokens::None => "it wants a token: pass --auth-secret or --token-file".to_string(),
                         }
                     ));
                 }
@@ -495,7 +496,7 @@ impl Client {
         let (read_half, mut write_half) = tokio::io::split(stream);
         let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
-        let token = ctx.auth.as_ref().map(|a| a.mint(self.plan.uid, idlegate_proto::unix_now() + 3600));
+        let token = ctx.tokens.for_uid(self.plan.uid);
         wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
         write_half.write_all_buf(&mut out).await.ok()?;
         match timeout(LOGIN_PATIENCE, frames.next()).await {

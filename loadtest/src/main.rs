@@ -15,6 +15,7 @@ mod report;
 mod run;
 mod shared;
 mod stats;
+mod tokens;
 mod wire;
 
 use std::process::ExitCode;

@@ -22,6 +22,7 @@ use crate::gateway::{Gateway, Snapshot};
 use crate::report::{Report, Sample};
 use crate::shared::Shared;
 use crate::stats::Stats;
+use crate::tokens::Tokens;
 use crate::wire::Wire;
 
 /// File descriptors kept for the harness itself beyond one per connection (runtime, stdio,
@@ -99,6 +100,11 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     };
 
     let door = Door::new(args.transport.transport(), args.tls_ca.as_deref()).map_err(SetupError::Usage)?;
+    let tokens = match (&args.token_file, &args.auth_secret) {
+        (Some(path), _) => Tokens::read(path).map_err(SetupError::Usage)?,
+        (None, Some(secret)) => Tokens::Hmac(Auth::new(secret.as_bytes().to_vec())),
+        (None, None) => Tokens::None,
+    };
     let silent = args.silent_count();
     let stats = Arc::new(Stats::new(silent));
     let fleet = Arc::new(Fleet::new(args.uid_base, args.devices, args.connections, args.node_loss));
@@ -108,7 +114,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
             .with_mqtt_window(args.mqtt_timeout.map(|t| (t, args.mqtt_tick)))
             .over_websocket(door.websocket()),
         door,
-        auth: args.auth_secret.as_deref().map(Auth::new),
+        tokens,
         ping_interval: args.ping_interval,
         data_interval: (args.data_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / args.data_rate)),
         stats: stats.clone(),

@@ -3,7 +3,20 @@
 // Rust crate idlegate-client.
 
 import { Backoff } from './backoff.js';
-import { decodeFrame, encodeData, encodeLogin, encodeLogout, encodePing, checkDevice, reasonOfCloseCode, retryHint, toUid } from './wire.js';
+import {
+  decodeFrame,
+  encodeData,
+  encodeLogin,
+  encodeLogout,
+  encodePing,
+  encodeRefresh,
+  checkDevice,
+  readExpiry,
+  reasonOfCloseCode,
+  refreshDelayMs,
+  retryHint,
+  toUid,
+} from './wire.js';
 
 /** Share of the gateway's timeout after which a client that sent nothing pings. */
 const KEEPALIVE_DIVISOR = 3;
@@ -13,6 +26,22 @@ const MIN_KEEPALIVE_MS = 10;
 export const DEFAULT_MAX_QUEUED = 64;
 /** Default limit on opening a connection and logging in. */
 export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+/** Wait before asking the token function again after it failed to give a refresh's token. */
+const REFRESH_RETRY_MS = 1000;
+
+/**
+ * A token function's answer as `{token, expires}`: a string is a token whose expiry is read
+ * from it (a JWT's `exp`, an idlegate HMAC token's prefix); an object may say `expires`
+ * (unix seconds) for a token the client cannot read.
+ */
+function tokenOf(answer) {
+  if (answer !== null && typeof answer === 'object') {
+    const token = String(answer.token ?? '');
+    return { token, expires: typeof answer.expires === 'number' ? answer.expires : readExpiry(token) };
+  }
+  const token = String(answer ?? '');
+  return { token, expires: readExpiry(token) };
+}
 
 /**
  * How long after a socket's `error` (or a close it was asked for) the client waits for its
@@ -59,18 +88,23 @@ export class Client {
     this.WebSocket = Impl;
     this.state = { state: 'offline', reason: 'disconnect', text: 'not started', code: undefined, retryInMs: null };
     this.queue = [];
-    this.listeners = { state: new Set(), push: new Set(), error: new Set() };
+    this.listeners = { state: new Set(), push: new Set(), refreshed: new Set(), error: new Set() };
     this.attempt = 0;
     this.refresh = false;
     this.ws = null;
     this.timer = null;
+    /** The refresh of the session's token: its timer, then the token being fetched. */
+    this.refreshTimer = null;
     this.stopped = false;
     /** A LOGOUT went out: the close that follows is the logout's. */
     this.loggingOut = false;
     if (autoConnect) queueMicrotask(() => this.reconnect());
   }
 
-  /** Calls `listener` on each `state` change, `push` (a Uint8Array) or `error` (an Error). */
+  /**
+   * Calls `listener` on each `state` change, `push` (a Uint8Array), `refreshed` ({expires}:
+   * the gateway took a refreshed token) or `error` (an Error).
+   */
   on(type, listener) {
     this.listeners[type].add(listener);
     return () => this.listeners[type].delete(listener);
@@ -122,8 +156,9 @@ export class Client {
     const attempt = this.attempt;
     this.setState({ state: 'connecting', attempt });
     let token;
+    let expires;
     try {
-      token = await this.token(this.uid, this.refresh);
+      ({ token, expires } = tokenOf(await this.token(this.uid, this.refresh)));
     } catch (e) {
       this.lost('disconnect', `no token: ${e?.message ?? e}`, undefined);
       return;
@@ -172,8 +207,13 @@ export class Client {
         this.setState({ state: 'online', session: frame.session, timeoutMs: frame.timeoutMs, tickMs: frame.tickMs, keepaliveMs });
         for (const queued of this.queue.splice(0)) this.write(queued);
         this.schedulePing();
+        this.scheduleRefresh(ws, expires);
       } else if (frame.type === 'push') {
         this.emit('push', frame.payload);
+      } else if (frame.type === 'refreshed') {
+        // The gateway's word on the new token's expiry: the next refresh runs from it.
+        this.scheduleRefresh(ws, frame.expires > 0 ? frame.expires : undefined);
+        this.emit('refreshed', { expires: frame.expires });
       } else if (frame.type === 'bye') {
         bye = frame;
       }
@@ -183,6 +223,7 @@ export class Client {
       if (this.ws !== ws) return;
       this.ws = null;
       clearTimeout(this.timer);
+      clearTimeout(this.refreshTimer);
       const reason = bye?.reason ?? reasonOfCloseCode(event.code) ?? 'disconnect';
       const text = bye?.text ?? event.reason ?? '';
       const code = event.code;
@@ -198,7 +239,8 @@ export class Client {
         this.setState({ state: 'offline', reason, text, code, retryInMs: null });
         return;
       }
-      this.refresh = reason === 'auth_failed';
+      // The token was refused or ran out: the next login asks for a new one.
+      this.refresh = reason === 'auth_failed' || reason === 'token_expired';
       this.lost(reason, text, code);
     };
   }
@@ -227,6 +269,29 @@ export class Client {
     }, this.state.keepaliveMs);
   }
 
+  /**
+   * Refreshes the token of the session on `ws`, which expires at `expires` (unix seconds,
+   * when known), a tenth of its lifetime before then (at least 5 s): a REFRESH over the
+   * live connection, so the session keeps its id. Only a refused refresh reconnects.
+   */
+  scheduleRefresh(ws, expires) {
+    clearTimeout(this.refreshTimer);
+    if (expires === undefined) return;
+    this.refreshTimer = setTimeout(async () => {
+      if (this.ws !== ws || this.state.state !== 'online') return;
+      let token;
+      try {
+        ({ token } = tokenOf(await this.token(this.uid, true)));
+      } catch (e) {
+        this.emit('error', e instanceof Error ? e : new Error(String(e)));
+        this.refreshTimer = setTimeout(() => this.scheduleRefresh(ws, expires), REFRESH_RETRY_MS);
+        return;
+      }
+      if (this.ws !== ws || ws.readyState !== 1) return;
+      this.write(encodeRefresh(token));
+    }, refreshDelayMs(expires, Date.now()));
+  }
+
   write(frame) {
     this.ws.send(frame);
     this.schedulePing();
@@ -234,6 +299,7 @@ export class Client {
 
   drop() {
     clearTimeout(this.timer);
+    clearTimeout(this.refreshTimer);
     const ws = this.ws;
     this.ws = null;
     if (ws && ws.readyState <= 1) ws.close(1000);

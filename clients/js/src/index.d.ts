@@ -13,6 +13,7 @@ export type CloseReason =
   | 'server_full'
   | 'shutdown'
   | 'slow_consumer'
+  | 'token_expired'
   | 'disconnect';
 
 export type State =
@@ -28,8 +29,18 @@ export type State =
       retryInMs: number | null;
     };
 
-/** Gives the token of each login; `refresh` is true after the gateway refused the last one. */
-export type TokenProvider = (uid: string, refresh: boolean) => string | Promise<string>;
+/**
+ * A token, or a token with its expiry (unix seconds) for a token the client cannot read
+ * one from (a JWT's `exp` and an idlegate HMAC token's prefix are read).
+ */
+export type Token = string | { token: string; expires?: number };
+
+/**
+ * Gives the token of each login, and of each refresh (asked a tenth of a token's lifetime
+ * before it expires, at least 5 s); `refresh` is true after the gateway refused or expired
+ * the last one, and for a refresh.
+ */
+export type TokenProvider = (uid: string, refresh: boolean) => Token | Promise<Token>;
 
 export interface BackoffOptions {
   /** First window, in ms (default 1000). */
@@ -73,6 +84,8 @@ export declare class Client {
   readonly state: State;
   on(type: 'state', listener: (state: State) => void): () => void;
   on(type: 'push', listener: (payload: Uint8Array) => void): () => void;
+  /** The gateway took a refreshed token: the session goes on until `expires` (unix seconds). */
+  on(type: 'refreshed', listener: (event: { expires: number }) => void): () => void;
   on(type: 'error', listener: (error: Error) => void): () => void;
   /** Sends DATA now when online, else queues it; false (message not taken) when the queue is full. */
   send(payload: Uint8Array | ArrayBuffer | ArrayBufferView | string): boolean;
@@ -89,7 +102,9 @@ export declare class Backoff {
   delayMs(attempt: number, hintMs?: number, random?: () => number): number;
 }
 
-export declare const KIND: Readonly<Record<'LOGIN' | 'PING' | 'DATA' | 'LOGOUT' | 'WELCOME' | 'PONG' | 'PUSH' | 'BYE', number>>;
+export declare const KIND: Readonly<
+  Record<'LOGIN' | 'PING' | 'DATA' | 'LOGOUT' | 'REFRESH' | 'WELCOME' | 'PONG' | 'PUSH' | 'REFRESHED' | 'BYE', number>
+>;
 export declare const REASONS: readonly (CloseReason | undefined)[];
 export declare const BYE_CLOSE_BASE: number;
 export declare const MAX_DEVICE_BYTES: number;
@@ -98,6 +113,7 @@ export type Frame =
   | { type: 'welcome'; timeoutMs: number; tickMs: number; session: string }
   | { type: 'pong'; payload: Uint8Array }
   | { type: 'push'; payload: Uint8Array }
+  | { type: 'refreshed'; expires: number }
   | { type: 'bye'; reason: CloseReason; text: string };
 
 export declare function toUid(uid: Uid): bigint;
@@ -106,6 +122,13 @@ export declare function encodeLogin(uid: Uid, token?: string, device?: string): 
 export declare function encodePing(payload?: Uint8Array): Uint8Array;
 export declare function encodeData(payload: Uint8Array | ArrayBuffer | ArrayBufferView | string): Uint8Array;
 export declare function encodeLogout(): Uint8Array;
+export declare function encodeRefresh(token: string): Uint8Array;
+/** A token's expiry (unix seconds) read without verifying it: a JWT's exp, an idlegate HMAC token's prefix. */
+export declare function readExpiry(token: string): number | undefined;
+/** Milliseconds from nowMs to the refresh of a token expiring at `expires` (unix seconds). */
+export declare function refreshDelayMs(expires: number, nowMs: number): number;
+export declare const MIN_REFRESH_LEAD_MS: number;
+export declare const MIN_REFRESH_INTERVAL_MS: number;
 export declare function decodeFrame(data: Uint8Array | ArrayBuffer): Frame | Error;
 export declare function reasonOfCloseCode(code: number): CloseReason | undefined;
 export declare function retryHint(text: string): number | undefined;

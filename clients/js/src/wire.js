@@ -8,9 +8,11 @@ export const KIND = Object.freeze({
   PING: 0x02,
   DATA: 0x03,
   LOGOUT: 0x04,
+  REFRESH: 0x05,
   WELCOME: 0x81,
   PONG: 0x82,
   PUSH: 0x83,
+  REFRESHED: 0x84,
   BYE: 0x8f,
 });
 
@@ -26,6 +28,7 @@ export const REASONS = Object.freeze([
   'server_full',
   'shutdown',
   'slow_consumer',
+  'token_expired',
 ]);
 
 /** A WebSocket BYE closes with this plus the reason's byte (4001 idle_timeout). */
@@ -106,6 +109,45 @@ export function encodeLogout() {
   return frame(KIND.LOGOUT);
 }
 
+/** REFRESH: a new token for the logged-in uid (protocol version 4). */
+export function encodeRefresh(token) {
+  return frame(KIND.REFRESH, encoder.encode(token));
+}
+
+/** A tenth of a token's remaining lifetime is the lead a refresh takes before its expiry... */
+const REFRESH_SHARE = 10;
+/** ...but at least this: a round trip to the token provider and one to the gateway. */
+export const MIN_REFRESH_LEAD_MS = 5000;
+/** Never sooner than this after the last refresh: tokens about to expire cause no loop. */
+export const MIN_REFRESH_INTERVAL_MS = 1000;
+
+/**
+ * The expiry a token carries, unix seconds, read without verifying it: a JWT's `exp`, or
+ * the `<expiry>` of an idlegate `<expiry>.<mac>` token; undefined for anything else.
+ */
+export function readExpiry(token) {
+  if (typeof token !== 'string') return undefined;
+  const parts = token.split('.');
+  if (parts.length === 3) {
+    try {
+      const b64 = parts[1].replace(/-/g, '+').replace(/_/g, '/');
+      const json = JSON.parse(decoder.decode(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))));
+      return typeof json.exp === 'number' && json.exp >= 0 ? Math.floor(json.exp) : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+  if (parts.length === 2 && /^[0-9]+$/.test(parts[0]) && /^[0-9a-f]+$/i.test(parts[1])) return Number(parts[0]);
+  return undefined;
+}
+
+/** Milliseconds from `nowMs` (unix ms) to the refresh of a token expiring at `expires` (unix s). */
+export function refreshDelayMs(expires, nowMs) {
+  const left = Math.max(0, expires * 1000 - nowMs);
+  const lead = Math.max(left / REFRESH_SHARE, MIN_REFRESH_LEAD_MS);
+  return Math.max(MIN_REFRESH_INTERVAL_MS, Math.floor(left - lead));
+}
+
 /** Bytes of a DATA payload: a Uint8Array, an ArrayBuffer or a view, or a string (UTF-8). */
 export function toBytes(payload) {
   if (payload instanceof Uint8Array) return payload;
@@ -118,7 +160,7 @@ export function toBytes(payload) {
 /**
  * One frame from the gateway, or an Error saying what is wrong with it:
  * `{type: 'welcome', timeoutMs, tickMs, session}`, `{type: 'pong', payload}`,
- * `{type: 'push', payload}`, `{type: 'bye', reason, text}`.
+ * `{type: 'push', payload}`, `{type: 'refreshed', expires}`, `{type: 'bye', reason, text}`.
  */
 export function decodeFrame(data) {
   const bytes = toBytes(data);
@@ -140,6 +182,9 @@ export function decodeFrame(data) {
       return { type: 'pong', payload };
     case KIND.PUSH:
       return { type: 'push', payload };
+    case KIND.REFRESHED:
+      if (payload.length !== 8) return new Error(`REFRESHED of ${payload.length} bytes`);
+      return { type: 'refreshed', expires: Number(view.getBigUint64(0)) };
     case KIND.BYE: {
       const reason = REASONS[payload[0]];
       if (!reason) return new Error(`BYE with reason ${payload[0]}`);

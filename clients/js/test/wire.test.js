@@ -1,7 +1,22 @@
 // The wire vocabulary against docs/PROTOCOL.md's examples, byte for byte.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { decodeFrame, encodeData, encodeLogin, encodeLogout, encodePing, reasonOfCloseCode, retryHint, toUid, checkDevice, REASONS } from '../src/index.js';
+import {
+  decodeFrame,
+  encodeData,
+  encodeLogin,
+  encodeLogout,
+  encodePing,
+  encodeRefresh,
+  readExpiry,
+  refreshDelayMs,
+  reasonOfCloseCode,
+  retryHint,
+  toUid,
+  checkDevice,
+  REASONS,
+  MIN_REFRESH_INTERVAL_MS,
+} from '../src/index.js';
 
 const hex = (bytes) => Buffer.from(bytes).toString('hex').match(/../g).join(' ');
 const bytes = (s) => Uint8Array.from(s.split(' ').map((b) => parseInt(b, 16)));
@@ -13,6 +28,19 @@ test('client frames are PROTOCOL.md bodies (WebSocket messages carry no length p
   assert.equal(hex(encodePing(new TextEncoder().encode('hi'))), '02 68 69');
   assert.equal(hex(encodeData('app')), '03 61 70 70');
   assert.equal(hex(encodeLogout()), '04');
+  assert.equal(hex(encodeRefresh('a.b.c')), '05 61 2e 62 2e 63');
+});
+
+test('token expiries are read from JWTs and HMAC tokens, and refreshed a tenth ahead, at least 5 s', () => {
+  // {"alg":"HS256"} . {"sub":"7","exp":1700000020} . a signature it does not check.
+  assert.equal(readExpiry('eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI3IiwiZXhwIjoxNzAwMDAwMDIwfQ.c2ln'), 1700000020);
+  assert.equal(readExpiry(`1700000020.${'ab'.repeat(32)}`), 1700000020);
+  assert.equal(readExpiry('opaque'), undefined);
+  assert.equal(readExpiry('a.b.c'), undefined);
+  const now = 1_000_000_000_000;
+  assert.equal(refreshDelayMs(1_000_000_020, now), 15_000);
+  assert.equal(refreshDelayMs(1_000_003_600, now), 3_240_000);
+  assert.equal(refreshDelayMs(1_000_000_003, now), MIN_REFRESH_INTERVAL_MS);
 });
 
 test('gateway frames decode', () => {
@@ -22,7 +50,9 @@ test('gateway frames decode', () => {
   assert.deepEqual(decodeFrame(bytes('8f 01')), { type: 'bye', reason: 'idle_timeout', text: '' });
   assert.deepEqual(decodeFrame(bytes('8f 04 62 61 64')), { type: 'bye', reason: 'protocol_error', text: 'bad' });
   assert.deepEqual(decodeFrame(bytes('81 00 00 75 30 00 00 03 e8')).session, '', 'an old gateway sends no session id');
-  for (const bad of ['', '81 00 00', '8f 0a', '8f', '01 00', '05']) {
+  assert.deepEqual(decodeFrame(bytes('84 00 00 00 00 65 53 f1 14')), { type: 'refreshed', expires: 1700000020 });
+  assert.deepEqual(decodeFrame(bytes('8f 0a')), { type: 'bye', reason: 'token_expired', text: '' });
+  for (const bad of ['', '81 00 00', '8f 0b', '8f', '01 00', '05', '84 00 01']) {
     assert.ok(decodeFrame(bad ? bytes(bad) : new Uint8Array()) instanceof Error, bad);
   }
 });
@@ -49,8 +79,9 @@ test('device names follow the gateway rules', () => {
 
 test('close codes map back to the BYE reasons, and retry hints parse', () => {
   assert.equal(reasonOfCloseCode(4001), 'idle_timeout');
+  assert.equal(reasonOfCloseCode(4010), 'token_expired');
   for (let byte = 1; byte < REASONS.length; byte++) assert.equal(reasonOfCloseCode(4000 + byte), REASONS[byte]);
-  for (const code of [1000, 1006, 4000, 4010]) assert.equal(reasonOfCloseCode(code), undefined);
+  for (const code of [1000, 1006, 4000, 4011]) assert.equal(reasonOfCloseCode(code), undefined);
   assert.equal(retryHint('retry_after_ms=4200; shutting down'), 4200);
   assert.equal(retryHint('retry_after_ms=0'), 0);
   assert.equal(retryHint('retry_after_ms=x'), undefined);

@@ -13,7 +13,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::conn::{default_tls, Conn, OpenError};
-use crate::{ClientError, Endpoint, Event, Options, SendError, State};
+use crate::token::refresh_delay;
+use crate::{ClientError, Endpoint, Event, Options, SendError, State, TokenFuture};
+
+/// Wait before asking a token provider again after it failed to give a refresh's token:
+/// the session's token is still good meanwhile (the refresh runs well ahead of expiry).
+const REFRESH_RETRY: Duration = Duration::from_secs(1);
 
 /// Share of the gateway's timeout after which a client that sent nothing pings: a third
 /// leaves room for two late or lost pings before the gateway's window closes.
@@ -164,6 +169,14 @@ impl futures_core::Stream for Events {
     }
 }
 
+/// When to refresh a token that expires at `expires` (unix seconds), if known.
+fn refresh_instant(expires: Option<u64>) -> Option<Instant> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    expires.map(|expires| Instant::now() + refresh_delay(expires, now_ms))
+}
+
 /// The background task holding the connection.
 struct Task {
     endpoint: Endpoint,
@@ -210,7 +223,8 @@ impl Task {
                     continue;
                 }
                 Ended::Bye { reason, text } => {
-                    refresh = reason == CloseReason::AuthFailed;
+                    // The token was refused or ran out: the provider is asked for a new one.
+                    refresh = matches!(reason, CloseReason::AuthFailed | CloseReason::TokenExpired);
                     let hint = retry_hint(&text).map(Duration::from_millis);
                     (reason, text, hint)
                 }
@@ -237,6 +251,7 @@ impl Task {
             Ok(token) => token,
             Err(e) => return (Ended::Lost(format!("no token: {e}")), false),
         };
+        let expires = self.options.token.expiry(&token);
         let login = Frame::Login { uid, token: Bytes::from(token), device: self.options.device.clone() };
         let patience = self.options.connect_timeout;
         // The first frame, and the connection it came on (none for an upgrade refused with
@@ -265,13 +280,18 @@ impl Task {
         let keepalive = (timeout / KEEPALIVE_DIVISOR).max(MIN_KEEPALIVE);
         let tick = Duration::from_millis(tick_ms.into());
         self.set(State::Online { session, timeout, tick, keepalive });
-        (self.online(&mut conn, keepalive).await, true)
+        (self.online(&mut conn, keepalive, expires).await, true)
     }
 
     /// Serves an open session until it ends: sends queued DATA, pings after `keepalive`
-    /// without sending, hands pushes to the application.
-    async fn online(&mut self, conn: &mut Conn, keepalive: Duration) -> Ended {
+    /// without sending, hands pushes to the application, and refreshes its token (which
+    /// expires at `expires`, unix seconds, when known) ahead of its expiry.
+    async fn online(&mut self, conn: &mut Conn, keepalive: Duration, expires: Option<u64>) -> Ended {
         let mut ping_at = Instant::now() + keepalive;
+        // When to ask the provider for the next token, and the answer being awaited.
+        let mut refresh_at = refresh_instant(expires);
+        let mut fetching: Option<TokenFuture> = None;
+        let uid = self.options.uid;
         // A handle of its own, so the select's hand-over does not hold all of `self`.
         let events = self.events.clone();
         loop {
@@ -307,9 +327,35 @@ impl Task {
                         return Ended::Closed;
                     }
                 },
+                token = async { fetching.as_mut().expect("guarded").await }, if fetching.is_some() => {
+                    fetching = None;
+                    match token {
+                        Ok(token) => {
+                            if let Err(e) = conn.send(Frame::Refresh(Bytes::from(token))).await {
+                                return Ended::Lost(format!("send failed: {e}"));
+                            }
+                            // A REFRESH is activity: it saves a ping.
+                            ping_at = Instant::now() + keepalive;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "no token for a refresh; asking again");
+                            refresh_at = Some(Instant::now() + REFRESH_RETRY);
+                        }
+                    }
+                }
+                _ = sleep_until(refresh_at.unwrap_or(ping_at)), if refresh_at.is_some() && fetching.is_none() => {
+                    refresh_at = None;
+                    fetching = Some(self.options.token.token(uid, true));
+                }
                 received = conn.recv() => match received {
                     Ok(Frame::Push(payload)) => self.emit(Event::Push(payload)),
                     Ok(Frame::Pong(_)) => {}
+                    Ok(Frame::Refreshed { expires }) => {
+                        // The gateway's word on the new token's expiry: the next refresh
+                        // runs from it.
+                        refresh_at = refresh_instant(Some(expires).filter(|&e| e > 0));
+                        self.emit(Event::Refreshed { expires });
+                    }
                     Ok(Frame::Bye { reason, text }) => return Ended::Bye { reason, text },
                     Ok(other) => return Ended::Lost(format!("the gateway sent {other:?}")),
                     Err(text) => return Ended::Lost(text),

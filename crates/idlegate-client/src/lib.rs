@@ -8,7 +8,10 @@
 //!   never sooner than the `retry_after_ms` a gateway's BYE carries (at shutdown, when
 //!   full): a fleet cut off at once comes back spread over the gateway's window.
 //! - **Tokens** come from a [`TokenProvider`], asked before every login and told when the
-//!   gateway refused the last one (BYE(auth_failed)), so an expired token is replaced.
+//!   gateway refused the last one (BYE(auth_failed)), so an expired token is replaced; and
+//!   asked again about a tenth of a token's lifetime before it expires (at least 5 s), for a
+//!   REFRESH over the live connection: the session keeps its id, and only a refused
+//!   refresh reconnects.
 //! - **No reconnect** after a logout, or after BYE(kicked) (a newer login of the same
 //!   device) unless [`Options::reconnect_after_kick`] says so; [`Client::reconnect`] asks.
 //! - **While offline**, DATA waits in a bounded queue ([`Options::max_queued`]); past it,
@@ -27,6 +30,7 @@
 //!         Event::State(State::Offline { reason, retry_in, .. }) => println!("offline ({reason}), retry in {retry_in:?}"),
 //!         Event::State(State::Connecting { attempt }) => println!("connecting, attempt {attempt}"),
 //!         Event::Push(payload) => println!("push: {payload:?}"),
+//!         Event::Refreshed { expires } => println!("token refreshed, good until {expires}"),
 //!     }
 //! }
 //! # Ok(())
@@ -56,4 +60,4 @@ pub use idlegate_proto as proto;
 pub use idlegate_proto::{CloseReason, Device};
 pub use options::{Options, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_QUEUED};
 pub use state::{Event, State};
-pub use token::{TokenError, TokenFuture, TokenProvider};
+pub use token::{read_expiry, TokenError, TokenFuture, TokenProvider, MIN_REFRESH_INTERVAL, MIN_REFRESH_LEAD};

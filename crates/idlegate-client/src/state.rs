@@ -28,4 +28,7 @@ pub enum Event {
     State(State),
     /// Bytes a backend pushed to this client (`POST /v1/push`).
     Push(Bytes),
+    /// The gateway took a refreshed token (REFRESHED): the session goes on, now until
+    /// `expires` (unix seconds; 0 when the gateway holds no expiry for it).
+    Refreshed { expires: u64 },
 }
