@@ -95,19 +95,27 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   return e
 end
 
--- An MQTT session's will, kept in its member's wills hash under the session's field as
--- `<session>|<topic>\0<payload>` for whoever logs the session's end without its node (a
--- login elsewhere taking it over, the reaper of a dead node): taken (and deleted) if it is
--- session s's, else nil.
-local function take_will(key, f, s)
-  local w = redis.call('HGET', key, f)
-  if not w then return nil end
-  local bar = string.find(w, '|', 1, true)
-  if not bar or string.sub(w, 1, bar - 1) ~= s then return nil end
+-- What a member keeps of one of its sessions beside its field in the sessions hash (its
+-- will, its claims), in a hash of its own under the session's field as `<session>|<value>`,
+-- for whoever logs the session's end without its node (a login elsewhere taking it over,
+-- the reaper of a dead node): taken (and deleted) if it is session s's, else nil.
+local function take_kept(key, f, s)
+  local v = redis.call('HGET', key, f)
+  if not v then return nil end
+  local bar = string.find(v, '|', 1, true)
+  if not bar or string.sub(v, 1, bar - 1) ~= s then return nil end
   redis.call('HDEL', key, f)
-  local z = string.find(w, '\0', bar + 1, true)
+  return string.sub(v, bar + 1)
+end
+
+-- An MQTT session's will, kept in its member's wills hash as `<topic>\0<payload>`: its topic
+-- and payload, if it is session s's.
+local function take_will(key, f, s)
+  local w = take_kept(key, f, s)
+  if not w then return nil end
+  local z = string.find(w, '\0', 1, true)
   if not z then return nil end
-  return string.sub(w, bar + 1, z - 1), string.sub(w, z + 1)
+  return string.sub(w, 1, z - 1), string.sub(w, z + 1)
 end
 
 -- A uid's last session across the cluster ended (for reason r, at ms at): its user_offline
@@ -134,17 +142,11 @@ local function user_back(gk, wk, uid)
   return false
 end
 
--- A session's claims (`--jwt-claims-to-events`), kept in its member's claims hash under the
--- session's field as `<session>|<json>` while the session is held, so that whoever logs its
--- offline event (its node, a login elsewhere taking it over, the reaper of a dead node)
--- gives it the claims its online event had: taken (and deleted) if it is session s's.
+-- A session's claims (`--jwt-claims-to-events`), kept in its member's claims hash while the
+-- session is held, so that whoever logs its offline event gives it the claims its online
+-- event had.
 local function take_claims(key, f, s)
-  local c = redis.call('HGET', key, f)
-  if not c then return nil end
-  local bar = string.find(c, '|', 1, true)
-  if not bar or string.sub(c, 1, bar - 1) ~= s then return nil end
-  redis.call('HDEL', key, f)
-  return string.sub(c, bar + 1)
+  return take_kept(key, f, s)
 end
 
 -- An offline event, with the session's will and claims when it has them.

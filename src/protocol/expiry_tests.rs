@@ -71,15 +71,20 @@ struct Harness {
     _secret: tempfile::NamedTempFile,
 }
 
-/// A gateway's protocol side with its ticker, enforcing expiry with no leeway (`leeway`
-/// given), the `name` and `org` claims carried into events.
+/// A gateway's protocol side with its ticker, enforcing expiry with `leeway`, the `name`
+/// and `org` claims carried into events.
 fn start(leeway: Duration) -> Harness {
+    start_with(leeway, true)
+}
+
+/// The same, enforcing expiry or not.
+fn start_with(leeway: Duration, enforce: bool) -> Harness {
     let fixed = fixed();
     let mut secret = tempfile::NamedTempFile::new().expect("a temporary file");
     writeln!(secret, "{}", fixed.secret).expect("written");
     let rules = JwtRules { leeway, claims_to_events: vec!["name".into(), "org".into()], ..JwtRules::default() };
     let jwt = JwtAuth::load(None, Some(secret.path()), rules).expect("the secret loads");
-    let config = Config { jwt: Some(jwt), enforce_token_expiry: true, ..Config::default() };
+    let config = Config { jwt: Some(jwt), enforce_token_expiry: enforce, ..Config::default() };
     let context = Context::for_test(&config);
     let from = context.registry.events().last_id();
     let inputs = Paused { start: context.clock.instant_of(0), t0_ms: fixed.t0 * 1000 };
@@ -252,31 +257,11 @@ async fn claims_over_the_bound_are_left_out_and_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn without_enforcement_a_session_outlives_its_token() {
-    let fixed = fixed();
-    let mut secret = tempfile::NamedTempFile::new().expect("a temporary file");
-    writeln!(secret, "{}", fixed.secret).expect("written");
-    let rules = JwtRules { leeway: Duration::ZERO, ..JwtRules::default() };
-    let jwt = JwtAuth::load(None, Some(secret.path()), rules).expect("the secret loads");
-    let config = Config { jwt: Some(jwt), ..Config::default() };
-    let context = Context::for_test(&config);
-    let inputs = Paused { start: context.clock.instant_of(0), t0_ms: fixed.t0 * 1000 };
-    let ticker = Ticker::new(context.registry.clone(), context.metrics.clone(), context.clock, config.window());
-    let stop = CancellationToken::new();
-    tokio::spawn(ticker.run(stop.clone()));
-    let mut machine = Machine::new(context.clone(), Instant::now());
-    let login = Command::Login {
-        uid: 7,
-        token: fixed.token("uid7_exp20"),
-        device: Device::DEFAULT,
-        subscriber: false,
-        will: None,
-    };
-    machine.handle(&inputs, login, &mut BytesMut::new()).expect("logged in");
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        machine.handle(&inputs, Command::Ping(Bytes::new()), &mut BytesMut::new()).expect("pinged");
-    }
+    let h = start_with(Duration::ZERO, false);
+    let mut machine = h.machine();
+    h.login(&mut machine, 7, "uid7_exp20").expect("logged in");
+    h.until(&mut machine, 30_000).await;
     assert_eq!(ended(&machine), None, "checked at login only");
-    assert_eq!(context.registry.token_expiries(), 0);
-    stop.cancel();
+    assert_eq!(h.context.registry.token_expiries(), 0);
+    h.stop.cancel();
 }
