@@ -172,9 +172,9 @@ impl Server {
 
     /// The HTTP side's handle.
     fn http(&self) -> Arc<http::State> {
-        let store_up = self.backplane.clone().map(|backplane| {
-            let up: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(move || backplane.is_up());
-            up
+        let store_trouble = self.backplane.clone().map(|backplane| {
+            let trouble: Arc<dyn Fn() -> Option<&'static str> + Send + Sync> = Arc::new(move || backplane.unready());
+            trouble
         });
         Arc::new(http::State {
             directory: self.directory.clone(),
@@ -182,7 +182,7 @@ impl Server {
             health: http::Health {
                 expiry_stopped: self.expiry_stopped.clone(),
                 draining: self.shutdown.clone(),
-                store_up,
+                store_trouble,
             },
             settings: http::Settings::new(&self.config),
             clock: self.clock,

@@ -246,7 +246,11 @@ async fn redis_restarted_while_clients_ping_and_fall_silent() {
     let stop = tokio_util::sync::CancellationToken::new();
     let pinger = keep_pinging(pinging, stop.clone());
     redis.stop();
-    eventually("a says degraded", || async { nodes[0].admin_get("/readyz").await.1.starts_with("degraded") }).await;
+    eventually("a says it is not ready", || async {
+        let (status, body) = nodes[0].admin_get("/readyz").await;
+        status == 503 && body.starts_with("not ready: Redis unreachable")
+    })
+    .await;
     // While Redis is away: the API says so (every call answers 503, however far the Redis
     // client's own reconnection has got: none waits on it past the listener's
     // first-request deadline, which would close the connection with no answer at all),
@@ -288,7 +292,12 @@ async fn a_gateway_starts_and_serves_while_redis_is_unreachable() {
     let Some(_redis) = RedisServer::start().await else { return };
     let nowhere = format!("redis://{}", free_addr());
     let mut gw = TestServer::start(cluster_config(&nowhere, "lonely")).await;
-    assert!(gw.admin_get("/readyz").await.1.starts_with("degraded"));
+    let (status, body) = gw.admin_get("/readyz").await;
+    assert_eq!((status, body.starts_with("not ready: Redis unreachable (--redis)")), (503, true), "{body}");
+    eventually("the failed connects are counted as unreachable", || async {
+        gw.metrics.redis_error_count("unreachable") > 0
+    })
+    .await;
     let mut c = gw.client().await;
     assert!(matches!(c.login(1).await, Frame::Welcome { .. }));
     c.ping(b"x").await;

@@ -36,7 +36,12 @@ impl Cluster {
     /// reaper, and the inbox reader.
     pub(crate) async fn run(self: Arc<Self>, stop: CancellationToken) {
         let connect = async {
-            self.store.connect(&self.target).await;
+            let redis = self.target.redacted().to_string();
+            let failed = |e: &crate::cluster::store::StoreError, retry_in: Duration| {
+                tracing::debug!(%redis, error = %e, ?retry_in, "connecting to Redis failed; retrying");
+                self.health.failed(e, &self.metrics, &redis);
+            };
+            self.store.connect(&self.target, failed).await;
             self.load_scripts().await;
         };
         tokio::select! {
@@ -135,8 +140,8 @@ impl Backplane for Cluster {
         Box::pin(Cluster::leave(self, within))
     }
 
-    fn is_up(&self) -> bool {
-        self.health.is_up()
+    fn unready(&self) -> Option<&'static str> {
+        self.health.trouble().map(crate::cluster::store::Trouble::text)
     }
 
     fn directory(self: Arc<Self>) -> Arc<dyn Directory> {

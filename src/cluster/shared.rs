@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::cluster::keys;
 use crate::cluster::queue::Queue;
 use crate::cluster::scripts::Scripts;
-use crate::cluster::store::{Conn, Store, StoreError};
+use crate::cluster::store::{Conn, Store, StoreError, Trouble};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
 use crate::presence::{Clock, EventId, Located, Push, Reach, Registry};
@@ -236,7 +236,7 @@ impl Cluster {
             Ok(_) => self.health.ok(took, &self.metrics),
             Err(StoreError::NotConnected) => {}
             Err(e) => {
-                self.health.failed(&self.metrics);
+                self.health.failed(e, &self.metrics, &self.target.redacted().to_string());
                 tracing::debug!(error = %e, "redis call failed");
             }
         }
@@ -313,6 +313,8 @@ async fn send_all(conn: Conn, cmds: Vec<Cmd>, single: bool) -> Result<Vec<Value>
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     up: AtomicBool,
+    /// The [`Trouble`] of the last failure since Redis last answered (0: none).
+    trouble: std::sync::atomic::AtomicU8,
     /// A call failed since the last time Redis answered: the next answer is news.
     was_down: AtomicBool,
     healthy_since: Mutex<Option<Instant>>,
@@ -334,6 +336,7 @@ impl Health {
         if since.is_none() {
             *since = Some(Instant::now());
         }
+        self.trouble.store(0, Ordering::Release);
         if !self.up.swap(true, Ordering::AcqRel) {
             metrics.redis_up.set(1);
             // The first answer after connecting is logged by the store as "connected".
@@ -343,15 +346,36 @@ impl Health {
         }
     }
 
-    fn failed(&self, metrics: &Metrics) {
-        metrics.redis_errors.inc();
+    /// A call (or a connection attempt) to `redis` (the target, without its password)
+    /// failed with `error`: counted by kind; a refusal (credentials, ACL) is logged at
+    /// error level at once, since no wait will fix it, and an outage once, as it begins.
+    pub(crate) fn failed(&self, error: &StoreError, metrics: &Metrics, redis: &str) {
+        let trouble = error.trouble();
+        metrics.redis_error(trouble.label());
         *self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.needs_reconcile.store(true, Ordering::Release);
         self.was_down.store(true, Ordering::Release);
-        if self.up.swap(false, Ordering::AcqRel) {
+        let before = self.trouble.swap(trouble as u8, Ordering::AcqRel);
+        let was_up = self.up.swap(false, Ordering::AcqRel);
+        if was_up {
             metrics.redis_up.set(0);
-            tracing::warn!("Redis unreachable: serving clients alone, queueing presence changes");
         }
+        if before == trouble as u8 && !was_up {
+            return;
+        }
+        if trouble.is_refusal() {
+            tracing::error!(%redis, %error, "{}: serving clients alone, queueing presence changes", trouble.text());
+        } else {
+            tracing::warn!(%redis, %error, "{}: serving clients alone, queueing presence changes", trouble.text());
+        }
+    }
+
+    /// Why Redis cannot be used now, while it cannot.
+    pub(crate) fn trouble(&self) -> Option<Trouble> {
+        if self.is_up() {
+            return None;
+        }
+        Trouble::from_code(self.trouble.load(Ordering::Acquire)).or(Some(Trouble::Unreachable))
     }
 
     /// Whether the last call to Redis worked.

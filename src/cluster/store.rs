@@ -25,6 +25,9 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one blocking read waits for news before it asks again.
 pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
 
+/// Retries of one connection attempt inside the `redis` crate's connection manager.
+const CONNECTION_RETRIES: usize = 1;
+
 /// Pauses between attempts to connect at start, doubling up to the last.
 const CONNECT_BACKOFF: [Duration; 5] = [
     Duration::from_millis(100),
@@ -33,6 +36,59 @@ const CONNECT_BACKOFF: [Duration; 5] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
 ];
+
+/// What kind of trouble a failed call shows: what an operator must do differs (fix the
+/// credentials in `--redis`, the ACL, or the network), so each is counted and said apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Trouble {
+    /// No answer: refused, reset, timed out, not connected yet.
+    Unreachable = 1,
+    /// Redis refused the credentials of `--redis` (WRONGPASS, NOAUTH).
+    Auth = 2,
+    /// The ACL user of `--redis` may not run what the gateway needs (NOPERM).
+    Permission = 3,
+    /// Fewer replicas than `--redis-min-replicas` took a batch.
+    Replicas = 4,
+    /// Anything else Redis answered with an error.
+    Other = 5,
+}
+
+impl Trouble {
+    pub(crate) const ALL: [Trouble; 5] =
+        [Trouble::Unreachable, Trouble::Auth, Trouble::Permission, Trouble::Replicas, Trouble::Other];
+
+    /// The `kind` label of `idlegate_redis_errors_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Trouble::Unreachable => "unreachable",
+            Trouble::Auth => "auth",
+            Trouble::Permission => "permission",
+            Trouble::Replicas => "replicas",
+            Trouble::Other => "other",
+        }
+    }
+
+    /// What readiness and the log say of it.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            Trouble::Unreachable => "Redis unreachable (--redis)",
+            Trouble::Auth => "Redis refused the credentials in --redis",
+            Trouble::Permission => "Redis refused a command to the user in --redis (ACL: NOPERM)",
+            Trouble::Replicas => "fewer Redis replicas than --redis-min-replicas took a write",
+            Trouble::Other => "Redis answered with an error",
+        }
+    }
+
+    /// A refusal, not an outage: waiting does not fix it, someone must.
+    pub(crate) fn is_refusal(self) -> bool {
+        matches!(self, Trouble::Auth | Trouble::Permission)
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Trouble> {
+        Trouble::ALL.into_iter().find(|t| *t as u8 == code)
+    }
+}
 
 /// Why a call to Redis failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +99,33 @@ pub(crate) enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("{acked} of the {want} replicas asked for hold the batch")]
     Replicas { acked: i64, want: u32 },
+}
+
+impl StoreError {
+    /// The kind of trouble it shows.
+    pub(crate) fn trouble(&self) -> Trouble {
+        match self {
+            StoreError::NotConnected => Trouble::Unreachable,
+            StoreError::Replicas { .. } => Trouble::Replicas,
+            StoreError::Redis(e) => trouble_of(e),
+        }
+    }
+}
+
+/// The kind of trouble a `redis` crate error shows.
+fn trouble_of(e: &redis::RedisError) -> Trouble {
+    use redis::{ErrorKind, ServerErrorKind};
+    let code = e.code().unwrap_or("");
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => Trouble::Auth,
+        ErrorKind::Server(ServerErrorKind::NoPerm) => Trouble::Permission,
+        _ if code == "WRONGPASS" || code == "NOAUTH" => Trouble::Auth,
+        _ if code == "NOPERM" => Trouble::Permission,
+        _ if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() => {
+            Trouble::Unreachable
+        }
+        _ => Trouble::Other,
+    }
 }
 
 /// A connection to one server or to a cluster, every call on it bounded by `deadline`.
@@ -125,9 +208,9 @@ impl Store {
         self.inner.get().map(|(_, c)| c.clone()).ok_or(StoreError::NotConnected)
     }
 
-    /// Connects to `target`, trying again until it works; logs each failure once per
-    /// attempt without the password.
-    pub(crate) async fn connect(&self, target: &RedisTarget) {
+    /// Connects to `target`, trying again until it works; each failure goes to `failed`
+    /// (which counts and logs it, without the password).
+    pub(crate) async fn connect(&self, target: &RedisTarget, failed: impl Fn(&StoreError, Duration)) {
         let mut attempt = 0usize;
         loop {
             match open(target).await {
@@ -138,12 +221,7 @@ impl Store {
                 }
                 Err(e) => {
                     let pause = CONNECT_BACKOFF[attempt.min(CONNECT_BACKOFF.len() - 1)];
-                    tracing::warn!(
-                        redis = %target.redacted(),
-                        error = %e,
-                        retry_in = ?pause,
-                        "Redis unreachable; serving clients alone and retrying"
-                    );
+                    failed(&StoreError::Redis(e), pause);
                     attempt += 1;
                     tokio::time::sleep(pause).await;
                 }
@@ -174,6 +252,10 @@ async fn open(target: &RedisTarget) -> Result<(Conn, Conn), redis::RedisError> {
                 .set_connection_timeout(Some(RESPONSE_TIMEOUT))
                 .set_response_timeout(Some(timeout))
                 .set_max_delay(Duration::from_secs(2))
+                // Once, not the crate's six times with growing pauses: a refusal (a wrong
+                // password) is then known, counted and said at once, and an outage is
+                // retried by the gateway's own loop and calls.
+                .set_number_of_retries(CONNECTION_RETRIES)
         };
         let commands = ConnectionManager::new_with_config(client.clone(), config(RESPONSE_TIMEOUT)).await?;
         let blocking = ConnectionManager::new_with_config(client, config(BLOCK + RESPONSE_TIMEOUT)).await?;

@@ -49,17 +49,20 @@ async fn healthz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 /// 200 while accepting clients, 503 once draining, so a load balancer stops sending new ones.
-/// In a cluster whose Redis is unreachable, 200 with `degraded`: the node still serves and
-/// expires its clients, but the others cannot see them until Redis is back.
+/// In a cluster, 503 too while the node cannot use Redis (unreachable, or the credentials
+/// or the ACL user of `--redis` refused), the reason in the body: the node still serves
+/// and expires the clients it has, but the others cannot see them, nor it theirs, so a
+/// balancer should send new clients to a node that can.
 async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     if shared.health.expiry_stopped() {
-        (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped\n".to_string())
     } else if shared.health.draining.is_cancelled() {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    } else if shared.health.store_down() {
-        (StatusCode::OK, "degraded: Redis unreachable; serving local clients, presence changes queued\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n".to_string())
+    } else if let Some(why) = shared.health.store_trouble() {
+        let body = format!("not ready: {why}; serving the clients it has, presence changes queued\n");
+        (StatusCode::SERVICE_UNAVAILABLE, body)
     } else {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_string())
     }
 }
 

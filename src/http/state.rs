@@ -39,8 +39,8 @@ pub(crate) struct Health {
     pub(crate) expiry_stopped: Arc<AtomicBool>,
     /// Cancelled when shutdown begins.
     pub(crate) draining: CancellationToken,
-    /// Whether the cluster's store answers; `None` alone.
-    pub(crate) store_up: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Why the cluster's store cannot be used now, while it cannot; `None` alone.
+    pub(crate) store_trouble: Option<Arc<dyn Fn() -> Option<&'static str> + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -48,7 +48,7 @@ impl std::fmt::Debug for Health {
         f.debug_struct("Health")
             .field("expiry_stopped", &self.expiry_stopped())
             .field("draining", &self.draining.is_cancelled())
-            .field("store_down", &self.store_down())
+            .field("store_trouble", &self.store_trouble())
             .finish()
     }
 }
@@ -82,9 +82,9 @@ impl Health {
         self.expiry_stopped.load(Ordering::Acquire)
     }
 
-    /// Whether the cluster's store is unreachable (never alone).
-    pub(crate) fn store_down(&self) -> bool {
-        self.store_up.as_ref().is_some_and(|up| !up())
+    /// Why the cluster's store cannot be used now (never alone).
+    pub(crate) fn store_trouble(&self) -> Option<&'static str> {
+        self.store_trouble.as_ref().and_then(|trouble| trouble())
     }
 }
 

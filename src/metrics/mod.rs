@@ -151,7 +151,7 @@ pub struct Metrics {
     /// 1 while Redis answers (cluster mode; 0 alone or while unreachable).
     pub redis_up: IntGauge,
     /// Redis calls that failed.
-    pub redis_errors: IntCounter,
+    redis_errors: IntCounterVec,
     /// Session changes waiting to reach Redis.
     pub redis_queue_depth: IntGauge,
     /// Session changes dropped by compaction while Redis was away.
@@ -395,7 +395,18 @@ impl Metrics {
         reg(Box::new(api_requests.clone()));
 
         let redis_up = gauge("idlegate_redis_up", "1 while the cluster's Redis answers; 0 alone or while unreachable");
-        let redis_errors = counter("idlegate_redis_errors_total", "Redis calls that failed");
+        let redis_errors = IntCounterVec::new(
+            Opts::new(
+                "idlegate_redis_errors_total",
+                "Redis calls and connection attempts that failed, by kind: unreachable, auth (the credentials in --redis refused), permission (ACL NOPERM), replicas, other",
+            ),
+            &["kind"],
+        )
+        .expect("valid counter vec");
+        for kind in ["unreachable", "auth", "permission", "replicas", "other"] {
+            redis_errors.with_label_values(&[kind]);
+        }
+        reg(Box::new(redis_errors.clone()));
         let redis_queue_depth =
             gauge("idlegate_redis_queue_depth", "session changes waiting to reach Redis (grows while it is away)");
         let redis_compacted = counter(
@@ -547,6 +558,16 @@ impl Metrics {
         if let Some(c) = self.closed.get(reason.index()) {
             c.inc();
         }
+    }
+
+    /// Counts a failed Redis call or connection attempt of `kind`.
+    pub fn redis_error(&self, kind: &str) {
+        self.redis_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Failed Redis calls so far of `kind`.
+    pub fn redis_error_count(&self, kind: &str) -> u64 {
+        self.redis_errors.with_label_values(&[kind]).get()
     }
 
     /// Closed connections so far for `reason`.

@@ -23,8 +23,9 @@ pub(crate) trait Backplane: Send + Sync + Debug {
     /// (up to `within`) and leaves, so this node's uids go offline at once.
     fn leave(&self, within: Duration) -> BoxFuture<'_, ()>;
 
-    /// Whether the store answers: readiness says "degraded" while it does not.
-    fn is_up(&self) -> bool;
+    /// Why the store cannot be used now (unreachable, credentials or ACL refused), while it
+    /// cannot: readiness answers 503 with it.
+    fn unready(&self) -> Option<&'static str>;
 
     /// The backend API's view of every node.
     fn directory(self: Arc<Self>) -> Arc<dyn Directory>;
