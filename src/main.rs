@@ -584,18 +584,26 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let api = TcpListener::bind(args.api_listen)
             .await
             .with_context(|| format!("binding --api-listen {}", args.api_listen))?;
+        // The doors that are open, each as `<door> <address>`: nothing said of those that
+        // are not.
+        let doors: Vec<String> = [
+            ("tcp", Some(args.listen)),
+            ("tls", args.tls_listen),
+            ("ws", args.ws_listen),
+            ("wss", args.wss_listen),
+            ("mqtt", args.mqtt_listen),
+            ("mqtts", args.mqtts_listen),
+        ]
+        .into_iter()
+        .filter_map(|(door, addr)| addr.map(|addr| format!("{door} {addr}")))
+        .collect();
         tracing::info!(
-            listen = %args.listen,
+            doors = %doors.join(", "),
             admin = %args.admin_listen,
             api = %args.api_listen,
-            tls = ?args.tls_listen,
-            ws = ?args.ws_listen,
-            wss = ?args.wss_listen,
-            mqtt = ?args.mqtt_listen,
-            mqtts = ?args.mqtts_listen,
             node = %config.node_id,
-            timeout = ?config.timeout,
-            tick = ?config.tick,
+            timeout = %humantime::format_duration(config.timeout),
+            tick = %humantime::format_duration(config.tick),
             max_connections = config.max_connections,
             "idlegate serving"
         );
@@ -624,9 +632,14 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// The log filter without `RUST_LOG`: the gateway's own info, and of rustls only errors: its
+/// warnings are about single clients (a handshake a scanner broke off), which the
+/// handshake counters already count, and at a fleet's scale they would drown the log.
+const DEFAULT_LOG_FILTER: &str = "info,rustls=error";
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {

@@ -185,3 +185,26 @@ async fn the_api_takes_the_token_from_its_file() {
     child.kill().unwrap();
     let _ = child.wait();
 }
+
+/// The start-up line names the open doors and their addresses, and nothing of Rust's
+/// `Option`s (`Some(..)`, `None`) reaches an operator's log.
+#[test]
+fn the_start_up_line_names_the_open_doors_in_plain_words() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (listen, mqtt) = (free(), free());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--listen", &listen, "--mqtt-listen", &mqtt, "--admin-listen", "127.0.0.1:0"])
+        .args(["--api-listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let line =
+        lines.by_ref().map_while(Result::ok).find(|l| l.contains("idlegate serving")).expect("the start-up line");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains(&format!("doors=tcp {listen}, mqtt {mqtt}")), "{line}");
+    assert!(!line.contains("Some(") && !line.contains("None"), "{line}");
+    assert!(line.contains("timeout=30s") && line.contains("tick=1s"), "{line}");
+}

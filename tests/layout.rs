@@ -280,3 +280,12 @@ fn only_the_composition_root_holds_the_whole() {
         }
     }
 }
+
+/// `cargo run -p loadtest -- ...`, as README writes it, must pick the harness among the
+/// package's binaries (the baselines are binaries too).
+#[test]
+fn cargo_run_of_the_loadtest_package_runs_the_harness() {
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("loadtest/Cargo.toml")).unwrap();
+    let binaries = manifest.matches("[[bin]]").count();
+    assert!(binaries == 0 || manifest.contains("default-run = \"loadtest\""), "loadtest/Cargo.toml needs default-run");
+}
