@@ -407,6 +407,30 @@ async fn a_consumer_resumes_after_its_last_id_and_learns_of_a_gap() {
     assert_eq!(only_users.next().await.unwrap().event, "gap");
     assert_eq!(only_users.expect("user_offline", 1).await.data["reason"], json!("logout"));
     server.shutdown().await;
+
+    // After a restart, a resume from an id of the earlier run: a gap of unknown size, said
+    // as such (not `"missed":0`).
+    let restarted = server.restart(Config { event_log_capacity: 8, ..config() }).await;
+    let (_, mut across) = Sse::open(restarted.api, &format!("/v1/events?after={}", first.id), &[]).await;
+    let gap = across.next().await.unwrap();
+    assert_eq!(gap.event, "gap");
+    assert_eq!(gap.data, json!({"missed": null, "earlier_process": true}));
+}
+
+/// `?tail=n` hands the last n events, counting the user-level events a session event
+/// caused, and then the live ones.
+#[tokio::test]
+async fn tail_counts_events() {
+    let server = TestServer::start(config()).await;
+    let mut c = server.client().await;
+    c.login(1).await;
+    c.send(Frame::Data(Bytes::from_static(b"d"))).await;
+    let (_, mut watch) = Sse::open(server.api, "/v1/events?tail=3", &[]).await;
+    // online, user_online, data: the last three.
+    assert_eq!(watch.next().await.unwrap().event, "online");
+    let (_, mut tail) = Sse::open(server.api, "/v1/events?tail=2", &[]).await;
+    assert_eq!(tail.next().await.unwrap().event, "user_online");
+    assert_eq!(tail.next().await.unwrap().event, "data");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,8 +578,8 @@ async fn tail_starts_a_stream_at_the_last_events() {
         c.login(uid).await;
         clients.push(c);
     }
-    // Two entries back: uid 4's online and user_online, then uid 5's.
-    let (status, mut sse) = Sse::open(server.api, "/v1/events?tail=2", &[]).await;
+    // Four events back: uid 4's online and user_online, then uid 5's.
+    let (status, mut sse) = Sse::open(server.api, "/v1/events?tail=4", &[]).await;
     assert_eq!(status, 200);
     for uid in [4, 5] {
         sse.expect("online", uid).await;

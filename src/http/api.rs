@@ -451,7 +451,7 @@ fn format_batch(batch: &Batch, types: Types, node: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(batch.events.len() * 128);
     if batch.has_gap() {
-        let _ = write!(out, "id: {}\nevent: gap\ndata: {{\"missed\":{}", batch.gap_id, batch.missed);
+        let _ = write!(out, "id: {}\nevent: gap\ndata: {{\"missed\":{}", batch.gap_id, batch.missed_json());
         if batch.earlier_process {
             out.push_str(",\"earlier_process\":true");
         }

@@ -189,6 +189,17 @@ impl Batch {
     pub fn has_gap(&self) -> bool {
         self.missed > 0 || self.earlier_process || self.earlier_stream
     }
+
+    /// The gap's size as a consumer reads it: a number when it is known, `null` when part of
+    /// it lies in an earlier run of the gateway or in writes Redis lost, which nobody
+    /// counted.
+    pub fn missed_json(&self) -> String {
+        if self.earlier_process || self.earlier_stream {
+            "null".to_string()
+        } else {
+            self.missed.to_string()
+        }
+    }
 }
 
 /// The log; see the module documentation.

@@ -112,6 +112,11 @@ impl Logged {
         Some(Event { id, at_ms: self.at_ms, uid: self.uid, what })
     }
 
+    /// Whether it caused a user-level event (`user_online` or `user_offline`), told after it.
+    fn causes_user_event(&self) -> bool {
+        matches!(self.kept, Kept::Online { first: true, .. } | Kept::Offline { last: true, .. })
+    }
+
     fn payload_len(&self) -> usize {
         match &self.kept {
             Kept::Data { bytes, .. } => bytes.len(),
@@ -179,8 +184,22 @@ impl LocalLog {
     /// The sequence `n` entries before the newest, never before the oldest still held.
     pub(crate) fn recent(&self, n: usize) -> u64 {
         let oldest = self.next_seq - self.events.len() as u64;
-        let newest = self.next_seq - 1;
-        2 * newest.saturating_sub(n as u64).max(oldest.saturating_sub(1)) + 1
+        let mut left = n;
+        // Back from the newest entry, each one or two events (a session event and the
+        // user-level event it caused), until `n` events are counted.
+        for (i, logged) in self.events.iter().enumerate().rev() {
+            let p = oldest + i as u64;
+            if left == 0 {
+                return 2 * p + 1;
+            }
+            let events = 1 + usize::from(logged.causes_user_event());
+            if events > left {
+                // Only the entry's user-level event: resume after its session event.
+                return 2 * p;
+            }
+            left -= events;
+        }
+        2 * oldest.saturating_sub(1) + 1
     }
 
     /// The sequence after the newest event.
@@ -204,5 +223,39 @@ mod footprint {
         assert_eq!((payload.as_ref(), topic.as_deref()), (&b"21.5"[..], Some("sensors/\u{fc}")));
         let without = logged(Kept::data(Bytes::from_static(b"x"), None)).event(id);
         assert!(matches!(without.what, What::Data { topic: None, .. }), "{without:?}");
+    }
+}
+
+#[cfg(test)]
+mod tail {
+    use super::*;
+
+    /// `?tail=n` is n events, whether or not a session event caused a user-level one.
+    #[test]
+    fn recent_counts_events_not_entries() {
+        let mut log = LocalLog::new(100, 1 << 20);
+        let online = Kept::Online { session: 1, device: Device::DEFAULT, first: true, claims: None };
+        log.append(1, 7, online);
+        log.append(2, 7, Kept::data(Bytes::from_static(b"d"), None));
+        let offline = Kept::Offline {
+            session: 1,
+            device: Device::DEFAULT,
+            reason: CloseReason::Logout,
+            last: true,
+            will: None,
+            claims: None,
+        };
+        log.append(3, 7, offline);
+        let names = |n: usize| -> Vec<&'static str> {
+            let after = EventId { ms: 9, seq: log.recent(n) };
+            log.read(after, 9).events.iter().map(|e| e.what.name()).collect()
+        };
+        assert_eq!(names(0), Vec::<&str>::new());
+        assert_eq!(names(1), ["user_offline"]);
+        assert_eq!(names(2), ["offline", "user_offline"]);
+        assert_eq!(names(3), ["data", "offline", "user_offline"]);
+        assert_eq!(names(4), ["user_online", "data", "offline", "user_offline"]);
+        assert_eq!(names(5), ["online", "user_online", "data", "offline", "user_offline"]);
+        assert_eq!(names(50).len(), 5, "no more than the log holds");
     }
 }

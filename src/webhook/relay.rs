@@ -281,7 +281,7 @@ impl Relay {
     fn take(&self, batch: Batch, queue: &mut VecDeque<Pending>) {
         if batch.has_gap() {
             let id = batch.gap_id.to_string();
-            let json = format!(r#"{{"id":"{id}","type":"gap","missed":{}}}"#, batch.missed);
+            let json = format!(r#"{{"id":"{id}","type":"gap","missed":{}}}"#, batch.missed_json());
             queue.push_back(Pending { id, at: Some(batch.gap_id), at_ms: unix_ms_now(), json });
         }
         for event in batch.events.iter().filter(|e| self.config.wants(e.what.kind())) {
