@@ -174,6 +174,11 @@ async fn request_counters_exist_at_zero_before_any_request() {
     for series in ["idlegate_connections_closed_total{reason=\"kicked\"}", "idlegate_pushes_total{result=\"sent\"}"] {
         assert_eq!(sample(&body, series), Some(0.0), "{series}");
     }
+    // The API's latency, by route: at 0 before, one observation after a request.
+    let latency = "idlegate_api_request_duration_seconds_count{route=\"/v1/presence/{uid}\"}";
+    assert_eq!(sample(&body, latency), Some(0.0), "{latency}");
+    get(&server, "/v1/presence/1").await;
+    assert_eq!(sample(&server.admin_get("/metrics").await.1, latency), Some(1.0), "{latency}");
     server.shutdown().await;
 }
 

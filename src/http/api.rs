@@ -177,10 +177,13 @@ fn bearer(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim_start())
 }
 
-/// Counts every routed request by its route pattern and status.
+/// Counts every routed request by its route pattern and status, and times it.
 async fn count_request(State(state): State<ApiState>, path: MatchedPath, request: Request, next: Next) -> Response {
+    let started = tokio::time::Instant::now();
     let response = next.run(request).await;
-    state.shared.metrics.api_request(path.as_str(), response.status().as_u16());
+    let metrics = &state.shared.metrics;
+    metrics.api_latency(path.as_str(), started.elapsed().as_secs_f64());
+    metrics.api_request(path.as_str(), response.status().as_u16());
     response
 }
 

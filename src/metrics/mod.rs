@@ -72,6 +72,12 @@ impl WebhookResult {
     }
 }
 
+/// Buckets of the API's latency, in seconds: a presence answer from this process takes tens
+/// of microseconds, one through Redis a round trip or two, one asked of another node up to
+/// its inbox's deadline.
+const API_LATENCY_BUCKETS: [f64; 12] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5];
+
 /// The gateway's metrics; see the module documentation.
 pub struct Metrics {
     registry: Registry,
@@ -148,6 +154,7 @@ pub struct Metrics {
     /// Consumers following the event stream now.
     pub event_consumers: IntGauge,
     api_requests: IntCounterVec,
+    api_latency: prometheus::HistogramVec,
     /// 1 while Redis answers (cluster mode; 0 alone or while unreachable).
     pub redis_up: IntGauge,
     /// Redis calls that failed.
@@ -393,6 +400,16 @@ impl Metrics {
         )
         .expect("valid counter vec");
         reg(Box::new(api_requests.clone()));
+        let api_latency = prometheus::HistogramVec::new(
+            HistogramOpts::new(
+                "idlegate_api_request_duration_seconds",
+                "backend API requests, by route: the time from the request to its response's head (for /v1/events, until the stream starts)",
+            )
+            .buckets(API_LATENCY_BUCKETS.to_vec()),
+            &["route"],
+        )
+        .expect("valid histogram vec");
+        reg(Box::new(api_latency.clone()));
 
         let redis_up = gauge("idlegate_redis_up", "1 while the cluster's Redis answers; 0 alone or while unreachable");
         let redis_errors = IntCounterVec::new(
@@ -499,6 +516,7 @@ impl Metrics {
             event_log_events,
             event_consumers,
             api_requests,
+            api_latency,
             redis_up,
             redis_errors,
             redis_queue_depth,
@@ -598,12 +616,18 @@ impl Metrics {
         self.events[kind.index()].get()
     }
 
-    /// Counts a backend API request by its route pattern and status code.
     /// Creates the series of `route` answering `code` at 0, before any request.
     pub(crate) fn api_request_series(&self, route: &str, code: u16) {
         let _ = self.api_requests.with_label_values(&[route, &code.to_string()]);
+        let _ = self.api_latency.with_label_values(&[route]);
     }
 
+    /// How long a routed request took to its response's head.
+    pub(crate) fn api_latency(&self, route: &str, seconds: f64) {
+        self.api_latency.with_label_values(&[route]).observe(seconds);
+    }
+
+    /// Counts a backend API request by its route pattern and status code.
     pub fn api_request(&self, route: &str, code: u16) {
         self.api_requests.with_label_values(&[route, &code.to_string()]).inc();
     }
