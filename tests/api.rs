@@ -171,7 +171,9 @@ async fn request_counters_exist_at_zero_before_any_request() {
         let series = format!("idlegate_api_requests_total{{code=\"{code}\",route=\"{route}\"}}");
         assert_eq!(sample(&body, &series), Some(0.0), "{series}");
     }
-    for series in ["idlegate_connections_closed_total{reason=\"kicked\"}", "idlegate_pushes_total{result=\"sent\"}"] {
+    for series in
+        ["idlegate_connections_closed_total{door=\"tcp\",reason=\"kicked\"}", "idlegate_pushes_total{result=\"sent\"}"]
+    {
         assert_eq!(sample(&body, series), Some(0.0), "{series}");
     }
     // The API's latency, by route: at 0 before, one observation after a request.

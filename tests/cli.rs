@@ -208,3 +208,39 @@ fn the_start_up_line_names_the_open_doors_in_plain_words() {
     assert!(!line.contains("Some(") && !line.contains("None"), "{line}");
     assert!(line.contains("timeout=30s") && line.contains("tick=1s"), "{line}");
 }
+
+/// A client refused before its login is told of in the log at the default level, with its
+/// peer, its door and why: here MQTT 3.1.1's default keepalive, 60 s, longer than the
+/// window allows (mosquitto_pub, which `.ci/run` installs).
+#[test]
+fn a_refusal_before_login_is_logged_with_peer_door_and_why() {
+    if common::find_on_path(&["mosquitto_pub"]).is_none() {
+        return common::skip_without("mosquitto_pub", "apt-get install mosquitto-clients");
+    }
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (listen, mqtt) = (free(), free());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
+        .args(["serve", "--listen", &listen.to_string(), "--mqtt-listen", &mqtt.to_string()])
+        .args(["--admin-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    lines.by_ref().map_while(Result::ok).find(|l| l.contains("idlegate serving")).expect("started");
+    let out = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &mqtt.port().to_string(), "-V", "mqttv311", "-u", "7", "-t", "a", "-m", "x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the default keepalive is refused");
+    let line = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("connection refused before login"))
+        .expect("the refusal's line");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(line.contains("peer=127.0.0.1:") && line.contains("door=mqtt"), "{line}");
+    assert!(line.contains("MQTT 3.1.1 keepalive 60 s outside"), "{line}");
+}

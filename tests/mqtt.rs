@@ -125,6 +125,14 @@ async fn refusals_use_each_version_s_connack_codes() {
         let stderr = String::from_utf8_lossy(&out.stderr).to_lowercase();
         assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
     }
+    // Each refusal is counted by why, the keepalive apart from other protocol errors.
+    let door = idlegate_proto::Transport::Mqtt;
+    common::cluster::eventually("the refusals are counted", || async {
+        server.metrics.refused_login_count(door, "auth_failed") == 3
+            && server.metrics.refused_login_count(door, "mqtt_keepalive") == 1
+            && server.metrics.refused_login_count(door, "protocol_error") == 1
+    })
+    .await;
     // And the right credentials get in.
     let out = pub_(&server, &["-u", "7", "-P", &good, "-k", "5", "-t", "a", "-m", "x"]).await;
     assert!(out.status.success(), "{out:?}");

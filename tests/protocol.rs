@@ -41,7 +41,7 @@ async fn login_ping_data_logout_byte_for_byte() {
     for kind in ["login", "ping", "data", "logout"] {
         assert_eq!(sample(&body, &format!("idlegate_frames_received_total{{kind=\"{kind}\"}}")), Some(1.0), "{kind}");
     }
-    assert_eq!(sample(&body, "idlegate_connections_closed_total{reason=\"logout\"}"), Some(1.0));
+    assert_eq!(sample(&body, "idlegate_connections_closed_total{door=\"tcp\",reason=\"logout\"}"), Some(1.0));
     server.shutdown().await;
 }
 

@@ -111,7 +111,11 @@ pub struct Metrics {
     pub tls_cert_expiry: IntGauge,
     /// Connections accepted, including those refused as server_full.
     pub connections_accepted: IntCounter,
-    closed: Vec<IntCounter>,
+    /// By reason, then by door.
+    closed: Vec<Vec<IntCounter>>,
+    /// Connections refused before their login (a bad token, a late LOGIN, an MQTT 3.1.1
+    /// keepalive the window cannot honour), by door and why.
+    refused_logins: IntCounterVec,
     /// Successful logins.
     pub logins: IntCounter,
     frames: Vec<IntCounter>,
@@ -295,12 +299,27 @@ impl Metrics {
             "TCP connections accepted, including those refused with BYE(server_full)",
         );
         let closed_vec = IntCounterVec::new(
-            Opts::new("idlegate_connections_closed_total", "TCP connections closed, by the reason they ended"),
-            &["reason"],
+            Opts::new(
+                "idlegate_connections_closed_total",
+                "TCP connections closed, by the reason they ended and their door",
+            ),
+            &["reason", "door"],
         )
         .expect("valid counter vec");
         reg(Box::new(closed_vec.clone()));
-        let closed = CloseReason::ALL.iter().map(|r| closed_vec.with_label_values(&[r.label()])).collect();
+        let closed = CloseReason::ALL
+            .iter()
+            .map(|r| Transport::ALL.iter().map(|t| closed_vec.with_label_values(&[r.label(), t.label()])).collect())
+            .collect();
+        let refused_logins = IntCounterVec::new(
+            Opts::new(
+                "idlegate_refused_logins_total",
+                "connections closed before a login, by door and why: auth_failed, mqtt_keepalive (a 3.1.1 keepalive the window cannot honour), login_timeout, protocol_error, server_full, shutdown",
+            ),
+            &["door", "why"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(refused_logins.clone()));
         let logins = counter("idlegate_logins_total", "successful logins");
         let frames_vec = IntCounterVec::new(
             Opts::new("idlegate_frames_received_total", "valid frames received from clients, by kind"),
@@ -493,6 +512,7 @@ impl Metrics {
             tls_cert_expiry,
             connections_accepted,
             closed,
+            refused_logins,
             logins,
             frames,
             ring_expired,
@@ -571,11 +591,21 @@ impl Metrics {
         self.webhook_requests[result as usize].inc();
     }
 
-    /// Counts a closed connection.
-    pub fn closed(&self, reason: CloseReason) {
-        if let Some(c) = self.closed.get(reason.index()) {
+    /// Counts a closed connection of `door`.
+    pub fn closed(&self, reason: CloseReason, door: Transport) {
+        if let Some(c) = self.closed.get(reason.index()).and_then(|by_door| by_door.get(door.index())) {
             c.inc();
         }
+    }
+
+    /// Counts a connection of `door` refused before its login, for `why`.
+    pub fn refused_login(&self, door: Transport, why: &str) {
+        self.refused_logins.with_label_values(&[door.label(), why]).inc();
+    }
+
+    /// Connections of `door` refused before their login for `why`, so far.
+    pub fn refused_login_count(&self, door: Transport, why: &str) -> u64 {
+        self.refused_logins.with_label_values(&[door.label(), why]).get()
     }
 
     /// Counts a failed Redis call or connection attempt of `kind`.
@@ -590,7 +620,7 @@ impl Metrics {
 
     /// Closed connections so far for `reason`.
     pub fn closed_count(&self, reason: CloseReason) -> u64 {
-        self.closed.get(reason.index()).map_or(0, IntCounter::get)
+        self.closed.get(reason.index()).map_or(0, |by_door| by_door.iter().map(IntCounter::get).sum())
     }
 
     /// Counts a frame of kind byte `kind` received (a command the same as one, on doors

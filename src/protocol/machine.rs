@@ -428,7 +428,8 @@ impl Machine {
 
     /// Ends the session (the first reason given wins) and says what to send last: the pushes
     /// a backend was told were sent, then the BYE (with a retry hint for shutdown). Returns
-    /// the reason the connection closes with.
+    /// the reason the connection closes with; its door counts it before the client can see
+    /// the close.
     pub(crate) fn goodbye(
         &self,
         inputs: &impl Inputs,
@@ -446,9 +447,6 @@ impl Machine {
             }
             None => reason,
         };
-        // Counted before the client can see the close, so whoever watches both never sees
-        // an end of stream the counters do not know of yet.
-        context.metrics.closed(reason);
         if let (CloseReason::IdleTimeout, Phase::LoggedIn { last_tick, .. }) = (reason, &self.phase) {
             // From the tick that swept it (window ticks after its last touch) to its BYE,
             // which goes out next.

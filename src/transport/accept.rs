@@ -19,6 +19,7 @@ use crate::transport::admission::{Admission, Refused, Ticket};
 use crate::transport::door::{Door, Speaks, DOORS};
 use crate::transport::guard::{Guard, Slots};
 use crate::transport::refusal::{Bound, Refusals};
+use crate::transport::refusal_log::RefusalLog;
 use crate::transport::{drive, mqtt, tcp, tls, ws};
 
 /// First pause after a failed accept (EMFILE and the like); doubled on each failure in a
@@ -35,6 +36,8 @@ pub(crate) struct Doors {
     context: Arc<Context>,
     slots: Arc<Slots>,
     admission: Arc<Admission>,
+    /// The log of connections refused before their login.
+    refusal_log: Arc<RefusalLog>,
     /// Each TLS door's configuration (`--tls-cert`, `--tls-key`, the door's ALPN), by
     /// [`Transport::index`].
     tls: [Option<Arc<ServerConfig>>; DOORS.len()],
@@ -61,6 +64,7 @@ impl Doors {
         Doors {
             slots,
             admission: Arc::new(Admission::new(config.max_pending_logins, config.max_pending_logins_per_ip)),
+            refusal_log: Arc::default(),
             tls,
             tls_record_limit: config.tls_record_limit,
             ws: Arc::new(ws::WsPolicy { allowed_origins: config.ws_allowed_origins.clone(), mqtt: Some(mqtt.clone()) }),
@@ -99,7 +103,7 @@ impl Doors {
                     // BYE(server_full) instead of hanging in the backlog with no answer.
                     if let Ok((stream, _)) = listener.accept().await {
                         metrics.shed_max_connections.inc();
-                        metrics.closed(CloseReason::ServerFull);
+                        metrics.closed(CloseReason::ServerFull, transport);
                         refusals.refuse(stream, transport, Bound::Server, hint(), "out of file descriptors");
                     }
                     reserve = Reserve::open();
@@ -121,7 +125,7 @@ impl Doors {
                 Ok(ticket) => ticket,
                 Err(Refused::Source(n)) => {
                     metrics.shed_pending_logins.inc();
-                    metrics.closed(CloseReason::ServerFull);
+                    metrics.closed(CloseReason::ServerFull, transport);
                     let why = format!("{n} connections from this address waiting to log in");
                     refusals.refuse(stream, transport, Bound::Address, hint(), &why);
                     continue;
@@ -133,7 +137,7 @@ impl Doors {
                     // Not served: its place among the waiting logins goes back at once.
                     drop(ticket);
                     metrics.shed_max_connections.inc();
-                    metrics.closed(CloseReason::ServerFull);
+                    metrics.closed(CloseReason::ServerFull, transport);
                     let why = format!("{} connections open", self.slots.max());
                     refusals.refuse(stream, transport, Bound::Server, hint(), &why);
                 }
@@ -161,17 +165,18 @@ impl Doors {
         L: connection_layer::Bounds,
     {
         let (context, max, ticket) = (self.context.clone(), self.max_frame_bytes, Some(ticket));
+        let log = self.refusal_log.clone();
         match speaks {
             Speaks::Frames => {
-                tokio::spawn(drive::serve(stream, layer, tcp::frames(max), context, guard, ticket));
+                tokio::spawn(drive::serve(stream, layer, tcp::frames(max), context, guard, ticket, log));
             }
             Speaks::WebSocket => {
                 let framing = ws::WebSocket::new(max, self.ws.clone());
-                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket));
+                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket, log));
             }
             Speaks::Mqtt => {
                 let framing = mqtt::Mqtt::new(max, self.mqtt.clone());
-                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket));
+                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket, log));
             }
         }
     }

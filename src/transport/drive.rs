@@ -5,6 +5,7 @@
 //! for the login deadline (which covers the door's handshakes) and for shedding.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,6 +19,7 @@ use crate::protocol::{self, Close, Command, Machine, System, Wake};
 use crate::transport::admission::Ticket;
 use crate::transport::connection::{Connection, Framing, Layer};
 use crate::transport::guard::Guard;
+use crate::transport::refusal_log::{self, RefusalLog};
 
 /// Serves one accepted connection until it closes, holding `guard` (its slot and its
 /// counts) until then, and `ticket` (its place among the connections waiting to log in)
@@ -37,10 +39,20 @@ pub(crate) fn serve<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send 
     context: Arc<protocol::Context>,
     guard: Guard,
     ticket: Option<Ticket>,
+    refusals: Arc<RefusalLog>,
 ) -> Serve<L, F> {
+    // The peer, for the log of a refusal: held by the login phase only.
+    let peer = stream.peer_addr().ok();
     let conn = Connection::new(stream, layer, framing);
     let machine = Machine::new(context, Instant::now());
-    Serve { phase: Phase::LoggingIn(Box::pin(log_in(machine, conn, ticket))), guard }
+    let login = log_in(machine, conn, ticket, Refused { peer, log: refusals });
+    Serve { phase: Phase::LoggingIn(Box::pin(login)), guard }
+}
+
+/// What the login phase needs to tell of a refusal: the peer and the log.
+struct Refused {
+    peer: Option<SocketAddr>,
+    log: Arc<RefusalLog>,
 }
 
 /// A connection's task; see [`serve`].
@@ -114,11 +126,23 @@ async fn log_in<L: Layer, F: Framing>(
     mut machine: Machine,
     mut conn: Connection<L, F>,
     ticket: Option<Ticket>,
+    refused: Refused,
 ) -> (Machine, Connection<L, F>, Result<(), Close>) {
-    let mut handshake = Handshake::start(Connection::<L, F>::TRANSPORT, &conn);
+    let door = Connection::<L, F>::TRANSPORT;
+    let mut handshake = Handshake::start(door, &conn);
     let result = login(&mut machine, &mut conn, ticket.as_ref(), &mut handshake).await;
     handshake.ended(&machine, &conn, &result);
     drop(ticket);
+    // A client that closed says nothing worth a line; everything else refused before its
+    // login is counted by why and told (rate-limited) with its peer.
+    if let Err((reason, text)) = &result {
+        if *reason != CloseReason::Disconnect {
+            machine.context().metrics.refused_login(door, refusal_log::why(*reason, text));
+            if *reason != CloseReason::Shutdown {
+                refused.log.refused(refused.peer, door, *reason, text);
+            }
+        }
+    }
     (machine, conn, result)
 }
 
@@ -203,6 +227,9 @@ async fn close<L: Layer, F: Framing>(
     text: String,
 ) -> CloseReason {
     let (reason, pushes, bye) = machine.goodbye(&System, reason, text);
+    // Counted before the client can see the close, so whoever watches both never sees an
+    // end of stream the counters do not know of yet.
+    machine.context().metrics.closed(reason, Connection::<L, F>::TRANSPORT);
     conn.close(&pushes, bye).await;
     machine.closed(reason);
     reason
@@ -275,9 +302,24 @@ mod footprint {
         let stream = || async { tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap() };
         let guard = || slots.take(crate::proto::Transport::Tcp).unwrap();
         let mqtt = || mqtt::Mqtt::new(max, Arc::new(mqtt::MqttPolicy::new(&config)));
+        let log = Arc::<super::RefusalLog>::default();
         let sizes = [
-            ("tcp", size(super::serve(stream().await, tcp::Plain, tcp::frames(max), context.clone(), guard(), None))),
-            ("mqtt", size(super::serve(stream().await, tcp::Plain, mqtt(), context.clone(), guard(), None))),
+            (
+                "tcp",
+                size(super::serve(
+                    stream().await,
+                    tcp::Plain,
+                    tcp::frames(max),
+                    context.clone(),
+                    guard(),
+                    None,
+                    log.clone(),
+                )),
+            ),
+            (
+                "mqtt",
+                size(super::serve(stream().await, tcp::Plain, mqtt(), context.clone(), guard(), None, log.clone())),
+            ),
             (
                 "ws",
                 size(super::serve(
@@ -287,6 +329,7 @@ mod footprint {
                     context.clone(),
                     guard(),
                     None,
+                    log.clone(),
                 )),
             ),
         ];

@@ -14,6 +14,7 @@ mod guard;
 mod mqtt;
 mod records;
 mod refusal;
+mod refusal_log;
 mod tcp;
 pub(crate) mod tls;
 pub(crate) mod ws;

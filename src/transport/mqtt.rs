@@ -30,6 +30,10 @@ use crate::protocol::Command;
 use crate::transport::connection::Framing;
 use crate::transport::door::Speaks;
 
+/// How the refusal of a 3.1.1 keepalive the window cannot honour begins: counted apart
+/// (`refusal_log.rs`), since the client's defaults cause it (60 s for most).
+pub(crate) const KEEPALIVE_REFUSAL: &str = "MQTT 3.1.1 keepalive";
+
 /// What a client naming another Authentication Method is told.
 const AUTH_METHOD_TEXT: &str = "the one authentication method is idlegate-token";
 
@@ -260,7 +264,7 @@ impl Mqtt {
             return Err((
                 CloseReason::ProtocolError,
                 format!(
-                    "MQTT 3.1.1 keepalive {} s outside 1..={} s",
+                    "{KEEPALIVE_REFUSAL} {} s outside 1..={} s (a client's -k or keepalive setting)",
                     connect.keep_alive, self.policy.max_keep_alive_311
                 ),
             ));
