@@ -3,7 +3,9 @@
 
     python3 docs/status-screenshot.py [http://127.0.0.1:7071/] [seconds] [out.png]
 
-Needs Debian's chromium and `pip install websocket-client`. Headless chromium keeps the page
+Writes status-page.png in the current folder unless told where (the README's image,
+docs/images/status-page.png, is replaced only when named). Needs Debian's chromium
+(`apt-get install chromium`) and `pip install websocket-client`. Headless chromium keeps the page
 open for `seconds` of real time (so the sparkline has history), then the DevTools protocol
 captures it.
 """
@@ -12,7 +14,9 @@ import websocket
 
 url = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:7071/"
 seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 60
-out = sys.argv[3] if len(sys.argv) > 3 else "docs/images/status-page.png"
+out = sys.argv[3] if len(sys.argv) > 3 else "status-page.png"
+if subprocess.run(["sh", "-c", "command -v chromium"], capture_output=True).returncode != 0:
+    sys.exit("status-screenshot.py needs chromium: apt-get install chromium")
 profile = tempfile.mkdtemp()
 browser = subprocess.Popen(
     ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
