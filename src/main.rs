@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use idlegate::{
-    default_max_connections, Auth, Config, JwtAuth, JwtRules, Listeners, RedisTarget, Server, TlsIdentity,
-    WebhookConfig,
+    default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Listeners, RedisTarget, Server,
+    TlsIdentity, WebhookConfig,
 };
 use idlegate_proto::unix_now;
 use std::sync::Arc;
@@ -36,10 +36,18 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Print a LOGIN token for a uid, signed with the gateway's secret.
     Token(TokenArgs),
+    /// Print a configuration file for `serve --config` with every key, its default and
+    /// what it does (deploy/idlegate.toml is this).
+    ConfigTemplate,
 }
 
 #[derive(Debug, Args)]
 struct ServeArgs {
+    /// A TOML file of settings: every flag of this command is a key, named as the flag
+    /// without its dashes (`max-connections = 19000`). A flag or its environment variable
+    /// wins over the file.
+    #[arg(long, env = "IDLEGATE_CONFIG")]
+    config: Option<std::path::PathBuf>,
     /// Address clients connect to.
     #[arg(long, env = "IDLEGATE_LISTEN", default_value = "127.0.0.1:7070", value_parser = resolve)]
     listen: SocketAddr,
@@ -371,8 +379,12 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     match cli.command {
+        Command::ConfigTemplate => {
+            print!("{}", config_template());
+            ExitCode::SUCCESS
+        }
         Command::Token(args) => {
             if args.ttl.as_secs() == 0 {
                 usage_error("--ttl: a token must live at least a second");
@@ -399,7 +411,138 @@ fn secrets(list: &str) -> Option<Auth> {
 
 /// Exits with status 2 and a usage error naming `flag`, as clap does for its own errors,
 /// with the usage of the subcommand at fault.
+/// The command line, with `serve --config <file>`'s settings put before the flags given (a
+/// flag given, or its environment variable set, leaves the file's value out); an error
+/// about a value that came from the file names its key and line.
+fn parse_cli() -> Cli {
+    let mut args: Vec<String> = std::env::args().collect();
+    let Some(at) = args.iter().position(|a| a == "serve").filter(|&i| i == 1) else { return Cli::parse() };
+    let given =
+        |long: &str| args[at + 1..].iter().any(|a| a == &format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    let path = args[at + 1..]
+        .iter()
+        .position(|a| a == "--config")
+        .and_then(|i| args.get(at + 2 + i).cloned())
+        .or_else(|| args[at + 1..].iter().find_map(|a| a.strip_prefix("--config=").map(str::to_string)))
+        .or_else(|| std::env::var("IDLEGATE_CONFIG").ok());
+    let Some(path) = path else { return Cli::parse() };
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").expect("the serve subcommand");
+    let flags: Vec<FlagSpec> = serve
+        .get_arguments()
+        .filter_map(|arg| {
+            let long = arg.get_long()?.to_string();
+            (long != "config" && long != "help").then(|| FlagSpec {
+                long,
+                env: arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+                takes_value: arg.get_action().takes_values(),
+                list: arg.get_value_delimiter().is_some(),
+                default: Some(
+                    arg.get_default_values().iter().map(|v| v.to_string_lossy()).collect::<Vec<_>>().join(","),
+                )
+                .filter(|d| !d.is_empty()),
+            })
+        })
+        .collect();
+    let file = match ConfigFile::read(std::path::Path::new(&path), &flags) {
+        Ok(file) => file,
+        Err(e) => usage_error(e),
+    };
+    let from_file = file.args(&flags, given, |env| std::env::var_os(env).is_some());
+    let keys: Vec<String> =
+        from_file.iter().map(|a| a.trim_start_matches("--").split('=').next().unwrap_or("").to_string()).collect();
+    let _ = CONFIG_FILE.set((file.clone(), keys.clone()));
+    args.splice(at + 1..at + 1, from_file);
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // A value of the file's that its flag refused: said with the key and its line.
+            let named = e.get(clap::error::ContextKind::InvalidArg).map(|a| a.to_string()).unwrap_or_default();
+            let key = keys.iter().find(|k| named.starts_with(&format!("--{k} ")) || named == format!("--{k}"));
+            match key.and_then(|k| file.line_of(k).map(|at| (k, at))) {
+                Some((key, at)) => {
+                    let detail = e.to_string();
+                    let reason = detail.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+                    usage_error(format!("--config {at}: key `{key}`: {reason}"))
+                }
+                None => e.exit(),
+            }
+        }
+    }
+}
+
+/// `idlegate serve`'s flags as a configuration file: each key with its help as a comment,
+/// set to its default where it has one, commented out where it has none.
+fn config_template() -> String {
+    use std::fmt::Write;
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").expect("the serve subcommand");
+    let mut out = String::from(
+        "# idlegate serve --config idlegate.toml: every flag of `idlegate serve` is a key, named as the\n\
+         # flag without its dashes. A flag on the command line, or its environment variable, wins\n\
+         # over this file. Made by `idlegate config-template`; the values are the defaults.\n",
+    );
+    for arg in serve.get_arguments().filter(|a| !a.is_hide_set()) {
+        let Some(long) = arg.get_long().filter(|l| *l != "config" && *l != "help") else { continue };
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        out.push('\n');
+        for line in textwrap(&help, 88) {
+            let _ = writeln!(out, "# {line}");
+        }
+        if let Some(env) = arg.get_env() {
+            let _ = writeln!(out, "# (env {})", env.to_string_lossy());
+        }
+        let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+        let takes_value = arg.get_action().takes_values();
+        let _ = match (takes_value, defaults.first()) {
+            (false, _) => writeln!(out, "{long} = false"),
+            (true, Some(_)) if arg.get_value_delimiter().is_some() => {
+                let items: Vec<String> = defaults.iter().map(|d| format!("{d:?}")).collect();
+                writeln!(out, "{long} = [{}]", items.join(", "))
+            }
+            (true, Some(default)) if default.parse::<i64>().is_ok() || default == "true" || default == "false" => {
+                writeln!(out, "{long} = {default}")
+            }
+            (true, Some(default)) => writeln!(out, "{long} = {default:?}"),
+            (true, None) if arg.get_value_delimiter().is_some() => writeln!(out, "# {long} = []"),
+            (true, None) => writeln!(out, "# {long} = \"\""),
+        };
+    }
+    out
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces.
+fn textwrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// The configuration file read, and the keys it set: a later error about one of those flags
+/// names the file's line too.
+static CONFIG_FILE: std::sync::OnceLock<(ConfigFile, Vec<String>)> = std::sync::OnceLock::new();
+
 fn usage_error(message: impl std::fmt::Display) -> ! {
+    let mut message = message.to_string();
+    if let Some((file, keys)) = CONFIG_FILE.get() {
+        let set =
+            keys.iter().find(|k| message.starts_with(&format!("--{k}:")) || message.starts_with(&format!("--{k} ")));
+        if let Some(at) = set.and_then(|k| file.line_of(k)) {
+            message = format!("{message} (set in --config {at})");
+        }
+    }
     let mut cli = Cli::command();
     let serving = std::env::args().nth(1).is_none_or(|a| a != "token");
     let name = if serving { "serve" } else { "token" };

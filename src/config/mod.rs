@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::proto::Auth;
+mod file;
 mod jwt;
 mod jwt_ring;
 mod redis_target;
@@ -13,6 +14,7 @@ mod webhook;
 
 use crate::error::ConfigError;
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
+pub use file::{ConfigFile, FlagSpec};
 pub use jwt::{JwtAuth, JwtRules, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM};
 pub use jwt_ring::provider as jwt_ring_provider;
 pub use redis_target::RedisTarget;
