@@ -530,6 +530,18 @@ fn textwrap(text: &str, width: usize) -> Vec<String> {
     lines
 }
 
+/// Every client door: its flag, its name, and its address when it is open.
+fn client_doors(args: &ServeArgs) -> [(&'static str, &'static str, Option<SocketAddr>); 6] {
+    [
+        ("--listen", "tcp", Some(args.listen)),
+        ("--tls-listen", "tls", args.tls_listen),
+        ("--ws-listen", "ws", args.ws_listen),
+        ("--wss-listen", "wss", args.wss_listen),
+        ("--mqtt-listen", "mqtt", args.mqtt_listen),
+        ("--mqtts-listen", "mqtts", args.mqtts_listen),
+    ]
+}
+
 /// The configuration file read, and the keys it set: a later error about one of those flags
 /// names the file's line too.
 static CONFIG_FILE: std::sync::OnceLock<(ConfigFile, Vec<String>)> = std::sync::OnceLock::new();
@@ -652,15 +664,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     if config.auth.is_none() && config.jwt.is_none() {
-        let doors = [
-            ("--listen", Some(args.listen)),
-            ("--tls-listen", args.tls_listen),
-            ("--ws-listen", args.ws_listen),
-            ("--wss-listen", args.wss_listen),
-            ("--mqtt-listen", args.mqtt_listen),
-            ("--mqtts-listen", args.mqtts_listen),
-        ];
-        for (flag, addr) in doors {
+        for (flag, _, addr) in client_doors(&args) {
             if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !args.allow_anonymous) {
                 usage_error(format!(
                     "{flag} {addr} is not a loopback address and no --auth-secret is set: anyone could log in as \
@@ -729,17 +733,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding --api-listen {}", args.api_listen))?;
         // The doors that are open, each as `<door> <address>`: nothing said of those that
         // are not.
-        let doors: Vec<String> = [
-            ("tcp", Some(args.listen)),
-            ("tls", args.tls_listen),
-            ("ws", args.ws_listen),
-            ("wss", args.wss_listen),
-            ("mqtt", args.mqtt_listen),
-            ("mqtts", args.mqtts_listen),
-        ]
-        .into_iter()
-        .filter_map(|(door, addr)| addr.map(|addr| format!("{door} {addr}")))
-        .collect();
+        let doors: Vec<String> = client_doors(&args)
+            .into_iter()
+            .filter_map(|(_, door, addr)| addr.map(|addr| format!("{door} {addr}")))
+            .collect();
         tracing::info!(
             doors = %doors.join(", "),
             admin = %args.admin_listen,
