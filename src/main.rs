@@ -226,6 +226,13 @@ struct ServeArgs {
     /// number of ticks, at most 5m; 0s: none.
     #[arg(long, env = "IDLEGATE_OFFLINE_GRACE", default_value = "0s", value_parser = humantime::parse_duration)]
     offline_grace: Duration,
+    /// Offline uids whose last-seen time (the end of their last session) presence answers
+    /// give as last_seen_ms; the least recently seen are forgotten first; 0 keeps none.
+    #[arg(long, env = "IDLEGATE_LAST_SEEN_CAPACITY", default_value_t = idlegate::DEFAULT_LAST_SEEN_CAPACITY)]
+    last_seen_capacity: usize,
+    /// How long a cluster's Redis keeps a uid's last-seen time.
+    #[arg(long, env = "IDLEGATE_LAST_SEEN_TTL", default_value = "30d", value_parser = humantime::parse_duration)]
+    last_seen_ttl: Duration,
     /// This gateway's name in presence answers and online events [default: the host name].
     #[arg(long, env = "IDLEGATE_NODE_ID")]
     node_id: Option<String>,
@@ -624,6 +631,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         enforce_token_expiry: args.enforce_token_expiry,
         drain_timeout: args.drain_timeout,
         offline_grace: args.offline_grace,
+        last_seen_capacity: args.last_seen_capacity,
+        last_seen_ttl: args.last_seen_ttl,
         node_id: args.node_id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
         api_token: api_token(&args),
         event_log_capacity: args.event_log_capacity,

@@ -116,11 +116,13 @@ impl Server {
                 max_devices: config.max_devices,
                 push_topic: Arc::from(config.mqtt_push_topic.as_str()),
                 offline_grace: config.offline_grace,
+                last_seen_ttl: config.last_seen_ttl,
             };
             let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
             Joining::new(target, settings, metrics.clone(), capacity, bytes)
         });
-        let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
+        let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone())
+            .remembering_last_seen(config.last_seen_capacity);
         if let Some(joining) = &joining {
             events = events.replicating_to(joining.replica());
         }

@@ -596,3 +596,29 @@ async fn tail_starts_a_stream_at_the_last_events() {
     assert_eq!(status, 400);
     server.shutdown().await;
 }
+
+/// An offline uid's presence answer says when it was last online, while the gateway
+/// remembers it (`--last-seen-capacity`, the least recently seen forgotten first).
+#[tokio::test]
+async fn an_offline_uid_is_answered_with_when_it_was_last_seen() {
+    let server = TestServer::start(Config { last_seen_capacity: 2, ..config() }).await;
+    let (_, never) = get(&server, "/v1/presence/404").await;
+    assert_eq!(never, json!({"uid": 404, "online": false, "sessions": []}));
+    let mut ended = Vec::new();
+    for uid in [1u64, 2, 3] {
+        let mut c = server.client().await;
+        c.login(uid).await;
+        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        c.send(Frame::Logout).await;
+        c.expect_bye(idlegate_proto::CloseReason::Logout).await;
+        ended.push(before);
+    }
+    // Two remembered: 1, the least recently seen, is forgotten.
+    let (_, one) = get(&server, "/v1/presence/1").await;
+    assert!(one.get("last_seen_ms").is_none(), "{one}");
+    for (uid, before) in [(2u64, ended[1]), (3, ended[2])] {
+        let (_, answer) = get(&server, &format!("/v1/presence/{uid}")).await;
+        let seen = answer["last_seen_ms"].as_u64().unwrap_or_else(|| panic!("{answer}"));
+        assert!(seen >= before && answer["online"] == json!(false), "{answer}");
+    }
+}

@@ -480,3 +480,27 @@ async fn a_dead_node_s_device_ends_as_node_lost_and_the_uid_stays_online_elsewhe
     assert_eq!(sse.expect("offline", 9).await.data["device"], "phone");
     assert_eq!(sse.expect("user_offline", 9).await.data["reason"], "logout");
 }
+
+/// In a cluster a uid's last-seen time lives in Redis, written by the step that takes it
+/// offline, with `--last-seen-ttl`: any node answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_uid_s_last_seen_time_is_answered_by_every_node() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = gateways(&redis.url(), &["a", "b"]).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut c = Client::connect(b.addr).await;
+    assert!(matches!(c.login(71).await, Frame::Welcome { .. }));
+    eventually("a sees 71 online", || async { presence(a, 71).await["online"] == true }).await;
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    c.send(Frame::Logout).await;
+    c.expect_bye(CloseReason::Logout).await;
+    eventually("a answers 71's last-seen time", || async { presence(a, 71).await["last_seen_ms"].is_u64() }).await;
+    let answer = presence(a, 71).await;
+    assert_eq!(answer["online"], false, "{answer}");
+    // Redis's clock and ours agree to well within a second on one machine.
+    assert!(answer["last_seen_ms"].as_u64().unwrap() + 1_000 >= before, "{answer}");
+    let ttl: u64 = redis.cli(&["PTTL", "{idlegate}:seen:71"]).trim().parse().unwrap();
+    let thirty_days = 30 * 24 * 3600 * 1000;
+    assert!(ttl > thirty_days - 60_000 && ttl <= thirty_days, "--last-seen-ttl: {ttl} ms");
+    assert_eq!(presence(a, 72).await.get("last_seen_ms"), None, "never seen");
+}

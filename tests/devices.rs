@@ -100,10 +100,12 @@ async fn two_devices_of_one_uid_get_pushes_and_a_backend_sees_the_user_come_and_
         (offline.data["session"].clone(), offline.data["device"].clone()),
         (json!(desktop_session), json!("desktop"))
     );
-    assert_eq!(events.expect("user_offline", 7).await.data["reason"], json!("logout"));
+    let user_offline = events.expect("user_offline", 7).await;
+    assert_eq!(user_offline.data["reason"], json!("logout"));
     assert_eq!((server.metrics.online_users.get(), server.metrics.online_sessions.get()), (0, 0));
     let (_, presence) = api(&server, "GET", "/v1/presence/7", &Value::Null).await;
-    assert_eq!(presence, json!({"uid": 7, "online": false, "sessions": []}));
+    let seen = user_offline.data["ended_ms"].clone();
+    assert_eq!(presence, json!({"uid": 7, "online": false, "sessions": [], "last_seen_ms": seen}));
     server.shutdown().await;
     assert_eq!(events.next().await, None, "nothing else was logged");
 }

@@ -69,9 +69,10 @@ async fn alone_a_uid_in_its_grace_is_online_without_sessions_and_its_user_offlin
     let ended_ms = user.data["ended_ms"].as_u64().expect("ended_ms");
     let at_ms = user.data["at_ms"].as_u64().unwrap();
     assert!(at_ms >= ended_ms + 1_000, "the grace ran out {} ms after the ending", at_ms - ended_ms);
+    // Offline, last seen when its last session ended, not when the grace ran out.
     assert_eq!(
         api_json(&server, "GET", "/v1/presence/5", "").await.1,
-        json!({"uid": 5, "online": false, "sessions": []})
+        json!({"uid": 5, "online": false, "sessions": [], "last_seen_ms": ended_ms})
     );
 }
 

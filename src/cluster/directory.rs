@@ -208,6 +208,18 @@ impl Directory for ClusterDirectory {
         async move { Ok(self.graces(&[uid]).await?.pop().flatten()) }.boxed()
     }
 
+    fn last_seen(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>> {
+        async move {
+            let key = keys::last_seen(uid);
+            let at: Option<u64> = self
+                .cluster
+                .call(1, |mut conn| async move { Ok(redis::cmd("GET").arg(key).query_async(&mut conn).await?) })
+                .await?;
+            Ok(at)
+        }
+        .boxed()
+    }
+
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {
         async move {
             if uids.is_empty() {

@@ -30,6 +30,12 @@ pub(crate) const USERS: &str = "{idlegate}:users";
 /// whose `user_offline` waits (`--offline-grace`).
 pub(crate) const GRACE: &str = "{idlegate}:grace";
 
+/// When a uid was last online (the end of its last session, unix ms), a key per uid with
+/// `--last-seen-ttl`: written by the script that takes the uid offline (`user_gone`).
+pub(crate) fn last_seen(uid: u64) -> String {
+    format!("{{idlegate}}:seen:{uid}")
+}
+
 /// Hash uid -> `<reason>|<ended_ms>` of each uid in [`GRACE`]: what its `user_offline` says.
 pub(crate) const GRACE_WHY: &str = "{idlegate}:grace:why";
 
@@ -197,6 +203,7 @@ mod tests {
             EVENTS.to_string(),
             GRACE.to_string(),
             GRACE_WHY.to_string(),
+            last_seen(7),
             MEMBERS.to_string(),
             lease("m"),
             sessions("m"),

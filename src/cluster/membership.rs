@@ -248,6 +248,7 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .arg(cluster.settings.stream_bytes)
                 .arg(crate::presence::unix_ms_now())
                 .arg(cluster.settings.offline_grace.as_millis() as u64)
+                .arg(cluster.settings.last_seen_ttl.as_millis() as u64)
                 .invoke_async(&mut conn)
                 .await?;
             Ok(answer)

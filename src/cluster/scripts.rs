@@ -122,13 +122,17 @@ end
 -- now, or with an offline grace (grace_ms > 0) held in the grace set (gk: uid -> when the
 -- grace ends, by Redis's clock) with its reason and ending (wk: uid -> `<r>|<at>`), for
 -- RELEASE to log once the grace ran out, unless the uid logs in first (`user_back`).
--- Redis holds it, so it outlives the node whose session ended.
-local function user_gone(ev, gk, wk, uid, r, at, grace_ms)
+-- Redis holds it, so it outlives the node whose session ended. Either way the uid was last
+-- seen at `at`, kept for seen_ms (`--last-seen-ttl`) under its own key, in this same step.
+local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
   if grace_ms > 0 then
     redis.call('ZADD', gk, ev.now() + grace_ms, uid)
     redis.call('HSET', wk, uid, r .. '|' .. at)
   else
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'at', at)
+  end
+  if seen_ms > 0 then
+    redis.call('SET', '{idlegate}:seen:' .. uid, at, 'PX', seen_ms)
   end
 end
 
@@ -179,7 +183,7 @@ end
 /// the member's reaped marker, the users hash, the member's wills, the grace set and its
 /// reasons, the member's claims. ARGV: member, node name, batch number, the number of the member's batch applied
 /// before it (0 for none), stream cap, stream byte cap, data events dropped before this
-/// batch, the offline grace in ms (0: none), then six per change (the last is the device name,
+/// batch, the offline grace in ms (0: none), `--last-seen-ttl` in ms, then six per change (the last is the device name,
 /// empty for the default device):
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
 ///   the route named before (or empty); `L|<json>` (or `L1|<json>`) for a session with
@@ -240,6 +244,7 @@ end
 ev.skip(tonumber(ARGV[7]))
 local me, node = ARGV[1], ARGV[2]
 local grace_ms = tonumber(ARGV[8])
+local seen_ms = tonumber(ARGV[9])
 local function field(uid, d)
   if d == '' then return uid end
   return uid .. '/' .. d
@@ -256,7 +261,7 @@ local function owe(uid, r, at)
   if not owed[uid] then owed_order[#owed_order + 1] = uid end
   owed[uid] = {r, at}
 end
-for i = 9, #ARGV, 6 do
+for i = 10, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   -- What rides after a '|' in the kind: a data event's topic, an offline event's will.
   local extra = nil
@@ -329,7 +334,7 @@ for i = 9, #ARGV, 6 do
       if n <= 0 then
         if user then
           owed[uid] = nil
-          user_gone(ev, KEYS[8], KEYS[9], uid, x, at, grace_ms)
+          user_gone(ev, KEYS[8], KEYS[9], uid, x, at, grace_ms, seen_ms)
         else
           owe(uid, x, at)
         end
@@ -354,7 +359,7 @@ end
 for _, uid in ipairs(owed_order) do
   local o = owed[uid]
   if o and tonumber(redis.call('HGET', KEYS[6], uid) or '0') <= 0 then
-    user_gone(ev, KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms)
+    user_gone(ev, KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms, seen_ms)
   end
 end
 ev.save()
@@ -460,7 +465,8 @@ return 1
 /// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash,
 /// the users hash, the member's wills (an MQTT session's goes in its `node_lost`), the
 /// grace set and its reasons, the member's claims (a session's go in its `node_lost`). ARGV: cursor, count, stream cap, stream byte cap, unix ms,
-/// the offline grace in ms (a `user_offline` waits it out as after any ending). Returns
+/// the offline grace in ms (a `user_offline` waits it out as after any ending),
+/// `--last-seen-ttl` in ms. Returns
 /// `{next cursor, sessions left, sessions reaped, epoch}`.
 const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
@@ -478,7 +484,7 @@ for i = 1, #found, 2 do
     local n = redis.call('HINCRBY', KEYS[5], uid, -1)
     if n <= 0 then
       redis.call('HDEL', KEYS[5], uid)
-      user_gone(ev, KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]))
+      user_gone(ev, KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
     end
     redis.call('HSET', KEYS[4], found[i], found[i + 1])
     reaped = reaped + 1

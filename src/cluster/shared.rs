@@ -57,6 +57,8 @@ pub(crate) struct Settings {
     /// How long a uid's `user_offline` waits after its last session across the cluster
     /// ended (`--offline-grace`): every node must be started with the same.
     pub offline_grace: Duration,
+    /// How long Redis keeps a uid's last-seen time (`--last-seen-ttl`).
+    pub last_seen_ttl: Duration,
 }
 
 /// This node in the cluster; see the module documentation.

@@ -366,6 +366,7 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
     cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
     cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes).arg(batch.dropped);
     cmd.arg(cluster.settings.offline_grace.as_millis() as u64);
+    cmd.arg(cluster.settings.last_seen_ttl.as_millis() as u64);
     let mut replaced = replaced.iter();
     for op in &batch.ops {
         match op {

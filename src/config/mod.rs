@@ -187,7 +187,18 @@ pub struct Config {
     /// (`--offline-grace`): a login within it cancels both that `user_offline` and the
     /// `user_online` it would have caused. Zero: user events follow session events at once.
     pub offline_grace: Duration,
+    /// Offline uids whose last-seen time this process remembers (`--last-seen-capacity`),
+    /// the least recently seen forgotten first; 0 remembers none.
+    pub last_seen_capacity: usize,
+    /// How long a cluster's Redis keeps a uid's last-seen time (`--last-seen-ttl`).
+    pub last_seen_ttl: Duration,
 }
+
+/// Default `--last-seen-capacity`: a million uids, about 35 MB (`presence/last_seen.rs`).
+pub const DEFAULT_LAST_SEEN_CAPACITY: usize = 1_000_000;
+
+/// Default `--last-seen-ttl`: how long a cluster's Redis keeps a uid's last-seen time.
+pub const DEFAULT_LAST_SEEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Longest `--offline-grace`: a reconnect after a network switch takes seconds; a grace of
 /// minutes already hides a user who truly left, and every uid in grace is held in memory
@@ -237,6 +248,8 @@ impl Default for Config {
             tls_record_limit: None,
             webhook: None,
             offline_grace: Duration::ZERO,
+            last_seen_capacity: DEFAULT_LAST_SEEN_CAPACITY,
+            last_seen_ttl: DEFAULT_LAST_SEEN_TTL,
         }
     }
 }

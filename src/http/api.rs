@@ -211,7 +211,10 @@ async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Res
         // No session; still online as a user while its offline grace lasts.
         return Ok(Json(match state.shared.directory.grace_until(uid).await? {
             Some(until) => json!({ "uid": uid, "online": true, "sessions": [], "grace_until_ms": until }),
-            None => json!({ "uid": uid, "online": false, "sessions": [] }),
+            None => match state.shared.directory.last_seen(uid).await? {
+                Some(seen) => json!({ "uid": uid, "online": false, "sessions": [], "last_seen_ms": seen }),
+                None => json!({ "uid": uid, "online": false, "sessions": [] }),
+            },
         }));
     };
     let mut answer = json!({ "uid": uid, "online": true, "node": recent.node, "since_ms": recent.since_ms });

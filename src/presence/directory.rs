@@ -70,6 +70,9 @@ pub trait Directory: Send + Sync + std::fmt::Debug {
     /// When `uid`'s offline grace ends (unix ms), while it is in one (`--offline-grace`): it
     /// has no session, yet user-level presence counts it online until then.
     fn grace_until(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>>;
+    /// When `uid`, offline, was last online (the end of its last session, unix ms), if
+    /// remembered (`--last-seen-capacity`; in a cluster, Redis for `--last-seen-ttl`).
+    fn last_seen(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>>;
     /// For each uid, whether it is online (in its offline grace included).
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>>;
     /// How many are online: `online` counts uids in their offline grace, `connections`
@@ -136,6 +139,11 @@ impl Directory for Local {
     fn grace_until(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>> {
         let until = self.registry.grace_until_ms(uid);
         async move { Ok(until) }.boxed()
+    }
+
+    fn last_seen(&self, uid: u64) -> BoxFuture<'_, Result<Option<u64>, DirectoryError>> {
+        let at = self.events.last_seen(uid);
+        async move { Ok(at) }.boxed()
     }
 
     fn query<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, DirectoryError>> {

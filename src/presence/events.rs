@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
+use crate::presence::last_seen::LastSeen;
 use crate::presence::local_log::{Kept, LocalLog};
 use crate::presence::{Claims, Session};
 use crate::proto::{CloseReason, Device, EventKind};
@@ -214,6 +215,9 @@ pub struct EventLog {
     /// Set in a cluster: how far its store has every change (the changes themselves go
     /// through the record, under the lock; this needs none).
     replica: Option<Arc<dyn Replicate>>,
+    /// When each uid that went offline here was last online (`--last-seen-capacity`):
+    /// written as its `user_offline` is, read by presence answers, under a lock of its own.
+    last_seen: Mutex<LastSeen>,
 }
 
 /// What the lock guards: the record the changes go into, in order, and the wills of live
@@ -331,7 +335,23 @@ impl EventLog {
             boot_ms: unix_ms(),
             metrics,
             replica: None,
+            last_seen: Mutex::new(LastSeen::new(crate::config::DEFAULT_LAST_SEEN_CAPACITY)),
         }
+    }
+
+    /// The same, remembering when at most `capacity` uids were last online.
+    pub fn remembering_last_seen(mut self, capacity: usize) -> EventLog {
+        self.last_seen = Mutex::new(LastSeen::new(capacity));
+        self
+    }
+
+    /// When `uid` was last online (the end of its last session, unix ms), if remembered.
+    pub fn last_seen(&self, uid: u64) -> Option<u64> {
+        self.last_seen.lock().unwrap_or_else(PoisonError::into_inner).get(uid)
+    }
+
+    fn saw(&self, uid: u64, ms: u64) {
+        self.last_seen.lock().unwrap_or_else(PoisonError::into_inner).seen(uid, ms);
     }
 
     /// The same ordering lock, replicating session changes to `replica` instead of keeping
@@ -411,6 +431,7 @@ impl EventLog {
         inner.record.grace_over(at_ms, uid, reason, ended_ms);
         self.metrics.event(EventKind::UserOffline);
         self.recorded(inner);
+        self.saw(uid, ended_ms);
     }
 
     /// The position through which data events are durable (see [`EventLog::data`]).
@@ -522,6 +543,7 @@ impl EventLog {
         self.metrics.event(EventKind::Offline);
         if last {
             self.metrics.event(EventKind::UserOffline);
+            self.saw(session.uid(), at_ms);
         }
         true
     }

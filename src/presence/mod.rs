@@ -7,7 +7,8 @@
 //! which pushes an MQTT session takes; `events` is the ordering lock every online, offline
 //! and data event goes through, into this process's `local_log` or a cluster's store;
 //! `event_json` writes an event's data as the event stream and webhooks carry it;
-//! `grace` holds a uid's `user_offline` for the offline grace; `expiries` the tick each
+//! `grace` holds a uid's `user_offline` for the offline grace; `last_seen` when each uid
+//! that went offline was last online; `expiries` the tick each
 //! session's token expires on, when that is enforced; `shards` places a uid on a lock;
 //! `directory` answers presence questions for the backend API, whether from this process or
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
@@ -19,6 +20,7 @@ mod event_json;
 mod events;
 mod expiries;
 mod grace;
+mod last_seen;
 mod local_log;
 mod outbox;
 mod registry;
