@@ -19,7 +19,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +33,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 
-use support::{free_port, secret_dir, serve_receiver, Gateway};
+use support::{free_port, secret_dir, serve_receiver, webhook_gateway, Gateway};
 
 /// The gateway's timeout and tick: short, so a run takes seconds, and a tick as by default.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,16 +76,8 @@ async fn main() -> anyhow::Result<()> {
     let door: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
     let timeout = format!("{}s", TIMEOUT.as_secs());
     let gateway = Gateway(
-        Command::new(&binary)
-            .args(["serve", "--listen", &door.to_string(), "--timeout", &timeout, "--tick", TICK])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--api-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--max-pending-logins-per-ip", &clients.to_string()])
-            .args(["--webhook-url", &format!("http://{hook}/hook")])
-            .arg("--webhook-secret-file")
-            .arg(dir.path().join("secrets"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        webhook_gateway(binary.as_ref(), door, clients, hook, &dir)
+            .args(["--timeout", &timeout, "--tick", TICK])
             .spawn()?,
     );
     for _ in 0..100 {

@@ -14,7 +14,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 
-use support::{free_port, secret_dir, serve_receiver, Gateway};
+use support::{free_port, secret_dir, serve_receiver, webhook_gateway, Gateway};
 
 /// What the receiver counts.
 #[derive(Default)]
@@ -75,17 +74,9 @@ async fn main() -> anyhow::Result<()> {
     for round in 1..=rounds {
         // A fresh port each round: the last round's connections may still hold its own.
         let door: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
-        let child = Command::new(&binary)
-            .args(["serve", "--listen", &door.to_string(), "--timeout", "60s"])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--api-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--max-pending-logins-per-ip", &clients.to_string()])
-            .args(["--webhook-url", &format!("http://{hook}/hook")])
-            .arg("--webhook-secret-file")
-            .arg(dir.path().join("secrets"))
+        let child = webhook_gateway(binary.as_ref(), door, clients, hook, &dir)
+            .args(["--timeout", "60s"])
             .args(["--webhook-batch", &batch.to_string(), "--webhook-max-backoff", "100ms"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()?;
         let gateway = Gateway(child);
         for _ in 0..100 {

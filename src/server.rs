@@ -121,8 +121,11 @@ impl Server {
             let (capacity, bytes) = (config.redis_queue_capacity(), config.redis_queue_bytes);
             Joining::new(target, settings, metrics.clone(), capacity, bytes)
         });
+        // Alone, last-seen times live here; a cluster's live in Redis, where every node
+        // answers from.
+        let last_seen = if joining.is_some() { 0 } else { config.last_seen_capacity };
         let mut events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone())
-            .remembering_last_seen(config.last_seen_capacity);
+            .remembering_last_seen(last_seen);
         if let Some(joining) = &joining {
             events = events.replicating_to(joining.replica());
         }

@@ -608,7 +608,7 @@ async fn an_offline_uid_is_answered_with_when_it_was_last_seen() {
     for uid in [1u64, 2, 3] {
         let mut c = server.client().await;
         c.login(uid).await;
-        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        let before = common::unix_ms();
         c.send(Frame::Logout).await;
         c.expect_bye(idlegate_proto::CloseReason::Logout).await;
         ended.push(before);

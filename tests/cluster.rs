@@ -491,7 +491,7 @@ async fn an_offline_uid_s_last_seen_time_is_answered_by_every_node() {
     let mut c = Client::connect(b.addr).await;
     assert!(matches!(c.login(71).await, Frame::Welcome { .. }));
     eventually("a sees 71 online", || async { presence(a, 71).await["online"] == true }).await;
-    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let before = unix_ms();
     c.send(Frame::Logout).await;
     c.expect_bye(CloseReason::Logout).await;
     eventually("a answers 71's last-seen time", || async { presence(a, 71).await["last_seen_ms"].is_u64() }).await;

@@ -28,7 +28,7 @@ use common::jwt::{claims, config, exp, mint};
 use common::mqttjs::driver;
 use common::tls::{doors, server_with};
 use common::ws::{DoorClient, Got};
-use common::{http, Sse, TestServer};
+use common::{http, unix_ms, Sse, TestServer};
 use idlegate_client::{Client, Event, Options, State, TokenError};
 use idlegate_proto::{unix_now, CloseReason, Frame, Transport, BYE_CLOSE_BASE};
 use serde_json::{json, Value};
@@ -36,10 +36,6 @@ use tokio::time::{sleep, timeout};
 
 /// How long a session of these tests may take: its tokens run for at most a minute.
 const SESSION_PATIENCE: Duration = Duration::from_secs(90);
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_client_refreshes_a_20_second_token_three_times_in_one_session() {

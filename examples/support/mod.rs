@@ -34,3 +34,26 @@ pub fn secret_dir() -> anyhow::Result<tempfile::TempDir> {
     std::fs::write(dir.path().join("secrets"), secret)?;
     Ok(dir)
 }
+
+/// `idlegate serve` on `door` relaying webhooks to `hook` signed with the secrets in `dir`,
+/// room for `clients` logins from one address, with the rest of the flags the example adds.
+pub fn webhook_gateway(
+    binary: &std::path::Path,
+    door: std::net::SocketAddr,
+    clients: impl std::fmt::Display,
+    hook: std::net::SocketAddr,
+    dir: &tempfile::TempDir,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(binary);
+    command
+        .args(["serve", "--listen", &door.to_string()])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--api-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--max-pending-logins-per-ip", &clients.to_string()])
+        .args(["--webhook-url", &format!("http://{hook}/hook")])
+        .arg("--webhook-secret-file")
+        .arg(dir.path().join("secrets"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    command
+}

@@ -53,6 +53,7 @@ impl Expiries {
     }
 
     /// The tick `session` ends on, if it has an expiry.
+    #[cfg(test)]
     pub fn get(&self, session: &Session) -> Option<u64> {
         lock(&self.shards[shard_of(session.id(), SHARDS)]).at.get(&session.id()).copied()
     }

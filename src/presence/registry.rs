@@ -150,22 +150,12 @@ impl Registry {
         self
     }
 
-    /// Whether token expiry is enforced.
-    pub fn enforces_token_expiry(&self) -> bool {
-        self.expiries.is_some()
-    }
-
     /// `session` ends as `token_expired` on tick `tick` (again on a refresh: the new tick
     /// replaces the old), when token expiry is enforced.
     pub fn expire_at(&self, session: &Arc<Session>, tick: u64) {
         if let Some(expiries) = &self.expiries {
             expiries.set(session, tick);
         }
-    }
-
-    /// The tick `session`'s token expires on, when enforced.
-    pub fn expiry_of(&self, session: &Session) -> Option<u64> {
-        self.expiries.as_ref().and_then(|e| e.get(session))
     }
 
     /// Forgets `session`'s token expiry: its connection closed.

@@ -150,6 +150,11 @@ pub fn skip_without(what: &str, install: &str) {
 }
 
 /// A loopback address nobody listens on right now, for a process to bind.
+/// Milliseconds since the Unix epoch now, as the gateway's timestamps count.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
 pub fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
