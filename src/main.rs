@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use idlegate::{
-    default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Listeners, RedisTarget, Server,
-    TlsIdentity, WebhookConfig,
+    default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Listeners, ProxyProtocol,
+    RedisTarget, Server, TlsIdentity, WebhookConfig,
 };
 use idlegate_proto::unix_now;
 use std::sync::Arc;
@@ -89,6 +89,16 @@ struct ServeArgs {
     /// with another Origin gets 403; one with no Origin (not a browser) is allowed.
     #[arg(long, env = "IDLEGATE_WS_ALLOWED_ORIGINS", value_delimiter = ',')]
     ws_allowed_origins: Option<Vec<String>>,
+    /// Read a PROXY protocol header (v1 or v2) on every client door from the balancers in
+    /// --proxy-protocol-from: its source address is the client's for the per-address
+    /// bounds, the logs and the events. A missing, malformed or untrusted header closes
+    /// the connection. Others connect as themselves.
+    #[arg(long, env = "IDLEGATE_PROXY_PROTOCOL", requires = "proxy_protocol_from")]
+    proxy_protocol: bool,
+    /// The balancers allowed to send a PROXY header: networks or addresses,
+    /// comma-separated (10.0.0.0/8,192.0.2.7).
+    #[arg(long, env = "IDLEGATE_PROXY_PROTOCOL_FROM", requires = "proxy_protocol")]
+    proxy_protocol_from: Option<String>,
     /// Address of the admin HTTP endpoint (the status page at /, /healthz, /readyz, /metrics).
     #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071", value_parser = resolve)]
     admin_listen: SocketAddr,
@@ -658,6 +668,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .ws_allowed_origins
             .clone()
             .map(|list| list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
+        proxy_protocol: match args.proxy_protocol_from.as_deref().map(ProxyProtocol::parse) {
+            Some(Err(e)) => usage_error(e),
+            Some(Ok(proxy)) => Some(proxy),
+            None => None,
+        },
         mqtt_push_topic: args.mqtt_push_topic.clone(),
         mqtt_max_subscriptions: args.mqtt_max_subscriptions,
         ws_keepalive_pings: args.ws_keepalive_pings,

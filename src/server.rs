@@ -199,7 +199,7 @@ impl Server {
     /// `shutdown` resolves, then sends every connection BYE(shutdown) and waits up to the
     /// drain timeout for them to close.
     pub async fn run(self, listeners: Listeners, shutdown: impl Future) -> io::Result<()> {
-        let doors = Doors::new(&self.config, self.protocol());
+        let doors = Arc::new(Doors::new(&self.config, self.protocol()));
         let (open, admin, api) = listeners.split();
         if let Some((_, transport)) = open.iter().find(|(_, transport)| !doors.can_open(*transport)) {
             return Err(io::Error::other(format!("a {transport} listener needs --tls-cert and --tls-key")));

@@ -46,6 +46,9 @@ async fn cross_node_checks(url: &str) {
     on_a.send(Frame::Data(bytes::Bytes::from_static(b"up"))).await;
     let first = sse.expect("online", 42).await;
     assert_eq!(first.data["node"], "a");
+    // Its door and address, through Redis's stream.
+    let a_remote = on_a.stream.local_addr().unwrap().to_string();
+    assert_eq!((&first.data["door"], &first.data["remote"]), (&"tcp".into(), &a_remote.into()));
     sse.expect("user_online", 42).await;
     let data = sse.expect("data", 42).await;
     assert_eq!(data.data["payload"], "dXA=");
@@ -55,6 +58,10 @@ async fn cross_node_checks(url: &str) {
     assert!(matches!(on_b.login(42).await, Frame::Welcome { .. }));
     on_a.expect_bye(CloseReason::Kicked).await;
     eventually("presence on A names B", || async { presence(a, 42).await["node"] == "b" }).await;
+    // B tells A the session's door and address.
+    let b_remote = on_b.stream.local_addr().unwrap().to_string();
+    let entry = presence(a, 42).await["sessions"][0].clone();
+    assert_eq!((&entry["door"], &entry["remote"]), (&"tcp".into(), &b_remote.into()), "{entry}");
 
     // The API on A kicks the session on B.
     let (status, _) = http(a.api, "DELETE", "/v1/sessions/42", &[], "").await;

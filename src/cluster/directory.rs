@@ -25,7 +25,7 @@ use crate::cluster::membership::{liveness, nodes, Liveness};
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{
-    Batch, Claims, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Push, Reach,
+    Batch, Claims, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Origin, Push, Reach,
 };
 use crate::proto::Device;
 
@@ -168,6 +168,7 @@ impl Directory for ClusterDirectory {
                         since_ms: r.since_ms,
                         silent_ms: None,
                         claims: None,
+                        origin: Origin::default(),
                     })
                 };
                 match self.liveness(member).await? {
@@ -181,17 +182,19 @@ impl Directory for ClusterDirectory {
                 let uid_text = uid.to_string().into_bytes();
                 match ask(&self.cluster, member, "locate", vec![("uid", uid_text)]).await? {
                     Some(answer) => located.extend(String::from_utf8_lossy(&answer).lines().filter_map(|line| {
-                        let (line, claims) = match line.split_once('\t') {
-                            Some((line, claims)) => (line, Claims::parse(claims.as_bytes()).map(Arc::new)),
-                            None => (line, None),
-                        };
+                        // After the line, a tab and the claims (or nothing), then a tab, the
+                        // door, a space and the client's address.
+                        let mut parts = line.split('\t');
+                        let line = parts.next()?;
+                        let claims = parts.next().and_then(|c| Claims::parse(c.as_bytes())).map(Arc::new);
+                        let origin = parts.next().map(Origin::parse).unwrap_or_default();
                         let mut parts = line.splitn(4, ',');
                         let session = u64::from_str_radix(parts.next()?, 16).ok()?;
                         let since_ms = parts.next()?.parse().ok()?;
                         let silent_ms = parts.next()?.parse().ok()?;
                         let device = parts.next().unwrap_or("").parse().unwrap_or_default();
                         let node = node.clone();
-                        Some(Located { node, device, session, since_ms, silent_ms: Some(silent_ms), claims })
+                        Some(Located { node, device, session, since_ms, silent_ms: Some(silent_ms), claims, origin })
                     })),
                     // Its node holds a lease but did not answer: online by the routes,
                     // silence unknown.

@@ -208,16 +208,15 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
                 return;
             };
             // One line per session; the device last, since a name may hold commas, then its
-            // claims after a tab, which neither a device name nor compact JSON holds.
+            // claims (or nothing) after a tab, which neither a device name nor compact JSON
+            // holds, then its origin after another.
             let answer = cluster
                 .locate_here(uid)
                 .into_iter()
                 .map(|l| {
                     let line = format!("{:016x},{},{},{}", l.session, l.since_ms, l.silent_ms.unwrap_or(0), l.device);
-                    match l.claims {
-                        Some(claims) => format!("{line}\t{}", claims.as_json()),
-                        None => line,
-                    }
+                    let claims = l.claims.as_ref().map_or("", |c| c.as_json());
+                    format!("{line}\t{claims}\t{}", l.origin)
                 })
                 .collect::<Vec<_>>()
                 .join("\n");

@@ -181,8 +181,8 @@ impl Replicate for Forward {
     fn online(&self, session: &Session, first: bool, at_ms: u64) {
         let device = session.device().clone();
         let (uid, since_ms) = (session.uid(), session.since_ms());
-        let claims = session.claims().cloned();
-        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims });
+        let (claims, origin) = (session.claims().cloned(), session.origin());
+        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin });
     }
 
     fn durable_through(&self) -> u64 {

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::presence::{Claims, Will};
+use crate::presence::{Claims, Origin, Will};
 use crate::proto::{CloseReason, Device};
 
 /// One session change.
@@ -40,6 +40,8 @@ pub(crate) enum Op {
         since_ms: u64,
         at_ms: u64,
         claims: Option<Arc<Claims>>,
+        /// Its door and client address, for its online event.
+        origin: Origin,
     },
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
@@ -272,7 +274,16 @@ mod tests {
     use super::*;
 
     fn online(uid: u64, session: u64) -> Op {
-        Op::Online { uid, session, device: Device::DEFAULT, first: true, since_ms: 0, at_ms: 0, claims: None }
+        Op::Online {
+            uid,
+            session,
+            device: Device::DEFAULT,
+            first: true,
+            since_ms: 0,
+            at_ms: 0,
+            claims: None,
+            origin: Origin::default(),
+        }
     }
 
     fn offline(uid: u64, session: u64) -> Op {

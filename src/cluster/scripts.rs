@@ -186,9 +186,10 @@ end
 /// batch, the offline grace in ms (0: none), `--last-seen-ttl` in ms, then six per change (the last is the device name,
 /// empty for the default device):
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
-///   the route named before (or empty); `L|<json>` (or `L1|<json>`) for a session with
-///   claims, kept in the member's claims hash and carried by its online and offline events
-///   as `c`. `replaced` names the route named before: a relogin of the device elsewhere, or the oldest
+///   the route named before (or empty); `L|<json>|<origin>` (or `L1|...`): the session's
+///   claims (`<json>`, empty for none), kept in the member's claims hash and carried by its
+///   online and offline events as `c`, and its door and client address (`<door> <ip:port>`,
+///   `-` for what is unknown), carried by its online event as `o`. `replaced` names the route named before: a relogin of the device elsewhere, or the oldest
 ///   session of a uid at `--max-devices` across the nodes. If that session is in its
 ///   member's hash it ends as kicked; either way its member is told through its inbox and
 ///   ends it (one its member has not announced yet, two logins having raced, is announced
@@ -302,11 +303,21 @@ for i = 10, #ARGV, 6 do
     if redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
+      -- `<claims>|<origin>`: the origin holds no '|', the claims (JSON) may.
+      local c, o = '', '- -'
       if extra then
-        redis.call('HSET', KEYS[10], f, s .. '|' .. extra)
-        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'c', extra, 'at', at)
+        local at_bar = string.find(extra, '|[^|]*$')
+        if at_bar then
+          c, o = string.sub(extra, 1, at_bar - 1), string.sub(extra, at_bar + 1)
+        else
+          c = extra
+        end
+      end
+      if c ~= '' then
+        redis.call('HSET', KEYS[10], f, s .. '|' .. c)
+        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'o', o, 'c', c, 'at', at)
       else
-        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'at', at)
+        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'o', o, 'at', at)
       end
       if n == 1 then
         if owed[uid] then

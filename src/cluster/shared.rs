@@ -155,14 +155,7 @@ impl Cluster {
         self.registry
             .sightings(uid)
             .into_iter()
-            .map(|s| Located {
-                node: self.settings.node.to_string(),
-                device: s.session.device().clone(),
-                session: s.session.id(),
-                since_ms: s.session.since_ms(),
-                silent_ms: Some(clock.since(s.last_heard_tick).as_millis() as u64),
-                claims: s.session.claims().cloned(),
-            })
+            .map(|s| Located::here(self.settings.node.to_string(), &s, clock))
             .collect()
     }
 

@@ -20,7 +20,7 @@ use redis::Value;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{within_batch_budget, Batch, Claims, Event, EventId, What, Will, READ_BATCH};
+use crate::presence::{within_batch_budget, Batch, Claims, Event, EventId, Origin, What, Will, READ_BATCH};
 use crate::proto::{CloseReason, Device, EventKind};
 
 /// How long a consumer waits for the signal before it reads anyway: the signal's reader
@@ -188,6 +188,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let mut topic = None;
     let (mut will_topic, mut will_payload) = (None, None);
     let mut claims = None;
+    let mut origin = Origin::default();
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -210,6 +211,8 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             // A session's claims, the JSON object its node wrote: anything else is left out
             // rather than written into the events as it is.
             "c" => claims = Claims::parse(&bytes).map(Arc::new),
+            // The session's door and client address.
+            "o" => origin = Origin::parse(&text()),
             _ => {}
         }
     }
@@ -218,7 +221,9 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         return Some(Entry::Epoch(id));
     }
     let what = match kind.parse::<EventKind>() {
-        Ok(EventKind::Online) => What::Online { session: session?, device: device.unwrap_or_default(), node, claims },
+        Ok(EventKind::Online) => {
+            What::Online { session: session?, device: device.unwrap_or_default(), node, claims, origin }
+        }
         Ok(EventKind::Offline) => {
             let will = will_topic.map(|topic| Arc::new(Will { topic, payload: will_payload.unwrap_or_default() }));
             What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will, claims }
@@ -256,7 +261,13 @@ mod tests {
         assert_eq!(event.id, EventId { ms: 5, seq: 9 });
         assert_eq!(
             event.what,
-            What::Online { session: 255, device: Device::DEFAULT, node: Some("a".into()), claims: None }
+            What::Online {
+                session: 255,
+                device: Device::DEFAULT,
+                node: Some("a".into()),
+                claims: None,
+                origin: Origin::default()
+            }
         );
         let lost = vec![
             ("t".into(), bulk("offline")),

@@ -370,14 +370,13 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
     let mut replaced = replaced.iter();
     for op in &batch.ops {
         match op {
-            Op::Online { uid, session, device, first, at_ms, claims, .. } => {
+            Op::Online { uid, session, device, first, at_ms, claims, origin, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
                 let kind = if *first { "L1" } else { "L" };
-                // Claims ride in the kind's argument, after "L|", as a will does after "E|".
-                let kind = match claims {
-                    Some(claims) => format!("{kind}|{}", claims.as_json()),
-                    None => kind.to_string(),
-                };
+                // Claims and origin ride in the kind's argument, after "L|", as a will does
+                // after "E|": the script's six arguments a change are full.
+                let claims = claims.as_ref().map_or("", |claims| claims.as_json());
+                let kind = format!("{kind}|{claims}|{origin}");
                 cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device.as_str());
             }
             Op::Offline { uid, session, device, reason, last, will, at_ms } => {

@@ -8,6 +8,7 @@ use crate::proto::Auth;
 mod file;
 mod jwt;
 mod jwt_ring;
+mod proxy_protocol;
 mod redis_target;
 mod tls;
 mod webhook;
@@ -17,6 +18,7 @@ use crate::proto::DEFAULT_MAX_FRAME_BYTES;
 pub use file::{ConfigFile, FlagSpec};
 pub use jwt::{JwtAuth, JwtRules, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM};
 pub use jwt_ring::provider as jwt_ring_provider;
+pub use proxy_protocol::ProxyProtocol;
 pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 pub use tls::TlsIdentity;
@@ -165,6 +167,9 @@ pub struct Config {
     /// Origins a WebSocket upgrade may come from (`--ws-allowed-origins`); `None` allows any.
     /// An upgrade without an `Origin` header (not a browser) is always allowed.
     pub ws_allowed_origins: Option<Vec<String>>,
+    /// Read a PROXY protocol header on every client door from these balancers
+    /// (`--proxy-protocol`, `--proxy-protocol-from`); `None`: no header is read.
+    pub proxy_protocol: Option<ProxyProtocol>,
     /// The topic an MQTT session receives pushes on when one of its subscriptions matches
     /// it (`--mqtt-push-topic`).
     pub mqtt_push_topic: String,
@@ -242,6 +247,7 @@ impl Default for Config {
             api_tls: false,
             admin_tls: false,
             ws_allowed_origins: None,
+            proxy_protocol: None,
             mqtt_push_topic: DEFAULT_MQTT_PUSH_TOPIC.to_string(),
             mqtt_max_subscriptions: DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
             ws_keepalive_pings: true,

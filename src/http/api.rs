@@ -231,6 +231,12 @@ async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Res
         if let Some(silent_ms) = s.silent_ms {
             one["silent_ms"] = silent_ms.into();
         }
+        if let Some(door) = s.origin.door {
+            one["door"] = door.label().into();
+        }
+        if let Some(remote) = s.origin.remote {
+            one["remote"] = remote.to_string().into();
+        }
         if let Some(claims) = s.claims.as_deref().and_then(|c| serde_json::from_str::<Value>(c.as_json()).ok()) {
             one["claims"] = claims;
         }

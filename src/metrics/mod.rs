@@ -116,6 +116,8 @@ pub struct Metrics {
     /// Connections refused before their login (a bad token, a late LOGIN, an MQTT 3.1.1
     /// keepalive the window cannot honour), by door and why.
     refused_logins: IntCounterVec,
+    /// Connections closed for their PROXY protocol header, by door and why.
+    proxy_refused: IntCounterVec,
     /// Successful logins.
     pub logins: IntCounter,
     frames: Vec<IntCounter>,
@@ -320,6 +322,15 @@ impl Metrics {
         )
         .expect("valid counter vec");
         reg(Box::new(refused_logins.clone()));
+        let proxy_refused = IntCounterVec::new(
+            Opts::new(
+                "idlegate_proxy_protocol_refused_total",
+                "connections closed for their PROXY protocol header (--proxy-protocol), by door and why: missing (none from a trusted balancer), malformed, untrusted (one from an address not in --proxy-protocol-from), timeout, closed",
+            ),
+            &["door", "why"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(proxy_refused.clone()));
         let logins = counter("idlegate_logins_total", "successful logins");
         let frames_vec = IntCounterVec::new(
             Opts::new("idlegate_frames_received_total", "valid frames received from clients, by kind"),
@@ -513,6 +524,7 @@ impl Metrics {
             connections_accepted,
             closed,
             refused_logins,
+            proxy_refused,
             logins,
             frames,
             ring_expired,
@@ -601,6 +613,11 @@ impl Metrics {
     /// Counts a connection of `door` refused before its login, for `why`.
     pub fn refused_login(&self, door: Transport, why: &str) {
         self.refused_logins.with_label_values(&[door.label(), why]).inc();
+    }
+
+    /// Counts a connection of `door` closed for its PROXY header, for `why`.
+    pub fn proxy_refused(&self, door: Transport, why: &str) {
+        self.proxy_refused.with_label_values(&[door.label(), why]).inc();
     }
 
     /// Connections of `door` refused before their login for `why`, so far.

@@ -15,7 +15,8 @@ use prometheus::IntGauge;
 use crate::presence::clock::Clock;
 use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
-use crate::presence::{Claims, Push, Reach};
+use crate::presence::registry::Sighting;
+use crate::presence::{Claims, Origin, Push, Reach};
 use crate::proto::Device;
 
 /// Why a directory could not answer.
@@ -43,6 +44,24 @@ pub struct Located {
     pub silent_ms: Option<u64>,
     /// Its token's claims (`--jwt-claims-to-events`), when it has any and its node said.
     pub claims: Option<Arc<Claims>>,
+    /// Its door and client address, when its node said.
+    pub origin: Origin,
+}
+
+impl Located {
+    /// What `node` says of a session it holds, last heard as `sighting` tells.
+    pub(crate) fn here(node: String, sighting: &Sighting, clock: &Clock) -> Located {
+        let session = &sighting.session;
+        Located {
+            node,
+            device: session.device().clone(),
+            session: session.id(),
+            since_ms: session.since_ms(),
+            silent_ms: Some(clock.since(sighting.last_heard_tick).as_millis() as u64),
+            claims: session.claims().cloned(),
+            origin: session.origin(),
+        }
+    }
 }
 
 /// Logged-in uids and open connections of one node.
@@ -124,14 +143,7 @@ impl Directory for Local {
             .registry
             .sightings(uid)
             .into_iter()
-            .map(|s| Located {
-                node: self.node.clone(),
-                device: s.session.device().clone(),
-                session: s.session.id(),
-                since_ms: s.session.since_ms(),
-                silent_ms: Some(self.clock.since(s.last_heard_tick).as_millis() as u64),
-                claims: s.session.claims().cloned(),
-            })
+            .map(|s| Located::here(self.node.clone(), &s, &self.clock))
             .collect();
         async move { Ok(located) }.boxed()
     }

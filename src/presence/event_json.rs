@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde_json::Value;
 
-use crate::presence::{Claims, Event, What};
+use crate::presence::{Claims, Event, Origin, What};
 use crate::proto::Device;
 
 /// Appends `event`'s data object to `out`. `node` is this node's id, already JSON-quoted:
@@ -17,10 +17,11 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
     let Event { uid, what, at_ms, .. } = event;
     let device = |d: &Device| Value::String(d.as_str().into());
     let _ = match what {
-        What::Online { session, device: d, node: at, claims } => {
+        What::Online { session, device: d, node: at, claims, origin } => {
             let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
             let d = device(d);
             let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at}"#);
+            write_origin(out, origin);
             write_claims(out, claims.as_deref());
             write!(out, r#","at_ms":{at_ms}}}"#)
         }
@@ -51,6 +52,16 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
             write!(out, r#","at_ms":{at_ms}}}"#)
         }
     };
+}
+
+/// `,"door":"tcp","remote":"ip:port"`, each where known.
+pub(crate) fn write_origin(out: &mut String, origin: &Origin) {
+    if let Some(door) = origin.door {
+        let _ = write!(out, r#","door":"{door}""#);
+    }
+    if let Some(remote) = origin.remote {
+        let _ = write!(out, r#","remote":"{remote}""#);
+    }
 }
 
 /// `,"claims":{...}` when the session's token gave any (a JSON object already).

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::last_seen::LastSeen;
 use crate::presence::local_log::{Kept, LocalLog};
-use crate::presence::{Claims, Session};
+use crate::presence::{Claims, Origin, Session};
 use crate::proto::{CloseReason, Device, EventKind};
 
 /// Events one read hands a consumer: large enough to amortize the lock, small enough that
@@ -128,8 +128,9 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum What {
     /// A LOGIN succeeded, on `device` (`None` for the default one); on `node`, or on this
-    /// one when `None`; with its token's `claims` (`--jwt-claims-to-events`), if any.
-    Online { session: u64, device: Device, node: Option<Arc<str>>, claims: Option<Arc<Claims>> },
+    /// one when `None`; with its token's `claims` (`--jwt-claims-to-events`), if any, and
+    /// its door and client address where known.
+    Online { session: u64, device: Device, node: Option<Arc<str>>, claims: Option<Arc<Claims>>, origin: Origin },
     /// A logged-in session ended (an MQTT session with a will: told here, unless it
     /// logged out), with the claims its online event carried.
     Offline { session: u64, device: Device, reason: CloseReason, will: Option<Arc<Will>>, claims: Option<Arc<Claims>> },
@@ -269,6 +270,7 @@ impl Record for LocalLog {
                 device: session.device().clone(),
                 first,
                 claims: session.claims().cloned(),
+                origin: Some(session.origin()).filter(|o| *o != Origin::default()).map(Box::new),
             },
         );
     }
@@ -633,7 +635,10 @@ mod tests {
             What::UserOffline { reason: CloseReason::IdleTimeout, ended_ms: batch.events[3].at_ms }
         );
         let phone: Device = "phone".parse().unwrap();
-        assert_eq!(batch.events[0].what, What::Online { session: 1, device: phone, node: None, claims: None });
+        assert_eq!(
+            batch.events[0].what,
+            What::Online { session: 1, device: phone, node: None, claims: None, origin: Origin::default() }
+        );
         // Resuming between the halves of an entry gives the second half first.
         assert_eq!(names(&log.read(ids[0])), ["user_online", "offline", "user_offline"]);
         assert_eq!(names(&log.read(ids[2])), ["user_offline"]);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::presence::events::{within_batch_budget, Batch, Event, EventId, What, Will};
-use crate::presence::Claims;
+use crate::presence::{Claims, Origin};
 use crate::proto::{CloseReason, Device};
 
 /// The kept events; see the module documentation.
@@ -43,7 +43,8 @@ struct Logged {
 #[derive(Debug, Clone)]
 pub(crate) enum Kept {
     /// An online event; `user_online` follows when `first`.
-    Online { session: u64, device: Device, first: bool, claims: Option<Arc<Claims>> },
+    /// Its origin is boxed: 36 bytes inline would widen every kept event.
+    Online { session: u64, device: Device, first: bool, claims: Option<Arc<Claims>>, origin: Option<Box<Origin>> },
     /// An offline event; `user_offline` follows when `last`.
     /// An MQTT session's will rides along (boxed: most sessions have none).
     Offline {
@@ -84,9 +85,13 @@ impl Logged {
     /// The session (or data) event.
     fn event(&self, id: EventId) -> Event {
         let what = match &self.kept {
-            Kept::Online { session, device, claims, .. } => {
-                What::Online { session: *session, device: device.clone(), node: None, claims: claims.clone() }
-            }
+            Kept::Online { session, device, claims, origin, .. } => What::Online {
+                session: *session,
+                device: device.clone(),
+                node: None,
+                claims: claims.clone(),
+                origin: origin.as_deref().copied().unwrap_or_default(),
+            },
             Kept::Offline { session, device, reason, will, claims, .. } => {
                 let will = will.as_deref().map(|w| Arc::new(w.clone()));
                 let claims = claims.clone();
@@ -234,7 +239,7 @@ mod tail {
     #[test]
     fn recent_counts_events_not_entries() {
         let mut log = LocalLog::new(100, 1 << 20);
-        let online = Kept::Online { session: 1, device: Device::DEFAULT, first: true, claims: None };
+        let online = Kept::Online { session: 1, device: Device::DEFAULT, first: true, claims: None, origin: None };
         log.append(1, 7, online);
         log.append(2, 7, Kept::data(Bytes::from_static(b"d"), None));
         let offline = Kept::Offline {

@@ -41,6 +41,6 @@ pub use registry::{Registry, Touched};
 pub use ring::{Handle, Ring, Touch};
 pub(crate) use session::data_bucket;
 pub(crate) use session::Traits;
-pub use session::{session_hex, Claims, Session};
+pub use session::{session_hex, Claims, Origin, Session};
 pub use subscriptions::Subscriptions;
 pub use ticker::Ticker;

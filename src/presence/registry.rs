@@ -215,7 +215,7 @@ impl Registry {
     /// with the `will` its offline event tells (MQTT): logged with its online event, so no
     /// ending can come between the two and lose it.
     pub(crate) fn login_as(&self, uid: u64, device: Device, now: u64, traits: Traits) -> Arc<Session> {
-        let Traits { filters_pushes, pingable, will, claims } = traits;
+        let Traits { filters_pushes, pingable, will, claims, origin } = traits;
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
         let held = self.sessions.entry(uid);
@@ -244,7 +244,8 @@ impl Registry {
             ring.remove(list[i].handle(), uid);
             list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
         }
-        let session = Session::on_device(uid, device, id, since, ring.insert(uid, now)).with_claims(claims);
+        let session =
+            Session::on_device(uid, device, id, since, ring.insert(uid, now)).with_claims(claims).with_origin(origin);
         let session = if filters_pushes { session.filtering_pushes() } else { session };
         let session = Arc::new(if pingable { session.pingable() } else { session });
         drop(ring);

@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use crate::config::JwtAuth;
-use crate::presence::{session_hex, unix_ms_now, Claims, Push, Session, Touched, Traits, Will};
+use crate::presence::{session_hex, unix_ms_now, Claims, Origin, Push, Session, Touched, Traits, Will};
 use crate::proto::{
     jittered_ms, kind, put_frame, retry_text, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
     REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
@@ -50,8 +50,9 @@ impl Out for BytesMut {
     }
 }
 
-/// What the machine reads of the world besides commands: the time and randomness. The
-/// driver passes [`System`]; tests pass fixed values, so every rule runs with no clock.
+/// What the machine reads of the world besides commands: the time, randomness and, at
+/// login, where the client came from. The driver passes [`System`] (through [`Arriving`]
+/// until the login); tests pass fixed values, so every rule runs with no clock.
 pub(crate) trait Inputs {
     /// Monotonic time now: the ring's ticks and the login deadline.
     fn now(&self) -> Instant;
@@ -64,6 +65,33 @@ pub(crate) trait Inputs {
     /// `base` plus a random share of `spread`, in milliseconds: the retry hints, so a fleet
     /// told to come back does not come back at once.
     fn jitter_ms(&self, base: Duration, spread: Duration) -> u64;
+    /// The client's door and address, which its session keeps for its online event and its
+    /// presence entry: read at login only.
+    fn origin(&self) -> Origin {
+        Origin::default()
+    }
+}
+
+/// [`System`], for a connection not logged in yet that came from `.0`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Arriving(pub Origin);
+
+impl Inputs for Arriving {
+    fn now(&self) -> Instant {
+        System.now()
+    }
+
+    fn unix_ms(&self) -> u64 {
+        System.unix_ms()
+    }
+
+    fn jitter_ms(&self, base: Duration, spread: Duration) -> u64 {
+        System.jitter_ms(base, spread)
+    }
+
+    fn origin(&self) -> Origin {
+        self.0
+    }
 }
 
 /// The real time and randomness.
@@ -355,7 +383,8 @@ impl Machine {
         let rules = &context.rules;
         let now = context.clock.tick_at(inputs.now());
         let pingable = out.pings() && rules.ws_keepalive_pings;
-        let traits = Traits { filters_pushes: subscriber, pingable, will, claims: checked.claims.clone() };
+        let (claims, origin) = (checked.claims.clone(), inputs.origin());
+        let traits = Traits { filters_pushes: subscriber, pingable, will, claims, origin };
         let session = context.registry.login_as(uid, device, now, traits);
         self.enforce(inputs, &session, &checked);
         let id = session_hex(session.id());

@@ -2,22 +2,29 @@
 //! connection (a slot under `--max-connections`, a place among those waiting to log in)
 //! and starting its task, or refusing it in its door's words. Never spins on a failing
 //! accept, and never goes silent when descriptors run out.
+//!
+//! With `--proxy-protocol`, a connection takes its slot at accept, then a task of its own
+//! reads its PROXY header (`proxy_header.rs`) before it is admitted, so the per-address
+//! bound counts the client's address, not the balancer's.
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::sleep;
+use tokio::time::{sleep, timeout};
 
-use crate::config::Config;
+use crate::config::{Config, ProxyProtocol};
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::proto::{jittered_ms, CloseReason, Transport, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
 use crate::protocol::Context;
 use crate::transport::admission::{Admission, Refused, Ticket};
 use crate::transport::door::{Door, Speaks, DOORS};
+use crate::transport::drive::Arrival;
 use crate::transport::guard::{Guard, Slots};
+use crate::transport::proxy_header::{self, Refusal};
 use crate::transport::refusal::{Bound, Refusals};
 use crate::transport::refusal_log::RefusalLog;
 use crate::transport::{drive, mqtt, tcp, tls, ws};
@@ -38,6 +45,12 @@ pub(crate) struct Doors {
     admission: Arc<Admission>,
     /// The log of connections refused before their login.
     refusal_log: Arc<RefusalLog>,
+    /// Refusals under way, on every door.
+    refusals: Refusals,
+    /// The balancers whose PROXY headers are read (`--proxy-protocol-from`).
+    proxy: Option<ProxyProtocol>,
+    /// How long a connection has to send its PROXY header: its whole login's time.
+    header_timeout: Duration,
     /// Each TLS door's configuration (`--tls-cert`, `--tls-key`, the door's ALPN), by
     /// [`Transport::index`].
     tls: [Option<Arc<ServerConfig>>; DOORS.len()],
@@ -65,6 +78,9 @@ impl Doors {
             slots,
             admission: Arc::new(Admission::new(config.max_pending_logins, config.max_pending_logins_per_ip)),
             refusal_log: Arc::default(),
+            refusals: Refusals::default(),
+            proxy: config.proxy_protocol.clone(),
+            header_timeout: config.login_timeout,
             tls,
             tls_record_limit: config.tls_record_limit,
             ws: Arc::new(ws::WsPolicy { allowed_origins: config.ws_allowed_origins.clone(), mqtt: Some(mqtt.clone()) }),
@@ -85,13 +101,11 @@ impl Doors {
     }
 
     /// Accepts on `listener`, `transport`'s door, until the listener fails for good.
-    pub(crate) async fn accept(&self, listener: &TcpListener, transport: Transport) -> io::Result<()> {
+    pub(crate) async fn accept(self: &Arc<Self>, listener: &TcpListener, transport: Transport) -> io::Result<()> {
         let metrics = &self.context.metrics;
         let mut backoff = ACCEPT_BACKOFF_MIN;
         let mut reserve = Reserve::open();
-        let refusals = Refusals::default();
-        // Each refused client is told a different moment to come back.
-        let hint = || jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
+        let refusals = &self.refusals;
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => {
@@ -119,40 +133,105 @@ impl Doors {
             };
             let _ = stream.set_nodelay(true);
             metrics.connections_accepted.inc();
+            if self.proxy.is_some() {
+                match self.slots.take(transport) {
+                    Some(guard) => {
+                        tokio::spawn(self.clone().behind_balancer(transport, stream, peer, guard));
+                    }
+                    None => self.refuse_server_full(stream, transport),
+                }
+                continue;
+            }
             // Too many from this source waiting to log in: refused now, with a time to come
             // back. When all places are taken, the oldest waiting connection makes room.
-            let ticket = match self.admission.admit(peer.ip()) {
+            let ticket = match self.admit(peer, transport) {
                 Ok(ticket) => ticket,
-                Err(Refused::Source(n)) => {
-                    metrics.shed_pending_logins.inc();
-                    metrics.closed(CloseReason::ServerFull, transport);
-                    let why = format!("{n} connections from this address waiting to log in");
+                Err(why) => {
                     refusals.refuse(stream, transport, Bound::Address, hint(), &why);
                     continue;
                 }
             };
             match self.slots.take(transport) {
-                Some(guard) => self.spawn(transport, stream, guard, ticket),
+                Some(guard) => self.spawn(transport, stream, guard, ticket, peer),
                 None => {
                     // Not served: its place among the waiting logins goes back at once.
                     drop(ticket);
-                    metrics.shed_max_connections.inc();
-                    metrics.closed(CloseReason::ServerFull, transport);
-                    let why = format!("{} connections open", self.slots.max());
-                    refusals.refuse(stream, transport, Bound::Server, hint(), &why);
+                    self.refuse_server_full(stream, transport);
                 }
+            }
+        }
+    }
+
+    /// A place among the connections waiting to log in for a client at `client`; refused
+    /// (counted, with the words to tell it) when its address has too many waiting already.
+    fn admit(&self, client: SocketAddr, transport: Transport) -> Result<Ticket, String> {
+        self.admission.admit(client.ip()).map_err(|Refused::Source(n)| {
+            let metrics = &self.context.metrics;
+            metrics.shed_pending_logins.inc();
+            metrics.closed(CloseReason::ServerFull, transport);
+            format!("{n} connections from this address waiting to log in")
+        })
+    }
+
+    /// Refuses `stream` for want of a slot (`--max-connections`), counted.
+    fn refuse_server_full(&self, stream: TcpStream, transport: Transport) {
+        let metrics = &self.context.metrics;
+        metrics.shed_max_connections.inc();
+        metrics.closed(CloseReason::ServerFull, transport);
+        let why = format!("{} connections open", self.slots.max());
+        self.refusals.refuse(stream, transport, Bound::Server, hint(), &why);
+    }
+
+    /// Reads the PROXY header of a connection accepted from `peer` (holding its slot),
+    /// then admits it under the client's address and serves it. Closes it, counted and
+    /// logged, when the header is refused or late; closes it when shutdown begins first.
+    async fn behind_balancer(
+        self: Arc<Self>,
+        transport: Transport,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        guard: Guard,
+    ) {
+        let Some(proxy) = &self.proxy else { return };
+        let trusted = proxy.trusts(peer.ip());
+        let read = async {
+            match timeout(self.header_timeout, proxy_header::read(&mut stream, trusted)).await {
+                Ok(read) => read,
+                Err(_) => Err(Refusal::Timeout),
+            }
+        };
+        let read = tokio::select! {
+            read = read => read,
+            _ = self.context.shutdown.cancelled() => return,
+        };
+        let client = match read {
+            Ok(source) => source.unwrap_or(peer),
+            Err(refusal) => {
+                self.context.metrics.proxy_refused(transport, refusal.label());
+                if refusal != Refusal::Closed {
+                    self.refusal_log.refused(Some(peer), transport, CloseReason::ProtocolError, &refusal.to_string());
+                }
+                return;
+            }
+        };
+        match self.admit(client, transport) {
+            Ok(ticket) => self.spawn(transport, stream, guard, ticket, client),
+            Err(why) => {
+                drop(guard);
+                self.refusals.refuse(stream, transport, Bound::Address, hint(), &why);
             }
         }
     }
 
     /// Serves `stream`, accepted on `transport`'s door, in a task of its own. A TLS session
     /// that cannot be made closes the stream (the guard and ticket give everything back).
-    fn spawn(&self, transport: Transport, stream: TcpStream, guard: Guard, ticket: Ticket) {
+    fn spawn(&self, transport: Transport, stream: TcpStream, guard: Guard, ticket: Ticket, peer: SocketAddr) {
         let door = Door::of(transport);
+        let arrival = Arrival { ticket: Some(ticket), peer: Some(peer), log: self.refusal_log.clone() };
         match &self.tls[transport.index()] {
-            None if !door.is_tls() => self.spawn_over(tcp::Plain, door.speaks, stream, guard, ticket),
+            None if !door.is_tls() => self.spawn_over(tcp::Plain, door.speaks, stream, guard, arrival),
             Some(config) => match tls::Tls::new(config.clone(), self.tls_record_limit) {
-                Ok(layer) => self.spawn_over(layer, door.speaks, stream, guard, ticket),
+                Ok(layer) => self.spawn_over(layer, door.speaks, stream, guard, arrival),
                 Err(e) => tracing::warn!(error = %e, "cannot open a TLS session"),
             },
             None => debug_assert!(false, "the {transport} door opened without a TLS identity"),
@@ -160,26 +239,30 @@ impl Doors {
     }
 
     /// Serves `stream` over `layer` with the framing of what the door speaks.
-    fn spawn_over<L>(&self, layer: L, speaks: Speaks, stream: TcpStream, guard: Guard, ticket: Ticket)
+    fn spawn_over<L>(&self, layer: L, speaks: Speaks, stream: TcpStream, guard: Guard, arrival: Arrival)
     where
         L: connection_layer::Bounds,
     {
-        let (context, max, ticket) = (self.context.clone(), self.max_frame_bytes, Some(ticket));
-        let log = self.refusal_log.clone();
+        let (context, max) = (self.context.clone(), self.max_frame_bytes);
         match speaks {
             Speaks::Frames => {
-                tokio::spawn(drive::serve(stream, layer, tcp::frames(max), context, guard, ticket, log));
+                tokio::spawn(drive::serve(stream, layer, tcp::frames(max), context, guard, arrival));
             }
             Speaks::WebSocket => {
                 let framing = ws::WebSocket::new(max, self.ws.clone());
-                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket, log));
+                tokio::spawn(drive::serve(stream, layer, framing, context, guard, arrival));
             }
             Speaks::Mqtt => {
                 let framing = mqtt::Mqtt::new(max, self.mqtt.clone());
-                tokio::spawn(drive::serve(stream, layer, framing, context, guard, ticket, log));
+                tokio::spawn(drive::serve(stream, layer, framing, context, guard, arrival));
             }
         }
     }
+}
+
+/// When a refused client should come back: each one told a different moment.
+fn hint() -> u64 {
+    jittered_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD)
 }
 
 /// What a layer must be for its connections to run as tasks of their own.

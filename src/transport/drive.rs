@@ -14,8 +14,9 @@ use tokio::io::Ready;
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
+use crate::presence::Origin;
 use crate::proto::{CloseReason, Transport};
-use crate::protocol::{self, Close, Command, Machine, System, Wake};
+use crate::protocol::{self, Arriving, Close, Command, Machine, System, Wake};
 use crate::transport::admission::Ticket;
 use crate::transport::connection::{Connection, Framing, Layer};
 use crate::transport::guard::Guard;
@@ -38,21 +39,23 @@ pub(crate) fn serve<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send 
     framing: F,
     context: Arc<protocol::Context>,
     guard: Guard,
-    ticket: Option<Ticket>,
-    refusals: Arc<RefusalLog>,
+    arrival: Arrival,
 ) -> Serve<L, F> {
-    // The peer, for the log of a refusal: held by the login phase only.
-    let peer = stream.peer_addr().ok();
     let conn = Connection::new(stream, layer, framing);
     let machine = Machine::new(context, Instant::now());
-    let login = log_in(machine, conn, ticket, Refused { peer, log: refusals });
+    let login = log_in(machine, conn, arrival);
     Serve { phase: Phase::LoggingIn(Box::pin(login)), guard }
 }
 
-/// What the login phase needs to tell of a refusal: the peer and the log.
-struct Refused {
-    peer: Option<SocketAddr>,
-    log: Arc<RefusalLog>,
+/// What the login phase holds besides the connection: held by it only.
+pub(crate) struct Arrival {
+    /// Its place among the connections waiting to log in.
+    pub ticket: Option<Ticket>,
+    /// The client's address (the peer's, or a trusted PROXY header's), for its session and
+    /// the log of a refusal.
+    pub peer: Option<SocketAddr>,
+    /// Where a refusal is told.
+    pub log: Arc<RefusalLog>,
 }
 
 /// A connection's task; see [`serve`].
@@ -125,12 +128,13 @@ impl<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send + Sync + Unpin 
 async fn log_in<L: Layer, F: Framing>(
     mut machine: Machine,
     mut conn: Connection<L, F>,
-    ticket: Option<Ticket>,
-    refused: Refused,
+    arrival: Arrival,
 ) -> (Machine, Connection<L, F>, Result<(), Close>) {
+    let Arrival { ticket, peer, log } = arrival;
     let door = Connection::<L, F>::TRANSPORT;
     let mut handshake = Handshake::start(door, &conn);
-    let result = login(&mut machine, &mut conn, ticket.as_ref(), &mut handshake).await;
+    let arriving = Arriving(Origin { door: Some(door), remote: peer });
+    let result = login(&mut machine, &mut conn, ticket.as_ref(), &mut handshake, &arriving).await;
     handshake.ended(&machine, &conn, &result);
     drop(ticket);
     // A client that closed says nothing worth a line; everything else refused before its
@@ -139,7 +143,7 @@ async fn log_in<L: Layer, F: Framing>(
         if *reason != CloseReason::Disconnect {
             machine.context().metrics.refused_login(door, refusal_log::why(*reason, text));
             if *reason != CloseReason::Shutdown {
-                refused.log.refused(refused.peer, door, *reason, text);
+                log.refused(peer, door, *reason, text);
             }
         }
     }
@@ -153,6 +157,7 @@ async fn login<L: Layer, F: Framing>(
     conn: &mut Connection<L, F>,
     ticket: Option<&Ticket>,
     handshake: &mut Handshake,
+    inputs: &Arriving,
 ) -> Result<(), Close> {
     let context = machine.context().clone();
     let shed = async {
@@ -172,18 +177,18 @@ async fn login<L: Layer, F: Framing>(
         tokio::select! {
             biased;
             _ = context.shutdown.cancelled() => return Err((CloseReason::Shutdown, String::new())),
-            _ = &mut shed => return Err(machine.shed(&System)),
+            _ = &mut shed => return Err(machine.shed(inputs)),
             _ = &mut deadline => {
                 // Judge what the client sent, not how fast we got to it: a LOGIN that
                 // arrived while the gateway lagged is read now, before giving up.
-                conn.on_ready(Ok(Ready::READABLE), |command, out| machine.handle(&System, command, out))?;
-                machine.handle_timeout(&System)?;
+                conn.on_ready(Ok(Ready::READABLE), |command, out| machine.handle(inputs, command, out))?;
+                machine.handle_timeout(inputs)?;
                 match machine.poll_timeout() {
                     Some(next) => deadline.as_mut().reset(next),
                     None => return Ok(()),
                 }
             }
-            ready = conn.ready() => conn.on_ready(ready, |command, out| machine.handle(&System, command, out))?,
+            ready = conn.ready() => conn.on_ready(ready, |command, out| machine.handle(inputs, command, out))?,
         }
         handshake.check(machine, conn);
     }
@@ -303,23 +308,13 @@ mod footprint {
         let guard = || slots.take(crate::proto::Transport::Tcp).unwrap();
         let mqtt = || mqtt::Mqtt::new(max, Arc::new(mqtt::MqttPolicy::new(&config)));
         let log = Arc::<super::RefusalLog>::default();
+        let arrival = || super::Arrival { ticket: None, peer: None, log: log.clone() };
         let sizes = [
             (
                 "tcp",
-                size(super::serve(
-                    stream().await,
-                    tcp::Plain,
-                    tcp::frames(max),
-                    context.clone(),
-                    guard(),
-                    None,
-                    log.clone(),
-                )),
+                size(super::serve(stream().await, tcp::Plain, tcp::frames(max), context.clone(), guard(), arrival())),
             ),
-            (
-                "mqtt",
-                size(super::serve(stream().await, tcp::Plain, mqtt(), context.clone(), guard(), None, log.clone())),
-            ),
+            ("mqtt", size(super::serve(stream().await, tcp::Plain, mqtt(), context.clone(), guard(), arrival()))),
             (
                 "ws",
                 size(super::serve(
@@ -328,8 +323,7 @@ mod footprint {
                     ws::WebSocket::new(max, Arc::default()),
                     context.clone(),
                     guard(),
-                    None,
-                    log.clone(),
+                    arrival(),
                 )),
             ),
         ];

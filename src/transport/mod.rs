@@ -12,6 +12,7 @@ mod door;
 mod drive;
 mod guard;
 mod mqtt;
+mod proxy_header;
 mod records;
 mod refusal;
 mod refusal_log;

@@ -55,6 +55,11 @@ impl DoorClient {
     /// Connects to `addr`, a listener of `transport`, and upgrades a WebSocket door.
     pub async fn connect(transport: Transport, addr: SocketAddr, ca: Option<&TestCa>) -> DoorClient {
         let io = open(transport, addr, ca).await.expect("connects");
+        DoorClient::over(transport, io, addr).await
+    }
+
+    /// A client over `io`, a byte stream already open to `addr` (through a balancer, say).
+    pub async fn over(transport: Transport, io: Box<dyn Io>, addr: SocketAddr) -> DoorClient {
         match transport {
             Transport::Tcp | Transport::Tls => {
                 DoorClient { inner: Inner::Frames(Framed::new(io, FrameCodec::default())) }

@@ -36,6 +36,11 @@ impl Transport {
         }
     }
 
+    /// The transport whose [`Transport::label`] is `label`.
+    pub fn from_label(label: &str) -> Option<Transport> {
+        Transport::ALL.into_iter().find(|t| t.label() == label)
+    }
+
     /// Its position in [`Transport::ALL`].
     pub fn index(self) -> usize {
         self as usize
