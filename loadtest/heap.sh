@@ -19,7 +19,7 @@ SECONDS_=${2:-40}
 OUT=${3:-target/heap.txt}
 PORT=17090
 command -v heaptrack >/dev/null || { echo "heap.sh: needs heaptrack (apt-get install heaptrack)" >&2; exit 2; }
-cargo build --release -q -p idlegate -p loadtest --bins
+cargo build --profile profiling -q -p idlegate -p loadtest --bins
 work=$(mktemp -d)
 PROTOCOL=${PROTOCOL:-idlegate}
 door=() target=$PORT speak=()
@@ -27,13 +27,13 @@ if [ "$PROTOCOL" = mqtt ]; then
   door=(--mqtt-listen "127.0.0.1:$((PORT + 1))") target=$((PORT + 1))
   speak=(--protocol mqtt --mqtt-keepalive 20s --mqtt-timeout 30s --mqtt-tick 1s)
 fi
-heaptrack -o "$work/gateway" target/release/idlegate serve --listen "127.0.0.1:$PORT" "${door[@]}" --timeout 30s \
+heaptrack -o "$work/gateway" target/profiling/idlegate serve --listen "127.0.0.1:$PORT" "${door[@]}" --timeout 30s \
   >/dev/null 2>&1 &
 for _ in $(seq 1 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$target") 2>/dev/null && break
   sleep 0.1
 done
-target/release/loadtest --target "127.0.0.1:$target" "${speak[@]}" --connections "$CONNECTIONS" --connect-rate 5000 \
+target/profiling/loadtest --target "127.0.0.1:$target" "${speak[@]}" --connections "$CONNECTIONS" --connect-rate 5000 \
   --silent-fraction 0 --ping-interval 1s --duration "${SECONDS_}s" --source-ips 127.0.0.1-127.0.0.4 >"$work/loadtest.txt" 2>&1
 pkill -INT -f "idlegate serve --listen 127.0.0.1:$PORT"
 while pgrep -f "idlegate serve --listen 127.0.0.1:$PORT" >/dev/null; do sleep 0.2; done

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::error::ErrorKind;
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use idlegate::{
     default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Listeners, ProxyProtocol,
     RedisTarget, Server, TlsIdentity, WebhookConfig,
@@ -39,6 +39,27 @@ enum Command {
     /// Print a configuration file for `serve --config` with every key, its default and
     /// what it does (deploy/idlegate.toml is this).
     ConfigTemplate,
+    /// Ask a running gateway's admin listener whether it is ready (`GET /readyz`): exit 0
+    /// when it answers 200, 1 otherwise, with what it said. A container's HEALTHCHECK,
+    /// where there is no curl.
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct HealthcheckArgs {
+    /// The gateway's admin address (its --admin-listen).
+    #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071")]
+    admin_listen: String,
+    /// The admin listener speaks HTTPS (the gateway's --admin-tls). Its certificate is not
+    /// checked: the probe asks the local gateway whether it is ready, not who it is.
+    #[arg(long, env = "IDLEGATE_ADMIN_TLS")]
+    admin_tls: bool,
+    /// The path asked: /readyz (ready to serve), or /healthz (alive).
+    #[arg(long, default_value = "/readyz")]
+    path: String,
+    /// How long to wait for the answer.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -350,21 +371,31 @@ fn webhook(args: &ServeArgs) -> Option<WebhookConfig> {
 }
 
 fn auth(args: &ServeArgs) -> Option<Auth> {
+    try_auth(args).unwrap_or_else(|e| usage_error(e))
+}
+
+/// The token secrets of --auth-secret or --auth-secret-file (read now), if any.
+fn try_auth(args: &ServeArgs) -> Result<Option<Auth>, String> {
     if args.max_token_ttl.as_secs() == 0 {
-        usage_error("--max-token-ttl: must be at least a second");
+        return Err("--max-token-ttl: must be at least a second".into());
     }
     let list = match (&args.auth_secret, &args.auth_secret_file) {
         (Some(list), _) => list.clone(),
-        (None, Some(path)) => match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) => usage_error(format!("--auth-secret-file {}: {e}", path.display())),
-        },
-        (None, None) => return None,
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).map_err(|e| format!("--auth-secret-file {}: {e}", path.display()))?
+        }
+        (None, None) => return Ok(None),
     };
     match secrets(&list) {
-        Some(auth) => Some(auth.with_max_ttl(args.max_token_ttl.as_secs())),
-        None => usage_error("--auth-secret: no secret given"),
+        Some(auth) => Ok(Some(auth.with_max_ttl(args.max_token_ttl.as_secs()))),
+        None => Err("--auth-secret: no secret given".into()),
     }
+}
+
+/// `--ws-allowed-origins`, each trimmed, empty ones left out.
+fn allowed_origins(args: &ServeArgs) -> Option<Vec<String>> {
+    let list = args.ws_allowed_origins.clone()?;
+    Some(list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect())
 }
 
 /// The JWT keys and checks, from --jwt-key-file and --jwt-secret-file.
@@ -411,6 +442,13 @@ fn main() -> ExitCode {
             println!("{}", auth.mint(args.uid, expiry));
             ExitCode::SUCCESS
         }
+        Command::Healthcheck(args) => match healthcheck(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idlegate healthcheck: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => match tune_malloc().and_then(|()| serve(*args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -419,6 +457,25 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// `idlegate healthcheck`: one GET on the admin listener; an error unless it answers 200.
+fn healthcheck(args: &HealthcheckArgs) -> anyhow::Result<()> {
+    let scheme = if args.admin_tls { "https" } else { "http" };
+    let url = format!("{scheme}://{}{}", args.admin_listen, args.path);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(args.timeout)
+            .danger_accept_invalid_certs(args.admin_tls)
+            .build()
+            .context("cannot make an HTTP client")?;
+        let response = client.get(&url).send().await.with_context(|| format!("GET {url}"))?;
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        anyhow::ensure!(status.is_success(), "GET {url}: {status}: {}", body.trim());
+        Ok(())
+    })
 }
 
 /// The secrets of a comma-separated list (or lines of a file), newest first.
@@ -432,8 +489,26 @@ fn secrets(list: &str) -> Option<Auth> {
 /// flag given, or its environment variable set, leaves the file's value out); an error
 /// about a value that came from the file names its key and line.
 fn parse_cli() -> Cli {
-    let mut args: Vec<String> = std::env::args().collect();
-    let Some(at) = args.iter().position(|a| a == "serve").filter(|&i| i == 1) else { return Cli::parse() };
+    let (args, file) = with_config_file(std::env::args().collect()).unwrap_or_else(|e| usage_error(e));
+    let Some((file, keys)) = file else { return Cli::parse_from(args) };
+    let _ = CONFIG_FILE.set((file.clone(), keys.clone()));
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => match file_error(&e, &file, &keys) {
+            Some(message) => usage_error(message),
+            None => e.exit(),
+        },
+    }
+}
+
+/// The configuration file and the keys of it in force.
+type FileInForce = (ConfigFile, Vec<String>);
+
+/// `args` with `serve --config <file>`'s settings put before the flags given (a flag
+/// given, or its environment variable set, leaves the file's value out), and the file with
+/// the keys it set; `args` as they are without a file.
+fn with_config_file(mut args: Vec<String>) -> Result<(Vec<String>, Option<FileInForce>), idlegate::ConfigError> {
+    let Some(at) = args.iter().position(|a| a == "serve").filter(|&i| i == 1) else { return Ok((args, None)) };
     let given =
         |long: &str| args[at + 1..].iter().any(|a| a == &format!("--{long}") || a.starts_with(&format!("--{long}=")));
     let path = args[at + 1..]
@@ -442,7 +517,7 @@ fn parse_cli() -> Cli {
         .and_then(|i| args.get(at + 2 + i).cloned())
         .or_else(|| args[at + 1..].iter().find_map(|a| a.strip_prefix("--config=").map(str::to_string)))
         .or_else(|| std::env::var("IDLEGATE_CONFIG").ok());
-    let Some(path) = path else { return Cli::parse() };
+    let Some(path) = path else { return Ok((args, None)) };
     let command = Cli::command();
     let serve = command.find_subcommand("serve").expect("the serve subcommand");
     let flags: Vec<FlagSpec> = serve
@@ -461,29 +536,103 @@ fn parse_cli() -> Cli {
             })
         })
         .collect();
-    let file = match ConfigFile::read(std::path::Path::new(&path), &flags) {
-        Ok(file) => file,
-        Err(e) => usage_error(e),
-    };
+    let file = ConfigFile::read(std::path::Path::new(&path), &flags)?;
     let from_file = file.args(&flags, given, |env| std::env::var_os(env).is_some());
     let keys: Vec<String> =
         from_file.iter().map(|a| a.trim_start_matches("--").split('=').next().unwrap_or("").to_string()).collect();
-    let _ = CONFIG_FILE.set((file.clone(), keys.clone()));
     args.splice(at + 1..at + 1, from_file);
-    match Cli::try_parse_from(&args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            // A value of the file's that its flag refused: said with the key and its line.
-            let named = e.get(clap::error::ContextKind::InvalidArg).map(|a| a.to_string()).unwrap_or_default();
-            let key = keys.iter().find(|k| named.starts_with(&format!("--{k} ")) || named == format!("--{k}"));
-            match key.and_then(|k| file.line_of(k).map(|at| (k, at))) {
-                Some((key, at)) => {
-                    let detail = e.to_string();
-                    let reason = detail.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
-                    usage_error(format!("--config {at}: key `{key}`: {reason}"))
-                }
-                None => e.exit(),
+    Ok((args, Some((file, keys))))
+}
+
+/// A parse error about a value the file set, said with the key and its line; `None` for
+/// any other error.
+fn file_error(e: &clap::Error, file: &ConfigFile, keys: &[String]) -> Option<String> {
+    let named = e.get(clap::error::ContextKind::InvalidArg).map(|a| a.to_string()).unwrap_or_default();
+    let key = keys.iter().find(|k| named.starts_with(&format!("--{k} ")) || named == format!("--{k}"))?;
+    let at = file.line_of(key)?;
+    let detail = e.to_string();
+    let reason = detail.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+    Some(format!("--config {at}: key `{key}`: {reason}"))
+}
+
+/// Flags a SIGHUP applies (through [`idlegate::Live`]); a change of any other is logged as
+/// taking effect only after a restart. The TLS certificate and key, and the JWT keys, are
+/// read again from the same files too (server.rs).
+const RELOADABLE: [&str; 6] =
+    ["auth-secret", "auth-secret-file", "max-token-ttl", "ws-allowed-origins", "max-data-rate", "max-data-burst"];
+
+/// What `serve`'s flags say, flag by flag, as given (a file's, a flag's, a variable's or a
+/// default): what a reload compares.
+type Settings = std::collections::BTreeMap<String, Vec<String>>;
+
+/// The command line and the configuration file read again, as a SIGHUP does: what the
+/// flags now say, and the configuration of what may change while running.
+fn reread() -> Result<(Settings, Config), String> {
+    let (args, _) = with_config_file(std::env::args().collect()).map_err(|e| e.to_string())?;
+    let first_line =
+        |e: clap::Error| e.to_string().lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+    let matches = Cli::command().try_get_matches_from(&args).map_err(first_line)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(first_line)?;
+    let Command::Serve(serve) = cli.command else { return Err("not serving".into()) };
+    let config = Config {
+        auth: try_auth(&serve)?,
+        ws_allowed_origins: allowed_origins(&serve),
+        max_data_rate: serve.max_data_rate,
+        max_data_burst: serve.max_data_burst,
+        ..Config::default()
+    };
+    config.validate().map_err(|e| e.to_string())?;
+    Ok((settings(&matches), config))
+}
+
+fn settings(matches: &clap::ArgMatches) -> Settings {
+    let Some(("serve", serve)) = matches.subcommand() else { return Settings::new() };
+    serve
+        .ids()
+        .filter_map(|id| {
+            let values = serve.get_raw(id.as_str())?;
+            Some((id.to_string(), values.map(|v| v.to_string_lossy().into_owned()).collect()))
+        })
+        .collect()
+}
+
+/// On each SIGHUP: reads the configuration again and hands what may change to `live`; logs
+/// what was applied and what changed that needs a restart (compared with what the gateway
+/// started with, so the warning stands until it restarts), counted by result. A file that
+/// does not parse changes nothing.
+#[cfg(unix)]
+async fn reload_config_on_sighup(live: Arc<idlegate::Live>, metrics: Arc<idlegate::Metrics>) {
+    let started = match reread() {
+        Ok((settings, _)) => settings,
+        Err(_) => Settings::new(),
+    };
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; the configuration is read only at start");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let (now, config) = match reread() {
+            Ok(read) => read,
+            Err(e) => {
+                metrics.config_reload("error");
+                tracing::error!("SIGHUP: configuration not taken, nothing changed: {e}");
+                continue;
             }
+        };
+        let applied = live.apply(&config);
+        let mut restart: Vec<String> = now
+            .keys()
+            .chain(started.keys())
+            .filter(|key| started.get(*key) != now.get(*key) && !RELOADABLE.contains(&key.replace('_', "-").as_str()))
+            .map(|key| format!("--{}", key.replace('_', "-")))
+            .collect();
+        restart.extend(live.needs_restart(&config).map(str::to_string));
+        restart.sort_unstable();
+        restart.dedup();
+        metrics.config_reload("ok");
+        tracing::info!(applied = %applied.join(","), "SIGHUP: configuration read again");
+        if !restart.is_empty() {
+            tracing::warn!(flags = %restart.join(","), "SIGHUP: changed, but takes effect only after a restart");
         }
     }
 }
@@ -664,10 +813,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         api_tls: args.api_tls,
         admin_tls: args.admin_tls,
-        ws_allowed_origins: args
-            .ws_allowed_origins
-            .clone()
-            .map(|list| list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()),
+        ws_allowed_origins: allowed_origins(&args),
         proxy_protocol: match args.proxy_protocol_from.as_deref().map(ProxyProtocol::parse) {
             Some(Err(e)) => usage_error(e),
             Some(Ok(proxy)) => Some(proxy),
@@ -784,7 +930,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             admin: Some(admin),
             api: Some(api),
         };
-        Server::new(config).run(listeners, shutdown_signal()).await.context("serving")
+        let server = Server::new(config);
+        #[cfg(unix)]
+        tokio::spawn(reload_config_on_sighup(server.live(), server.metrics()));
+        server.run(listeners, shutdown_signal()).await.context("serving")
     })
 }
 

@@ -24,7 +24,7 @@ use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Joining, Settings};
-use crate::config::{Config, JwtAuth, TlsIdentity};
+use crate::config::{Config, JwtAuth, Live, TlsIdentity};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::metrics::Metrics;
 use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, Ticker};
@@ -83,6 +83,8 @@ impl Listeners {
 #[derive(Debug)]
 pub struct Server {
     config: Config,
+    /// What a SIGHUP may change.
+    live: Arc<Live>,
     metrics: Arc<Metrics>,
     registry: Arc<Registry>,
     clock: Clock,
@@ -148,6 +150,7 @@ impl Server {
             )),
         };
         Server {
+            live: Arc::new(Live::new(&config)),
             config,
             metrics,
             registry,
@@ -157,6 +160,12 @@ impl Server {
             shutdown: CancellationToken::new(),
             expiry_stopped: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// What a SIGHUP may change while it runs: `idlegate serve` hands a configuration read
+    /// again to [`Live::apply`].
+    pub fn live(&self) -> Arc<Live> {
+        self.live.clone()
     }
 
     /// The gateway's metrics, for tests and embedding.
@@ -171,7 +180,7 @@ impl Server {
             clock: self.clock,
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
-            rules: Rules::new(&self.config),
+            rules: Rules::new(&self.config, self.live.clone()),
         })
     }
 

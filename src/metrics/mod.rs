@@ -118,6 +118,8 @@ pub struct Metrics {
     refused_logins: IntCounterVec,
     /// Connections closed for their PROXY protocol header, by door and why.
     proxy_refused: IntCounterVec,
+    /// Configurations read again at a SIGHUP, by result.
+    config_reloads: IntCounterVec,
     /// Successful logins.
     pub logins: IntCounter,
     frames: Vec<IntCounter>,
@@ -331,6 +333,15 @@ impl Metrics {
         )
         .expect("valid counter vec");
         reg(Box::new(proxy_refused.clone()));
+        let config_reloads = IntCounterVec::new(
+            Opts::new(
+                "idlegate_config_reloads_total",
+                "the configuration read again at a SIGHUP, by result: ok (what may change applied), error (nothing changed)",
+            ),
+            &["result"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(config_reloads.clone()));
         let logins = counter("idlegate_logins_total", "successful logins");
         let frames_vec = IntCounterVec::new(
             Opts::new("idlegate_frames_received_total", "valid frames received from clients, by kind"),
@@ -525,6 +536,7 @@ impl Metrics {
             closed,
             refused_logins,
             proxy_refused,
+            config_reloads,
             logins,
             frames,
             ring_expired,
@@ -613,6 +625,11 @@ impl Metrics {
     /// Counts a connection of `door` refused before its login, for `why`.
     pub fn refused_login(&self, door: Transport, why: &str) {
         self.refused_logins.with_label_values(&[door.label(), why]).inc();
+    }
+
+    /// Counts a configuration read again at a SIGHUP, with its `result`.
+    pub fn config_reload(&self, result: &str) {
+        self.config_reloads.with_label_values(&[result]).inc();
     }
 
     /// Counts a connection of `door` closed for its PROXY header, for `why`.

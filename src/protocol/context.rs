@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, JwtAuth};
+use crate::config::{Config, JwtAuth, Live};
 use crate::metrics::Metrics;
 use crate::presence::{data_bucket, Clock, Registry};
-use crate::proto::Auth;
 
 /// The protocol's view of the gateway; see the module documentation.
 #[derive(Debug)]
@@ -29,8 +28,9 @@ pub(crate) struct Context {
 /// The configuration as the machine applies it.
 #[derive(Debug, Clone)]
 pub(crate) struct Rules {
-    /// Token check on LOGIN (`--auth-secret`), if any.
-    pub(crate) auth: Option<Auth>,
+    /// What a SIGHUP may change: the HMAC token secrets checked at LOGIN (`--auth-secret`),
+    /// the DATA rate (`--max-data-rate`, `--max-data-burst`).
+    pub(crate) live: Arc<Live>,
     /// JWT check on LOGIN (`--jwt-key-file`, `--jwt-secret-file`), if any.
     pub(crate) jwt: Option<Arc<JwtAuth>>,
     /// End sessions when their token expires (`--enforce-token-expiry`).
@@ -42,11 +42,8 @@ pub(crate) struct Rules {
     pub(crate) window: u64,
     /// From accept to a successful LOGIN, handshakes included (`--login-timeout`).
     pub(crate) login_timeout: Duration,
-    /// `--max-data-rate` in the session bucket's units (per tick, burst), if limited, and
-    /// as configured, for the close's text.
-    pub(crate) data_bucket: Option<(u64, u64)>,
-    pub(crate) max_data_rate: u32,
-    pub(crate) max_data_burst: u32,
+    /// The tick, in which the DATA bucket refills.
+    pub(crate) tick: Duration,
     /// Topic filters one MQTT session may hold (`--mqtt-max-subscriptions`).
     pub(crate) mqtt_max_subscriptions: usize,
     /// Sessions one uid may hold (`--max-devices`), for the text of an eviction's BYE.
@@ -58,18 +55,25 @@ pub(crate) struct Rules {
 // === impl Rules ===
 
 impl Rules {
-    pub(crate) fn new(config: &Config) -> Rules {
+    /// `--max-data-rate` in the session bucket's units (per tick, burst) if limited, with
+    /// the rate and burst as configured for a close's text.
+    pub(crate) fn data_bucket(&self) -> Option<((u64, u64), (u32, u32))> {
+        let (rate, burst) = self.live.data_rate();
+        data_bucket(rate, burst, self.tick).map(|bucket| (bucket, (rate, burst)))
+    }
+}
+
+impl Rules {
+    pub(crate) fn new(config: &Config, live: Arc<Live>) -> Rules {
         Rules {
-            auth: config.auth.clone(),
+            live,
             jwt: config.jwt.clone(),
             enforce_token_expiry: config.enforce_token_expiry,
             timeout_ms: config.timeout_ms(),
             tick_ms: config.tick_ms(),
             window: config.window(),
             login_timeout: config.login_timeout,
-            data_bucket: data_bucket(config.max_data_rate, config.max_data_burst, config.tick),
-            max_data_rate: config.max_data_rate,
-            max_data_burst: config.max_data_burst,
+            tick: config.tick,
             mqtt_max_subscriptions: config.mqtt_max_subscriptions,
             max_devices: config.max_devices,
             ws_keepalive_pings: config.ws_keepalive_pings,
@@ -94,7 +98,7 @@ impl Context {
             clock: Clock::new(tokio::time::Instant::now(), config.tick),
             metrics,
             shutdown: CancellationToken::new(),
-            rules: Rules::new(config),
+            rules: Rules::new(config, Arc::new(Live::new(config))),
         })
     }
 }

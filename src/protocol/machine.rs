@@ -325,7 +325,7 @@ impl Machine {
     /// configured, any token is taken.
     fn check_token(&self, inputs: &impl Inputs, uid: u64, token: &[u8]) -> Result<Checked, Close> {
         let context = &self.context;
-        match (&context.rules.jwt, &context.rules.auth) {
+        match (&context.rules.jwt, context.rules.live.auth().as_deref()) {
             (Some(jwt), _) if JwtAuth::looks_like_jwt(token) => match jwt.verify(uid, token, inputs.unix_secs()) {
                 Ok(verified) => {
                     if verified.claims_too_large {
@@ -440,7 +440,8 @@ impl Machine {
     /// client over the rate is ended, so one client cannot flood the event log for everyone.
     fn data_allowed(&self, now: u64) -> Result<(), Close> {
         let rules = &self.context.rules;
-        let (Some(session), Some((per_tick, burst))) = (self.session(), rules.data_bucket) else {
+        let (Some(session), Some(((per_tick, burst), (rate, burst_frames)))) = (self.session(), rules.data_bucket())
+        else {
             return Ok(());
         };
         if session.take_data_token(now, per_tick, burst) {
@@ -448,10 +449,7 @@ impl Machine {
         }
         Err((
             CloseReason::ProtocolError,
-            format!(
-                "DATA over --max-data-rate: more than {} frames a second with a burst of {}",
-                rules.max_data_rate, rules.max_data_burst
-            ),
+            format!("DATA over --max-data-rate: more than {rate} frames a second with a burst of {burst_frames}"),
         ))
     }
 

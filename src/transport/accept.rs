@@ -83,7 +83,10 @@ impl Doors {
             header_timeout: config.login_timeout,
             tls,
             tls_record_limit: config.tls_record_limit,
-            ws: Arc::new(ws::WsPolicy { allowed_origins: config.ws_allowed_origins.clone(), mqtt: Some(mqtt.clone()) }),
+            ws: Arc::new(ws::WsPolicy {
+                allowed_origins: context.rules.live.origins().clone(),
+                mqtt: Some(mqtt.clone()),
+            }),
             mqtt,
             max_frame_bytes: config.max_frame_bytes,
             context,

@@ -25,8 +25,9 @@ const MAC_HEX_LEN: usize = 64;
 /// lives before it is refreshed.
 pub const DEFAULT_MAX_TOKEN_TTL_SECS: u64 = 24 * 3600;
 
-/// The shared secrets; mints and checks tokens.
-#[derive(Clone)]
+/// The shared secrets; mints and checks tokens. Equal when they hold the same secrets in
+/// the same order and the same TTL bound (a reload compares them).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Auth {
     /// Newest first; never empty.
     secrets: Vec<Vec<u8>>,

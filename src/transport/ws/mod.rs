@@ -495,7 +495,8 @@ mod tests {
     #[test]
     fn the_mqtt_subprotocol_carries_an_mqtt_stream() {
         let config = crate::config::Config::default();
-        let policy = Arc::new(WsPolicy { allowed_origins: None, mqtt: Some(Arc::new(MqttPolicy::new(&config))) });
+        let policy =
+            Arc::new(WsPolicy { allowed_origins: Arc::default(), mqtt: Some(Arc::new(MqttPolicy::new(&config))) });
         let upgrade = "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
                        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
                        Sec-WebSocket-Protocol: chat, mqtt\r\n\r\n";

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use base64::Engine;
 use bytes::{Buf, BufMut, BytesMut};
 
+use crate::config::AllowedOrigins;
 use crate::proto::websocket::accept_key;
 use crate::proto::{CloseReason, WS_PATH};
 use crate::transport::mqtt::{Mqtt, MqttPolicy};
@@ -26,8 +27,8 @@ const MQTT_SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
 /// served.
 #[derive(Debug, Default)]
 pub struct WsPolicy {
-    /// Origins allowed, compared without regard to ASCII case; `None` allows any.
-    pub allowed_origins: Option<Vec<String>>,
+    /// Origins allowed, compared without regard to ASCII case (a SIGHUP may change them).
+    pub allowed_origins: Arc<AllowedOrigins>,
     /// What MQTT connections share; `None` refuses the `mqtt` subprotocol.
     pub(crate) mqtt: Option<Arc<MqttPolicy>>,
 }
@@ -88,7 +89,7 @@ pub(super) fn upgrade(
     if decoded.len() != 16 {
         return Err(refused(400, "Sec-WebSocket-Key is not 16 bytes in base64"));
     }
-    if let (Some(allowed), Some(origin)) = (&policy.allowed_origins, header("origin")) {
+    if let (Some(allowed), Some(origin)) = (policy.allowed_origins.load(), header("origin")) {
         if !allowed.iter().any(|a| a.eq_ignore_ascii_case(origin.trim())) {
             return Err(refused(403, format!("origin {origin} is not in --ws-allowed-origins")));
         }
