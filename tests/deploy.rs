@@ -85,8 +85,10 @@ async fn the_scratch_image_builds_and_serves_from_its_own_root_filesystem() {
     // Its root filesystem, as a runtime would mount it.
     let rootfs = tempfile::tempdir().unwrap();
     let container = run(Command::new(&podman).args(["create", name]).stderr(Stdio::null()));
-    let export = Command::new(&podman).args(["export", &container]).stdout(Stdio::piped()).spawn().unwrap();
-    let untar = Command::new("tar").arg("-x").arg("-C").arg(rootfs.path()).stdin(export.stdout.unwrap()).status();
+    let mut export = Command::new(&podman).args(["export", &container]).stdout(Stdio::piped()).spawn().unwrap();
+    let tar = export.stdout.take().unwrap();
+    let untar = Command::new("tar").arg("-x").arg("-C").arg(rootfs.path()).stdin(tar).status();
+    assert!(export.wait().unwrap().success(), "podman export");
     run(Command::new(&podman).args(["rm", &container]).stderr(Stdio::null()));
     assert!(untar.unwrap().success());
     for file in ["usr/bin/idlegate", "etc/passwd", "etc/idlegate/idlegate.toml", "etc/ssl/certs/ca-certificates.crt"] {
