@@ -112,13 +112,14 @@ struct ApiState {
 /// Every route with the status it answers when all goes well, and the two catch-alls: their
 /// request counters exist at 0 from the start, so a dashboard's `rate()` shows 0, not "no
 /// data", on a gateway whose API has not been called yet.
-const COUNTED: [(&str, u16); 8] = [
+const COUNTED: [(&str, u16); 9] = [
     ("/v1/presence/{uid}", 200),
     ("/v1/presence/query", 200),
     ("/v1/online", 200),
     ("/v1/push", 200),
     ("/v1/sessions/{uid}", 204),
     ("/v1/events", 200),
+    ("/v1/openapi.json", 200),
     ("unauthorized", 401),
     ("unmatched", 404),
 ];
@@ -135,6 +136,7 @@ fn router(shared: Arc<Shared>, stop: CancellationToken) -> Router {
         .route("/v1/push", post(push))
         .route("/v1/sessions/{uid}", delete(kick))
         .route("/v1/events", get(events))
+        .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), count_request))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
@@ -152,6 +154,15 @@ pub(crate) fn events_router(shared: Arc<Shared>, stop: CancellationToken) -> Rou
         .route_layer(middleware::from_fn_with_state(state.clone(), count_request))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
+}
+
+/// This API described in OpenAPI 3.1 (docs/openapi.json); `tests/openapi.rs` holds the
+/// running API to it.
+const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+/// `GET /v1/openapi.json`.
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 /// Refuses requests without the `--api-token` bearer token, comparing in constant time.
@@ -557,4 +568,21 @@ fn parse_tail(text: &str) -> Result<usize, ApiError> {
 
 fn parse_event_id(field: &str, text: &str) -> Result<EventId, ApiError> {
     text.parse().map_err(|()| ApiError::bad_request(format!("{field}: {text:?} is not an event id")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_names_every_route_and_this_version() {
+        let doc: Value = serde_json::from_str(OPENAPI).expect("docs/openapi.json is JSON");
+        assert_eq!(doc["openapi"], "3.1.0");
+        assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"), "docs/openapi.json's info.version");
+        let mut documented: Vec<&str> = doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
+        let mut routed: Vec<&str> = COUNTED.iter().map(|(route, _)| *route).filter(|r| r.starts_with('/')).collect();
+        documented.sort_unstable();
+        routed.sort_unstable();
+        assert_eq!(documented, routed, "docs/openapi.json's paths and the API's routes");
+    }
 }
