@@ -84,7 +84,7 @@ struct ServeArgs {
     #[arg(long, env = "IDLEGATE_WSS_LISTEN", value_parser = resolve, requires = "tls_cert")]
     wss_listen: Option<SocketAddr>,
     /// Address MQTT 3.1.1 and 5 clients connect to: username the uid, password the token,
-    /// client identifier the device (see README, MQTT).
+    /// client identifier the device (see docs/CLIENTS.md, MQTT).
     #[arg(long, env = "IDLEGATE_MQTT_LISTEN", value_parser = resolve)]
     mqtt_listen: Option<SocketAddr>,
     /// Address for MQTT inside TLS; needs --tls-cert and --tls-key.

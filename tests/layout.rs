@@ -281,7 +281,7 @@ fn only_the_composition_root_holds_the_whole() {
     }
 }
 
-/// `cargo run -p loadtest -- ...`, as README writes it, must pick the harness among the
+/// `cargo run -p loadtest -- ...`, as docs/BENCHMARKS.md writes it, must pick the harness among the
 /// package's binaries (the baselines are binaries too).
 #[test]
 fn cargo_run_of_the_loadtest_package_runs_the_harness() {

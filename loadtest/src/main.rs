@@ -1,6 +1,6 @@
 //! `loadtest`: many real clients against an idlegate gateway (or an MQTT broker), checking
 //! every expiry against the guarantee and measuring the server. See `loadtest --help` and the
-//! README's Load testing section.
+//! docs/BENCHMARKS.md, Running the load tests.
 
 mod args;
 mod backend;

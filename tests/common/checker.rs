@@ -1,6 +1,6 @@
 //! A checker of the event stream's promises that knows nothing of the gateway: it reads the
 //! events as a backend sees them (kind, uid, session, reason or node) and replays them
-//! against a model of what the README promises.
+//! against a model of what README.md and docs/RELIABILITY.md promise.
 //!
 //! - every `online` has exactly one `offline` of the same session after it, and no
 //!   `offline` ends a session that was never online;
