@@ -80,8 +80,8 @@ pub mod bench {
     /// `ring` as `jsonwebtoken`'s verifier, as the gateway installs it (`benches/jwt.rs`).
     pub use crate::config::jwt_ring_provider;
     pub use crate::presence::{
-        Batch, Clock, Directory, Event, EventId, EventLog, Handle, Local, Registry, Ring, Session, Touch, What,
-        READ_BATCH,
+        Batch, Clock, Directory, Event, EventId, EventLog, Handle, LastSeen, Local, Registry, Ring, Session, Touch,
+        What, READ_BATCH,
     };
 }
 

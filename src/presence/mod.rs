@@ -33,6 +33,7 @@ mod ticker;
 pub(crate) use backplane::{Backplane, RelayTurn};
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
+pub use last_seen::LastSeen;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
 pub use event_json::write_data as write_event_data;
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
