@@ -54,7 +54,7 @@ impl LastSeen {
 
     /// uids remembered.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.at.len()
     }
 }
