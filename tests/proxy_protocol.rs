@@ -54,18 +54,21 @@ async fn haproxy(server: &TestServer) -> Option<Haproxy> {
     };
     let dir = tempfile::tempdir().unwrap();
     let (tcp, ws, untrusted) = (common::free_addr(), common::free_addr(), common::free_addr());
-    // The configuration docs/DEPLOY.md shows, with test addresses.
+    // The configuration docs/DEPLOY.md shows (leastconn, long client and server timeouts,
+    // the /readyz health check on the admin port), with test addresses.
     let config = format!(
         "global\n  maxconn 1000\n\
-         defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
+         defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n\
          frontend idlegate_tcp\n  bind {tcp}\n  default_backend gateways_tcp\n\
-         backend gateways_tcp\n  server gw1 {gw_tcp} send-proxy-v2 source {BALANCER}\n\
+         backend gateways_tcp\n  balance leastconn\n  option httpchk GET /readyz\n\
+         \x20 server gw1 {gw_tcp} send-proxy-v2 source {BALANCER} check port {admin_port}\n\
          frontend idlegate_ws\n  bind {ws}\n  default_backend gateways_ws\n\
          backend gateways_ws\n  server gw1 {gw_ws} send-proxy source {BALANCER}\n\
          frontend stranger\n  bind {untrusted}\n  default_backend from_stranger\n\
          backend from_stranger\n  retries 0\n  server gw1 {gw_tcp} send-proxy-v2 source {STRANGER}\n",
         gw_tcp = server.addr,
         gw_ws = server.ws,
+        admin_port = server.admin.port(),
     );
     let path = dir.path().join("haproxy.cfg");
     std::fs::write(&path, config).unwrap();
