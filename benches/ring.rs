@@ -12,11 +12,9 @@
 //! allocator) and, for the ring, the longest single chunk of a chunked mass sweep: the pause
 //! the gateway's runtime sees. `IDLEGATE_BENCH_SIZES=100000,1000000` picks the sizes.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -34,25 +32,9 @@ const SWEEP_CHUNK: usize = 4096;
 
 // === counting allocator ===
 
-/// Counts live heap bytes, so a structure's footprint is measured, not estimated.
-struct Counting;
-
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
-        System.realloc(ptr, layout, new_size)
-    }
-}
+#[path = "../examples/support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::Counting;
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -369,7 +351,7 @@ fn stopwatch() -> impl FnOnce() -> Duration {
 fn load<T: Tracker>(n: u64) -> Loaded<T> {
     let logins = shuffled(n, 0x2545_F491_4F6C_DD1D);
     let order = shuffled(n, 0x9E37_79B9_7F4A_7C15);
-    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let before = Counting::live_bytes();
     let mut tracker = T::new();
     // (`logins` and `order` are the bench's, allocated before `before` is read.)
     for t in 0..WINDOW {
@@ -378,7 +360,7 @@ fn load<T: Tracker>(n: u64) -> Loaded<T> {
         }
     }
     let outside = tracker.outside_bytes() as isize;
-    let bytes = LIVE_BYTES.load(Ordering::Relaxed) - before - outside;
+    let bytes = Counting::live_bytes() - before - outside;
     println!(
         "footprint {:<13} {:>9} uids: {:>6.1} bytes/uid (+{:.1} kept outside it)",
         T::NAME,

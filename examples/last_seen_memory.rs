@@ -9,29 +9,11 @@
 //!
 //! `cargo run --release --example last_seen_memory > docs/results/last-seen-memory.txt`
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
 use idlegate::bench::LastSeen;
 
-struct Counting;
-
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
-        System.realloc(ptr, layout, new_size)
-    }
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::Counting;
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -40,15 +22,15 @@ static ALLOCATOR: Counting = Counting;
 const CAPACITY: usize = 1_000_000;
 
 fn measure(name: &str, uids: impl Iterator<Item = u64>) {
-    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let before = Counting::live_bytes();
     let mut seen = LastSeen::new(CAPACITY);
     let (mut writes, mut peak) = (0u64, 0isize);
     for uid in uids {
         writes += 1;
         seen.seen(uid, 1_795_000_000_000 + writes);
-        peak = peak.max(LIVE_BYTES.load(Ordering::Relaxed) - before);
+        peak = peak.max(Counting::live_bytes() - before);
     }
-    let held = LIVE_BYTES.load(Ordering::Relaxed) - before;
+    let held = Counting::live_bytes() - before;
     let per_uid = |bytes: isize| bytes as f64 / CAPACITY as f64;
     println!(
         "{name:<9} writes {writes:>9}  held {held:>11} B ({:>5.1} B/uid)  peak {peak:>11} B ({:>5.1} B/uid)",
