@@ -72,6 +72,12 @@ pub struct Args {
     /// data event per DATA frame with the same bytes, in order.
     #[arg(long)]
     pub follow_events: bool,
+    /// Follow the API's event stream and write every event to this file, one JSON object
+    /// a line (its `id`, `type` and fields), for `loadtest verdict --events`; with any
+    /// client behaviour, --churn and --reconnect included. The run waits for every
+    /// session's offline before it ends.
+    #[arg(long)]
+    pub events_out: Option<std::path::PathBuf>,
     /// A gateway dies during the run (loadtest/cluster.sh KILL_AT): a client whose
     /// connection is cut without a BYE is expected, and with --follow-events its session's
     /// offline must say node_lost (the report counts them).
@@ -247,8 +253,8 @@ impl Args {
         if !(self.push_rate.is_finite() && self.push_rate >= 0.0) {
             return Err("--push-rate: must be zero or a positive number".into());
         }
-        if (self.push_rate > 0.0 || self.follow_events) && self.api.is_empty() {
-            return Err("--api: --push-rate and --follow-events need the gateway's API address".into());
+        if (self.push_rate > 0.0 || self.follow_events || self.events_out.is_some()) && self.api.is_empty() {
+            return Err("--api: --push-rate, --follow-events and --events-out need the gateway's API address".into());
         }
         if (self.push_rate > 0.0 || self.follow_events) && self.protocol == Protocol::Mqtt {
             return Err("--protocol: --push-rate and --follow-events need the idlegate protocol".into());

@@ -415,15 +415,19 @@ impl Ledger {
     }
 }
 
-/// Follows `/v1/events` from now, recording every event for uids in `uids`, until `stop`.
-/// Resolves `ready` once the stream is open, so no login of the run precedes it.
+/// Follows `/v1/events` from now, recording every event for uids in `uids`, until `stop`,
+/// and writing each to `record` (one JSON object a line: `id`, `type` and its fields) when
+/// given. Resolves `ready` once the stream is open, so no login of the run precedes it.
 pub async fn follow(
     api: Api,
     ledger: Arc<Ledger>,
     clients: Clients,
+    record: Option<std::fs::File>,
     ready: tokio::sync::oneshot::Sender<Result<(), String>>,
     stop: CancellationToken,
 ) {
+    use std::io::Write;
+    let mut record = record.map(std::io::BufWriter::new);
     let response = match api.request(reqwest::Method::GET, "/v1/events").send().await {
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {
@@ -441,22 +445,36 @@ pub async fn follow(
     loop {
         let chunk = tokio::select! {
             c = body.next() => c,
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => None,
         };
-        let Some(Ok(chunk)) = chunk else { return };
+        let Some(Ok(chunk)) = chunk else {
+            if let Some(record) = &mut record {
+                let _ = record.flush();
+            }
+            return;
+        };
         text.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = text.find("\n\n") {
             let block: String = text.drain(..end + 2).collect();
-            let (mut event, mut data) = ("", Value::Null);
+            let (mut id, mut event, mut data) = ("", "", Value::Null);
             for line in block.lines() {
                 if let Some(v) = line.strip_prefix("event: ") {
                     event = v;
                 } else if let Some(v) = line.strip_prefix("data: ") {
                     data = serde_json::from_str(v).unwrap_or(Value::Null);
+                } else if let Some(v) = line.strip_prefix("id: ") {
+                    id = v;
                 }
             }
             if !event.is_empty() {
                 ledger.record(event, &data, clients);
+                if let Some(record) = &mut record {
+                    let mut line = serde_json::json!({"id": id, "type": event});
+                    if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), &data) {
+                        line.extend(fields.clone());
+                    }
+                    let _ = writeln!(record, "{line}");
+                }
             }
         }
     }

@@ -16,6 +16,7 @@ mod run;
 mod shared;
 mod stats;
 mod tokens;
+mod verdict;
 mod wire;
 
 use std::process::ExitCode;
@@ -29,6 +30,10 @@ use crate::run::SetupError;
 const INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
+    // `loadtest verdict ...`: judge a recorded event stream (verdict.rs).
+    if std::env::args().nth(1).as_deref() == Some("verdict") {
+        return verdict_main();
+    }
     let args = Args::parse();
     if let Err(message) = args.validate() {
         Args::command().error(clap::error::ErrorKind::ValueValidation, message).exit();
@@ -94,4 +99,27 @@ fn finish(args: &Args, report: report::Report) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// `loadtest verdict`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "loadtest verdict",
+    about = "Checks a recorded idlegate event stream against its promises (exit 0: none broken)"
+)]
+struct VerdictCli {
+    #[command(flatten)]
+    args: verdict::VerdictArgs,
+}
+
+fn verdict_main() -> ExitCode {
+    let cli = VerdictCli::parse_from(std::env::args().skip(1));
+    match verdict::run(&cli.args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(message) => {
+            eprintln!("loadtest verdict: {message}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -131,12 +131,19 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     // The event consumer starts before the first client, so it sees every login.
     let ledger = Arc::new(Ledger::default());
     let follower_stop = CancellationToken::new();
-    let follower = match (apis.first(), args.follow_events) {
+    let follower = match (apis.first(), args.follow_events || args.events_out.is_some()) {
         (Some(api), true) => {
             let (ready, opened) = tokio::sync::oneshot::channel();
             let clients = backend::Clients { uid_base: args.uid_base, devices: args.devices, count: args.connections };
-            let task =
-                tokio::spawn(backend::follow(api.clone(), ledger.clone(), clients, ready, follower_stop.clone()));
+            let record = match &args.events_out {
+                Some(path) => Some(
+                    std::fs::File::create(path)
+                        .map_err(|e| SetupError::Unreachable(format!("--events-out {}: {e}", path.display())))?,
+                ),
+                None => None,
+            };
+            let stop = follower_stop.clone();
+            let task = tokio::spawn(backend::follow(api.clone(), ledger.clone(), clients, record, ready, stop));
             match opened.await {
                 Ok(Ok(())) => Some(task),
                 Ok(Err(e)) => return Err(SetupError::Unreachable(format!("--follow-events: {e}"))),
@@ -284,6 +291,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         }
         follower_stop.cancel();
         let _ = follower.await;
+    }
+    if args.follow_events {
         let (mismatches, examples) = ledger.judge(&fleet);
         report.events_seen = Some(ledger.events.load(Ordering::Relaxed));
         report.events_missed = ledger.missed.load(Ordering::Relaxed) + ledger.malformed.load(Ordering::Relaxed);

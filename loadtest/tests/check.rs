@@ -526,3 +526,48 @@ fn pushes_and_events_check_out_over_tls_ws_and_wss() {
         }
     }
 }
+
+#[test]
+fn a_churning_run_s_recorded_stream_passes_the_verdict_and_a_hole_in_it_does_not() {
+    let rt = runtime();
+    let (target, admin, api) = gateway_with_api(&rt, None);
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let (admin, api, file) = (admin.to_string(), api.to_string(), events.display().to_string());
+    let extra = ["--churn", "--churn-life", "1s", "--admin", &admin, "--api", &api, "--events-out", &file];
+    let mut args = run_args(target, dir.path(), &extra);
+    args[3] = "200".into(); // --connections
+    args[9] = "0".into(); // --silent-fraction
+    args[11] = "4s".into(); // --duration
+    let out = loadtest(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+
+    // The stream as received, logins, logouts, expiries, kicks and drops: every promise kept.
+    let verdict_file = dir.path().join("verdict.json");
+    let verdict = |events: &str| {
+        loadtest(&[
+            "verdict".into(),
+            "--events".into(),
+            events.into(),
+            "--out".into(),
+            verdict_file.display().to_string(),
+        ])
+    };
+    let out = verdict(&file);
+    assert_eq!(out.status.code(), Some(0), "{}", explain(&out));
+    let judged: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&verdict_file).unwrap()).unwrap();
+    assert_eq!(judged["ok"], true);
+    assert!(judged["sessions"].as_u64().unwrap() > 200, "{judged}");
+
+    // One offline left out: a silent hole, named with the events around it.
+    let text = std::fs::read_to_string(&events).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    let offline = lines.iter().position(|l| l.contains(r#""type":"offline""#)).expect("an offline event");
+    lines.remove(offline);
+    let holed = dir.path().join("holed.jsonl");
+    std::fs::write(&holed, lines.join("\n")).unwrap();
+    let out = verdict(&holed.display().to_string());
+    assert_eq!(out.status.code(), Some(1), "{}", explain(&out));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("first violation: online_without_offline"), "{said}");
+}

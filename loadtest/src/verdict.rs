@@ -1,0 +1,350 @@
+//! `loadtest verdict`: an independent checker of idlegate's event promises, reading only what
+//! a backend sees. It knows nothing of the gateway's internals: its input is the event
+//! stream as a consumer received it (`events.jsonl`, one event a line: `id`, `type` and the
+//! fields `/v1/events` carries), and optionally presence answers sampled while the stream
+//! was read (`presence.jsonl`). The nemesis (issue 38) is to feed it what its consumer and
+//! samplers recorded under faults; today it judges any recorded stream.
+//!
+//! The promises checked:
+//! - every `online` has exactly one `offline` with the same session id, after it (once the
+//!   run has quiesced: `--running` leaves sessions still open alone);
+//! - no session id is used twice, and a session's events name one uid;
+//! - user events alternate per uid, `user_online` first, and agree with the session events:
+//!   a `user_online` comes while the uid has a session, a `user_offline` when it has none;
+//! - no presence answer lists a session whose `offline` the consumer had already received
+//!   before asking;
+//! - a loss is a reported `gap`, never a silent hole: an event whose partner is missing is
+//!   accepted only when a gap lies between where the partner should be and the stream's end
+//!   (or start). After a gap, a uid's user-event order starts afresh.
+//!
+//! The stream must be read from its start (the nemesis's consumer connects before any
+//! client), so a uid's first user event is a `user_online`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+/// What `loadtest verdict` reads and writes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerdictArgs {
+    /// The event stream as received: one JSON object a line, with `id` and `type`.
+    #[arg(long)]
+    pub events: PathBuf,
+    /// Presence answers sampled while reading it: one JSON object a line,
+    /// `{"uid": n, "seen": "<id of the last event received before asking>", "sessions":
+    /// ["<session id>", ...]}`.
+    #[arg(long)]
+    pub presence: Option<PathBuf>,
+    /// The stream was cut before everything ended: an `online` without its `offline` is
+    /// not a violation.
+    #[arg(long)]
+    pub running: bool,
+    /// Where to write the verdict (JSON); it is printed either way.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// One broken promise: what, where in the stream (0-based line), and the event's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: &'static str,
+    pub line: usize,
+    pub detail: String,
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub violations: Vec<Violation>,
+    pub sessions: usize,
+    pub gaps: usize,
+}
+
+impl Verdict {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    pub fn to_json(&self) -> Value {
+        let violations: Vec<Value> =
+            self.violations.iter().map(|v| json!({"kind": v.kind, "line": v.line, "detail": v.detail})).collect();
+        json!({"ok": self.ok(), "violations": violations, "sessions": self.sessions, "gaps": self.gaps})
+    }
+}
+
+/// A session as its events showed it.
+#[derive(Debug, Default)]
+struct Seen {
+    uid: u64,
+    online: Option<usize>,
+    offline: Option<usize>,
+}
+
+/// Judges `events` (in the order received) and `presence` samples.
+pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
+    let mut verdict = Verdict::default();
+    let mut say = |kind: &'static str, line: usize, detail: String| {
+        verdict.violations.push(Violation { kind, line, detail });
+    };
+    let mut sessions: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut live: HashMap<u64, usize> = HashMap::new();
+    // Per uid: whether its last user event was user_online, since the last gap.
+    let mut user_online: HashMap<u64, bool> = HashMap::new();
+    let mut gaps: Vec<usize> = Vec::new();
+    let mut line_of: HashMap<String, usize> = HashMap::new();
+    for (line, event) in events.iter().enumerate() {
+        if let Some(id) = event["id"].as_str() {
+            line_of.insert(id.to_string(), line);
+        }
+        let kind = event["type"].as_str().unwrap_or("");
+        let uid = event["uid"].as_u64();
+        let session = event["session"].as_str().map(str::to_string);
+        match (kind, uid, session) {
+            ("online", Some(uid), Some(session)) => {
+                let seen = sessions.entry(session.clone()).or_default();
+                if seen.online.is_some() || seen.offline.is_some() {
+                    say("session_reused", line, format!("session {session} of uid {uid} seen before"));
+                    continue;
+                }
+                *seen = Seen { uid, online: Some(line), offline: None };
+                *live.entry(uid).or_default() += 1;
+            }
+            ("offline", Some(uid), Some(session)) => {
+                let seen = sessions.entry(session.clone()).or_default();
+                if seen.offline.is_some() {
+                    say("offline_twice", line, format!("session {session} of uid {uid} ended twice"));
+                    continue;
+                }
+                match seen.online {
+                    Some(_) if seen.uid != uid => {
+                        say(
+                            "session_uid_mismatch",
+                            line,
+                            format!("session {session}: online uid {}, offline uid {uid}", seen.uid),
+                        );
+                    }
+                    Some(_) => {
+                        let n = live.entry(uid).or_default();
+                        *n = n.saturating_sub(1);
+                    }
+                    // Its online is lost: only a gap before it may explain that.
+                    None if gaps.is_empty() => {
+                        say(
+                            "offline_without_online",
+                            line,
+                            format!("session {session} of uid {uid}, and no gap before it"),
+                        );
+                    }
+                    None => {}
+                }
+                seen.uid = uid;
+                seen.offline = Some(line);
+            }
+            ("user_online", Some(uid), _) => {
+                if user_online.get(&uid) == Some(&true) {
+                    say("user_events_out_of_order", line, format!("uid {uid}: user_online twice in a row"));
+                }
+                user_online.insert(uid, true);
+                if live.get(&uid).copied().unwrap_or(0) == 0 && gaps.is_empty() {
+                    say("user_online_without_session", line, format!("uid {uid} has no session online"));
+                }
+            }
+            ("user_offline", Some(uid), _) => {
+                // Unknown after a gap (its user_online may be what was lost); before any,
+                // a uid starts offline: the consumer reads the stream from its start.
+                let known_offline =
+                    user_online.get(&uid) == Some(&false) || (gaps.is_empty() && !user_online.contains_key(&uid));
+                if known_offline {
+                    say(
+                        "user_events_out_of_order",
+                        line,
+                        format!("uid {uid}: user_offline without a user_online before it"),
+                    );
+                }
+                user_online.insert(uid, false);
+                let n = live.get(&uid).copied().unwrap_or(0);
+                if n > 0 {
+                    say("user_offline_with_live_session", line, format!("uid {uid} still has {n} session(s) online"));
+                }
+            }
+            ("gap", _, _) => {
+                gaps.push(line);
+                // What was lost may have held any uid's events: its user-event order starts
+                // afresh, and only sessions whose online comes after the gap count as live.
+                user_online.clear();
+                live.clear();
+            }
+            ("online" | "offline" | "user_online" | "user_offline", _, _) => {
+                say("malformed_event", line, format!("{kind} without its uid or session: {event}"));
+            }
+            _ => {}
+        }
+    }
+    verdict.sessions = sessions.len();
+    verdict.gaps = gaps.len();
+    if !running {
+        for (session, seen) in &sessions {
+            if let (Some(online), None) = (seen.online, seen.offline) {
+                // The offline may have been lost only in a gap after the online.
+                if !gaps.iter().any(|&gap| gap > online) {
+                    say(
+                        "online_without_offline",
+                        online,
+                        format!("session {session} of uid {} never ended, and no gap after it", seen.uid),
+                    );
+                }
+            }
+        }
+    }
+    for (n, sample) in presence.iter().enumerate() {
+        let Some(seen) = sample["seen"].as_str().and_then(|id| line_of.get(id)) else { continue };
+        for session in sample["sessions"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+            if let Some(offline) = sessions.get(session).and_then(|s| s.offline) {
+                if offline <= *seen {
+                    say(
+                        "presence_after_offline",
+                        offline,
+                        format!(
+                            "presence sample {n} listed session {session}, whose offline was received before asking"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    verdict.violations.sort_by_key(|v| v.line);
+    verdict
+}
+
+/// Reads a JSON-lines file; a line that is not JSON is an error naming it.
+fn read_lines(path: &Path) -> Result<Vec<Value>, String> {
+    let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", path.display(), i + 1)))
+        .collect()
+}
+
+/// `loadtest verdict`: judges the files, prints the verdict and the first violation with the
+/// events around it; true when nothing was found.
+pub fn run(args: &VerdictArgs) -> Result<bool, String> {
+    let events = read_lines(&args.events)?;
+    let presence = match &args.presence {
+        Some(path) => read_lines(path)?,
+        None => Vec::new(),
+    };
+    let verdict = check(&events, &presence, args.running);
+    let json = verdict.to_json();
+    if let Some(out) = &args.out {
+        fs::write(out, format!("{json:#}\n")).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    println!("{json}");
+    if let Some(first) = verdict.violations.first() {
+        eprintln!("first violation: {} at line {}: {}", first.kind, first.line + 1, first.detail);
+        let from = first.line.saturating_sub(3);
+        for (i, event) in events.iter().enumerate().skip(from).take(7) {
+            eprintln!("{}{:>6}  {event}", if i == first.line { ">" } else { " " }, i + 1);
+        }
+    }
+    Ok(verdict.ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(lines: &[&str]) -> Vec<Value> {
+        lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                v["id"] = format!("1-{i}").into();
+                v
+            })
+            .collect()
+    }
+
+    fn kinds(verdict: &Verdict) -> Vec<&'static str> {
+        verdict.violations.iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_kept_stream_is_ok() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"user_online","uid":1}"#,
+            r#"{"type":"online","uid":1,"session":"b"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"kicked"}"#,
+            r#"{"type":"offline","uid":1,"session":"b","reason":"idle_timeout"}"#,
+            r#"{"type":"user_offline","uid":1,"reason":"idle_timeout"}"#,
+        ]);
+        let verdict = check(&events, &[], false);
+        assert!(verdict.ok(), "{:?}", verdict.violations);
+        assert_eq!((verdict.sessions, verdict.gaps), (2, 0));
+    }
+
+    #[test]
+    fn each_broken_promise_is_named() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"user_online","uid":1}"#,
+            r#"{"type":"user_offline","uid":1,"reason":"logout"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"logout"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"logout"}"#,
+            r#"{"type":"online","uid":2,"session":"a"}"#,
+            r#"{"type":"offline","uid":3,"session":"z","reason":"logout"}"#,
+            r#"{"type":"user_offline","uid":4,"reason":"logout"}"#,
+            r#"{"type":"online","uid":5,"session":"c"}"#,
+        ]);
+        let verdict = check(&events, &[], false);
+        assert_eq!(
+            kinds(&verdict),
+            [
+                "user_offline_with_live_session",
+                "offline_twice",
+                "session_reused",
+                "offline_without_online",
+                "user_events_out_of_order",
+                "online_without_offline"
+            ]
+        );
+        // A stream cut while running leaves open sessions alone.
+        assert!(!kinds(&check(&events, &[], true)).contains(&"online_without_offline"));
+    }
+
+    #[test]
+    fn a_loss_is_accepted_only_inside_a_reported_gap() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"gap","missed":3}"#,
+            r#"{"type":"offline","uid":2,"session":"b","reason":"node_lost"}"#,
+            r#"{"type":"user_offline","uid":2,"reason":"node_lost"}"#,
+        ]);
+        let verdict = check(&events, &[], false);
+        assert!(verdict.ok(), "{:?}", verdict.violations);
+        assert_eq!(verdict.gaps, 1);
+        // Without the gap, both holes are violations.
+        let mut holes = events.clone();
+        holes.remove(1);
+        assert_eq!(
+            kinds(&check(&holes, &[], false)),
+            ["online_without_offline", "offline_without_online", "user_events_out_of_order"]
+        );
+    }
+
+    #[test]
+    fn presence_after_the_offline_is_a_violation() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"logout"}"#,
+        ]);
+        let before = json!({"uid": 1, "seen": "1-0", "sessions": ["a"]});
+        assert!(check(&events, &[before], false).ok());
+        let after = json!({"uid": 1, "seen": "1-1", "sessions": ["a"]});
+        assert_eq!(kinds(&check(&events, &[after], false)), ["presence_after_offline"]);
+    }
+}
