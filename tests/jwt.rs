@@ -204,3 +204,39 @@ async fn wait_metric(gw: &GatewayProcess, series: &str, at_least: f64) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// docs/CLIENTS.md's Node example, minting with npm's `jose` (`tests/data/jose/mint.mjs`),
+/// gives a token the gateway takes: the claims it names ride in the online event.
+#[tokio::test]
+async fn the_documented_jose_example_mints_a_token_that_logs_in() {
+    let data = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jose"));
+    let installed = data.join("node_modules/jose/package.json").is_file();
+    if common::find_on_path(&["node"]).is_none() || !installed {
+        return skip_without("node and npm's jose", "cd tests/data/jose && npm ci");
+    }
+    let Some(openssl) = common::find_on_path(&["openssl"]) else {
+        return skip_without("openssl", "apt-get install openssl");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let private = dir.path().join("private.pem");
+    let made = Command::new(openssl)
+        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out"])
+        .arg(&private)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let out = Command::new("node").arg(data.join("mint.mjs")).arg(&private).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let minted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, minted["jwks"].to_string()).unwrap();
+    let rules = JwtRules { claims_to_events: vec!["name".into(), "org".into()], ..JwtRules::default() };
+    let config = Config { jwt: Some(JwtAuth::load(Some(&jwks), None, rules).unwrap()), ..Config::default() };
+    let mut server = TestServer::start(config).await;
+    let (_, mut events) = common::Sse::open(server.api, "/v1/events", &[]).await;
+    let token = minted["token"].as_str().unwrap();
+    assert_eq!(login(Transport::Tcp, server.addr, None, token).await, Ok(()));
+    let online = events.expect("online", UID).await;
+    assert_eq!(online.data["claims"], serde_json::json!({"name": "Ada", "org": "acme"}));
+    server.shutdown().await;
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{sleep, timeout};
+use tokio::time::{sleep, timeout_at, Instant};
 
 use crate::config::{Config, ProxyProtocol};
 use crate::descriptors::{is_out_of_descriptors, Reserve};
@@ -49,7 +49,8 @@ pub(crate) struct Doors {
     refusals: Refusals,
     /// The balancers whose PROXY headers are read (`--proxy-protocol-from`).
     proxy: Option<ProxyProtocol>,
-    /// How long a connection has to send its PROXY header: its whole login's time.
+    /// How long a connection has to send its PROXY header: its login's time, which the
+    /// header's wait is part of.
     header_timeout: Duration,
     /// Each TLS door's configuration (`--tls-cert`, `--tls-key`, the door's ALPN), by
     /// [`Transport::index`].
@@ -139,7 +140,8 @@ impl Doors {
             if self.proxy.is_some() {
                 match self.slots.take(transport) {
                     Some(guard) => {
-                        tokio::spawn(self.clone().behind_balancer(transport, stream, peer, guard));
+                        let accepted = Instant::now();
+                        tokio::spawn(self.clone().behind_balancer(transport, stream, peer, guard, accepted));
                     }
                     None => self.refuse_server_full(stream, transport),
                 }
@@ -155,7 +157,7 @@ impl Doors {
                 }
             };
             match self.slots.take(transport) {
-                Some(guard) => self.spawn(transport, stream, guard, ticket, peer),
+                Some(guard) => self.spawn(transport, stream, guard, ticket, peer, Instant::now()),
                 None => {
                     // Not served: its place among the waiting logins goes back at once.
                     drop(ticket);
@@ -194,11 +196,12 @@ impl Doors {
         mut stream: TcpStream,
         peer: SocketAddr,
         guard: Guard,
+        accepted: Instant,
     ) {
         let Some(proxy) = &self.proxy else { return };
         let trusted = proxy.trusts(peer.ip());
         let read = async {
-            match timeout(self.header_timeout, proxy_header::read(&mut stream, trusted)).await {
+            match timeout_at(accepted + self.header_timeout, proxy_header::read(&mut stream, trusted)).await {
                 Ok(read) => read,
                 Err(_) => Err(Refusal::Timeout),
             }
@@ -218,7 +221,7 @@ impl Doors {
             }
         };
         match self.admit(client, transport) {
-            Ok(ticket) => self.spawn(transport, stream, guard, ticket, client),
+            Ok(ticket) => self.spawn(transport, stream, guard, ticket, client, accepted),
             Err(why) => {
                 drop(guard);
                 self.refusals.refuse(stream, transport, Bound::Address, hint(), &why);
@@ -228,9 +231,18 @@ impl Doors {
 
     /// Serves `stream`, accepted on `transport`'s door, in a task of its own. A TLS session
     /// that cannot be made closes the stream (the guard and ticket give everything back).
-    fn spawn(&self, transport: Transport, stream: TcpStream, guard: Guard, ticket: Ticket, peer: SocketAddr) {
+    fn spawn(
+        &self,
+        transport: Transport,
+        stream: TcpStream,
+        guard: Guard,
+        ticket: Ticket,
+        peer: SocketAddr,
+        accepted: Instant,
+    ) {
         let door = Door::of(transport);
-        let arrival = Arrival { ticket: Some(ticket), peer: Some(peer), log: self.refusal_log.clone() };
+        let log = self.refusal_log.clone();
+        let arrival = Arrival { accepted, ticket: Some(ticket), peer: Some(peer), log };
         match &self.tls[transport.index()] {
             None if !door.is_tls() => self.spawn_over(tcp::Plain, door.speaks, stream, guard, arrival),
             Some(config) => match tls::Tls::new(config.clone(), self.tls_record_limit) {

@@ -42,13 +42,16 @@ pub(crate) fn serve<L: Layer + Send + Sync + Unpin + 'static, F: Framing + Send 
     arrival: Arrival,
 ) -> Serve<L, F> {
     let conn = Connection::new(stream, layer, framing);
-    let machine = Machine::new(context, Instant::now());
+    let machine = Machine::new(context, arrival.accepted);
     let login = log_in(machine, conn, arrival);
     Serve { phase: Phase::LoggingIn(Box::pin(login)), guard }
 }
 
 /// What the login phase holds besides the connection: held by it only.
 pub(crate) struct Arrival {
+    /// When it was accepted: its login deadline runs from then, a PROXY header's wait
+    /// included.
+    pub accepted: Instant,
     /// Its place among the connections waiting to log in.
     pub ticket: Option<Ticket>,
     /// The client's address (the peer's, or a trusted PROXY header's), for its session and
@@ -130,7 +133,7 @@ async fn log_in<L: Layer, F: Framing>(
     mut conn: Connection<L, F>,
     arrival: Arrival,
 ) -> (Machine, Connection<L, F>, Result<(), Close>) {
-    let Arrival { ticket, peer, log } = arrival;
+    let Arrival { ticket, peer, log, .. } = arrival;
     let door = Connection::<L, F>::TRANSPORT;
     let mut handshake = Handshake::start(door, &conn);
     let arriving = Arriving(Origin { door: Some(door), remote: peer });
@@ -308,7 +311,8 @@ mod footprint {
         let guard = || slots.take(crate::proto::Transport::Tcp).unwrap();
         let mqtt = || mqtt::Mqtt::new(max, Arc::new(mqtt::MqttPolicy::new(&config)));
         let log = Arc::<super::RefusalLog>::default();
-        let arrival = || super::Arrival { ticket: None, peer: None, log: log.clone() };
+        let arrival =
+            || super::Arrival { accepted: tokio::time::Instant::now(), ticket: None, peer: None, log: log.clone() };
         let sizes = [
             (
                 "tcp",
