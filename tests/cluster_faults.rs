@@ -37,7 +37,7 @@ fn count(events: &[StreamEvent], kind: &str, detail: &str) -> usize {
 /// Gateway `a` reaching `redis` through a pausable proxy and `b` directly, both with
 /// `lease`, both ready.
 async fn a_behind_a_proxy(redis: &RedisServer, lease: Duration) -> (Proxy, TestServer, TestServer) {
-    let proxy = Proxy::start(redis.addr).await;
+    let proxy = Proxy::start(redis.addr).await.unwrap();
     let config = |url: &str, node| Config { node_lease: lease, ..cluster_config(url, node) };
     let a = TestServer::start(config(&proxy.url(), "a")).await;
     wait_ready(&a).await;
@@ -321,7 +321,7 @@ async fn the_shared_stream_is_bounded_in_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
     let Some(redis) = RedisServer::start().await else { return };
-    let proxy = Proxy::start(redis.addr).await;
+    let proxy = Proxy::start(redis.addr).await.unwrap();
     let config = Config { redis_queue_bytes: 256 * 1024, ..cluster_config(&proxy.url(), "a") };
     let mut gw = TestServer::start(config).await;
     wait_ready(&gw).await;
@@ -367,12 +367,12 @@ async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_lost_writes_is_reported_and_repaired() {
     let Some(mut master) = RedisServer::start().await else { return };
-    let link = Proxy::start(master.addr).await;
+    let link = Proxy::start(master.addr).await.unwrap();
     let port = link.addr.port().to_string();
     let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
     within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
         .await;
-    let proxy = Proxy::start(master.addr).await;
+    let proxy = Proxy::start(master.addr).await.unwrap();
     let mut nodes = gateways_with(&proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
     let (_, mut sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
     let mut clients = log_in(&nodes, 1..=3).await;
@@ -427,7 +427,7 @@ async fn a_failover_that_lost_writes_is_reported_and_repaired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_holds_a_batch_until_a_replica_has_it() {
     let Some(master) = RedisServer::start().await else { return };
-    let link = Proxy::start(master.addr).await;
+    let link = Proxy::start(master.addr).await.unwrap();
     let port = link.addr.port().to_string();
     let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
     within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
@@ -448,4 +448,45 @@ async fn min_replicas_holds_a_batch_until_a_replica_has_it() {
     gw.shutdown().await;
     assert!(members(&master).is_empty(), "a node whose every batch is written leaves the cluster");
     assert_paired(&master.events());
+}
+
+/// Nemesis seed 1 (docs/RELIABILITY.md): a node that reconciled with a Redis that had lost
+/// its writes announced again a session a newer login on another node had already taken over
+/// (its `offline` logged, its kick still waiting in the node's inbox): an `online` after the
+/// session's `offline`, then a second `offline`. Here the node's inbox reader is held (its
+/// connection through the proxy) while its commands go through, so the kick waits for as
+/// long as the test needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_seed_1_a_reconcile_never_announces_a_session_taken_over() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let (proxy, a, b) = a_behind_a_proxy(&redis, Duration::from_secs(60)).await;
+    let mut old = a.client().await;
+    assert!(matches!(old.login(7).await, Frame::Welcome { .. }));
+    within(PATIENCE, "the first login is logged", || redis.events().iter().any(|e| e.kind == "online")).await;
+    proxy.hold_stream_readers();
+    // A newer login of uid 7 on b takes the device over: the old session's offline is logged
+    // and its kick waits in a's inbox.
+    let mut new = b.client().await;
+    assert!(matches!(new.login(7).await, Frame::Welcome { .. }));
+    within(PATIENCE, "the takeover is logged", || count(&redis.events(), "offline", "kicked") == 1).await;
+    // Redis loses a's acknowledged writes (as a failover to a lagging replica does): a's next
+    // batch finds its applied marker behind, and a reconciles before the batch after it.
+    let member = members(&redis).into_iter().find(|m| m.starts_with("a#")).expect("a is a member");
+    redis.cli(&["DEL", &format!("{{idlegate}}:applied:{member}")]);
+    let mut other = a.client().await;
+    assert!(matches!(other.login(8).await, Frame::Welcome { .. }));
+    within(PATIENCE, "uid 8's login is logged", || redis.events().iter().any(|e| e.uid == 8)).await;
+    let mut sentinel = a.client().await;
+    assert!(matches!(sentinel.login(9).await, Frame::Welcome { .. }));
+    within(PATIENCE, "uid 9's login, after the reconcile, is logged", || redis.events().iter().any(|e| e.uid == 9))
+        .await;
+    // The old session ends as kicked, without waiting for its kick.
+    old.expect_bye(CloseReason::Kicked).await;
+    proxy.resume();
+    for c in [&mut new, &mut other, &mut sentinel] {
+        c.send(Frame::Logout).await;
+        c.expect_bye(CloseReason::Logout).await;
+    }
+    within(PATIENCE, "every logout is logged", || count(&redis.events(), "offline", "logout") == 3).await;
+    assert_paired(&redis.events());
 }

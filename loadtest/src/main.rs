@@ -9,8 +9,11 @@ mod door;
 mod fleet;
 mod gateway;
 mod merge;
+mod nemesis;
 mod payload;
 mod plot;
+#[allow(dead_code)] // hold_replies and switch serve the gateway's own tests (tests/common)
+mod proxy;
 mod report;
 mod run;
 mod shared;
@@ -33,6 +36,10 @@ fn main() -> ExitCode {
     // `loadtest verdict ...`: judge a recorded event stream (verdict.rs).
     if std::env::args().nth(1).as_deref() == Some("verdict") {
         return verdict_main();
+    }
+    // `loadtest nemesis ...`: a churning cluster under seeded faults (nemesis/).
+    if std::env::args().nth(1).as_deref() == Some("nemesis") {
+        return nemesis_main();
     }
     let args = Args::parse();
     if let Err(message) = args.validate() {
@@ -119,6 +126,36 @@ fn verdict_main() -> ExitCode {
         Ok(false) => ExitCode::from(1),
         Err(message) => {
             eprintln!("loadtest verdict: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `loadtest nemesis`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "loadtest nemesis",
+    about = "Runs an idlegate cluster under a seeded random schedule of faults and checks every event promise (exit 0: none broken)"
+)]
+struct NemesisCli {
+    #[command(flatten)]
+    args: nemesis::NemesisArgs,
+}
+
+fn nemesis_main() -> ExitCode {
+    let cli = NemesisCli::parse_from(std::env::args().skip(1));
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loadtest nemesis: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(nemesis::run(&cli.args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(message) => {
+            eprintln!("loadtest nemesis: {message}");
             ExitCode::from(2)
         }
     }

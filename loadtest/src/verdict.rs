@@ -37,6 +37,16 @@ pub struct VerdictArgs {
     /// ["<session id>", ...]}`.
     #[arg(long)]
     pub presence: Option<PathBuf>,
+    /// The sessions as the clients saw them (the nemesis's `clients.jsonl`): `{"uid",
+    /// "node", "session", "from_ms", "to_ms", "pinging", "end"}`. A client that kept pinging
+    /// on a healthy node must never have lost its session, and every session a client was
+    /// welcomed into must be in the stream (or a gap).
+    #[arg(long)]
+    pub clients: Option<PathBuf>,
+    /// The nemesis's `schedule.json`: the faults (counted in the verdict) that make a node
+    /// unhealthy for the clients check, and the gateways' settings.
+    #[arg(long)]
+    pub schedule: Option<PathBuf>,
     /// The stream was cut before everything ended: an `online` without its `offline` is
     /// not a violation.
     #[arg(long)]
@@ -50,9 +60,15 @@ pub struct VerdictArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     pub kind: &'static str,
+    /// The file `line` is in: events.jsonl, or clients.jsonl for the clients' checks.
+    pub file: &'static str,
     pub line: usize,
     pub detail: String,
 }
+
+/// The files a violation's line can be in.
+const EVENTS: &str = "events.jsonl";
+const CLIENTS: &str = "clients.jsonl";
 
 /// What the checker found.
 #[derive(Debug, Default)]
@@ -60,6 +76,10 @@ pub struct Verdict {
     pub violations: Vec<Violation>,
     pub sessions: usize,
     pub gaps: usize,
+    /// Faults injected, by kind (from the schedule).
+    pub faults: BTreeMap<String, u64>,
+    /// Client sessions judged by the healthy-node check.
+    pub kept: usize,
 }
 
 impl Verdict {
@@ -68,9 +88,19 @@ impl Verdict {
     }
 
     pub fn to_json(&self) -> Value {
-        let violations: Vec<Value> =
-            self.violations.iter().map(|v| json!({"kind": v.kind, "line": v.line, "detail": v.detail})).collect();
-        json!({"ok": self.ok(), "violations": violations, "sessions": self.sessions, "gaps": self.gaps})
+        let violations: Vec<Value> = self
+            .violations
+            .iter()
+            .map(|v| json!({"kind": v.kind, "file": v.file, "line": v.line + 1, "detail": v.detail}))
+            .collect();
+        json!({
+            "ok": self.ok(),
+            "violations": violations,
+            "faults": self.faults,
+            "sessions": self.sessions,
+            "gaps": self.gaps,
+            "kept_sessions_checked": self.kept,
+        })
     }
 }
 
@@ -86,7 +116,7 @@ struct Seen {
 pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
     let mut verdict = Verdict::default();
     let mut say = |kind: &'static str, line: usize, detail: String| {
-        verdict.violations.push(Violation { kind, line, detail });
+        verdict.violations.push(Violation { kind, file: EVENTS, line, detail });
     };
     let mut sessions: BTreeMap<String, Seen> = BTreeMap::new();
     let mut live: HashMap<u64, usize> = HashMap::new();
@@ -104,6 +134,15 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
         match (kind, uid, session) {
             ("online", Some(uid), Some(session)) => {
                 let seen = sessions.entry(session.clone()).or_default();
+                // Announced again after a gap, still open and of the same uid: Redis lost it
+                // and its node says it again (docs/CLUSTER.md, When Redis loses writes).
+                if let (Some(first), None) = (seen.online, seen.offline) {
+                    if seen.uid == uid && gaps.iter().any(|&gap| gap > first) {
+                        seen.online = Some(line);
+                        *live.entry(uid).or_default() += 1;
+                        continue;
+                    }
+                }
                 if seen.online.is_some() || seen.offline.is_some() {
                     say("session_reused", line, format!("session {session} of uid {uid} seen before"));
                     continue;
@@ -218,6 +257,79 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
     verdict
 }
 
+/// After a fault ends, how long its effects may still reach a node's sessions: a fenced node
+/// logging back in, a lease running out, a last sweep.
+fn aftermath_ms(settings: &Value) -> u64 {
+    let timeout = settings["timeout_ms"].as_u64().unwrap_or(30_000);
+    let lease = settings["node_lease_ms"].as_u64().unwrap_or(7_500);
+    timeout + 2 * lease
+}
+
+/// The client-side checks: `clients` are `clients.jsonl`'s lines, `schedule` is
+/// `schedule.json`. A pinging client's session lost (`"end": "lost"`) on a node that no fault
+/// touched from its login to its end (a fault on the node itself or on Redis, and what
+/// follows it for [`aftermath_ms`]; a wall-clock jump is not ill health: expiry never reads
+/// the wall clock) is `session_lost_on_healthy_node`. A session a client was welcomed into
+/// and the stream never named is `session_missing_from_events`, unless the stream reported a
+/// gap.
+pub fn check_clients(verdict: &mut Verdict, events: &[Value], clients: &[Value], schedule: &Value) {
+    let faults = schedule["faults"].as_array().cloned().unwrap_or_default();
+    for fault in &faults {
+        if let Some(kind) = fault["kind"].as_str() {
+            *verdict.faults.entry(kind.to_string()).or_default() += 1;
+        }
+    }
+    let aftermath = aftermath_ms(&schedule["settings"]);
+    let named: std::collections::HashSet<&str> = events.iter().filter_map(|e| e["session"].as_str()).collect();
+    let gaps = events.iter().any(|e| e["type"] == "gap");
+    for (line, client) in clients.iter().enumerate() {
+        let (Some(node), Some(session), Some(from), Some(to)) =
+            (client["node"].as_str(), client["session"].as_str(), client["from_ms"].as_u64(), client["to_ms"].as_u64())
+        else {
+            verdict.violations.push(Violation {
+                kind: "malformed_client_record",
+                file: CLIENTS,
+                line,
+                detail: client.to_string(),
+            });
+            continue;
+        };
+        if !gaps && !named.contains(session) {
+            verdict.violations.push(Violation {
+                kind: "session_missing_from_events",
+                file: CLIENTS,
+                line,
+                detail: format!("clients.jsonl line {}: session {session} on {node} never in the stream", line + 1),
+            });
+        }
+        if client["pinging"] != true {
+            continue;
+        }
+        let touched = faults.iter().any(|f| {
+            let target = f["target"].as_str().unwrap_or("");
+            let (at, lasts) = (f["at_ms"].as_u64().unwrap_or(0), f["for_ms"].as_u64().unwrap_or(0));
+            (target == node || target == "redis") && f["kind"] != "clock" && at <= to && from <= at + lasts + aftermath
+        });
+        if touched {
+            continue;
+        }
+        verdict.kept += 1;
+        if client["end"] == "lost" {
+            verdict.violations.push(Violation {
+                kind: "session_lost_on_healthy_node",
+                file: CLIENTS,
+                line,
+                detail: format!(
+                    "clients.jsonl line {}: uid {} lost session {session} on {node} ({}), no fault near it from {from} to {to} ms",
+                    line + 1,
+                    client["uid"],
+                    client["detail"].as_str().unwrap_or("")
+                ),
+            });
+        }
+    }
+}
+
 /// Reads a JSON-lines file; a line that is not JSON is an error naming it.
 fn read_lines(path: &Path) -> Result<Vec<Value>, String> {
     let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -236,16 +348,32 @@ pub fn run(args: &VerdictArgs) -> Result<bool, String> {
         Some(path) => read_lines(path)?,
         None => Vec::new(),
     };
-    let verdict = check(&events, &presence, args.running);
+    let mut verdict = check(&events, &presence, args.running);
+    let schedule = match &args.schedule {
+        Some(path) => {
+            let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => Value::Null,
+    };
+    if let Some(path) = &args.clients {
+        check_clients(&mut verdict, &events, &read_lines(path)?, &schedule);
+    } else if let Some(faults) = schedule["faults"].as_array() {
+        check_clients(&mut verdict, &events, &[], &json!({"faults": faults}));
+    }
     let json = verdict.to_json();
     if let Some(out) = &args.out {
         fs::write(out, format!("{json:#}\n")).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     println!("{json}");
     if let Some(first) = verdict.violations.first() {
-        eprintln!("first violation: {} at line {}: {}", first.kind, first.line + 1, first.detail);
+        if let Some(seed) = schedule["seed"].as_u64() {
+            eprintln!("seed {seed}");
+        }
+        eprintln!("first violation: {} at {} line {}: {}", first.kind, first.file, first.line + 1, first.detail);
+        let shown = if first.file == EVENTS { 7 } else { 0 };
         let from = first.line.saturating_sub(3);
-        for (i, event) in events.iter().enumerate().skip(from).take(7) {
+        for (i, event) in events.iter().enumerate().skip(from).take(shown) {
             eprintln!("{}{:>6}  {event}", if i == first.line { ">" } else { " " }, i + 1);
         }
     }
@@ -327,6 +455,18 @@ mod tests {
         let verdict = check(&events, &[], false);
         assert!(verdict.ok(), "{:?}", verdict.violations);
         assert_eq!(verdict.gaps, 1);
+        // A session announced again after a gap (Redis lost it) is the same session, still
+        // owed one offline; announced again after its offline, it is not.
+        let again = stream(&[
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"gap","missed":null,"earlier_stream":true}"#,
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"logout"}"#,
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"kicked"}"#,
+        ]);
+        assert_eq!(kinds(&check(&again[..4], &[], false)), Vec::<&str>::new());
+        assert_eq!(kinds(&check(&again, &[], false)), ["session_reused", "offline_twice"]);
         // Without the gap, both holes are violations.
         let mut holes = events.clone();
         holes.remove(1);

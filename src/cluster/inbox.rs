@@ -176,13 +176,21 @@ pub(crate) fn render_reach(reach: &Reach) -> String {
     }
 }
 
+/// The `(uid, session)` a `kick` entry ends; None for any other entry.
+pub(crate) fn kick_of(entry: &StreamId) -> Option<(u64, u64)> {
+    if field(entry, "op") != Some(b"kick") {
+        return None;
+    }
+    let (uid, session) = (number_field(entry, "uid")?, text_field(entry, "s")?);
+    Some((uid, u64::from_str_radix(&session, 16).ok()?))
+}
+
 /// Acts on one inbox entry.
 async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
     let registry = cluster.registry();
     match field(entry, "op") {
         Some(b"kick") => {
-            let (Some(uid), Some(session)) = (number_field(entry, "uid"), text_field(entry, "s")) else { return };
-            if let Ok(session) = u64::from_str_radix(&session, 16) {
+            if let Some((uid, session)) = kick_of(entry) {
                 registry.kick_session(uid, session, None);
             }
         }

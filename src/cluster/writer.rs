@@ -13,7 +13,7 @@
 //! `WAIT` says N replicas hold it. `APPLY` answering "fenced" means this member was reaped:
 //! the node rejoins under a new name, and the routes the batch set are taken back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -427,8 +427,12 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
     let held = scan_sessions(cluster, &member).await?;
     let registry = cluster.registry();
     let live = registry.live_sessions();
+    // Read after the live sessions: a kick handled since is no longer live, one still
+    // waiting is in the inbox.
+    let kicked = pending_kicks(cluster, &member).await?;
     let mut announced = 0usize;
     let mut ended = 0usize;
+    let mut superseded = 0usize;
     let mut routes_checked = Vec::new();
     let mut local: HashMap<String, u64> = HashMap::with_capacity(live.len());
     for session in &live {
@@ -437,6 +441,13 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         local.insert(field, session.id());
         if in_redis {
             routes_checked.push(session.clone());
+        } else if kicked.contains(&(session.uid(), session.id())) {
+            // Not lost: a newer login elsewhere took it over, logged its `offline` and sent
+            // the kick that waits in the inbox. Announcing it again would give an `online`
+            // after its `offline` (nemesis seed 1); it ends here now, and the kick finds it
+            // gone.
+            registry.kick_session(session.uid(), session.id(), None);
+            superseded += 1;
         } else if registry.events().reassert(session) {
             announced += 1;
         }
@@ -468,8 +479,30 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
             rerouted += 1;
         }
     }
-    tracing::info!(live = live.len(), held = held.len(), announced, ended, rerouted, "reconciled with Redis");
+    tracing::info!(
+        live = live.len(),
+        held = held.len(),
+        announced,
+        ended,
+        rerouted,
+        superseded,
+        "reconciled with Redis"
+    );
     Ok(())
+}
+
+/// The `(uid, session)` of every kick waiting in `member`'s inbox: sessions a newer login
+/// elsewhere ended, whose `offline` is logged. The inbox is trimmed as it is read, so this
+/// is the few kicks of the last moments (at most the inbox's cap).
+async fn pending_kicks(cluster: &Cluster, member: &str) -> Result<HashSet<(u64, u64)>, StoreError> {
+    let inbox = keys::inbox(member);
+    let range: redis::streams::StreamRangeReply = cluster
+        .call(1, |mut conn| async move {
+            redis::cmd("XRANGE").arg(&inbox).arg("-").arg("+").query_async(&mut conn).await.map_err(StoreError::from)
+        })
+        .await?;
+    let kicks = range.ids.iter().filter_map(crate::cluster::inbox::kick_of);
+    Ok(kicks.collect())
 }
 
 /// Every entry of `member`'s session hash.

@@ -10,6 +10,8 @@ pub mod jwt;
 pub mod mqtt;
 pub mod mqttjs;
 pub mod process;
+#[path = "../../loadtest/src/proxy.rs"]
+#[allow(dead_code)]
 pub mod proxy;
 pub mod raw_tls;
 pub mod redis;

@@ -1,10 +1,16 @@
-//! A TCP proxy the test controls, for network faults without root: `pause` stops carrying
+//! A TCP proxy that a test or the nemesis controls, for network faults without root: `pause` stops carrying
 //! bytes both ways (a partition: connections stay open, nothing arrives), `hold_replies`
 //! only the server's answers (commands run, their replies are lost to the client's
-//! timeout), `resume` heals both, and `switch` points new connections at another server
-//! and cuts the old ones (a failover behind a stable address).
+//! timeout), `hold_stream_readers` only the connections that have sent a Redis `XREAD` (a
+//! node's inbox and event-tail reader, while its commands go through), `resume` heals them
+//! all, and `switch` points new connections at another server and cuts the old ones (a
+//! failover behind a stable address).
+//!
+//! One file serves both users: the nemesis (`loadtest nemesis`) puts one between each gateway
+//! and Redis, and the gateway's own tests (`tests/common`) include it by path.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,20 +23,23 @@ pub struct Proxy {
     pub addr: SocketAddr,
     paused: watch::Sender<bool>,
     replies: watch::Sender<bool>,
+    readers: watch::Sender<bool>,
     target: Arc<Mutex<(SocketAddr, CancellationToken)>>,
     stop: CancellationToken,
 }
 
 impl Proxy {
     /// A proxy on a loopback port to `target`.
-    pub async fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+    pub async fn start(target: SocketAddr) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let (paused, _) = watch::channel(false);
         let (replies, _) = watch::channel(false);
+        let (readers, _) = watch::channel(false);
         let target = Arc::new(Mutex::new((target, CancellationToken::new())));
         let stop = CancellationToken::new();
         let (p, r, t, s) = (paused.clone(), replies.clone(), target.clone(), stop.clone());
+        let rd = readers.clone();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -38,8 +47,9 @@ impl Proxy {
                     _ = s.cancelled() => return,
                 };
                 let Ok((client, _)) = accepted else { continue };
-                let (to, cut) = t.lock().unwrap().clone();
+                let (to, cut) = t.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let (paused, replies) = (p.subscribe(), r.subscribe());
+                let reader = Reader { sent_xread: Arc::new(AtomicBool::new(false)), held: rd.subscribe() };
                 tokio::spawn(async move {
                     // A paused proxy does not connect either: the far side is out of reach.
                     let mut waiting = paused.clone();
@@ -48,14 +58,14 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::select! {
-                        _ = pipe(cr, sw, vec![paused.clone()]) => {}
-                        _ = pipe(sr, cw, vec![paused, replies]) => {}
+                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), true) => {}
+                        _ = pipe(sr, cw, vec![paused, replies], reader, false) => {}
                         _ = cut.cancelled() => {}
                     }
                 });
             }
         });
-        Proxy { addr, paused, replies, target, stop }
+        Ok(Proxy { addr, paused, replies, readers, target, stop })
     }
 
     /// `redis://` URL through the proxy.
@@ -73,15 +83,22 @@ impl Proxy {
         self.replies.send_replace(true);
     }
 
-    /// Carries bytes again, both ways.
+    /// Stops carrying bytes, both ways, on every connection that has sent an `XREAD`: a
+    /// node's stream reader is cut off (what is in its inbox waits) while its commands run.
+    pub fn hold_stream_readers(&self) {
+        self.readers.send_replace(true);
+    }
+
+    /// Carries bytes again, both ways, on every connection.
     pub fn resume(&self) {
         self.paused.send_replace(false);
         self.replies.send_replace(false);
+        self.readers.send_replace(false);
     }
 
     /// Sends new connections to `target` and closes every open one.
     pub fn switch(&self, target: SocketAddr) {
-        let mut t = self.target.lock().unwrap();
+        let mut t = self.target.lock().unwrap_or_else(|e| e.into_inner());
         t.1.cancel();
         *t = (target, CancellationToken::new());
     }
@@ -90,16 +107,27 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.cancel();
-        self.target.lock().unwrap().1.cancel();
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).1.cancel();
     }
 }
 
-/// Waits until no gate is closed; false once the proxy is gone.
-async fn open(gates: &mut [watch::Receiver<bool>]) -> bool {
+/// Whether a connection has sent a Redis `XREAD`, and the gate of such connections.
+#[derive(Clone)]
+struct Reader {
+    sent_xread: Arc<AtomicBool>,
+    held: watch::Receiver<bool>,
+}
+
+/// Waits until no gate is closed (the readers' gate counts once the connection has sent an
+/// `XREAD`); false once the proxy is gone.
+async fn open(gates: &mut [watch::Receiver<bool>], reader: &mut Reader) -> bool {
     for gate in gates {
         if gate.wait_for(|closed| !*closed).await.is_err() {
             return false;
         }
+    }
+    if reader.sent_xread.load(Ordering::Relaxed) && reader.held.wait_for(|held| !*held).await.is_err() {
+        return false;
     }
     true
 }
@@ -108,18 +136,23 @@ async fn pipe(
     mut from: impl AsyncReadExt + Unpin,
     mut to: impl AsyncWriteExt + Unpin,
     mut gates: Vec<watch::Receiver<bool>>,
+    mut reader: Reader,
+    to_server: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if !open(&mut gates).await {
+        if !open(&mut gates, &mut reader).await {
             return;
         }
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if to_server && buf[..n].windows(5).any(|w| w.eq_ignore_ascii_case(b"XREAD")) {
+            reader.sent_xread.store(true, Ordering::Relaxed);
+        }
         // Bytes read just as the pause began are held until it ends, like a cut link.
-        if !open(&mut gates).await {
+        if !open(&mut gates, &mut reader).await {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {

@@ -1,0 +1,418 @@
+//! `loadtest nemesis`: a churning idlegate cluster under a seeded random schedule of faults,
+//! and an independent check of every promise the events make (docs/RELIABILITY.md).
+//!
+//! A run starts its own Redis (one server, reached by each gateway through a proxy of its
+//! own so that one gateway can be cut off; or a Redis Cluster with `--redis-cluster`) and
+//! `--nodes` gateways, follows the event stream and samples presence as a backend would,
+//! churns `--clients` clients, and injects the faults of `schedule.json`. Then it heals
+//! everything, lets the clients go, waits for every session to end, and hands what the
+//! backend saw to the checker (verdict.rs). Exit status 0 only when nothing is broken.
+//!
+//! ```text
+//! 0        from_ms                     until_ms    clients stop        duration
+//! |--------|=== faults (schedule) ======|-----------|---- quiesce -------|
+//! | clients churn ..................................| every session ends |
+//! ```
+
+pub mod churn;
+pub mod observe;
+pub mod procs;
+pub mod schedule;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+use self::churn::{Churn, DEVICES_PER_UID, FIRST_UID};
+use self::procs::{Gateway, GatewaySettings, RedisCluster, RedisServer, Throttle};
+use self::schedule::{Fault, Plan, Schedule, SplitMix64};
+use crate::proxy::Proxy;
+
+/// `loadtest nemesis`'s command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NemesisArgs {
+    /// The idlegate binary to run (`cargo build --release`: target/release/idlegate).
+    #[arg(long)]
+    pub gateway: PathBuf,
+    /// Gateways in the cluster.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Client slots; every uid has three devices.
+    #[arg(long, default_value_t = 300)]
+    pub clients: u64,
+    /// The schedule's seed: the same seed gives the same schedule.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The whole run, the quiet end included.
+    #[arg(long, default_value = "4m", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Where schedule.json, events.jsonl, presence.jsonl, clients.jsonl, verdict.json and
+    /// the gateways' logs go.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A Redis Cluster (three primaries with a replica each) instead of one server: adds
+    /// `redis_failover`; `partition` needs the one server's proxies and is left out.
+    #[arg(long)]
+    pub redis_cluster: bool,
+    /// Only these fault kinds (comma-separated), for replaying one kind's failures.
+    #[arg(long, value_delimiter = ',')]
+    pub faults: Vec<String>,
+    /// The gateways' `--timeout`.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// The gateways' `--tick`.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub tick: Duration,
+    /// The gateways' `--node-lease`.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub node_lease: Duration,
+}
+
+/// When the faults may start: the cluster is up and the first logins are in.
+const FAULTS_FROM: Duration = Duration::from_secs(5);
+
+/// The quiet end's share of the run: faults healed, clients gone, every session ending.
+const QUIESCE_SHARE: f64 = 0.25;
+
+/// The quiet end is never shorter than this: the last expiries, leases and reaps need a few
+/// timeouts.
+const QUIESCE_AT_LEAST: Duration = Duration::from_secs(20);
+
+/// The run's layout in time.
+struct Timeline {
+    from: Duration,
+    until: Duration,
+    clients_stop: Duration,
+    end: Duration,
+}
+
+impl Timeline {
+    fn of(args: &NemesisArgs) -> Result<Timeline, String> {
+        let quiesce = args.duration.mul_f64(QUIESCE_SHARE).max(QUIESCE_AT_LEAST);
+        let until = args.duration.checked_sub(quiesce).filter(|u| *u > FAULTS_FROM + Duration::from_secs(10));
+        let Some(until) = until else {
+            return Err(format!(
+                "--duration {:?} is too short: at least {:?}",
+                args.duration,
+                FAULTS_FROM + QUIESCE_AT_LEAST + Duration::from_secs(11)
+            ));
+        };
+        Ok(Timeline { from: FAULTS_FROM, until, clients_stop: until + Duration::from_secs(1), end: args.duration })
+    }
+}
+
+/// Redis as the run has it.
+enum Store {
+    /// One server, and a proxy per gateway in front of it.
+    Single {
+        server: RedisServer,
+        proxies: Vec<Proxy>,
+    },
+    Cluster(RedisCluster),
+}
+
+/// Runs the nemesis; Ok(true) when the checker found nothing.
+pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
+    if args.nodes == 0 || args.clients < DEVICES_PER_UID {
+        return Err(format!("--nodes must be at least 1 and --clients at least {DEVICES_PER_UID}"));
+    }
+    let timeline = Timeline::of(args)?;
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
+    let out = args.out.canonicalize().map_err(|e| format!("--out {}: {e}", args.out.display()))?;
+    let ids: Vec<String> = (1..=args.nodes).map(|i| format!("n{i}")).collect();
+    let mut schedule = schedule::draw(Plan {
+        seed: args.seed,
+        from_ms: timeline.from.as_millis() as u64,
+        until_ms: timeline.until.as_millis() as u64,
+        nodes: &ids,
+        lease_ms: args.node_lease.as_millis() as u64,
+        redis_cluster: args.redis_cluster,
+    });
+    if !args.faults.is_empty() {
+        for kind in &args.faults {
+            if !schedule::KINDS.contains(&kind.as_str()) {
+                return Err(format!("--faults: unknown kind {kind:?} (known: {})", schedule::KINDS.join(", ")));
+            }
+        }
+        schedule.faults.retain(|f| args.faults.contains(&f.kind));
+    }
+    write_json(&out.join("schedule.json"), &schedule_json(&schedule, args))?;
+    eprintln!(
+        "nemesis: seed {} draws {} faults over {:?}; writing {}",
+        args.seed,
+        schedule.faults.len(),
+        args.duration,
+        out.display()
+    );
+
+    // Redis, then the gateways, each through its own way to Redis.
+    let mut store = if args.redis_cluster {
+        Store::Cluster(RedisCluster::start(&out.join("redis")).await?)
+    } else {
+        let server = RedisServer::start(out.join("redis"), &[]).await?;
+        let mut proxies = Vec::new();
+        for _ in &ids {
+            proxies.push(Proxy::start(server.addr).await.map_err(|e| format!("a proxy to Redis: {e}"))?);
+        }
+        Store::Single { server, proxies }
+    };
+    let settings = GatewaySettings {
+        binary: args.gateway.clone(),
+        timeout: args.timeout,
+        tick: args.tick,
+        node_lease: args.node_lease,
+        redis_cluster: args.redis_cluster,
+    };
+    let mut gateways = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let url = match &store {
+            Store::Single { proxies, .. } => proxies[i].url(),
+            Store::Cluster(cluster) => cluster.url(),
+        };
+        let mut gateway = Gateway::new(id, url, &settings, &out)?;
+        gateway.start().await?;
+        gateways.push(gateway);
+    }
+    let kinds: Vec<&str> = schedule.faults.iter().map(|f| f.kind.as_str()).collect();
+    if kinds.contains(&"clock") && !gateways[0].has_clock() {
+        return Err("a clock fault needs libfaketime: apt-get install faketime (or leave it out with --faults)".into());
+    }
+    let run_name = format!("{}-{}", std::process::id(), args.seed);
+    let throttles = if kinds.contains(&"stall") {
+        ids.iter().map(|id| Throttle::new(&format!("{run_name}-{id}"))).collect::<Result<Vec<_>, _>>()?
+    } else {
+        Vec::new()
+    };
+
+    // The backend's eyes first, so the stream holds every session from its start.
+    let started = Instant::now();
+    let apis: Vec<_> = gateways.iter().map(|g| g.api).collect();
+    let seen = Arc::new(observe::Seen::default());
+    let stop_observing = CancellationToken::new();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let consumer = tokio::spawn(observe::consume(
+        apis.clone(),
+        seen.clone(),
+        create(&out.join("events.jsonl"))?,
+        ready_tx,
+        stop_observing.clone(),
+    ));
+    ready_rx.await.map_err(|_| "the event consumer never connected".to_string())?;
+    let uids = args.clients.div_ceil(DEVICES_PER_UID);
+    let sampler = tokio::spawn(observe::sample(
+        apis.clone(),
+        FIRST_UID..FIRST_UID + uids,
+        seen.clone(),
+        args.seed,
+        create(&out.join("presence.jsonl"))?,
+        stop_observing.clone(),
+    ));
+
+    // The clients and the backend's pushes and kicks.
+    let churn = Arc::new(Churn {
+        nodes: gateways.iter().map(|g| (g.id.clone(), g.listen, g.api)).collect(),
+        timeout: args.timeout,
+        started,
+        records: std::sync::Mutex::new(std::io::BufWriter::new(create(&out.join("clients.jsonl"))?)),
+        sessions: Default::default(),
+        pushes: Default::default(),
+        kicks: Default::default(),
+    });
+    let stop_clients = CancellationToken::new();
+    let mut tasks = Vec::new();
+    for slot in 0..args.clients {
+        tasks.push(tokio::spawn(churn::client(churn.clone(), slot, args.seed, stop_clients.clone())));
+    }
+    tasks.push(tokio::spawn(churn::backend(churn.clone(), uids, args.seed, stop_clients.clone())));
+
+    // The faults, in the schedule's order of events (a fault's start and its healing).
+    let mut nemesis = Nemesis {
+        gateways: &mut gateways,
+        store: &mut store,
+        throttles: &throttles,
+        ids: &ids,
+        rng: SplitMix64::new(args.seed ^ 0xfa17),
+    };
+    let mut steps: Vec<(u64, bool, &Fault)> = Vec::new();
+    for f in &schedule.faults {
+        steps.push((f.at_ms, true, f));
+        steps.push((f.end_ms(), false, f));
+    }
+    // Heal before harm at the same moment.
+    steps.sort_by_key(|(at, start, _)| (*at, *start));
+    let mut injected: BTreeMap<String, u64> = BTreeMap::new();
+    for (at, start, fault) in steps {
+        sleep_until(started + Duration::from_millis(at)).await;
+        let result = if start { nemesis.harm(fault).await } else { nemesis.heal(fault).await };
+        match result {
+            Ok(()) if start => {
+                *injected.entry(fault.kind.clone()).or_default() += 1;
+                eprintln!("nemesis: {:>7} ms {} {}", at, fault.kind, fault.target);
+            }
+            Ok(()) => {}
+            Err(e) => {
+                return Err(format!(
+                    "{} of {} on {} at {} ms: {e}",
+                    if start { "injecting" } else { "healing" },
+                    fault.kind,
+                    fault.target,
+                    at
+                ))
+            }
+        }
+    }
+
+    // The quiet end: clients log out, then every session must end.
+    sleep_until(started + timeline.clients_stop).await;
+    stop_clients.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
+    churn.flush();
+    eprintln!(
+        "nemesis: clients stopped after {} sessions, {} pushes and {} kicks; waiting for the last offlines",
+        churn.sessions.load(Ordering::Relaxed),
+        churn.pushes.load(Ordering::Relaxed),
+        churn.kicks.load(Ordering::Relaxed)
+    );
+    let end = started + timeline.end;
+    // Wait until the consumer holds no open session, or the run's end.
+    while seen.open_sessions() > 0 && Instant::now() < end {
+        sleep(Duration::from_millis(200)).await;
+    }
+    // A little longer: a late duplicate offline would show in it.
+    sleep(args.timeout.min(end.saturating_duration_since(Instant::now()))).await;
+    stop_observing.cancel();
+    let _ = consumer.await;
+    let _ = sampler.await;
+    drop(nemesis);
+    drop(gateways);
+    drop(throttles);
+    drop(store);
+
+    let judged = crate::verdict::VerdictArgs {
+        events: out.join("events.jsonl"),
+        presence: Some(out.join("presence.jsonl")),
+        clients: Some(out.join("clients.jsonl")),
+        schedule: Some(out.join("schedule.json")),
+        running: false,
+        out: Some(out.join("verdict.json")),
+    };
+    let ok = crate::verdict::run(&judged)?;
+    eprintln!(
+        "nemesis: seed {}: {} ({} consumer resumes); faults injected: {injected:?}",
+        args.seed,
+        if ok { "no violation" } else { "VIOLATIONS, see verdict.json" },
+        seen.resumes.load(Ordering::Relaxed)
+    );
+    Ok(ok)
+}
+
+/// `schedule.json`: the faults, the seed, and the gateways' settings the checker allows for.
+fn schedule_json(schedule: &Schedule, args: &NemesisArgs) -> serde_json::Value {
+    serde_json::json!({
+        "seed": schedule.seed,
+        "faults": schedule.faults,
+        "settings": {
+            "nodes": args.nodes,
+            "clients": args.clients,
+            "duration_ms": args.duration.as_millis() as u64,
+            "timeout_ms": args.timeout.as_millis() as u64,
+            "tick_ms": args.tick.as_millis() as u64,
+            "node_lease_ms": args.node_lease.as_millis() as u64,
+            "redis_cluster": args.redis_cluster,
+        }
+    })
+}
+
+fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(), String> {
+    std::fs::write(path, format!("{value:#}\n")).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn create(path: &std::path::Path) -> Result<std::fs::File, String> {
+    std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The hand that injects and heals.
+struct Nemesis<'a> {
+    gateways: &'a mut [Gateway],
+    store: &'a mut Store,
+    throttles: &'a [Throttle],
+    ids: &'a [String],
+    rng: SplitMix64,
+}
+
+impl Nemesis<'_> {
+    fn node(&self, fault: &Fault) -> Result<usize, String> {
+        self.ids.iter().position(|id| *id == fault.target).ok_or_else(|| format!("no node {}", fault.target))
+    }
+
+    async fn harm(&mut self, fault: &Fault) -> Result<(), String> {
+        match fault.kind.as_str() {
+            "kill" => self.gateways[self.node(fault)?].kill(),
+            "stop" => self.gateways[self.node(fault)?].freeze(true),
+            "partition" => match &*self.store {
+                Store::Single { proxies, .. } => proxies[self.node(fault)?].pause(),
+                Store::Cluster(_) => return Err("a partition needs the one Redis server's proxies".into()),
+            },
+            "redis_restart" => match self.store {
+                Store::Single { server, .. } => server.kill(),
+                Store::Cluster(cluster) => {
+                    let pick = self.rng.next_u64() as usize % cluster.servers.len();
+                    cluster.servers[pick].kill();
+                }
+            },
+            "redis_failover" => match &*self.store {
+                Store::Cluster(cluster) => {
+                    cluster.failover(self.rng.next_u64()).await?;
+                }
+                Store::Single { .. } => return Err("a failover needs --redis-cluster".into()),
+            },
+            "stall" => {
+                let i = self.node(fault)?;
+                if let Some(pid) = self.gateways[i].pid() {
+                    self.throttles[i].set(pid, true)?;
+                }
+            }
+            "clock" => self.gateways[self.node(fault)?].set_clock(fault.jump_s.unwrap_or(3_600))?,
+            other => return Err(format!("unknown fault kind {other:?}")),
+        }
+        Ok(())
+    }
+
+    async fn heal(&mut self, fault: &Fault) -> Result<(), String> {
+        match fault.kind.as_str() {
+            "kill" => self.gateways[self.node(fault)?].start().await?,
+            "stop" => self.gateways[self.node(fault)?].freeze(false),
+            "partition" => {
+                if let Store::Single { proxies, .. } = &*self.store {
+                    proxies[self.node(fault)?].resume();
+                }
+            }
+            "redis_restart" => match self.store {
+                Store::Single { server, .. } => server.restart().await?,
+                Store::Cluster(cluster) => {
+                    for server in &mut cluster.servers {
+                        if !server.running() {
+                            server.restart().await?;
+                        }
+                    }
+                    cluster.wait_ok().await?;
+                }
+            },
+            "redis_failover" => {}
+            "stall" => {
+                let i = self.node(fault)?;
+                self.throttles[i].set(0, false)?;
+            }
+            "clock" => self.gateways[self.node(fault)?].set_clock(0)?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
