@@ -233,7 +233,7 @@ pub async fn backend(churn: Arc<Churn>, uids: u64, seed: u64, stop: Cancellation
         turn += 1;
         let api = churn.nodes[rng.between(0, churn.nodes.len() as u64 - 1) as usize].2;
         let uid = FIRST_UID + rng.between(0, uids - 1);
-        let sent = if turn % (KICK_EVERY.as_millis() / PUSH_EVERY.as_millis()) as u64 == 0 {
+        let sent = if turn.is_multiple_of((KICK_EVERY.as_millis() / PUSH_EVERY.as_millis()) as u64) {
             let device = rng.between(0, DEVICES_PER_UID - 1);
             churn.kicks.fetch_add(1, Ordering::Relaxed);
             http.delete(format!("http://{api}/v1/sessions/{uid}?device=d{device}")).send().await

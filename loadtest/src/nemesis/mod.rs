@@ -290,7 +290,6 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     stop_observing.cancel();
     let _ = consumer.await;
     let _ = sampler.await;
-    drop(nemesis);
     drop(gateways);
     drop(throttles);
     drop(store);

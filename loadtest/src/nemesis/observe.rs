@@ -152,7 +152,7 @@ pub async fn sample(
 ) {
     let http = reqwest::Client::builder().timeout(CONNECT_PATIENCE).build().expect("a plain HTTP client builds");
     let mut out = std::io::BufWriter::new(out);
-    let mut rng = SplitMix64::new(seed ^ 0x5a_4d_91e5);
+    let mut rng = SplitMix64::new(seed ^ 0x5a4d_91e5);
     while !stop.is_cancelled() {
         tokio::select! {
             _ = sleep(SAMPLE_EVERY) => {}
