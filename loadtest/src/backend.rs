@@ -456,23 +456,10 @@ pub async fn follow(
         text.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = text.find("\n\n") {
             let block: String = text.drain(..end + 2).collect();
-            let (mut id, mut event, mut data) = ("", "", Value::Null);
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event: ") {
-                    event = v;
-                } else if let Some(v) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(v).unwrap_or(Value::Null);
-                } else if let Some(v) = line.strip_prefix("id: ") {
-                    id = v;
-                }
-            }
-            if !event.is_empty() {
-                ledger.record(event, &data, clients);
+            if let Some(line) = crate::nemesis::observe::event_line(&block) {
+                let event = line["type"].as_str().unwrap_or_default();
+                ledger.record(event, &line, clients);
                 if let Some(record) = &mut record {
-                    let mut line = serde_json::json!({"id": id, "type": event});
-                    if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), &data) {
-                        line.extend(fields.clone());
-                    }
                     let _ = writeln!(record, "{line}");
                 }
             }

@@ -99,8 +99,8 @@ pub async fn consume(
 }
 
 /// One SSE block as a line of `events.jsonl`: `id`, `type` and the data's fields; None for
-/// a comment (the keep-alive).
-fn event_line(block: &str) -> Option<Value> {
+/// a comment (the keep-alive). The harness's own follower (backend.rs) reads with it too.
+pub fn event_line(block: &str) -> Option<Value> {
     let (mut id, mut event, mut data) = ("", "", Value::Null);
     for line in block.lines() {
         if let Some(v) = line.strip_prefix("event: ") {
