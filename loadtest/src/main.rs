@@ -121,11 +121,17 @@ struct VerdictCli {
 
 fn verdict_main() -> ExitCode {
     let cli = VerdictCli::parse_from(std::env::args().skip(1));
-    match verdict::run(&cli.args) {
+    judged("verdict", verdict::run(&cli.args))
+}
+
+/// The exit status of a judged run: 0 clean, 1 violations, 2 (after saying why) when it
+/// could not be judged.
+fn judged(command: &str, verdict: Result<bool, String>) -> ExitCode {
+    match verdict {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(message) => {
-            eprintln!("loadtest verdict: {message}");
+            eprintln!("loadtest {command}: {message}");
             ExitCode::from(2)
         }
     }
@@ -151,12 +157,5 @@ fn nemesis_main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(nemesis::run(&cli.args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(message) => {
-            eprintln!("loadtest nemesis: {message}");
-            ExitCode::from(2)
-        }
-    }
+    judged("nemesis", runtime.block_on(nemesis::run(&cli.args)))
 }
