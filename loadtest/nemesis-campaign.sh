@@ -14,6 +14,7 @@ out=$1 duration=$2
 shift 2
 cargo build -q --release --bin idlegate
 cargo build -q --release -p loadtest --bin loadtest
+mkdir -p "$out"
 for seed in "$@"; do
   dir="$out/seed-$seed"
   rm -rf "$dir"

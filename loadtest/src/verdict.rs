@@ -37,6 +37,11 @@ pub struct VerdictArgs {
     /// ["<session id>", ...]}`.
     #[arg(long)]
     pub presence: Option<PathBuf>,
+    /// The same events as the webhook receiver got them (one JSON object a line, each
+    /// once): judged as the stream is, without the presence samples (which name the
+    /// stream's ids).
+    #[arg(long)]
+    pub webhooks: Option<PathBuf>,
     /// The sessions as the clients saw them (the nemesis's `clients.jsonl`): `{"uid",
     /// "node", "session", "from_ms", "to_ms", "pinging", "end"}`. A client that kept pinging
     /// on a healthy node must never have lost its session, and every session a client was
@@ -69,6 +74,7 @@ pub struct Violation {
 /// The files a violation's line can be in.
 const EVENTS: &str = "events.jsonl";
 const CLIENTS: &str = "clients.jsonl";
+const WEBHOOKS: &str = "webhooks.jsonl";
 
 /// What the checker found.
 #[derive(Debug, Default)]
@@ -80,6 +86,8 @@ pub struct Verdict {
     pub faults: BTreeMap<String, u64>,
     /// Client sessions judged by the healthy-node check.
     pub kept: usize,
+    /// Sessions the webhooks named, when they were judged.
+    pub webhook_sessions: Option<usize>,
 }
 
 impl Verdict {
@@ -100,6 +108,7 @@ impl Verdict {
             "sessions": self.sessions,
             "gaps": self.gaps,
             "kept_sessions_checked": self.kept,
+            "webhook_sessions": self.webhook_sessions,
         })
     }
 }
@@ -361,6 +370,11 @@ pub fn run(args: &VerdictArgs) -> Result<bool, String> {
     } else if let Some(faults) = schedule["faults"].as_array() {
         check_clients(&mut verdict, &events, &[], &json!({"faults": faults}));
     }
+    if let Some(path) = &args.webhooks {
+        let hooked = check(&read_lines(path)?, &[], args.running);
+        verdict.webhook_sessions = Some(hooked.sessions);
+        verdict.violations.extend(hooked.violations.into_iter().map(|v| Violation { file: WEBHOOKS, ..v }));
+    }
     let json = verdict.to_json();
     if let Some(out) = &args.out {
         fs::write(out, format!("{json:#}\n")).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -372,6 +386,9 @@ pub fn run(args: &VerdictArgs) -> Result<bool, String> {
         }
         eprintln!("first violation: {} at {} line {}: {}", first.kind, first.file, first.line + 1, first.detail);
         let shown = if first.file == EVENTS { 7 } else { 0 };
+        if first.file == WEBHOOKS {
+            eprintln!("(in the webhooks' events)");
+        }
         let from = first.line.saturating_sub(3);
         for (i, event) in events.iter().enumerate().skip(from).take(shown) {
             eprintln!("{}{:>6}  {event}", if i == first.line { ">" } else { " " }, i + 1);

@@ -14,7 +14,7 @@ use redis::Script;
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
-use crate::presence::{DirectoryError, EventId, RelayTurn};
+use crate::presence::{Acknowledged, DirectoryError, EventId, RelayTurn};
 
 /// The turn of this node's cluster.
 #[derive(Debug)]
@@ -59,11 +59,14 @@ impl RelayTurn for SharedTurn {
         .boxed()
     }
 
-    fn acknowledged(&self) -> BoxFuture<'_, Result<EventId, DirectoryError>> {
+    fn acknowledged(&self) -> BoxFuture<'_, Result<Acknowledged, DirectoryError>> {
         async move {
             let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST];
-            let at: String = self.eval(&self.cluster.scripts.turn_from, &keys, &[]).await?;
-            at.parse().map_err(|()| DirectoryError::Unavailable(format!("the relay's position {at:?} is no event id")))
+            let (at, recorded_now): (String, i64) = self.eval(&self.cluster.scripts.turn_from, &keys, &[]).await?;
+            let after = at
+                .parse()
+                .map_err(|()| DirectoryError::Unavailable(format!("the relay's position {at:?} is no event id")))?;
+            Ok(Acknowledged { after, recorded_now: recorded_now == 1 })
         }
         .boxed()
     }

@@ -420,17 +420,18 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 "#;
 
-/// The relay's acknowledged position; before the first one ever, the stream's newest id,
-/// recorded as acknowledged.
+/// The relay's acknowledged position; when there is none (before the first one ever, or
+/// Redis lost it), the stream's newest id, recorded as acknowledged.
 ///
-/// KEYS: the acknowledged position, the stream's last-id hash. Returns the id.
+/// KEYS: the acknowledged position, the stream's last-id hash. Returns `{id, 1}` when it
+/// recorded the position just now, `{id, 0}` otherwise.
 const TURN_FROM: &str = r#"
 local at = redis.call('GET', KEYS[1])
-if at then return at end
+if at then return {at, 0} end
 local last = redis.call('HMGET', KEYS[2], 'ms', 'n')
 at = (last[1] or '0') .. '-' .. (last[2] or '0')
 redis.call('SET', KEYS[1], at)
-return at
+return {at, 1}
 "#;
 
 /// Records the relay's acknowledged position and keeps its turn, only while the member

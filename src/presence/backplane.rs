@@ -34,6 +34,16 @@ pub(crate) trait Backplane: Send + Sync + Debug {
     fn relay_turn(self: Arc<Self>) -> Arc<dyn RelayTurn>;
 }
 
+/// Where the webhook relay goes on from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Acknowledged {
+    /// The position acknowledged last.
+    pub after: EventId,
+    /// The position was missing (the cluster's first relay, or the store lost it) and is
+    /// recorded just now.
+    pub recorded_now: bool,
+}
+
 /// One webhook relay for a whole cluster: whose turn it is to deliver the shared stream's
 /// events, and how far the receiver acknowledged them. Both live in the store, so when the
 /// relaying node dies (or stops answering), another takes the turn once it runs out and
@@ -43,10 +53,10 @@ pub(crate) trait RelayTurn: Send + Sync + Debug {
     /// while this node holds it.
     fn hold(&self, ttl: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>>;
 
-    /// The position acknowledged last. Before the first acknowledgement ever, the shared
-    /// stream's newest position, recorded as acknowledged: the cluster's first relay
-    /// starts from the events after it.
-    fn acknowledged(&self) -> BoxFuture<'_, Result<EventId, DirectoryError>>;
+    /// The position acknowledged last. When there is none (before the first
+    /// acknowledgement ever, or the store lost it), the shared stream's newest position,
+    /// recorded as acknowledged: the cluster's first relay starts from the events after it.
+    fn acknowledged(&self) -> BoxFuture<'_, Result<Acknowledged, DirectoryError>>;
 
     /// Records every event through `through` as acknowledged and keeps the turn for `ttl`,
     /// only if this node still holds it; false if it lost it.

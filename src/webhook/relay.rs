@@ -171,8 +171,16 @@ impl Relay {
                     _ = finish.changed() => {}
                 }
             }
-            let from = match turn.store.acknowledged().await {
-                Ok(from) => from,
+            let (from, mut queue) = match turn.store.acknowledged().await {
+                // No position was acknowledged (the cluster's first relay, or Redis lost it
+                // with its writes, as when it restarts empty): what came before the
+                // position recorded now may never have reached the receiver, so it hears
+                // of a gap first (nemesis seed 4). Nothing is lost silently.
+                Ok(ack) if ack.recorded_now => {
+                    tracing::warn!(after = %ack.after, "webhook: no acknowledged position in Redis; sending a gap first");
+                    (ack.after, VecDeque::from([self.lost_position()]))
+                }
+                Ok(ack) => (ack.after, VecDeque::new()),
                 Err(e) => {
                     tracing::debug!(error = %e, "webhook: the relay's position is out of reach");
                     tokio::time::sleep(turn.every).await;
@@ -181,7 +189,6 @@ impl Relay {
             };
             tracing::info!(after = %from, "webhook: this node relays the cluster's events");
             let stream = self.directory.follow(Some(from));
-            let mut queue = VecDeque::new();
             let ended = self.relay(stream, &mut queue, &mut finish, Some(&turn)).await;
             self.observe(&VecDeque::new());
             if ended == Ended::LostTurn {
@@ -274,6 +281,15 @@ impl Relay {
         let at_ms = unix_ms_now();
         let id = format!("start-{at_ms}");
         let json = format!(r#"{{"id":"{id}","type":"start","node":{},"at_ms":{at_ms}}}"#, self.node);
+        Pending { id, at: None, at_ms, json }
+    }
+
+    /// The `gap` a cluster's relay sends when it finds no acknowledged position: how much
+    /// the receiver missed is unknown (`missed` null, `earlier_stream` as on the stream).
+    fn lost_position(&self) -> Pending {
+        let at_ms = unix_ms_now();
+        let id = format!("gap-{at_ms}");
+        let json = format!(r#"{{"id":"{id}","type":"gap","missed":null,"earlier_stream":true}}"#);
         Pending { id, at: None, at_ms, json }
     }
 

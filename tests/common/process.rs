@@ -43,7 +43,7 @@ impl GatewayProcess {
             .args(extra)
             .env_remove("IDLEGATE_AUTH_SECRET")
             .env_remove("IDLEGATE_API_TOKEN")
-            .stderr(Stdio::null())
+            .stderr(if std::env::var_os("IDLEGATE_TEST_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() })
             .spawn()
             .expect("idlegate starts");
         wait_listening(admin).await;

@@ -18,6 +18,7 @@ pub mod churn;
 pub mod observe;
 pub mod procs;
 pub mod schedule;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -167,7 +168,17 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         tick: args.tick,
         node_lease: args.node_lease,
         redis_cluster: args.redis_cluster,
+        webhook: None,
     };
+    // The webhook receiver, before the gateways that post to it.
+    let stop_observing = CancellationToken::new();
+    let (hook, hooked, receiver) =
+        webhooks::receive(create(&out.join("webhooks.jsonl"))?, stop_observing.clone()).await?;
+    let secret = out.join("webhook-secret");
+    // Standard Webhooks' example secret: the receiver does not verify (tests/webhook.rs does).
+    std::fs::write(&secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
+        .map_err(|e| format!("{}: {e}", secret.display()))?;
+    let settings = GatewaySettings { webhook: Some((format!("http://{hook}/hook"), secret)), ..settings };
     let mut gateways = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let url = match &store {
@@ -193,7 +204,6 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     let started = Instant::now();
     let apis: Vec<_> = gateways.iter().map(|g| g.api).collect();
     let seen = Arc::new(observe::Seen::default());
-    let stop_observing = CancellationToken::new();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let consumer = tokio::spawn(observe::consume(
         apis.clone(),
@@ -281,8 +291,8 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         churn.kicks.load(Ordering::Relaxed)
     );
     let end = started + timeline.end;
-    // Wait until the consumer holds no open session, or the run's end.
-    while seen.open_sessions() > 0 && Instant::now() < end {
+    // Wait until the consumer and the webhooks hold no open session, or the run's end.
+    while (seen.open_sessions() > 0 || hooked.open_sessions() > 0) && Instant::now() < end {
         sleep(Duration::from_millis(200)).await;
     }
     // A little longer: a late duplicate offline would show in it.
@@ -290,6 +300,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     stop_observing.cancel();
     let _ = consumer.await;
     let _ = sampler.await;
+    let _ = receiver.await;
     drop(gateways);
     drop(throttles);
     drop(store);
@@ -297,6 +308,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     let judged = crate::verdict::VerdictArgs {
         events: out.join("events.jsonl"),
         presence: Some(out.join("presence.jsonl")),
+        webhooks: Some(out.join("webhooks.jsonl")),
         clients: Some(out.join("clients.jsonl")),
         schedule: Some(out.join("schedule.json")),
         running: false,

@@ -121,6 +121,13 @@ pub fn event_line(block: &str) -> Option<Value> {
     Some(line)
 }
 
+impl Seen {
+    /// Takes in one event received: its id, and the sessions it opens or ends.
+    pub fn note(&self, event: &Value) {
+        note(self, event);
+    }
+}
+
 fn note(seen: &Seen, event: &Value) {
     if let Some(id) = event["id"].as_str().filter(|id| !id.is_empty()) {
         *seen.last_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.to_string());

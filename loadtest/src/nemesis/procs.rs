@@ -181,6 +181,8 @@ pub struct GatewaySettings {
     pub tick: Duration,
     pub node_lease: Duration,
     pub redis_cluster: bool,
+    /// `--webhook-url` and `--webhook-secret-file`, when the run receives webhooks.
+    pub webhook: Option<(String, PathBuf)>,
 }
 
 /// One gateway process: node `id`, its ports fixed for the run (a restart after a kill
@@ -245,6 +247,9 @@ impl Gateway {
             .stderr(log_file(&self.log)?);
         if s.redis_cluster {
             cmd.arg("--redis-cluster");
+        }
+        if let Some((url, secret)) = &s.webhook {
+            cmd.args(["--webhook-url", url]).arg("--webhook-secret-file").arg(secret);
         }
         if let Some((lib, offset)) = &self.clock {
             set_offset(offset, 0)?;
