@@ -367,8 +367,11 @@ for i = 10, #ARGV, 6 do
     end
   end
 end
+-- A uid is in owed_order once per time it came to owe (an ending, a login settling it, an
+-- ending again): its user_offline is logged once, however often it is listed.
 for _, uid in ipairs(owed_order) do
   local o = owed[uid]
+  owed[uid] = nil
   if o and tonumber(redis.call('HGET', KEYS[6], uid) or '0') <= 0 then
     user_gone(ev, KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms, seen_ms)
   end
