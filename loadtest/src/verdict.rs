@@ -512,4 +512,36 @@ mod tests {
         let after = json!({"uid": 1, "seen": "1-1", "sessions": ["a"]});
         assert_eq!(kinds(&check(&events, &[after], false)), ["presence_after_offline"]);
     }
+
+    #[test]
+    fn the_clients_checks_hold_pinging_clients_on_untouched_nodes() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"a"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"shutdown"}"#,
+        ]);
+        let schedule = json!({
+            "faults": [{"kind": "stall", "target": "n2", "at_ms": 1_000, "for_ms": 500}],
+            "settings": {"timeout_ms": 3_000, "node_lease_ms": 1_000},
+        });
+        let client = |node: &str, session: &str, end: &str| {
+            json!({"uid": 1, "node": node, "session": session, "from_ms": 2_000, "to_ms": 3_000,
+                   "pinging": true, "end": end, "detail": "BYE(shutdown)"})
+        };
+        let judged = |clients: &[Value]| {
+            let mut verdict = check(&events, &[], false);
+            check_clients(&mut verdict, &events, clients, &schedule);
+            verdict
+        };
+        // Lost on n1, which no fault touched: a violation; on n2, within the stall's
+        // aftermath: not judged.
+        assert_eq!(kinds(&judged(&[client("n1", "a", "lost")])), ["session_lost_on_healthy_node"]);
+        let touched = judged(&[client("n2", "a", "lost")]);
+        assert!(touched.ok() && touched.kept == 0, "{:?}", touched.violations);
+        assert_eq!(touched.faults.get("stall"), Some(&1));
+        // A welcomed session the stream never named: a violation on n1, counted on n2.
+        assert_eq!(kinds(&judged(&[client("n1", "x", "logout")])), ["session_missing_from_events"]);
+        let unannounced = judged(&[client("n2", "x", "logout")]);
+        assert!(unannounced.ok());
+        assert_eq!(unannounced.unannounced, 1);
+    }
 }

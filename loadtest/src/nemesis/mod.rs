@@ -170,6 +170,13 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         redis_cluster: args.redis_cluster,
         webhook: None,
     };
+    // The stalls' cgroups before the gateways: dropped after them, once they are empty.
+    let run_name = format!("{}-{}", std::process::id(), args.seed);
+    let throttles = if schedule.faults.iter().any(|f| f.kind == "stall") {
+        ids.iter().map(|id| Throttle::new(&format!("{run_name}-{id}"))).collect::<Result<Vec<_>, _>>()?
+    } else {
+        Vec::new()
+    };
     // The webhook receiver, before the gateways that post to it.
     let stop_observing = CancellationToken::new();
     let (hook, hooked, receiver) =
@@ -193,12 +200,6 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     if kinds.contains(&"clock") && !gateways[0].has_clock() {
         return Err("a clock fault needs libfaketime: apt-get install faketime (or leave it out with --faults)".into());
     }
-    let run_name = format!("{}-{}", std::process::id(), args.seed);
-    let throttles = if kinds.contains(&"stall") {
-        ids.iter().map(|id| Throttle::new(&format!("{run_name}-{id}"))).collect::<Result<Vec<_>, _>>()?
-    } else {
-        Vec::new()
-    };
 
     // The backend's eyes first, so the stream holds every session from its start.
     let started = Instant::now();
