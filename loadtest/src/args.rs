@@ -55,6 +55,10 @@ pub struct Args {
     /// and CPU (summed over the gateways).
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub admin: Vec<String>,
+    /// How often the run reads --admin's gateways. Each read fetches every gateway's
+    /// /metrics, so many processes sharing a run over many gateways read less often.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub scrape_interval: Duration,
     /// The gateways' backend APIs, comma-separated, for --push-rate and --follow-events.
     /// Given in the order of --target, a push to a client goes through the next node's API,
     /// so every push crosses nodes; the events are followed through the first.
@@ -249,6 +253,9 @@ impl Args {
         }
         if self.duration.is_zero() {
             return Err("--duration: must be longer than zero".into());
+        }
+        if self.scrape_interval.is_zero() {
+            return Err("--scrape-interval: must be longer than zero".into());
         }
         if !(self.push_rate.is_finite() && self.push_rate >= 0.0) {
             return Err("--push-rate: must be zero or a positive number".into());

@@ -25,8 +25,6 @@ use crate::stats::Stats;
 use crate::tokens::Tokens;
 use crate::wire::Wire;
 
-/// File descriptors kept for the harness itself beyond one per connection (runtime, stdio,
-/// the admin scrapes).
 /// How long a churning run holds still before the end's counts: a logout's BYE or a kick's
 /// second login under way when it began lands in a few milliseconds on loopback.
 const CHURN_SETTLE: Duration = Duration::from_millis(1500);
@@ -36,6 +34,8 @@ const CHURN_SETTLE: Duration = Duration::from_millis(1500);
 const END_COUNT_RETRIES: u32 = 10;
 const END_COUNT_PAUSE: Duration = Duration::from_millis(100);
 
+/// File descriptors kept for the harness itself beyond one per connection (runtime, stdio,
+/// the admin scrapes).
 const FD_RESERVE: u64 = 64;
 
 /// Longest the harness waits to reach the target before calling it unreachable.
@@ -183,6 +183,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     every_second.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut last_pings = 0;
     let mut all_logged_in_at: Option<Instant> = None;
+    let mut next_scrape = Instant::now();
     tokio::pin!(interrupt);
     loop {
         tokio::select! {
@@ -194,8 +195,11 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         }
         let now = Instant::now();
         let snapshot = match &gateway {
-            Some(g) => g.scrape().await.ok(),
-            None => None,
+            Some(g) if now >= next_scrape => {
+                next_scrape = now + args.scrape_interval;
+                g.scrape().await.ok()
+            }
+            _ => None,
         };
         let pings = Stats::get(&stats.pings_sent);
         let rtt_p99_ms = progress(&stats, snapshot, now - epoch, pings - last_pings, args.connections);
