@@ -169,18 +169,27 @@ snapshot() { # the machine now, into the file $1: memory per session is full loa
     echo "== gateways' online sessions"; tail -1 "$OUT/nodes.csv"
   } >"$1"
 }
-[ -z "$LOSE_AT" ] || snapshot "$OUT/baseline.txt"
-if [ -n "$LOSE_AT" ]; then
-  # Clients on every gateway; the last one dies at full load, the others keep theirs.
+client_targets=("${targets[@]}")
+kill_at=${KILL_AT:-$LOSE_AT}
+if [ -n "$kill_at" ]; then
+  # The last gateway dies kill_at seconds in. KILL_AT: every client is on it, the others
+  # watch. LOSE_AT: the clients stay spread over every gateway and the others keep theirs;
+  # the machine is snapshot before the first client and at full load, 5 s before the kill.
   victim=${gw_pids[-1]}
+  [ -z "$LOSE_AT" ] || snapshot "$OUT/baseline.txt"
   (
-    sleep "$((LOSE_AT - 5))"
-    snapshot "$OUT/full-load.txt"
-    sleep 5
+    if [ -n "$LOSE_AT" ]; then
+      sleep "$((LOSE_AT - 5))"
+      snapshot "$OUT/full-load.txt"
+      sleep 5
+    else
+      sleep "$KILL_AT"
+    fi
     kill -KILL "$victim"
     echo "killed gw$NODES (pid $victim) $(date +%s.%N)" >>"$OUT/kill.txt"
   ) &
   pids+=($!)
+  [ -z "$KILL_AT" ] || client_targets=("${targets[-1]}")
   admins=("${admins[@]:0:$((NODES - 1))}")
   apis=("${apis[@]:0:$((NODES - 1))}")
 fi
@@ -189,29 +198,13 @@ if [ "$RECORD_EVENTS" = 1 ]; then
   curl -sN "http://${apis[0]}/v1/events" >"$WORK/events.sse" &
   pids+=($!)
 fi
-
-if [ -n "$KILL_AT" ]; then
-  # Clients all on the last gateway, which dies; the others watch.
-  victim=${gw_pids[-1]}
-  (
-    sleep "$KILL_AT"
-    kill -KILL "$victim"
-    echo "killed gw$NODES (pid $victim) $(date +%s.%N)" >>"$OUT/kill.txt"
-  ) &
-  pids+=($!)
-  client_targets=("${targets[-1]}")
-  admins=("${admins[@]:0:$((NODES - 1))}")
-  apis=("${apis[@]:0:$((NODES - 1))}")
-else
-  client_targets=("${targets[@]}")
-fi
 flags=(--target "$(join "${client_targets[@]}")" --admin "$(join "${admins[@]}")" --connect-rate "$CONNECT_RATE"
   --duration "$DURATION" --ping-interval "$PING" --silent-fraction "$SILENT" --devices "$DEVICES"
   --scrape-interval "$SCRAPE" --check)
 [ "$TOGETHER" = 1 ] && flags+=(--silent-together)
 [ "$PUSH_RATE" != 0 ] && flags+=(--api "$(join "${apis[@]}")" --push-rate "$PUSH_RATE")
 [ "$FOLLOW" = 1 ] && flags+=(--api "$(join "${apis[@]}")" --follow-events)
-if [ -n "$KILL_AT" ] || [ -n "$LOSE_AT" ]; then flags+=(--node-loss); fi
+[ -n "$kill_at" ] && flags+=(--node-loss)
 echo "start $(date +%s.%N) nodes $NODES processes $PROCESSES connections $CONNECTIONS flags ${flags[*]}" >"$OUT/run.txt"
 verdict=0
 loadtest/multi.sh "$PROCESSES" "$CONNECTIONS" "$OUT" "${flags[@]}" || verdict=$?
