@@ -78,6 +78,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Another run's Redis on the port would be used by these gateways and then stopped with it.
+if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+  echo "cluster.sh: something answers on port $REDIS_PORT already (another run?)" >&2
+  exit 2
+fi
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
   --logfile "$WORK/redis.log" &
 redis_pid=$!
