@@ -16,10 +16,11 @@ echo "== at $(date +%s.%N)"
 echo "== info memory"; r info memory | tr -d '\r' | grep -E '^(used_memory|used_memory_rss|used_memory_dataset|used_memory_overhead|mem_fragmentation_ratio):'
 echo "== dbsize $(r dbsize)"
 echo "== users hash: fields $(r hlen '{idlegate}:users') bytes $(r memory usage '{idlegate}:users' samples 0)"
-for key in $(r --scan --pattern '{idlegate}:sessions:*'); do
+for member in $(r smembers '{idlegate}:members'); do
+  key="{idlegate}:sessions:$member"
   echo "== sessions hash $key: fields $(r hlen "$key") bytes $(r memory usage "$key" samples 0)"
 done
 echo "== events stream: entries $(r xlen '{idlegate}:events') bytes $(r memory usage '{idlegate}:events' samples 0)"
-keys=$( (r --scan --pattern 'idlegate:route:*' --count 1000 || true) | head -1000)
+keys=$( (r --scan --pattern 'idlegate:route:*' || true) | head -1000)
 awk '{ print "MEMORY USAGE " $1 " SAMPLES 0" }' <<<"$keys" | r \
   | awk '{ s += $1; n++ } END { printf "== route keys: %d sampled, %.1f bytes each on average\n", n, s / n }'
