@@ -30,7 +30,8 @@
 # (each gateway's online sessions at the same moments), full-load.txt (with LOSE_AT:
 # /proc/meminfo, /proc/slabinfo, sockstat and every process's RSS just before the kill;
 # baseline.txt the same before the first client),
-# kill.txt, events.jsonl and verdict.json (with RECORD_EVENTS=1),
+# kill.txt, events.jsonl, recorder.txt (each time the recorder's connection ended and it
+# resumed) and verdict.json (with RECORD_EVENTS=1),
 # commandstats-start.txt and commandstats-end.txt (Redis's INFO commandstats), pause.txt
 # (when Redis was stopped and continued), after.txt (what Redis and the gateways hold once
 # the clients have gone), summary.txt (loadtest/cluster-summary.py over all of it) and
@@ -203,9 +204,24 @@ if [ -n "$kill_at" ]; then
   admins=("${admins[@]:0:$((NODES - 1))}")
   apis=("${apis[@]:0:$((NODES - 1))}")
 fi
+# The backend's view: the first node's event stream, from before the first login. A
+# connection that ends, or carries nothing for 40 s (an idle stream has a keep-alive every
+# 15 s), is opened again from the last id received, as a backend's consumer would.
+record_events() { # each connection into its own file, events.<n>.sse
+  local last= n=0
+  while :; do
+    n=$((n + 1))
+    curl -sN --speed-time 40 --speed-limit 1 ${last:+-H "Last-Event-ID: $last"} \
+      "http://${apis[0]}/v1/events" >"$WORK/events.$n.sse" || true
+    # The id of the last whole event (a cut one is left out, and asked for again).
+    # (tac is cut off once awk has its line: under pipefail that must not void the answer.)
+    last=$( (tac "$WORK/events.$n.sse" || true) | awk 'whole && /^id: / { print substr($0, 5); exit } /^$/ { whole = 1 }')
+    echo "connection $n ended $(date +%s.%N); resuming after ${last:-nothing}" >>"$OUT/recorder.txt"
+    sleep 1
+  done
+}
 if [ "$RECORD_EVENTS" = 1 ]; then
-  # The backend's view: the first node's event stream, from before the first login.
-  curl -sN "http://${apis[0]}/v1/events" >"$WORK/events.sse" &
+  record_events &
   pids+=($!)
 fi
 flags=(--target "$(join "${client_targets[@]}")" --admin "$(join "${admins[@]}")" --connect-rate "$CONNECT_RATE"
@@ -225,8 +241,8 @@ sleep 3
 if [ "$RECORD_EVENTS" = 1 ]; then
   # The last offlines are in the stream once it has been still for a while.
   size=-1
-  while [ "$(stat -c %s "$WORK/events.sse")" != "$size" ]; do
-    size=$(stat -c %s "$WORK/events.sse")
+  while [ "$(cat "$WORK"/events.*.sse | wc -c)" != "$size" ]; do
+    size=$(cat "$WORK"/events.*.sse | wc -c)
     sleep 5
   done
 fi
@@ -253,21 +269,23 @@ kill "$sampler" 2>/dev/null || true
 redis-cli -p "$REDIS_PORT" info commandstats >"$OUT/commandstats-end.txt"
 if [ "$RECORD_EVENTS" = 1 ]; then
   # Server-sent events to one JSON object a line (id, type and the data's fields), judged.
-  python3 - "$WORK/events.sse" "$OUT/events.jsonl" <<'PY'
-import json, sys
-with open(sys.argv[1]) as sse, open(sys.argv[2], "w") as out:
-    event = {}
-    for line in sse:
-        line = line.rstrip("\n")
-        if not line:
-            if "data" in event:
-                fields = json.loads(event["data"])
-                fields.update(id=event.get("id"), type=event.get("event", fields.get("type")))
-                out.write(json.dumps(fields, separators=(",", ":")) + "\n")
-            event = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(":")
-            event[key] = value[1:] if value.startswith(" ") else value
+  python3 - "$OUT/events.jsonl" "$WORK" <<'PY'
+import json, pathlib, sys
+parts = sorted(pathlib.Path(sys.argv[2]).glob("events.*.sse"), key=lambda p: int(p.name.split(".")[1]))
+with open(sys.argv[1], "w") as out:
+    for part in parts:
+        event = {}  # a block not ended by a blank line (a cut connection) is dropped
+        for line in part.open():
+            line = line.rstrip("\n")
+            if not line:
+                if "data" in event:
+                    fields = json.loads(event["data"])
+                    fields.update(id=event.get("id"), type=event.get("event", fields.get("type")))
+                    out.write(json.dumps(fields, separators=(",", ":")) + "\n")
+                event = {}
+            elif not line.startswith(":"):
+                key, _, value = line.partition(":")
+                event[key] = value[1:] if value.startswith(" ") else value
 PY
   echo "redis_node_lost $(grep '"reason":"node_lost"' "$OUT/events.jsonl" | grep -c '"type":"offline"' || true)" >>"$OUT/after.txt"
   target/release/loadtest verdict --events "$OUT/events.jsonl" --out "$OUT/verdict.json" >"$OUT/verdict.txt" 2>&1 || verdict=1
