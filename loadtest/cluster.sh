@@ -29,9 +29,9 @@
 # processes' RSS, the machine's used memory and slab, and TCP sockets in use), nodes.csv
 # (each gateway's online sessions at the same moments), full-load.txt (with LOSE_AT:
 # /proc/meminfo, /proc/slabinfo, sockstat and every process's RSS just before the kill;
-# baseline.txt the same before the first client),
-# kill.txt, events.jsonl, recorder.txt (each time the recorder's connection ended and it
-# resumed) and verdict.json (with RECORD_EVENTS=1),
+# baseline.txt the same before the first client), kill.txt, gateway-warnings.txt (the
+# gateways' warnings, counted by message), events.jsonl, recorder.txt (each time the
+# recorder's connection ended and it resumed) and verdict.json (with RECORD_EVENTS=1),
 # commandstats-start.txt and commandstats-end.txt (Redis's INFO commandstats), pause.txt
 # (when Redis was stopped and continued), after.txt (what Redis and the gateways hold once
 # the clients have gone), summary.txt (loadtest/cluster-summary.py over all of it) and
@@ -267,6 +267,9 @@ kill "$sampler" 2>/dev/null || true
   [ "$RECORD_EVENTS" = 1 ] || echo "redis_node_lost $(redis-cli -p "$REDIS_PORT" eval "local n = 0 for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do for i = 1, #e[2], 2 do if e[2][i] == 'r' and e[2][i + 1] == 'node_lost' then n = n + 1 end end end return n" 1 '{idlegate}:events')"
 } >"$OUT/after.txt"
 redis-cli -p "$REDIS_PORT" info commandstats >"$OUT/commandstats-end.txt"
+# What the gateways warned of, counted by message (their logs go with the work folder).
+cat "$WORK"/gw*.log | awk '/ (WARN|ERROR) /' | sed -E 's/^[^ ]+ +//; s/ [a-z_]+=.*//' | sort | uniq -c \
+  | sort -rn >"$OUT/gateway-warnings.txt" || true
 if [ "$RECORD_EVENTS" = 1 ]; then
   # Server-sent events to one JSON object a line (id, type and the data's fields), judged.
   python3 - "$OUT/events.jsonl" "$WORK" <<'PY'
