@@ -55,6 +55,16 @@ def intervals(rows):
     return out
 
 
+def is_quiet(i):
+    return i["logins"] == 0 and i["expired"] == 0
+
+
+def quiet_rate(ivs, what="redis"):
+    """The median rate of `what` (Redis's commands or CPU seconds) over the quiet intervals."""
+    rates = [i[what] / i["dt"] for i in ivs if is_quiet(i) and i["dt"] > 0 and i[what] is not None]
+    return statistics.median(rates) if rates else 0.0
+
+
 def per_unit(ivs, key, quiet_rate, what="redis"):
     """What the intervals with `key` (logins or expiries) took of `what` (Redis's commands or
     CPU seconds) above the quiet rate, per unit of `key`."""
@@ -105,22 +115,21 @@ def main(out):
           f"{report['online_compared_seconds']} seconds sampled")
 
     run_ivs = [i for i in ivs if start <= i["t"] <= end]
-    quiet = [i["redis"] / i["dt"] for i in run_ivs if i["logins"] == 0 and i["expired"] == 0 and i["dt"] > 0]
-    quiet_rate = statistics.median(quiet) if quiet else 0.0
+    quiet = quiet_rate(run_ivs)
     total = sum(i["redis"] for i in run_ivs)
     span = sum(i["dt"] for i in run_ivs) or 1.0
     peak = max((i["redis"] / i["dt"] for i in run_ivs if i["dt"] > 0), default=0.0)
     print(f"redis        {total:.0f} commands in {span:.0f} s: {total / span:.0f}/s on average, "
-          f"peak {peak:.0f}/s (250 ms samples), quiet {quiet_rate:.0f}/s")
-    per_login, logins = per_unit(run_ivs, "logins", quiet_rate)
-    per_expiry, expiries = per_unit(run_ivs, "expired", quiet_rate)
+          f"peak {peak:.0f}/s (250 ms samples), quiet {quiet:.0f}/s")
+    per_login, logins = per_unit(run_ivs, "logins", quiet)
+    per_expiry, expiries = per_unit(run_ivs, "expired", quiet)
     if per_login is not None:
         print(f"             {per_login:.3f} commands per login above quiet ({logins:.0f} logins)")
     if per_expiry is not None:
         print(f"             {per_expiry:.3f} commands per expired uid above quiet ({expiries:.0f} expiries)")
     redis_cpu(run_ivs)
     phases = [
-        ("quiet", [i for i in run_ivs if i["logins"] == 0 and i["expired"] == 0]),
+        ("quiet", [i for i in run_ivs if is_quiet(i)]),
         ("logging in", [i for i in run_ivs if i["logins"] > 0]),
         ("expiring", [i for i in run_ivs if i["expired"] > 0 and i["logins"] == 0]),
         ("whole run", run_ivs),
@@ -159,8 +168,7 @@ def redis_cpu(ivs):
     with_cpu = [i for i in ivs if i["cpu"] is not None and i["dt"] > 0]
     if not with_cpu:
         return
-    quiet = [i for i in with_cpu if i["logins"] == 0 and i["expired"] == 0]
-    quiet_cpu = statistics.median([i["cpu"] / i["dt"] for i in quiet]) if quiet else 0.0
+    quiet_cpu = quiet_rate(with_cpu, "cpu")
     per_login, logins = per_unit(with_cpu, "logins", quiet_cpu, "cpu")
     per_expiry, expiries = per_unit(with_cpu, "expired", quiet_cpu, "cpu")
     if per_login is not None:
@@ -169,7 +177,7 @@ def redis_cpu(ivs):
         print(f"             {per_expiry * 1e6:.1f} us per expired uid above quiet ({expiries:.0f} expiries)")
     # Idle: quiet intervals with at least 90 % of the run's most sessions online.
     most = max((i["online"] or 0) for i in with_cpu)
-    idle = [i for i in quiet if most and (i["online"] or 0) >= 0.9 * most]
+    idle = [i for i in with_cpu if is_quiet(i) and most and (i["online"] or 0) >= 0.9 * most]
     if idle:
         dt = sum(i["dt"] for i in idle)
         thousands = statistics.mean(i["online"] for i in idle) / 1000
