@@ -360,6 +360,69 @@ async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
     assert_paired(&redis.events());
 }
 
+/// Redis too slow to take a whole batch within the response deadline still takes a big
+/// queue, each change once. The queue fills while Redis is away; then the node's requests
+/// reach Redis at 192 KiB/s, so a whole batch (16,384 data events, about 1.3 MB) cannot
+/// be answered within 2 s: it runs in Redis seconds after the writer gave up on it, while
+/// the writer sends it again in ever smaller pieces, which Redis must then skip, whole or
+/// in part, as the pieces grow back. Found by the million-session run: a batch sent whole again and
+/// again never got through, each abandoned send still ran in Redis, and the node's backlog
+/// grew for as long as it ran. Now the batch is cut until it fits; the abandoned sends that
+/// run late are skipped change by change, so no event is logged twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_still_takes_a_big_queue_each_change_once() {
+    const DATA: usize = 20_000;
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await.unwrap();
+    // A long lease: the node's lease renewals queue behind its slow batches. A long
+    // timeout: the client stays silent while it waits.
+    let config = Config {
+        node_lease: Duration::from_secs(60),
+        timeout: Duration::from_secs(300),
+        max_data_rate: 0,
+        event_log_capacity: 4 * DATA,
+        ..cluster_config(&proxy.url(), "a")
+    };
+    let mut gw = TestServer::start(config).await;
+    wait_ready(&gw).await;
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(5).await, Frame::Welcome { .. }));
+    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    proxy.pause();
+    // The writer takes the first frame alone and waits with it: the rest fills the queue,
+    // and the first batch after it is a whole one.
+    c.send(Frame::Data(Bytes::from(format!("{:08}", 0)))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 1..DATA {
+        c.send(Frame::Data(Bytes::from(format!("{i:08}")))).await;
+    }
+    c.ping(b"sync").await;
+    let depth = sample(&http_get(gw.admin, "/metrics").await.1, "idlegate_redis_queue_depth").unwrap();
+    assert!(depth >= 16_384.0, "the queue holds a full batch and more: {depth}");
+    proxy.throttle(192 * 1024);
+    proxy.resume();
+    let data = || redis.events().iter().filter(|e| e.kind == "data").count();
+    within(Duration::from_secs(120), "every data event is in the stream", || data() >= DATA).await;
+    proxy.throttle(0);
+    c.send(Frame::Logout).await;
+    c.expect_bye(CloseReason::Logout).await;
+    within(PATIENCE, "the logout is logged", || count(&redis.events(), "offline", "logout") == 1).await;
+    // Each payload once: the data events' payloads, in order.
+    let payloads = redis.cli(&[
+        "EVAL",
+        "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+           for i = 1, #e[2], 2 do if e[2][i] == 'p' then out[#out + 1] = e[2][i + 1] end end end return out",
+        "1",
+        "{idlegate}:events",
+    ]);
+    let payloads: Vec<&str> = payloads.lines().collect();
+    let expected: Vec<String> = (0..DATA).map(|i| format!("{i:08}")).collect();
+    assert_eq!(payloads.len(), DATA, "each data event once");
+    assert!(payloads.iter().zip(&expected).all(|(p, e)| p == e), "in the order sent");
+    gw.shutdown().await;
+    assert_paired(&redis.events());
+}
+
 /// Redis loses writes it acknowledged: the master dies while its replica lags (its
 /// replication link paused in a proxy), and the replica is promoted. Consumers are told (`earlier_stream`), never handed a
 /// silent hole; the nodes notice and reconcile, so presence is right again and every

@@ -2,8 +2,9 @@
 //! bytes both ways (a partition: connections stay open, nothing arrives), `hold_replies`
 //! only the server's answers (commands run, their replies are lost to the client's
 //! timeout), `hold_stream_readers` only the connections that have sent a Redis `XREAD` (a
-//! node's inbox and event-tail reader, while its commands go through), `resume` heals them
-//! all, and `switch` points new connections at another server and cuts the old ones (a
+//! node's inbox and event-tail reader, while its commands go through), `throttle` carries
+//! the client's bytes at a bounded rate (a slow Redis: a big request's answer comes late),
+//! `resume` heals them all, and `switch` points new connections at another server and cuts the old ones (a
 //! failover behind a stable address).
 //!
 //! One file serves both users: the nemesis (`loadtest nemesis`) puts one between each gateway
@@ -24,6 +25,7 @@ pub struct Proxy {
     paused: watch::Sender<bool>,
     replies: watch::Sender<bool>,
     readers: watch::Sender<bool>,
+    rate: watch::Sender<u64>,
     target: Arc<Mutex<(SocketAddr, CancellationToken)>>,
     stop: CancellationToken,
 }
@@ -36,10 +38,11 @@ impl Proxy {
         let (paused, _) = watch::channel(false);
         let (replies, _) = watch::channel(false);
         let (readers, _) = watch::channel(false);
+        let (rate, _) = watch::channel(0u64);
         let target = Arc::new(Mutex::new((target, CancellationToken::new())));
         let stop = CancellationToken::new();
         let (p, r, t, s) = (paused.clone(), replies.clone(), target.clone(), stop.clone());
-        let rd = readers.clone();
+        let (rd, rt) = (readers.clone(), rate.clone());
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -50,6 +53,7 @@ impl Proxy {
                 let (to, cut) = t.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let (paused, replies) = (p.subscribe(), r.subscribe());
                 let reader = Reader { sent_xread: Arc::new(AtomicBool::new(false)), held: rd.subscribe() };
+                let rate = rt.subscribe();
                 tokio::spawn(async move {
                     // A paused proxy does not connect either: the far side is out of reach.
                     let mut waiting = paused.clone();
@@ -58,14 +62,14 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::select! {
-                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), true) => {}
-                        _ = pipe(sr, cw, vec![paused, replies], reader, false) => {}
+                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), Some(rate)) => {}
+                        _ = pipe(sr, cw, vec![paused, replies], reader, None) => {}
                         _ = cut.cancelled() => {}
                     }
                 });
             }
         });
-        Ok(Proxy { addr, paused, replies, readers, target, stop })
+        Ok(Proxy { addr, paused, replies, readers, rate, target, stop })
     }
 
     /// `redis://` URL through the proxy.
@@ -87,6 +91,12 @@ impl Proxy {
     /// node's stream reader is cut off (what is in its inbox waits) while its commands run.
     pub fn hold_stream_readers(&self) {
         self.readers.send_replace(true);
+    }
+
+    /// Carries what clients send at most `bytes_per_second` (0: as fast as it comes), on
+    /// every connection; `resume` leaves it as it is.
+    pub fn throttle(&self, bytes_per_second: u64) {
+        self.rate.send_replace(bytes_per_second);
     }
 
     /// Carries bytes again, both ways, on every connection.
@@ -137,8 +147,10 @@ async fn pipe(
     mut to: impl AsyncWriteExt + Unpin,
     mut gates: Vec<watch::Receiver<bool>>,
     mut reader: Reader,
-    to_server: bool,
+    // The bound on the rate, on the way to the server.
+    rate: Option<watch::Receiver<u64>>,
 ) {
+    let to_server = rate.is_some();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if !open(&mut gates, &mut reader).await {
@@ -157,6 +169,10 @@ async fn pipe(
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        let bytes_per_second = rate.as_ref().map_or(0, |r| *r.borrow());
+        if bytes_per_second > 0 {
+            tokio::time::sleep(std::time::Duration::from_secs_f64(n as f64 / bytes_per_second as f64)).await;
         }
     }
 }

@@ -171,10 +171,12 @@ impl Queue {
     }
 
     /// Takes up to `max` changes from the front, with the count of data events dropped
-    /// before them.
+    /// before them; never the first of a login's changes without the rest (see [`cut`]),
+    /// unless nothing else waits.
     pub(crate) fn take(&self, max: usize) -> Taken {
         let mut inner = self.lock();
-        let n = inner.ops.len().min(max);
+        // Cut as if more followed: a login's end may be here while its login is not yet.
+        let n = cut(inner.ops.make_contiguous(), max, false);
         let ops: Vec<Op> = inner.ops.drain(..n).collect();
         inner.bytes -= ops.iter().map(Op::payload_len).sum::<usize>();
         let through = inner.pushed - inner.ops.len() as u64;
@@ -211,6 +213,24 @@ impl Queue {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// How many of `ops` a batch of at most `size` changes takes: fewer, if the cut would fall
+/// right after an end that makes room for a login (an `offline` that is not its uid's last
+/// here, logged together with the login that replaces it). `APPLY` settles such an end with
+/// its login only within one batch; apart, they would log a `user_offline` and a
+/// `user_online` for a uid that never went offline, and its route would go empty between
+/// them. `whole` says `ops` ends where its changes end (nothing of theirs follows). Only
+/// when no cut within `size` fits does the batch take more, up to the next fitting cut.
+pub(crate) fn cut(ops: &[Op], size: usize, whole: bool) -> usize {
+    let makes_room = |op: &Op| matches!(op, Op::Offline { last: false, .. });
+    let fits = |k: usize| (whole && k == ops.len()) || !makes_room(&ops[k - 1]);
+    let n = ops.len().min(size.max(1));
+    if n == 0 {
+        return 0;
+    }
+    let back = (1..=n).rev().find(|&k| fits(k));
+    back.or_else(|| (n..=ops.len()).find(|&k| fits(k))).unwrap_or(ops.len())
 }
 
 /// Notes the session of a dropped data event `op` (a run of one session's events once;
@@ -320,6 +340,34 @@ mod tests {
             q.take(10),
             Taken { ops: vec![offline(1, 1), online(3, 3), online(4, 4)], dropped: 1, through: 6, lost: vec![(2, 2)] }
         );
+    }
+
+    /// An end that makes room for a login of its uid (logged with it).
+    fn makes_room(uid: u64, session: u64) -> Op {
+        match offline(uid, session) {
+            Op::Offline { uid, session, device, will, at_ms, .. } => {
+                Op::Offline { uid, session, device, reason: CloseReason::Kicked, last: false, will, at_ms }
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_batch_never_ends_between_an_end_and_the_login_it_made_room_for() {
+        let ops = [online(1, 1), makes_room(2, 2), online(2, 3), online(4, 4)];
+        assert_eq!(cut(&ops, 2, true), 1, "backs off before the end");
+        assert_eq!(cut(&ops, 3, true), 3);
+        assert_eq!(cut(&ops, 100, true), 4);
+        // Nothing fits within the size: the batch takes the end's login too.
+        assert_eq!(cut(&ops[1..], 1, true), 2);
+        // At the queue's end the login may not be there yet: the end waits for it...
+        let q = Queue::new(100, usize::MAX);
+        q.enqueue(online(1, 1));
+        q.enqueue(makes_room(2, 2));
+        assert_eq!(q.take(10).ops, vec![online(1, 1)]);
+        // ...unless nothing else waits.
+        assert_eq!(q.take(10).ops, vec![makes_room(2, 2)]);
+        assert_eq!(cut(&[], 10, false), 0);
     }
 
     #[test]

@@ -181,10 +181,16 @@ end
 ///
 /// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
 /// the member's reaped marker, the users hash, the member's wills, the grace set and its
-/// reasons, the member's claims. ARGV: member, node name, batch number, the number of the member's batch applied
-/// before it (0 for none), stream cap, stream byte cap, data events dropped before this
-/// batch, the offline grace in ms (0: none), `--last-seen-ttl` in ms, then six per change (the last is the device name,
-/// empty for the default device):
+/// reasons, the member's claims. ARGV: member, node name, the number of the batch's last
+/// change, the last number of the member's batch applied before it (0 for none), stream
+/// cap, stream byte cap, data events dropped before this batch, the offline grace in ms
+/// (0: none), `--last-seen-ttl` in ms, the number of the batch's first change, then six per
+/// change (the last is the device name, empty for the default device).
+///
+/// The applied marker holds the member's highest change number applied. A batch whose last
+/// number is at or below it was applied already (a retry after a lost reply, or a batch cut
+/// shorter after a timeout whose longer send ran after all), and its changes at or below it
+/// are skipped: no change is ever applied twice. The changes:
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
 ///   the route named before (or empty); `L|<json>|<origin>` (or `L1|...`): the session's
 ///   claims (`<json>`, empty for none), kept in the member's claims hash and carried by its
@@ -226,23 +232,34 @@ end
 /// clients must not be told their data was taken (an MQTT PUBACK), so their node ends them.
 const APPLY: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
-local seq, prev = tonumber(ARGV[3]), tonumber(ARGV[4])
+local last, prev, first = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[10])
 local applied = tonumber(redis.call('GET', KEYS[4]) or '0')
 local dropped_key = KEYS[4] .. ':dropped'
-if seq <= applied then
+if last <= applied then
   return {0, redis.call('HGET', KEYS[3], 'epoch') or '', redis.call('GET', dropped_key) or ''}
 end
-redis.call('SET', KEYS[4], seq)
+redis.call('SET', KEYS[4], last)
+-- The first change not applied yet: all of them, unless a longer batch from the same
+-- first number ran after its sender gave up on it.
+local from = 11
+if applied >= first then from = 11 + 6 * (applied - first + 1) end
 -- `uid:session` of sessions whose data events this batch dropped (no longer held: taken
 -- over meanwhile), kept for a retry's answer.
 local dropped = {}
+if applied >= first then
+  -- What the longer batch dropped is part of this one's answer: its reply was lost.
+  for pair in string.gmatch(redis.call('GET', dropped_key) or '', '[^,]+') do
+    dropped[#dropped + 1] = pair
+  end
+end
 local ev = emitter(KEYS[2], KEYS[3], ARGV[5], ARGV[6])
 local status = 1
 if applied < prev then
   status = 2
   ev.renew()
 end
-ev.skip(tonumber(ARGV[7]))
+-- The count of dropped events belongs before the first change: skipped with it.
+if applied < first then ev.skip(tonumber(ARGV[7])) end
 local me, node = ARGV[1], ARGV[2]
 local grace_ms = tonumber(ARGV[8])
 local seen_ms = tonumber(ARGV[9])
@@ -262,7 +279,7 @@ local function owe(uid, r, at)
   if not owed[uid] then owed_order[#owed_order + 1] = uid end
   owed[uid] = {r, at}
 end
-for i = 10, #ARGV, 6 do
+for i = from, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   -- What rides after a '|' in the kind: a data event's topic, an offline event's will.
   local extra = nil
@@ -663,5 +680,130 @@ impl Scripts {
             &self.turn_ack,
             &self.turn_leave,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `APPLY`'s numbering against a real `redis-server` (on a Unix socket in a temporary
+    //! folder), driven by `redis-cli`: the contract the writer's cut batches rely on.
+
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Stdio};
+
+    use super::{APPLY, EMIT};
+    use crate::cluster::keys;
+
+    /// A `redis-server` for one test; stopped when dropped.
+    struct Redis {
+        child: Child,
+        socket: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Redis {
+        /// Starts one, or says how to install it and returns `None` (never under CI).
+        fn start() -> Option<Redis> {
+            let dir = tempfile::tempdir().unwrap();
+            let socket = dir.path().join("redis.sock");
+            let spawned = Command::new("redis-server")
+                .args(["--port", "0", "--save", "", "--appendonly", "no"])
+                .arg("--unixsocket")
+                .arg(&socket)
+                .arg("--dir")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .spawn();
+            let child = match spawned {
+                Ok(child) => child,
+                Err(e) if std::env::var_os("CI").is_some() => panic!("redis-server must run under CI: {e}"),
+                Err(_) => {
+                    eprintln!("skipped: needs redis-server (apt-get install redis-server redis-tools)");
+                    return None;
+                }
+            };
+            let redis = Redis { child, socket, _dir: dir };
+            for _ in 0..200 {
+                if redis.cli(&["PING"]).trim() == "PONG" {
+                    return Some(redis);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            panic!("redis-server did not answer on {}", redis.socket.display());
+        }
+
+        fn cli(&self, args: &[&str]) -> String {
+            cli(&self.socket, args)
+        }
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn cli(socket: &Path, args: &[&str]) -> String {
+        let out = Command::new("redis-cli").arg("-s").arg(socket).arg("--raw").args(args).output();
+        String::from_utf8_lossy(&out.expect("redis-cli runs").stdout).into_owned()
+    }
+
+    /// `APPLY` for member `m`: changes numbered `first..=last`, the member's batch before
+    /// it ending at `prev`; returns its status.
+    fn apply(redis: &Redis, first: u64, last: u64, prev: u64, changes: &[[&str; 6]]) -> String {
+        let script = format!("{EMIT}\n{APPLY}");
+        let member = "m";
+        let keys = [
+            keys::sessions(member),
+            keys::EVENTS.to_string(),
+            keys::EVENTS_LAST.to_string(),
+            keys::applied(member),
+            keys::reaped(member),
+            keys::USERS.to_string(),
+            keys::wills(member),
+            keys::GRACE.to_string(),
+            keys::GRACE_WHY.to_string(),
+            keys::claims(member),
+        ];
+        let (first, last, prev) = (first.to_string(), last.to_string(), prev.to_string());
+        let mut args: Vec<&str> = vec!["EVAL", &script, "10"];
+        args.extend(keys.iter().map(String::as_str));
+        args.extend([member, "n", &last, &prev, "1000", "1000000", "0", "0", "60000", &first]);
+        args.extend(changes.iter().flatten());
+        redis.cli(&args).lines().next().unwrap_or("").to_string()
+    }
+
+    /// The payloads of the data events in the stream, in order.
+    fn data(redis: &Redis) -> Vec<String> {
+        let collect = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             for i = 1, #e[2], 2 do if e[2][i] == 'p' then out[#out + 1] = e[2][i + 1] end end end return out";
+        redis.cli(&["EVAL", collect, "1", keys::EVENTS]).lines().map(String::from).collect()
+    }
+
+    const S: &str = "000000000000000a";
+
+    fn datum(p: &str) -> [&str; 6] {
+        ["D", "7", S, p, "1001", ""]
+    }
+
+    /// A batch sent, given up on and sent again cut in pieces: the piece within it is
+    /// skipped whole, the piece past its end is applied from where it ended. No change
+    /// twice, none lost.
+    #[test]
+    fn a_batch_cut_after_a_longer_send_ran_applies_each_change_once() {
+        let Some(redis) = Redis::start() else { return };
+        let login = ["L||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
+        // Changes 1..=4, whose answer the writer never saw.
+        assert_eq!(apply(&redis, 1, 4, 0, &[login, datum("a"), datum("b"), datum("c")]), "1");
+        // Sent again as 1..=2: Redis has them.
+        assert_eq!(apply(&redis, 1, 2, 0, &[login, datum("a")]), "0");
+        // Then 3..=6: 3 and 4 are in Redis, 5 and 6 are new.
+        assert_eq!(apply(&redis, 3, 6, 2, &[datum("b"), datum("c"), datum("d"), datum("e")]), "1");
+        assert_eq!(data(&redis), ["a", "b", "c", "d", "e"]);
+        // A retry of 3..=6 after a lost reply changes nothing.
+        assert_eq!(apply(&redis, 3, 6, 2, &[datum("b"), datum("c"), datum("d"), datum("e")]), "0");
+        assert_eq!(data(&redis), ["a", "b", "c", "d", "e"]);
+        assert_eq!(redis.cli(&["GET", &keys::applied("m")]).trim(), "6");
     }
 }

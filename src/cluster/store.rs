@@ -20,7 +20,7 @@ use crate::config::RedisTarget;
 
 /// How long a command may take before it counts as failed: long enough for a batch of
 /// thousands, short enough that a paused Redis shows as down within a couple of seconds.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long one blocking read waits for news before it asks again.
 pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
@@ -102,6 +102,11 @@ pub(crate) enum StoreError {
 }
 
 impl StoreError {
+    /// Whether no answer came within the deadline: the call may still run in Redis.
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.is_timeout())
+    }
+
     /// The kind of trouble it shows.
     pub(crate) fn trouble(&self) -> Trouble {
         match self {

@@ -6,8 +6,12 @@
 //! that updates this member's session hash and appends the events. A batch of ends only,
 //! on a single Redis, goes as one pipeline: one round trip for a whole tick's expiries.
 //! Routes change before events, so presence never shows a uid online after its offline
-//! event. A failed batch is retried as it was, under the same number, and `APPLY` skips a
-//! number it has already applied: a lost reply never duplicates an event.
+//! event. Each change has a number, and `APPLY` skips the numbers it has already applied:
+//! a failed batch is sent again under the same numbers, and a lost reply never duplicates
+//! an event. After a failure the batch is sent again cut in half (down to [`MIN_BATCH`]),
+//! and batches grow back while Redis answers quickly: a Redis too slow to take a whole
+//! batch within the response deadline still takes the queue in smaller pieces, where a
+//! batch sent whole again and again would never get through.
 //!
 //! A batch counts as written once `APPLY` answered and (with `--redis-min-replicas N`)
 //! `WAIT` says N replicas hold it. `APPLY` answering "fenced" means this member was reaped:
@@ -19,10 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::keys;
-use crate::cluster::queue::{Op, Taken};
+use crate::cluster::queue::{cut, Op, Taken};
 use crate::cluster::shared::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
 use crate::presence::Will;
@@ -47,15 +52,89 @@ const REPLICA_WAIT: Duration = Duration::from_millis(100);
 /// How often an idle writer checks whether a reconcile is due.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
 
+/// Fewest changes a batch is cut to after failures: a batch this small fits within the
+/// response deadline on any Redis that answers at all.
+const MIN_BATCH: usize = 64;
+
+/// A batch answered within this lets the next one be twice as big (up to [`MAX_BATCH`]):
+/// a quarter of the response deadline leaves room for Redis to slow down fourfold before
+/// a batch of that size times out.
+const FAST_ENOUGH: Duration = Duration::from_millis(crate::cluster::store::RESPONSE_TIMEOUT.as_millis() as u64 / 4);
+
 /// What the writer remembers between batches.
+///
+/// Every change the writer takes gets a number, growing for the whole run, across
+/// members. A batch is a run of consecutive numbers, and `APPLY` keeps the member's highest
+/// number applied: a batch sent again, whole or cut shorter after a timeout, skips the
+/// changes Redis already has, even when a longer send it gave up on ran after all.
 #[derive(Debug, Default)]
 struct Progress {
-    /// The number of the last batch taken; grows for the whole run, across members.
-    seq: u64,
-    /// The member the last batch was applied under, and that batch's number: `APPLY`
+    /// The number the next change taken gets.
+    next: u64,
+    /// The member the last batch was applied under, and that batch's last number: `APPLY`
     /// compares it with its applied marker to notice writes Redis lost.
     member: Option<Arc<str>>,
     prev: u64,
+}
+
+/// The changes taken off the queue and not yet in Redis, sent from the front in batches of
+/// at most `size`.
+#[derive(Debug, Default)]
+struct Held {
+    taken: Taken,
+    /// How many of `taken.ops` are in Redis.
+    done: usize,
+    /// The number of the first change of `taken.ops`.
+    first: u64,
+    /// The most changes the next batch sends: halved after a failure, doubled after a batch
+    /// answered within [`FAST_ENOUGH`]. A batch a slow Redis cannot answer in time is never
+    /// sent again whole: it would time out again, and the abandoned sends would still load
+    /// Redis.
+    size: usize,
+}
+
+// === impl Held ===
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.done == self.taken.ops.len() && self.taken.dropped == 0
+    }
+
+    /// The next batch: at most `size` changes from the front, with the count of data events
+    /// dropped before them and their sessions if it is the first. It never ends right after
+    /// an end that makes room for a login of the same uid (see [`cut`]).
+    fn batch(&self) -> Batch<'_> {
+        let rest = &self.taken.ops[self.done..];
+        let n = cut(rest, self.size, true);
+        let first_of_taken = self.done == 0;
+        Batch {
+            ops: &rest[..n],
+            first: self.first + self.done as u64,
+            // An empty batch still takes a number: it carries a count of dropped events.
+            last: self.first + (self.done + n.max(1)) as u64 - 1,
+            dropped: if first_of_taken { self.taken.dropped } else { 0 },
+            through: self.taken.through - (rest.len() - n) as u64,
+        }
+    }
+
+    /// Notes that the batch of `n` changes is in Redis.
+    fn written(&mut self, n: usize) {
+        self.done += n;
+        self.taken.dropped = 0;
+        self.taken.lost.clear();
+    }
+}
+
+/// One batch: changes numbered `first..=last` (an empty one is numbered `first`).
+#[derive(Debug)]
+struct Batch<'a> {
+    ops: &'a [Op],
+    first: u64,
+    last: u64,
+    /// Data events dropped before these changes, which the stream skips.
+    dropped: u64,
+    /// The queue position of its last change.
+    through: u64,
 }
 
 /// How one batch ended.
@@ -79,86 +158,115 @@ const SUPERSEDED: &str = "!";
 
 /// Runs until `stop`.
 pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
-    let mut progress = Progress::default();
+    let mut progress = Progress { next: 1, ..Progress::default() };
+    let mut held = Held { size: MAX_BATCH, ..Held::default() };
     loop {
-        if cluster.queue.is_drained() {
-            tokio::select! {
-                _ = cluster.queue.ready() => {}
-                _ = tokio::time::sleep(IDLE_CHECK) => {}
-                _ = stop.cancelled() => return,
-            }
-        }
-        if cluster.health.is_up() && cluster.health.needs_reconcile.swap(false, Ordering::AcqRel) {
-            if let Err(e) = reconcile(&cluster).await {
-                tracing::warn!(error = %e, "reconcile with Redis failed; trying again");
-                cluster.health.needs_reconcile.store(true, Ordering::Release);
-            }
-        }
-        if cluster.queue.is_drained() {
-            continue;
-        }
-        if cluster.queue.len() < MAX_BATCH {
-            tokio::time::sleep(BATCH_LINGER).await;
-        }
-        cluster.health.writing.store(true, Ordering::Release);
-        let batch = cluster.queue.take(MAX_BATCH);
-        cluster.metrics.redis_queue_depth.set(cluster.queue.len() as i64);
-        progress.seq += 1;
-        let member = cluster.member();
-        if progress.member.as_deref() != Some(&*member) {
-            progress.prev = 0;
-        }
-        let mut attempt = 0;
-        let outcome = loop {
-            match apply(&cluster, &member, &batch, progress.seq, progress.prev).await {
-                Ok(outcome) => break outcome,
-                Err(e) if attempt == 0 => {
-                    tracing::warn!(error = %e, changes = batch.ops.len(), "a batch did not reach Redis; retrying")
-                }
-                Err(_) => {}
-            }
-            let pause = RETRY_BACKOFF[attempt.min(RETRY_BACKOFF.len() - 1)];
-            attempt += 1;
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.cancelled() => {
-                    cluster.health.writing.store(false, Ordering::Release);
-                    return;
+        if held.is_empty() {
+            cluster.health.writing.store(false, Ordering::Release);
+            if cluster.queue.is_drained() {
+                tokio::select! {
+                    _ = cluster.queue.ready() => {}
+                    _ = tokio::time::sleep(IDLE_CHECK) => {}
+                    _ = stop.cancelled() => return,
                 }
             }
-        };
-        let registry = cluster.registry();
-        // Sessions whose data events did not reach the stream end before the position
-        // moves on: a client is never told its data was taken (an MQTT PUBACK waits for
-        // the position) when it was not.
-        let lost: std::collections::HashSet<(u64, u64)> = batch.lost.iter().copied().collect();
-        for (uid, session) in lost {
-            registry.end_session(uid, session, CloseReason::ServerFull);
-        }
-        match outcome {
-            Applied::Written { superseded, dropped } => {
-                progress.member = Some(member);
-                progress.prev = progress.seq;
-                for (uid, session) in superseded.into_iter().chain(dropped) {
-                    registry.kick_session(uid, session, None);
+            if cluster.health.is_up() && cluster.health.needs_reconcile.swap(false, Ordering::AcqRel) {
+                if let Err(e) = reconcile(&cluster).await {
+                    tracing::warn!(error = %e, "reconcile with Redis failed; trying again");
+                    cluster.health.needs_reconcile.store(true, Ordering::Release);
                 }
             }
-            Applied::Fenced { routes } => {
-                // Nothing of the batch is in Redis: the data in it is lost with it.
-                for (uid, session) in data_sessions(&batch.ops) {
-                    registry.end_session(uid, session, CloseReason::NodeLost);
-                }
-                cluster.rejoin(&member);
-                unroute(&cluster, &member, &routes, &stop).await;
+            if cluster.queue.is_drained() {
+                continue;
             }
+            if cluster.queue.len() < MAX_BATCH {
+                tokio::time::sleep(BATCH_LINGER).await;
+            }
+            cluster.health.writing.store(true, Ordering::Release);
+            let taken = cluster.queue.take(MAX_BATCH);
+            cluster.metrics.redis_queue_depth.set(cluster.queue.len() as i64);
+            let first = progress.next;
+            progress.next += taken.ops.len().max(1) as u64;
+            held = Held { taken, done: 0, first, size: held.size };
         }
-        cluster.queue.applied(batch.through);
-        // MQTT sessions that sent data may owe PUBACKs now due.
-        for (uid, session) in data_sessions(&batch.ops) {
-            registry.wake_session(uid, session);
+        if !write_one(&cluster, &mut held, &mut progress, &stop).await {
+            cluster.health.writing.store(false, Ordering::Release);
+            return;
         }
-        cluster.health.writing.store(false, Ordering::Release);
     }
+}
+
+/// Writes the next batch of `held`, retrying (smaller after each failure) until it is in
+/// Redis; false if `stop` came first.
+async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progress, stop: &CancellationToken) -> bool {
+    let member = cluster.member();
+    if progress.member.as_deref() != Some(&*member) {
+        progress.prev = 0;
+    }
+    let mut attempt = 0;
+    let (outcome, n, through) = loop {
+        let batch = held.batch();
+        let (n, through) = (batch.ops.len(), batch.through);
+        let started = Instant::now();
+        let result = apply(cluster, &member, &batch, progress.prev).await;
+        match result {
+            Ok(outcome) => {
+                if started.elapsed() < FAST_ENOUGH {
+                    held.size = (held.size * 2).min(MAX_BATCH);
+                }
+                break (outcome, n, through);
+            }
+            Err(e) => {
+                // Only a timeout says the batch may be too big (a refusal would refuse any
+                // size), and only a batch bigger than the least says how big is too big.
+                if e.is_timeout() && n > MIN_BATCH {
+                    held.size = held.size.min(n / 2).max(MIN_BATCH);
+                }
+                if attempt == 0 {
+                    tracing::warn!(error = %e, changes = n, next = held.size, "a batch did not reach Redis; retrying");
+                }
+            }
+        }
+        let pause = RETRY_BACKOFF[attempt.min(RETRY_BACKOFF.len() - 1)];
+        attempt += 1;
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.cancelled() => return false,
+        }
+    };
+    let registry = cluster.registry();
+    let ops = &held.taken.ops[held.done..held.done + n];
+    // Sessions whose data events did not reach the stream end before the position moves
+    // on: a client is never told its data was taken (an MQTT PUBACK waits for the
+    // position) when it was not.
+    let lost: HashSet<(u64, u64)> = held.taken.lost.iter().copied().collect();
+    for (uid, session) in lost {
+        registry.end_session(uid, session, CloseReason::ServerFull);
+    }
+    match outcome {
+        Applied::Written { superseded, dropped } => {
+            progress.member = Some(member);
+            progress.prev = held.first + (held.done + n.max(1)) as u64 - 1;
+            for (uid, session) in superseded.into_iter().chain(dropped) {
+                registry.kick_session(uid, session, None);
+            }
+        }
+        Applied::Fenced { routes } => {
+            // Nothing of the batch is in Redis: the data in it is lost with it.
+            for (uid, session) in data_sessions(ops) {
+                registry.end_session(uid, session, CloseReason::NodeLost);
+            }
+            cluster.rejoin(&member);
+            unroute(cluster, &member, &routes, stop).await;
+        }
+    }
+    cluster.queue.applied(through);
+    // MQTT sessions that sent data may owe PUBACKs now due.
+    for (uid, session) in data_sessions(ops) {
+        registry.wake_session(uid, session);
+    }
+    held.written(n);
+    true
 }
 
 /// Deletes the routes a fenced batch pointed at `member`'s sessions: nothing else ever
@@ -187,8 +295,8 @@ async fn unroute(cluster: &Cluster, member: &str, routes: &[(u64, u64)], stop: &
 
 /// Applies one batch under `member`: routes, then the control slot, then (with
 /// `--redis-min-replicas`) waits for the replicas.
-async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64) -> Result<Applied, StoreError> {
-    let ops = &batch.ops;
+async fn apply(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64) -> Result<Applied, StoreError> {
+    let ops = batch.ops;
     let keep_route = routes_to_delete(ops);
     let routes: Vec<redis::Cmd> = ops
         .iter()
@@ -201,7 +309,7 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
     let answer = if !logins && !cluster.is_redis_cluster() {
         // Ends and data only, on one server: routes and events in one round trip, in order.
         let mut cmds = routes;
-        cmds.push(apply_cmd(cluster, member, batch, seq, prev, &[]));
+        cmds.push(apply_cmd(cluster, member, batch, prev, &[]));
         cluster.send_all(cmds).await?.pop().unwrap_or(Value::Nil)
     } else {
         // Each login's answer: the owner it replaced, `!` if superseded, or nothing.
@@ -219,7 +327,7 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u
                 Op::Data { .. } | Op::Will { .. } => {}
             }
         }
-        let control = apply_cmd(cluster, member, batch, seq, prev, &replaced_by_login);
+        let control = apply_cmd(cluster, member, batch, prev, &replaced_by_login);
         cluster.send_all(vec![control]).await?.pop().unwrap_or(Value::Nil)
     };
     let logins = logins_of(ops).zip(replaced_by_login.iter().map(String::as_str).chain(std::iter::repeat("")));
@@ -347,7 +455,7 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
-fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64, replaced: &[String]) -> redis::Cmd {
+fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
     let (wills, claims) = (keys::wills(member), keys::claims(member));
     let keys = [
@@ -363,12 +471,13 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Taken, seq: u64, prev: u64
         &claims,
     ];
     let mut cmd = evalsha(&cluster.scripts.apply, &keys);
-    cmd.arg(member).arg(&cluster.settings.node).arg(seq).arg(prev);
+    cmd.arg(member).arg(&cluster.settings.node).arg(batch.last).arg(prev);
     cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes).arg(batch.dropped);
     cmd.arg(cluster.settings.offline_grace.as_millis() as u64);
     cmd.arg(cluster.settings.last_seen_ttl.as_millis() as u64);
+    cmd.arg(batch.first);
     let mut replaced = replaced.iter();
-    for op in &batch.ops {
+    for op in batch.ops {
         match op {
             Op::Online { uid, session, device, first, at_ms, claims, origin, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
@@ -529,5 +638,40 @@ async fn scan_sessions(cluster: &Cluster, member: &str) -> Result<HashMap<String
             return Ok(held);
         }
         cursor = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presence::Origin;
+    use crate::proto::Device;
+
+    fn online(uid: u64) -> Op {
+        let (device, claims, origin) = (Device::DEFAULT, None, Origin::default());
+        Op::Online { uid, session: uid, device, first: true, since_ms: 0, at_ms: 0, claims, origin }
+    }
+
+    #[test]
+    fn cut_batches_keep_their_changes_numbers_and_positions() {
+        let taken = Taken { ops: (1..=5).map(online).collect(), dropped: 3, through: 40, lost: vec![(9, 9)] };
+        let mut held = Held { taken, done: 0, first: 10, size: 2 };
+        let b = held.batch();
+        assert_eq!((b.ops.len(), b.first, b.last, b.dropped, b.through), (2, 10, 11, 3, 37));
+        held.written(2);
+        let b = held.batch();
+        // The dropped count and lost sessions went with the first batch.
+        assert_eq!((b.ops.len(), b.first, b.last, b.dropped, b.through), (2, 12, 13, 0, 39));
+        assert!(held.taken.lost.is_empty());
+        held.size = 100;
+        held.written(2);
+        let b = held.batch();
+        assert_eq!((b.ops.len(), b.first, b.last, b.through), (1, 14, 14, 40));
+        held.written(1);
+        assert!(held.is_empty());
+        // A batch of nothing but a count of dropped events still takes a number.
+        let held = Held { taken: Taken { dropped: 2, through: 40, ..Taken::default() }, done: 0, first: 15, size: 8 };
+        let b = held.batch();
+        assert_eq!((b.ops.len(), b.first, b.last, b.dropped), (0, 15, 15, 2));
     }
 }
