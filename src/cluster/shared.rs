@@ -211,6 +211,7 @@ impl Cluster {
     pub(crate) fn lost_writes(&self, why: &str) {
         self.metrics.redis_lost_writes.inc();
         tracing::warn!(why, "Redis lost acknowledged writes; reconciling this node's sessions");
+        self.health.lost_writes.store(true, Ordering::Release);
         self.health.needs_reconcile.store(true, Ordering::Release);
     }
 
@@ -315,6 +316,9 @@ pub(crate) struct Health {
     healthy_since: Mutex<Option<Instant>>,
     /// Set by a failure or by a sign of lost writes, taken by the writer: it reconciles.
     pub(crate) needs_reconcile: AtomicBool,
+    /// Set by a sign of lost writes: the reconcile is due at once, not once Redis is
+    /// steady again.
+    pub(crate) lost_writes: AtomicBool,
     /// The writer has a batch in flight.
     pub(crate) writing: AtomicBool,
 }

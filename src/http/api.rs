@@ -406,8 +406,10 @@ async fn events(State(state): State<ApiState>, headers: HeaderMap, request: Requ
             after = Some(parse_event_id("Last-Event-ID", last)?);
         }
     }
-    if let (None, Some(n)) = (after, tail) {
-        after = Some(state.shared.directory.recent(n).await?);
+    if after.is_none() {
+        // "From now" is the newest event when the request is answered, fixed before the
+        // response head goes out: a consumer that saw the head misses nothing logged after.
+        after = Some(state.shared.directory.recent(tail.unwrap_or(0)).await?);
     }
     let node = state.shared.settings.node_id.clone();
     let batches = state.shared.directory.follow(after);
