@@ -54,6 +54,15 @@ const REPLICA_WAIT: Duration = Duration::from_millis(100);
 /// not start one.
 const RECONCILE_SETTLE: Duration = Duration::from_secs(2);
 
+/// Least time between two reconciles after outages or slow spells: a Redis that keeps
+/// timing out under load would otherwise be read back a node's every session each time it
+/// recovers for a moment. Lost writes reconcile at once, whenever they are seen.
+const RECONCILE_EVERY: Duration = Duration::from_secs(60);
+
+/// Route reads one call of a reconcile carries, as `HSCAN`'s count: each call stays far
+/// inside the response deadline however many sessions the node holds.
+const RECONCILE_STEP: usize = 1000;
+
 /// How often an idle writer checks whether a reconcile is due.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
 
@@ -165,6 +174,7 @@ const SUPERSEDED: &str = "!";
 pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let mut progress = Progress { next: 1, ..Progress::default() };
     let mut held = Held { size: MAX_BATCH, ..Held::default() };
+    let mut last_reconcile: Option<Instant> = None;
     loop {
         if held.is_empty() {
             cluster.health.writing.store(false, Ordering::Release);
@@ -175,8 +185,11 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                     _ = stop.cancelled() => return,
                 }
             }
-            if reconcile_due(&cluster.health) && cluster.health.needs_reconcile.swap(false, Ordering::AcqRel) {
+            if reconcile_due(&cluster.health, last_reconcile)
+                && cluster.health.needs_reconcile.swap(false, Ordering::AcqRel)
+            {
                 cluster.health.lost_writes.store(false, Ordering::Release);
+                last_reconcile = Some(Instant::now());
                 if let Err(e) = reconcile(&cluster).await {
                     tracing::warn!(error = %e, "reconcile with Redis failed; trying again");
                     cluster.health.needs_reconcile.store(true, Ordering::Release);
@@ -202,13 +215,15 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     }
 }
 
-/// Whether a reconcile asked for may run now: at once after a sign of lost writes, and
-/// after an outage or a slow spell once Redis has answered every call promptly for
-/// [`RECONCILE_SETTLE`]. A reconcile reads every session of the node back (a scan and a
-/// route read each): run at every timeout of an overloaded Redis, it would add the most
-/// load where there is the least room (the million-session run: 26 route reads per session).
-fn reconcile_due(health: &crate::cluster::shared::Health) -> bool {
-    health.is_up() && (health.lost_writes.load(Ordering::Acquire) || health.stable_for(RECONCILE_SETTLE))
+/// Whether a reconcile asked for may run now: at once after a sign of lost writes; after
+/// an outage or a slow spell once Redis has answered every call promptly for
+/// [`RECONCILE_SETTLE`], and at most once every [`RECONCILE_EVERY`]. A reconcile reads
+/// every session of the node back (a scan and a route read each): run at every timeout of
+/// an overloaded Redis, it would add the most load where there is the least room (the first
+/// million-session run made 26 route reads per session).
+fn reconcile_due(health: &crate::cluster::shared::Health, last: Option<Instant>) -> bool {
+    let spaced = last.is_none_or(|t| t.elapsed() >= RECONCILE_EVERY);
+    health.is_up() && (health.lost_writes.load(Ordering::Acquire) || (spaced && health.stable_for(RECONCILE_SETTLE)))
 }
 
 /// Writes the next batch of `held`, retrying (smaller after each failure) until it is in
@@ -588,9 +603,11 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         }
     }
     // Sessions Redis holds: their routes may have been lost or left naming a dead member.
-    let cmds: Vec<redis::Cmd> =
-        routes_checked.iter().map(|s| redis::Cmd::hget(keys::route(s.uid()), s.device().as_str())).collect();
-    let values = cluster.send_all(cmds).await?;
+    let mut values = Vec::with_capacity(routes_checked.len());
+    for step in routes_checked.chunks(RECONCILE_STEP) {
+        let cmds = step.iter().map(|s| redis::Cmd::hget(keys::route(s.uid()), s.device().as_str())).collect();
+        values.extend(cluster.send_all(cmds).await?);
+    }
     let mut rerouted = 0usize;
     for (session, value) in routes_checked.iter().zip(values) {
         let route = match value {
