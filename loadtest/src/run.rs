@@ -95,7 +95,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
     };
     let gateway = (!args.admin.is_empty()).then(|| Gateway::new(&args.admin));
     let at_start = match &gateway {
-        Some(g) => Some(g.scrape().await.map_err(|e| SetupError::Unreachable(format!("--admin: {e}")))?),
+        Some(g) => Some(scrape_at_start(g).await.map_err(|e| SetupError::Unreachable(format!("--admin: {e}")))?),
         None => None,
     };
 
@@ -448,4 +448,25 @@ fn progress(stats: &Stats, gateway: Option<Snapshot>, since: Duration, pings: u6
         stats.closes_by_reason(),
     );
     rtt.p99
+}
+
+/// Reads of the gateways' `/metrics` tried at the start before the run gives up: dozens of
+/// gateways and load generators starting together on two cores can leave one `/metrics`
+/// unanswered for a moment (the million-session run lost 17 of 64 load generators to one
+/// failed read each).
+const START_SCRAPE_ATTEMPTS: u32 = 5;
+
+/// The gateways' figures before the first client, tried [`START_SCRAPE_ATTEMPTS`] times a
+/// second apart.
+async fn scrape_at_start(gateway: &Gateway) -> Result<crate::gateway::Snapshot, String> {
+    let mut attempt = 1;
+    loop {
+        match gateway.scrape().await {
+            Ok(snapshot) => return Ok(snapshot),
+            Err(e) if attempt >= START_SCRAPE_ATTEMPTS => return Err(e),
+            Err(e) => eprintln!("loadtest: --admin: {e}; trying again ({attempt} of {START_SCRAPE_ATTEMPTS})"),
+        }
+        attempt += 1;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
