@@ -6,7 +6,7 @@ of one core (so 200 % on two).
     python3 loadtest/cpu-by-command.py [seconds, default 10]
 
 Run beside a loadtest/cluster.sh run to see who has the cores
-(docs/results/million/cpu-by-command.txt).
+(docs/results/million-first/cpu-by-command.txt).
 """
 import collections
 import os
