@@ -8,7 +8,7 @@
 //! Routes change before events, so presence never shows a uid online after its offline
 //! event. Each change has a number, and `APPLY` skips the numbers it has already applied:
 //! a failed batch is sent again under the same numbers, and a lost reply never duplicates
-//! an event. After a failure the batch is sent again cut in half (down to [`MIN_BATCH`]),
+//! an event. After a timeout the batch is sent again cut in half (down to [`MIN_BATCH`]),
 //! and batches grow back while Redis answers quickly: a Redis too slow to take a whole
 //! batch within the response deadline still takes the queue in smaller pieces, where a
 //! batch sent whole again and again would never get through.
@@ -66,7 +66,7 @@ const RECONCILE_STEP: usize = 1000;
 /// How often an idle writer checks whether a reconcile is due.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
 
-/// Fewest changes a batch is cut to after failures: a batch this small fits within the
+/// Fewest changes a batch is cut to after timeouts: a batch this small fits within the
 /// response deadline on any Redis that answers at all.
 const MIN_BATCH: usize = 64;
 
@@ -100,7 +100,7 @@ struct Held {
     done: usize,
     /// The number of the first change of `taken.ops`.
     first: u64,
-    /// The most changes the next batch sends: halved after a failure, doubled after a batch
+    /// The most changes the next batch sends: halved after a timeout, doubled after a batch
     /// answered within [`FAST_ENOUGH`]. A batch a slow Redis cannot answer in time is never
     /// sent again whole: it would time out again, and the abandoned sends would still load
     /// Redis.
@@ -226,7 +226,7 @@ fn reconcile_due(health: &crate::cluster::shared::Health, last: Option<Instant>)
     health.is_up() && (health.lost_writes.load(Ordering::Acquire) || (spaced && health.stable_for(RECONCILE_SETTLE)))
 }
 
-/// Writes the next batch of `held`, retrying (smaller after each failure) until it is in
+/// Writes the next batch of `held`, retrying (smaller after each timeout) until it is in
 /// Redis; false if `stop` came first.
 async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progress, stop: &CancellationToken) -> bool {
     let member = cluster.member();
