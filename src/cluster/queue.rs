@@ -344,12 +344,8 @@ mod tests {
 
     /// An end that makes room for a login of its uid (logged with it).
     fn makes_room(uid: u64, session: u64) -> Op {
-        match offline(uid, session) {
-            Op::Offline { uid, session, device, will, at_ms, .. } => {
-                Op::Offline { uid, session, device, reason: CloseReason::Kicked, last: false, will, at_ms }
-            }
-            _ => unreachable!(),
-        }
+        let (device, reason) = (Device::DEFAULT, CloseReason::Kicked);
+        Op::Offline { uid, session, device, reason, last: false, will: None, at_ms: 0 }
     }
 
     #[test]

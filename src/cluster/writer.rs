@@ -120,13 +120,13 @@ impl Held {
     fn batch(&self) -> Batch<'_> {
         let rest = &self.taken.ops[self.done..];
         let n = cut(rest, self.size, true);
-        let first_of_taken = self.done == 0;
         Batch {
             ops: &rest[..n],
             first: self.first + self.done as u64,
             // An empty batch still takes a number: it carries a count of dropped events.
             last: self.first + (self.done + n.max(1)) as u64 - 1,
-            dropped: if first_of_taken { self.taken.dropped } else { 0 },
+            // Only the first batch carries it: `written` clears it.
+            dropped: self.taken.dropped,
             through: self.taken.through - (rest.len() - n) as u64,
         }
     }
@@ -234,9 +234,9 @@ async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progr
         progress.prev = 0;
     }
     let mut attempt = 0;
-    let (outcome, n, through) = loop {
+    let (outcome, n, through, last) = loop {
         let batch = held.batch();
-        let (n, through) = (batch.ops.len(), batch.through);
+        let (n, through, last) = (batch.ops.len(), batch.through, batch.last);
         let started = Instant::now();
         let result = apply(cluster, &member, &batch, progress.prev).await;
         match result {
@@ -244,7 +244,7 @@ async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progr
                 if started.elapsed() < FAST_ENOUGH {
                     held.size = (held.size * 2).min(MAX_BATCH);
                 }
-                break (outcome, n, through);
+                break (outcome, n, through, last);
             }
             Err(e) => {
                 // Only a timeout says the batch may be too big (a refusal would refuse any
@@ -276,7 +276,7 @@ async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progr
     match outcome {
         Applied::Written { superseded, dropped } => {
             progress.member = Some(member);
-            progress.prev = held.first + (held.done + n.max(1)) as u64 - 1;
+            progress.prev = last;
             for (uid, session) in superseded.into_iter().chain(dropped) {
                 registry.kick_session(uid, session, None);
             }
