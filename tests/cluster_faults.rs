@@ -557,6 +557,71 @@ async fn a_failover_that_lost_writes_is_reported_and_repaired() {
     assert!(replica.keys("{idlegate}:sessions:*").is_empty());
 }
 
+/// Nemesis on a Redis Cluster, seed 2 (docs/RELIABILITY.md): a failover lost writes that
+/// ended sessions, not logins. The consumer had read those sessions' `offline`s from the
+/// master; the promoted replica still held the sessions, so they ended a second time: by
+/// the reconcile (as `disconnect`) and by a newer login of the same device (as `kicked`).
+/// Every session's end must be reported once, as docs/CLUSTER.md promises ("When Redis
+/// loses writes"). Not mended yet: ignored until it is, so that CI stays green while the
+/// defect is open (issue 38).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open defect: ends lost in a failover are reported twice (issue 38, nemesis --redis-cluster seed 2)"]
+async fn nemesis_cluster_seed_2_an_end_lost_in_a_failover_is_not_reported_twice() {
+    let Some(mut master) = RedisServer::start().await else { return };
+    let link = Proxy::start(master.addr).await.unwrap();
+    let port = link.addr.port().to_string();
+    let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
+    within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
+        .await;
+    let proxy = Proxy::start(master.addr).await.unwrap();
+    let nodes = gateways_with(&proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
+    let (_, mut sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
+    let mut clients = log_in(&nodes, 1..=3).await;
+    within(PATIENCE, "the replica holds 3 logins", || {
+        replica.events().iter().filter(|e| e.kind == "online").count() == 3
+    })
+    .await;
+    // The replica stops following; the three sessions end on the master alone.
+    link.pause();
+    for c in &mut clients {
+        c.send(Frame::Logout).await;
+        c.expect_bye(CloseReason::Logout).await;
+    }
+    within(PATIENCE, "the master acknowledged 3 logouts", || count(&master.events(), "offline", "logout") == 3).await;
+    let mut ended = Vec::new();
+    while ended.len() < 3 {
+        let e = sse.next().await.unwrap();
+        if e.event == "offline" {
+            ended.push(e.data["session"].as_str().unwrap().to_string());
+        }
+    }
+    // The master dies with those ends; the replica, which never got them, takes over.
+    master.stop();
+    link.switch(master.addr);
+    assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    proxy.switch(replica.addr);
+    // A newer login of uid 1's device, then a sentinel once presence is right again.
+    let _again = log_in(&nodes, 1..=1).await;
+    for gw in &nodes {
+        eventually("presence is right again", || async {
+            let (_, q) = api_json(gw, "POST", "/v1/presence/query", r#"{"uids":[1,2,3]}"#).await;
+            q["online"] == serde_json::json!([1])
+        })
+        .await;
+    }
+    let _sentinel = log_in(&nodes, 9..=9).await;
+    loop {
+        let e = sse.next().await.unwrap();
+        if e.event == "offline" {
+            let session = e.data["session"].as_str().unwrap_or_default();
+            assert!(!ended.iter().any(|s| s == session), "{session} ended a second time: {e:?}");
+        }
+        if e.event == "online" && e.data["uid"] == 9 {
+            break;
+        }
+    }
+}
+
 /// With `--redis-min-replicas 1` a batch counts as written only once a replica holds it:
 /// while the replica is cut off the node keeps retrying (and would not leave the cluster),
 /// and once it is back the batch completes.
