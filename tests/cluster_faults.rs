@@ -496,26 +496,62 @@ async fn reconciles_after_outages_are_spaced() {
     assert_eq!(reconciles(&redis), before + 1, "one reconcile for two outages within a minute");
 }
 
+/// A master and its replica, the replica's replication link through a pausable proxy (so it
+/// can be made to lag) and the gateways' connection through another (so it can be switched
+/// to the replica once promoted).
+struct Replicated {
+    master: RedisServer,
+    replica: RedisServer,
+    link: Proxy,
+    proxy: Proxy,
+}
+
+impl Replicated {
+    /// `None` where redis-server is missing (outside CI).
+    async fn start() -> Option<Self> {
+        let master = RedisServer::start().await?;
+        let link = Proxy::start(master.addr).await.unwrap();
+        let port = link.addr.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
+        within(PATIENCE, "the replica syncs", || {
+            replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
+        })
+        .await;
+        let proxy = Proxy::start(master.addr).await.unwrap();
+        Some(Self { master, replica, link, proxy })
+    }
+
+    /// Gateways `a` and `b` on it, a consumer of `b`'s events, and uids 1 to 3 logged in,
+    /// once the replica holds their logins.
+    async fn three_logins_replicated(&self) -> (Vec<TestServer>, Sse, Vec<Client>) {
+        let nodes = gateways_with(&self.proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
+        let (_, sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
+        let clients = log_in(&nodes, 1..=3).await;
+        within(PATIENCE, "the replica holds 3 logins", || {
+            self.replica.events().iter().filter(|e| e.kind == "online").count() == 3
+        })
+        .await;
+        (nodes, sse, clients)
+    }
+
+    /// The master dies with whatever its replica lacks, and the replica takes over.
+    fn fail_over(&mut self) {
+        self.master.stop();
+        self.link.switch(self.master.addr);
+        assert_eq!(self.replica.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+        self.proxy.switch(self.replica.addr);
+    }
+}
+
 /// Redis loses writes it acknowledged: the master dies while its replica lags (its
 /// replication link paused in a proxy), and the replica is promoted. Consumers are told (`earlier_stream`), never handed a
 /// silent hole; the nodes notice and reconcile, so presence is right again and every
 /// session still ends with one offline after its (re-)announcement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_lost_writes_is_reported_and_repaired() {
-    let Some(mut master) = RedisServer::start().await else { return };
-    let link = Proxy::start(master.addr).await.unwrap();
-    let port = link.addr.port().to_string();
-    let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
-    within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
-        .await;
-    let proxy = Proxy::start(master.addr).await.unwrap();
-    let mut nodes = gateways_with(&proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
-    let (_, mut sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
-    let mut clients = log_in(&nodes, 1..=3).await;
-    within(PATIENCE, "the replica holds 3 logins", || {
-        replica.events().iter().filter(|e| e.kind == "online").count() == 3
-    })
-    .await;
+    let Some(mut pair) = Replicated::start().await else { return };
+    let (mut nodes, mut sse, mut clients) = pair.three_logins_replicated().await;
+    let (master, link) = (&pair.master, &pair.link);
     link.pause();
     clients.extend(log_in(&nodes, 4..=6).await);
     within(PATIENCE, "the master acknowledged 6 logins", || {
@@ -527,10 +563,8 @@ async fn a_failover_that_lost_writes_is_reported_and_repaired() {
         assert_eq!(sse.next().await.unwrap().event, "user_online");
     }
     // The master dies with writes its replica never got; the replica takes over.
-    master.stop();
-    link.switch(master.addr);
-    assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
-    proxy.switch(replica.addr);
+    pair.fail_over();
+    let replica = &pair.replica;
 
     let gap = sse.next().await.unwrap();
     assert_eq!((gap.event.as_str(), &gap.data["earlier_stream"]), ("gap", &true.into()), "{gap:?}");
@@ -567,20 +601,9 @@ async fn a_failover_that_lost_writes_is_reported_and_repaired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "open defect: ends lost in a failover are reported twice (issue 38, nemesis --redis-cluster seed 2)"]
 async fn nemesis_cluster_seed_2_an_end_lost_in_a_failover_is_not_reported_twice() {
-    let Some(mut master) = RedisServer::start().await else { return };
-    let link = Proxy::start(master.addr).await.unwrap();
-    let port = link.addr.port().to_string();
-    let Some(replica) = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await else { return };
-    within(PATIENCE, "the replica syncs", || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"))
-        .await;
-    let proxy = Proxy::start(master.addr).await.unwrap();
-    let nodes = gateways_with(&proxy.url(), &["a", "b"], Duration::from_secs(60)).await;
-    let (_, mut sse) = Sse::open(nodes[1].api, "/v1/events", &[]).await;
-    let mut clients = log_in(&nodes, 1..=3).await;
-    within(PATIENCE, "the replica holds 3 logins", || {
-        replica.events().iter().filter(|e| e.kind == "online").count() == 3
-    })
-    .await;
+    let Some(mut pair) = Replicated::start().await else { return };
+    let (nodes, mut sse, mut clients) = pair.three_logins_replicated().await;
+    let (master, link) = (&pair.master, &pair.link);
     // The replica stops following; the three sessions end on the master alone.
     link.pause();
     for c in &mut clients {
@@ -596,10 +619,7 @@ async fn nemesis_cluster_seed_2_an_end_lost_in_a_failover_is_not_reported_twice(
         }
     }
     // The master dies with those ends; the replica, which never got them, takes over.
-    master.stop();
-    link.switch(master.addr);
-    assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
-    proxy.switch(replica.addr);
+    pair.fail_over();
     // A newer login of uid 1's device, then a sentinel once presence is right again.
     let _again = log_in(&nodes, 1..=1).await;
     for gw in &nodes {
