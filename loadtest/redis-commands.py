@@ -47,6 +47,14 @@ def run(directory):
     return delta, logins
 
 
+def total(cells):
+    """(calls, usec) summed over `cells`."""
+    calls, usec = 0, 0
+    for c, u in cells:
+        calls, usec = calls + c, usec + u
+    return calls, usec
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -56,20 +64,15 @@ def main():
     width = max(len(n) for n, _, _ in runs)
     print(f"{'run':<{width}}  {'logins':>8}  " + "  ".join(f"{n + ' calls':>14} {'cpu s':>7}" for n in names + ["other", "all"]))
     for label, delta, logins in runs:
-        cells = []
-        for n in names:
-            calls, usec = delta.get(n, (0, 0))
-            cells.append((calls, usec))
-        rest = [v for k, v in delta.items() if k not in names]
-        cells.append((sum(c for c, _ in rest), sum(u for _, u in rest)))
-        cells.append((sum(c for c, _ in delta.values()), sum(u for _, u in delta.values())))
+        cells = [delta.get(n, (0, 0)) for n in names]
+        cells.append(total(v for k, v in delta.items() if k not in names))
+        cells.append(total(delta.values()))
         print(f"{label:<{width}}  {logins:>8}  " + "  ".join(f"{c:>14} {u / 1e6:>7.1f}" for c, u in cells))
     print("per login (calls, us of Redis CPU):")
     for label, delta, logins in runs:
         if not logins:
             continue
-        calls = sum(c for c, _ in delta.values())
-        usec = sum(u for _, u in delta.values())
+        calls, usec = total(delta.values())
         parts = [f"{n} {delta.get(n, (0, 0))[0] / logins:.2f} {delta.get(n, (0, 0))[1] / logins:.1f}" for n in names]
         print(f"  {label:<{width}}  all {calls / logins:.2f} {usec / logins:.1f}   " + "   ".join(parts))
 
