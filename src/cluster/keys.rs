@@ -74,6 +74,13 @@ pub(crate) fn applied_dropped(member: &str) -> String {
     format!("{}:dropped", applied(member))
 }
 
+/// The stream epoch in which `member`'s session hash was last known current (its first
+/// batch, or its reconcile after Redis lost writes). `APPLY` lets another member's login log
+/// the end of one of its sessions only while it names the stream's epoch.
+pub(crate) fn verified(member: &str) -> String {
+    format!("{}:verified", applied(member))
+}
+
 /// The stream other nodes send `member` requests and replies on.
 pub(crate) fn inbox(member: &str) -> String {
     format!("{{idlegate}}:inbox:{member}")

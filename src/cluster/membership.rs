@@ -125,7 +125,7 @@ async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
     let value = format!("{} {}", registry.online(), cluster.metrics.connections_open.get().max(0));
     let lease_ms = cluster.settings.lease.as_millis() as u64;
     let script = &cluster.scripts.lease;
-    let (ok, epoch): (i64, redis::Value) = cluster
+    let (ok, epoch, n): (i64, redis::Value, u64) = cluster
         .call(1, |mut conn| async move {
             let answer = script
                 .key(keys::lease(member))
@@ -144,7 +144,10 @@ async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
         // No epoch: the stream's state is gone (Redis came back empty, or failed over to a
         // replica without it) while this node remembers one.
         0 => cluster.saw_no_epoch(),
-        epoch => cluster.saw_epoch(epoch),
+        epoch => {
+            cluster.saw_epoch(epoch);
+            cluster.saw_number(epoch, n);
+        }
     }
     Ok(ok == 1)
 }
@@ -215,6 +218,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         redis::Cmd::del(keys::inbox(&member_owned)),
         redis::Cmd::del(keys::applied(&member_owned)),
         redis::Cmd::del(keys::applied_dropped(&member_owned)),
+        redis::Cmd::del(keys::verified(&member_owned)),
         redis::Cmd::del(keys::sessions(&member_owned)),
         redis::Cmd::del(keys::unroute(&member_owned)),
         redis::Cmd::del(keys::wills(&member_owned)),

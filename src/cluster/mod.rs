@@ -5,7 +5,8 @@
 //! says what lives where, `scripts` the atomic steps that change it, `store` connects,
 //! `shared` holds this node's member name, its fence and the one way scripts are called.
 //! `queue` and `writer` take this node's session changes to Redis in batches (and
-//! reconcile after Redis was away or lost writes), `relay_turn` is the webhook relay's turn and
+//! reconcile after Redis was away or lost writes, telling by `ended` a session a failover
+//! brought back from one whose end is on its way), `relay_turn` is the webhook relay's turn and
 //! position, `membership` keeps the node's lease and
 //! reaps dead nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream`
 //! follows the shared event stream, and `directory` answers the backend API from all of
@@ -14,11 +15,12 @@
 //! [`crate::presence::Backplane`]: what the composition root sees of it.
 //!
 //! Imports point one way: `node` -> `directory`, `writer`, `membership`, `inbox` -> `shared` -> `store`,
-//! `scripts`, `keys`, `queue`; `inbox` -> `stream` (the stream's newest position);
+//! `scripts`, `keys`, `queue`; `writer` -> `ended`; `inbox` -> `stream` (the stream's newest position);
 //! `directory` -> `inbox`, `membership`, `stream`, `shared`.
 //! A test (`tests/layout.rs`) fails on any circle.
 
 mod directory;
+mod ended;
 mod inbox;
 mod keys;
 mod membership;

@@ -60,17 +60,25 @@ pub(crate) enum Op {
     Will { uid: u64, session: u64, device: Device, will: Box<Will>, at_ms: u64 },
     /// A DATA frame of the session on `device` (an MQTT PUBLISH: with its topic).
     Data { uid: u64, session: u64, device: Device, payload: Bytes, topic: Option<Box<str>>, at_ms: u64 },
+    /// A session this node ended, whose end Redis applied and then lost in a failover: Redis
+    /// holds it again. It goes without an event (its `offline` went out once); a reconcile
+    /// sends it.
+    Forget { uid: u64, session: u64, device: Device },
+    /// This member's hash is current again: the end of a reconcile, behind its changes.
+    Verified,
 }
 
 // === impl Op ===
 
 impl Op {
-    fn session(&self) -> u64 {
+    fn session(&self) -> Option<u64> {
         match self {
             Op::Online { session, .. }
             | Op::Offline { session, .. }
             | Op::Will { session, .. }
-            | Op::Data { session, .. } => *session,
+            | Op::Data { session, .. }
+            | Op::Forget { session, .. } => Some(*session),
+            Op::Verified => None,
         }
     }
 
@@ -277,15 +285,16 @@ fn compact(inner: &mut Inner) -> Compacted {
     });
     inner.bytes = 0;
     let data = before - ops.len();
-    let unseen: HashSet<u64> = ops.iter().filter(|op| matches!(op, Op::Online { .. })).map(Op::session).collect();
+    let unseen: HashSet<u64> =
+        ops.iter().filter(|op| matches!(op, Op::Online { .. })).filter_map(Op::session).collect();
     let ended: HashSet<u64> = ops
         .iter()
         .filter(|op| matches!(op, Op::Offline { .. }))
-        .map(Op::session)
+        .filter_map(Op::session)
         .filter(|s| unseen.contains(s))
         .collect();
     let mid = ops.len();
-    ops.retain(|op| !ended.contains(&op.session()));
+    ops.retain(|op| op.session().is_none_or(|s| !ended.contains(&s)));
     Compacted { data, sessions: (mid - ops.len()) / 2 }
 }
 
@@ -340,6 +349,13 @@ mod tests {
             q.take(10),
             Taken { ops: vec![offline(1, 1), online(3, 3), online(4, 4)], dropped: 1, through: 6, lost: vec![(2, 2)] }
         );
+        // A reconcile's removals and its closing mark are kept like ends Redis needs.
+        let q = Queue::new(2, usize::MAX);
+        q.enqueue(Op::Forget { uid: 5, session: 5, device: Device::DEFAULT });
+        q.enqueue(Op::Verified);
+        let (_, compacted, _) = q.enqueue(online(6, 6));
+        assert_eq!(compacted, Some(Compacted::default()));
+        assert_eq!(q.len(), 3);
     }
 
     /// An end that makes room for a login of its uid (logged with it).

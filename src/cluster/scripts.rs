@@ -69,6 +69,11 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   function e.epoch()
     return epoch
   end
+  -- The number of the last event logged: a node that saw a higher one in this epoch knows
+  -- that Redis lost writes (a failover to a replica that lagged).
+  function e.n()
+    return n
+  end
   function e.now()
     return now
   end
@@ -153,6 +158,20 @@ local function take_claims(key, f, s)
   return take_kept(key, f, s)
 end
 
+-- Removes session s (field f of member m) without an event, if m's hash still holds it:
+-- a session whose end Redis lost in a failover after its offline was logged (and perhaps
+-- read). Its offline went out once; a second would break exactly-once, and the consumer
+-- was told of the broken history (the new epoch's gap). Returns true if it was held.
+local function forget(users, m, uid, f, s)
+  local key = '{idlegate}:sessions:' .. m
+  if redis.call('HGET', key, f) ~= s then return false end
+  redis.call('HDEL', key, f)
+  take_kept('{idlegate}:wills:' .. m, f, s)
+  take_kept('{idlegate}:claims:' .. m, f, s)
+  if redis.call('HINCRBY', users, uid, -1) <= 0 then redis.call('HDEL', users, uid) end
+  return true
+end
+
 -- An offline event, with the session's will and claims when it has them.
 local function emit_offline(ev, uid, s, d, r, at, wt, wp, c)
   local fields = {'t', 'offline', 'uid', uid, 's', s, 'd', d, 'r', r}
@@ -181,11 +200,13 @@ end
 ///
 /// KEYS: sessions of the member, the stream, its last-id hash, the member's applied batch,
 /// the member's reaped marker, the users hash, the member's wills, the grace set and its
-/// reasons, the member's claims. ARGV: member, node name, the number of the batch's last
-/// change, the last number of the member's batch applied before it (0 for none), stream
-/// cap, stream byte cap, data events dropped before this batch, the offline grace in ms
-/// (0: none), `--last-seen-ttl` in ms, the number of the batch's first change, then six per
-/// change (the last is the device name, empty for the default device).
+/// reasons, the member's claims, the member's verified marker. ARGV: member, node name, the
+/// number of the batch's last change, the last number of the member's batch applied before
+/// it (0 for none), stream cap, stream byte cap, data events dropped before this batch, the
+/// offline grace in ms (0: none), `--last-seen-ttl` in ms, the number of the batch's first
+/// change, the stream epoch the node knows (empty for none) and the highest event number it
+/// saw in that epoch, then six per change (the last is the device name, empty for the
+/// default device).
 ///
 /// The applied marker holds the member's highest change number applied. A batch whose last
 /// number is at or below it was applied already (a retry after a lost reply, or a batch cut
@@ -213,6 +234,23 @@ end
 /// - `W|<topic>\0<payload> uid session '' at device`: an MQTT session's will, kept in the
 ///   member's wills hash while the session is held, so that an ending its node never logs
 ///   (taken over from another node, or reaped with a dead node) still carries it.
+/// - `F uid session '' at device`: forget a session without an event. Its node ended it and
+///   the end was applied, but Redis lost that write in a failover and holds the session
+///   again: its `offline` went out once already (see `forget`).
+/// - `V '' '' '' '' ''`: the member's hash is known current in this epoch (its node
+///   reconciled it after lost writes): the verified marker takes the epoch.
+///
+/// After Redis lost writes, a member's hash may hold sessions the member had ended, whose
+/// `offline` consumers may have read before the failover. Only the member's node knows
+/// which. So a login's kick of a session of *another* member whose verified marker names an
+/// older epoch logs nothing here: the kick goes to that member's inbox, and its node ends the
+/// session if it holds it (its own `offline`, after this login's `online`) or forgets it in
+/// its reconcile if not. The marker is set by a member's first batch and by the end of each
+/// reconcile (`V`); a member without one (none of its writes survived) holds nothing stale.
+/// A replaced entry of this member's own, prefixed with `~`, is one its node ended: it is
+/// forgotten, not kicked. A batch also detects lost writes from the event numbers: when the
+/// stream's last number in the node's epoch is below the highest the node saw in it, the
+/// failover lost other members' writes, and the batch renews the epoch before its changes.
 ///
 /// User events come from the users hash alone (the uid's sessions across the cluster),
 /// never from a node's own view: a node may still hold a session another node already took
@@ -224,9 +262,10 @@ end
 /// held in the grace set instead (`user_gone`), and a login that finds its uid there takes
 /// it out and is no `user_online` (`user_back`).
 ///
-/// Returns `{status, epoch, dropped}`: status -1 if the member was reaped (nothing changed),
-/// 0 for a batch already applied (a retry after a lost reply), 1 applied, 2 applied but the
-/// applied marker was behind what the member had applied: Redis lost writes. `dropped`
+/// Returns `{status, epoch, dropped, n}`: status -1 if the member was reaped (nothing
+/// changed), 0 for a batch already applied (a retry after a lost reply), 1 applied, 2
+/// applied but the applied marker was behind what the member had applied or the stream's
+/// number behind what the node saw: Redis lost writes. `n` is the last event number. `dropped`
 /// lists, comma-separated, the `uid:session` whose data events the batch dropped because
 /// the session was no longer held (a login elsewhere took it over meanwhile): their
 /// clients must not be told their data was taken (an MQTT PUBACK), so their node ends them.
@@ -236,13 +275,14 @@ local last, prev, first = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[10
 local applied = tonumber(redis.call('GET', KEYS[4]) or '0')
 local dropped_key = KEYS[4] .. ':dropped'
 if last <= applied then
-  return {0, redis.call('HGET', KEYS[3], 'epoch') or '', redis.call('GET', dropped_key) or ''}
+  local mark = redis.call('HMGET', KEYS[3], 'epoch', 'n')
+  return {0, mark[1] or '', redis.call('GET', dropped_key) or '', tonumber(mark[2] or '0')}
 end
 redis.call('SET', KEYS[4], last)
 -- The first change not applied yet: all of them, unless a longer batch from the same
 -- first number ran after its sender gave up on it.
-local from = 11
-if applied >= first then from = 11 + 6 * (applied - first + 1) end
+local from = 13
+if applied >= first then from = 13 + 6 * (applied - first + 1) end
 -- `uid:session` of sessions whose data events this batch dropped (no longer held: taken
 -- over meanwhile), kept for a retry's answer.
 local dropped = {}
@@ -254,9 +294,17 @@ if applied >= first then
 end
 local ev = emitter(KEYS[2], KEYS[3], ARGV[5], ARGV[6])
 local status = 1
-if applied < prev then
+local known = ARGV[11]
+if applied < prev or (known ~= '' and known == ev.epoch() and ev.n() < tonumber(ARGV[12])) then
   status = 2
   ev.renew()
+end
+-- A member's first batch: its hash is all its own writes.
+if status == 1 and prev == 0 and applied == 0 then redis.call('SET', KEYS[11], ev.epoch()) end
+-- Whether a kick may log the end of member m's session here: m's hash is current (see above).
+local function current(m)
+  local v = redis.call('GET', '{idlegate}:applied:' .. m .. ':verified')
+  return not v or v == ev.epoch()
 end
 -- The count of dropped events belongs before the first change: skipped with it.
 if applied < first then ev.skip(tonumber(ARGV[7])) end
@@ -296,11 +344,16 @@ for i = from, #ARGV, 6 do
       -- The route's chain: the owner this login replaced, then whom that one replaced (a
       -- login replaced before it was announced may leave its own predecessor held).
       for entry in string.gmatch(x, '[^\n]+') do
+        -- `~`: a session of this member whose end its node applied (see above).
+        local ended = string.sub(entry, 1, 1) == '~'
+        if ended then entry = string.sub(entry, 2) end
         local m, ps, pd = string.match(entry, '^([^|]*)|([^|]*)|(.*)$')
-        if m then
+        if m and ended then
+          if m == me then forget(KEYS[6], m, uid, field(uid, pd), ps) end
+        elseif m then
           local key = '{idlegate}:sessions:' .. m
           local pf = field(uid, pd)
-          if redis.call('HGET', key, pf) == ps then
+          if redis.call('HGET', key, pf) == ps and (m == me or current(m)) then
             redis.call('HDEL', key, pf)
             local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
             local c = take_claims('{idlegate}:claims:' .. m, pf, ps)
@@ -368,6 +421,10 @@ for i = from, #ARGV, 6 do
         end
       end
     end
+  elseif kind == 'F' then
+    forget(KEYS[6], me, uid, f, s)
+  elseif kind == 'V' then
+    if status == 1 then redis.call('SET', KEYS[11], ev.epoch()) end
   elseif kind == 'W' then
     if extra and redis.call('HGET', KEYS[1], f) == s then
       redis.call('HSET', KEYS[7], f, s .. '|' .. extra)
@@ -396,7 +453,7 @@ end
 ev.save()
 local lost = table.concat(dropped, ',')
 redis.call('SET', dropped_key, lost)
-return {status, ev.epoch(), lost}
+return {status, ev.epoch(), lost, ev.n()}
 "#;
 
 /// Logs the `user_offline` of up to ARGV[1] uids whose offline grace ran out by Redis's
@@ -534,13 +591,15 @@ return {scan[1], redis.call('HLEN', KEYS[1]), reaped, epoch}
 ///
 /// KEYS: the lease, the members set, the member's reaped marker, the stream's last-id
 /// hash. ARGV: member, value, lease in ms. Returns `{1 or 0 if the member was reaped,
-/// epoch or ''}`.
+/// epoch or '', the last event number}`: every node learns the stream's progress each
+/// tick, which is how a batch notices a failover that lost other members' writes.
 const LEASE: &str = r#"
-local epoch = redis.call('HGET', KEYS[4], 'epoch') or ''
-if redis.call('EXISTS', KEYS[3]) == 1 then return {0, epoch} end
+local mark = redis.call('HMGET', KEYS[4], 'epoch', 'n')
+local epoch, n = mark[1] or '', tonumber(mark[2] or '0')
+if redis.call('EXISTS', KEYS[3]) == 1 then return {0, epoch, n} end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[1])
-return {1, epoch}
+return {1, epoch, n}
 "#;
 
 /// Points a uid's route for one device at a new login, unless a newer login of another
@@ -765,11 +824,12 @@ mod tests {
             keys::GRACE.to_string(),
             keys::GRACE_WHY.to_string(),
             keys::claims(member),
+            keys::verified(member),
         ];
         let (first, last, prev) = (first.to_string(), last.to_string(), prev.to_string());
-        let mut args: Vec<&str> = vec!["EVAL", &script, "10"];
+        let mut args: Vec<&str> = vec!["EVAL", &script, "11"];
         args.extend(keys.iter().map(String::as_str));
-        args.extend([member, "n", &last, &prev, "1000", "1000000", "0", "0", "60000", &first]);
+        args.extend([member, "n", &last, &prev, "1000", "1000000", "0", "0", "60000", &first, "", "0"]);
         args.extend(changes.iter().flatten());
         redis.cli(&args).lines().next().unwrap_or("").to_string()
     }

@@ -76,11 +76,22 @@ pub(crate) struct Cluster {
     pub(crate) health: Health,
     /// The stream epoch the scripts last answered with; 0 before the first answer.
     epoch: AtomicU64,
+    /// The highest event number the scripts answered with, and the epoch it belongs to:
+    /// every batch sends it, and a stream whose number is lower in the same epoch lost
+    /// writes (see `APPLY`).
+    high_water: Mutex<HighWater>,
     /// Requests to other nodes waiting for their replies, by request id.
     pub(crate) awaiting: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
     next_request: AtomicU64,
     /// The newest event id the blocking reader has seen: consumers wait on it.
     pub(crate) tail: watch::Sender<EventId>,
+}
+
+/// The highest event number a script answered with within one stream epoch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HighWater {
+    pub epoch: u64,
+    pub n: u64,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -115,6 +126,7 @@ impl Cluster {
             clock,
             health: Health::default(),
             epoch: AtomicU64::new(0),
+            high_water: Mutex::default(),
             awaiting: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(u64::from(keys::rand_u32()) << 32),
             tail: watch::Sender::new(EventId { ms: 0, seq: 0 }),
@@ -198,6 +210,26 @@ impl Cluster {
         if before != 0 && before != epoch {
             self.lost_writes("the event stream's epoch changed");
         }
+    }
+
+    /// A script answered that the stream's last event number is `n` in `epoch` (0: none).
+    /// Lower than a number seen before in the same epoch: Redis lost writes (a failover to
+    /// a replica that lagged), whoever wrote them.
+    pub(crate) fn saw_number(&self, epoch: u64, n: u64) {
+        let mut mark = self.high_water.lock().unwrap_or_else(PoisonError::into_inner);
+        if mark.epoch != epoch {
+            *mark = HighWater { epoch, n };
+        } else if n < mark.n {
+            drop(mark);
+            self.lost_writes("the event stream's number went back");
+        } else {
+            mark.n = n;
+        }
+    }
+
+    /// The highest event number seen, and its epoch.
+    pub(crate) fn high_water(&self) -> HighWater {
+        *self.high_water.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A script found no epoch although this node has seen one: the stream's state is gone.

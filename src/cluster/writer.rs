@@ -26,6 +26,7 @@ use redis::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::ended::Ended;
 use crate::cluster::keys;
 use crate::cluster::queue::{cut, Op, Taken};
 use crate::cluster::shared::{evalsha, Cluster};
@@ -175,6 +176,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let mut progress = Progress { next: 1, ..Progress::default() };
     let mut held = Held { size: MAX_BATCH, ..Held::default() };
     let mut last_reconcile: Option<Instant> = None;
+    let mut ended = Ended::default();
     loop {
         if held.is_empty() {
             cluster.health.writing.store(false, Ordering::Release);
@@ -190,7 +192,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             {
                 cluster.health.lost_writes.store(false, Ordering::Release);
                 last_reconcile = Some(Instant::now());
-                if let Err(e) = reconcile(&cluster).await {
+                if let Err(e) = reconcile(&cluster, &mut ended).await {
                     tracing::warn!(error = %e, "reconcile with Redis failed; trying again");
                     cluster.health.needs_reconcile.store(true, Ordering::Release);
                 }
@@ -208,7 +210,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             progress.next += taken.ops.len().max(1) as u64;
             held = Held { taken, done: 0, first, size: held.size };
         }
-        if !write_one(&cluster, &mut held, &mut progress, &stop).await {
+        if !write_one(&cluster, &mut held, &mut progress, &mut ended, &stop).await {
             cluster.health.writing.store(false, Ordering::Release);
             return;
         }
@@ -227,8 +229,14 @@ fn reconcile_due(health: &crate::cluster::shared::Health, last: Option<Instant>)
 }
 
 /// Writes the next batch of `held`, retrying (smaller after each timeout) until it is in
-/// Redis; false if `stop` came first.
-async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progress, stop: &CancellationToken) -> bool {
+/// Redis, and notes its ends in `ended`; false if `stop` came first.
+async fn write_one(
+    cluster: &Arc<Cluster>,
+    held: &mut Held,
+    progress: &mut Progress,
+    ended: &mut Ended,
+    stop: &CancellationToken,
+) -> bool {
     let member = cluster.member();
     if progress.member.as_deref() != Some(&*member) {
         progress.prev = 0;
@@ -238,7 +246,7 @@ async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progr
         let batch = held.batch();
         let (n, through, last) = (batch.ops.len(), batch.through, batch.last);
         let started = Instant::now();
-        let result = apply(cluster, &member, &batch, progress.prev).await;
+        let result = apply(cluster, &member, &batch, progress.prev, ended).await;
         match result {
             Ok(outcome) => {
                 if started.elapsed() < FAST_ENOUGH {
@@ -277,6 +285,12 @@ async fn write_one(cluster: &Arc<Cluster>, held: &mut Held, progress: &mut Progr
         Applied::Written { superseded, dropped } => {
             progress.member = Some(member);
             progress.prev = last;
+            let now = Instant::now();
+            for op in ops {
+                if let Op::Offline { session, .. } = op {
+                    ended.insert(*session, now);
+                }
+            }
             for (uid, session) in superseded.into_iter().chain(dropped) {
                 registry.kick_session(uid, session, None);
             }
@@ -324,8 +338,15 @@ async fn unroute(cluster: &Cluster, member: &str, routes: &[(u64, u64)], stop: &
 }
 
 /// Applies one batch under `member`: routes, then the control slot, then (with
-/// `--redis-min-replicas`) waits for the replicas.
-async fn apply(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64) -> Result<Applied, StoreError> {
+/// `--redis-min-replicas`) waits for the replicas. A login's replaced session of this
+/// member whose end is in `ended` is marked as such for `APPLY` (forgotten, not kicked).
+async fn apply(
+    cluster: &Cluster,
+    member: &str,
+    batch: &Batch<'_>,
+    prev: u64,
+    ended: &mut Ended,
+) -> Result<Applied, StoreError> {
     let ops = batch.ops;
     let keep_route = routes_to_delete(ops);
     let routes: Vec<redis::Cmd> = ops
@@ -344,17 +365,18 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64) ->
     } else {
         // Each login's answer: the owner it replaced, `!` if superseded, or nothing.
         let mut answers = cluster.send_all(routes).await?.into_iter();
+        let now = Instant::now();
         for (op, keep) in ops.iter().zip(&keep_route) {
             match op {
                 Op::Online { .. } => replaced_by_login.push(match answers.next() {
-                    Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+                    Some(Value::BulkString(b)) => mark_ended(&String::from_utf8_lossy(&b), member, ended, now),
                     _ => String::new(),
                 }),
-                Op::Offline { .. } if *keep => {
+                Op::Offline { .. } | Op::Forget { .. } if *keep => {
                     answers.next();
                 }
-                Op::Offline { .. } => {}
-                Op::Data { .. } | Op::Will { .. } => {}
+                Op::Offline { .. } | Op::Forget { .. } => {}
+                Op::Data { .. } | Op::Will { .. } | Op::Verified => {}
             }
         }
         let control = apply_cmd(cluster, member, batch, prev, &replaced_by_login);
@@ -368,6 +390,22 @@ async fn apply(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64) ->
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
     finish(cluster, &answer).await?;
     Ok(Applied::Written { superseded, dropped: dropped_of(&answer) })
+}
+
+/// `replaced` (a login's route answer: `<member>|<session>|<device>` a line) with `~` before
+/// each entry of this `member` whose end `ended` holds: Redis may still hold such a session
+/// only because a failover lost its end, and `APPLY` forgets it instead of kicking it.
+fn mark_ended(replaced: &str, member: &str, ended: &mut Ended, now: Instant) -> String {
+    let mut mine = |entry: &str| {
+        let mut parts = entry.splitn(3, '|');
+        let (m, session) = (parts.next()?, parts.next()?);
+        Some(m == member && ended.contains(u64::from_str_radix(session, 16).ok()?, now))
+    };
+    let entries: Vec<String> = replaced
+        .split('\n')
+        .map(|entry| if mine(entry) == Some(true) { format!("~{entry}") } else { entry.to_string() })
+        .collect();
+    entries.join("\n")
 }
 
 /// `(uid, session)` of the sessions with data events in `ops`, each once (a set: a batch
@@ -437,14 +475,23 @@ fn status_of(answer: &Value) -> (i64, u64) {
     (status, parts.get(1).map_or(0, keys::epoch_of))
 }
 
+/// `APPLY`'s fourth answer: the stream's last event number.
+fn number_of(answer: &Value) -> u64 {
+    match answer {
+        Value::Array(parts) => parts.get(3).map_or(0, keys::epoch_of),
+        _ => 0,
+    }
+}
+
 /// After an applied batch: notes signs of lost writes, then waits for
 /// `--redis-min-replicas` replicas to hold it.
 async fn finish(cluster: &Cluster, answer: &Value) -> Result<(), StoreError> {
     let (status, epoch) = status_of(answer);
     if status == LOST_WRITES {
-        cluster.lost_writes("the applied marker was behind this node's last batch");
+        cluster.lost_writes("the applied marker or the stream's number was behind what this node saw");
     }
     cluster.saw_epoch(epoch);
+    cluster.saw_number(epoch, number_of(answer));
     let want = cluster.settings.min_replicas;
     if want == 0 {
         return Ok(());
@@ -475,19 +522,19 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
             cmd.arg(device.as_str()).arg(cluster.settings.max_devices);
             Some(cmd)
         }
-        Op::Offline { uid, session, .. } => {
+        Op::Offline { uid, session, .. } | Op::Forget { uid, session, .. } => {
             let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(*uid)]);
             cmd.arg(keys::owner_prefix(member, &keys::session_hex(*session)));
             Some(cmd)
         }
-        Op::Data { .. } | Op::Will { .. } => None,
+        Op::Data { .. } | Op::Will { .. } | Op::Verified => None,
     }
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
 fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, replaced: &[String]) -> redis::Cmd {
     let (sessions, applied, reaped) = (keys::sessions(member), keys::applied(member), keys::reaped(member));
-    let (wills, claims) = (keys::wills(member), keys::claims(member));
+    let (wills, claims, verified) = (keys::wills(member), keys::claims(member), keys::verified(member));
     let keys = [
         &*sessions,
         keys::EVENTS,
@@ -499,6 +546,7 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
         keys::GRACE,
         keys::GRACE_WHY,
         &claims,
+        &verified,
     ];
     let mut cmd = evalsha(&cluster.scripts.apply, &keys);
     cmd.arg(member).arg(&cluster.settings.node).arg(batch.last).arg(prev);
@@ -506,6 +554,9 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
     cmd.arg(cluster.settings.offline_grace.as_millis() as u64);
     cmd.arg(cluster.settings.last_seen_ttl.as_millis() as u64);
     cmd.arg(batch.first);
+    let seen = cluster.high_water();
+    let epoch = if seen.epoch == 0 { String::new() } else { seen.epoch.to_string() };
+    cmd.arg(epoch).arg(seen.n);
     let mut replaced = replaced.iter();
     for op in batch.ops {
         match op {
@@ -542,6 +593,13 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
                 };
                 cmd.arg(kind).arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device.as_str());
             }
+            Op::Forget { uid, session, device } => {
+                let s = keys::session_hex(*session);
+                cmd.arg("F").arg(*uid).arg(s).arg("").arg(0).arg(device.as_str());
+            }
+            Op::Verified => {
+                cmd.arg("V").arg("").arg("").arg("").arg(0).arg("");
+            }
         }
     }
     cmd
@@ -559,9 +617,11 @@ fn with_will(kind: &str, will: Option<&Will>) -> Vec<u8> {
 /// Brings Redis in line with this node's truth after Redis was away: sessions Redis lacks
 /// are announced again (online once more only if Redis had lost them), sessions Redis has
 /// that this node does not are ended (as `disconnect`: the reason was lost with Redis's
-/// copy), and routes that lost their owner are pointed back at it. Changes go through the
-/// queue, behind everything already waiting, so the order of events per uid holds.
-async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
+/// copy) or, when `ended` says their end was applied before (a failover lost it), removed
+/// without a second `offline`; routes that lost their owner are pointed back at it. Changes
+/// go through the queue, behind everything already waiting, so the order of events per uid
+/// holds; last goes the mark that this member's hash is current again (`V` in `APPLY`).
+async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), StoreError> {
     let member = cluster.member();
     let held = scan_sessions(cluster, &member).await?;
     let registry = cluster.registry();
@@ -570,7 +630,7 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
     // waiting is in the inbox.
     let kicked = pending_kicks(cluster, &member).await?;
     let mut announced = 0usize;
-    let mut ended = 0usize;
+    let (mut ending, mut forgotten) = (0usize, 0usize);
     let mut superseded = 0usize;
     let mut routes_checked = Vec::new();
     let mut local: HashMap<String, u64> = HashMap::with_capacity(live.len());
@@ -595,11 +655,20 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         let (Ok(session), Some((uid, device))) = (u64::from_str_radix(hex, 16), keys::parse_field(field)) else {
             continue;
         };
-        if local.get(field) != Some(&session) {
+        if local.get(field) == Some(&session) {
+            continue;
+        }
+        // Its end was applied: the failover brought it back, and its `offline` went out.
+        // Otherwise its end is still queued (ahead of this, so this finds it gone) or lies
+        // further back than `ended` remembers: it ends now, once.
+        if ended.contains(session, Instant::now()) {
+            cluster.queue.enqueue(Op::Forget { uid, session, device });
+            forgotten += 1;
+        } else {
             let at_ms = crate::presence::unix_ms_now();
             let reason = CloseReason::Disconnect;
             cluster.queue.enqueue(Op::Offline { uid, session, device, reason, last: true, will: None, at_ms });
-            ended += 1;
+            ending += 1;
         }
     }
     // Sessions Redis holds: their routes may have been lost or left naming a dead member.
@@ -620,11 +689,14 @@ async fn reconcile(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
             rerouted += 1;
         }
     }
+    cluster.queue.enqueue(Op::Verified);
     tracing::info!(
         live = live.len(),
         held = held.len(),
         announced,
-        ended,
+        ended = ending,
+        forgotten,
+        remembered = ended.len(),
         rerouted,
         superseded,
         "reconciled with Redis"
@@ -682,6 +754,19 @@ mod tests {
     fn online(uid: u64) -> Op {
         let (device, claims, origin) = (Device::DEFAULT, None, Origin::default());
         Op::Online { uid, session: uid, device, first: true, since_ms: 0, at_ms: 0, claims, origin }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_this_members_sessions_whose_end_was_applied_are_marked() {
+        let mut ended = Ended::default();
+        let now = Instant::now();
+        ended.insert(0xa, now);
+        let chain = "m#1|000000000000000a|\nm#2|000000000000000a|phone\nm#1|000000000000000b|";
+        assert_eq!(
+            mark_ended(chain, "m#1", &mut ended, now),
+            "~m#1|000000000000000a|\nm#2|000000000000000a|phone\nm#1|000000000000000b|"
+        );
+        assert_eq!(mark_ended("garbled", "m#1", &mut ended, now), "garbled");
     }
 
     #[test]
