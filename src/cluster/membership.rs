@@ -195,11 +195,12 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         return Ok(());
     }
     unroute(cluster, member).await?;
-    let mut reaped = 0u64;
+    let (mut reaped, mut forgotten) = (0u64, 0u64);
     let mut cursor = "0".to_string();
     loop {
-        let (next, left, n) = reap_step(cluster, member, &cursor).await?;
+        let (next, left, n, silent) = reap_step(cluster, member, &cursor).await?;
         reaped += n;
+        forgotten += silent;
         unroute(cluster, member).await?;
         // The scan is over only when it came round to cursor 0 and the hash is empty: an
         // empty answer alone says nothing (one HSCAN call bounds its work, not its yield).
@@ -227,14 +228,22 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
     ];
     cluster.send_control(cmds).await?;
     cluster.metrics.redis_reaped.inc_by(reaped);
-    tracing::warn!(member, reaped, "reaped a node whose lease ran out: its uids are offline as node_lost");
+    tracing::warn!(
+        member,
+        reaped,
+        forgotten,
+        "reaped a node whose lease ran out: its uids are offline as node_lost (those forgotten without an \
+         event: it died before Redis lost writes, see REAP)"
+    );
     Ok(())
 }
 
-/// One `REAP` call from `cursor`: `(next cursor, sessions left, sessions logged)`.
-async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(String, u64, u64), StoreError> {
+/// One `REAP` call from `cursor`: `(next cursor, sessions left, sessions reaped, of them
+/// removed without an event)`.
+async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(String, u64, u64, u64), StoreError> {
     let script = &cluster.scripts.reap;
-    let (next, left, reaped, epoch): (String, u64, u64, redis::Value) = cluster
+    let seen = cluster.high_water();
+    let (next, left, reaped, epoch, silent): (String, u64, u64, redis::Value, u64) = cluster
         .call(1, |mut conn| async move {
             let answer = script
                 .key(keys::sessions(member))
@@ -246,6 +255,7 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .key(keys::GRACE)
                 .key(keys::GRACE_WHY)
                 .key(keys::claims(member))
+                .key(keys::verified(member))
                 .arg(cursor)
                 .arg(REAP_STEP)
                 .arg(cluster.settings.stream_cap)
@@ -253,13 +263,15 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
                 .arg(crate::presence::unix_ms_now())
                 .arg(cluster.settings.offline_grace.as_millis() as u64)
                 .arg(cluster.settings.last_seen_ttl.as_millis() as u64)
+                .arg(seen.epoch_arg())
+                .arg(seen.n)
                 .invoke_async(&mut conn)
                 .await?;
             Ok(answer)
         })
         .await?;
     cluster.saw_epoch(keys::epoch_of(&epoch));
-    Ok((next, left, reaped))
+    Ok((next, left, reaped, silent))
 }
 
 /// Deletes the routes of the sessions in `member`'s unroute hash (each only if it still

@@ -247,6 +247,8 @@ end
 /// session if it holds it (its own `offline`, after this login's `online`) or forgets it in
 /// its reconcile if not. The marker is set by a member's first batch and by the end of each
 /// reconcile (`V`); a member without one (none of its writes survived) holds nothing stale.
+/// A member's batch in an epoch its hash was not verified in marks it `w<epoch>` (see
+/// `REAP`).
 /// A replaced entry of this member's own, prefixed with `~`, is one its node ended: it is
 /// forgotten, not kicked. A batch also detects lost writes from the event numbers: when the
 /// stream's last number in the node's epoch is below the highest the node saw in it, the
@@ -301,6 +303,12 @@ if applied < prev or (known ~= '' and known == ev.epoch() and ev.n() < tonumber(
 end
 -- A member's first batch: its hash is all its own writes.
 if status == 1 and prev == 0 and applied == 0 then redis.call('SET', KEYS[11], ev.epoch()) end
+-- A member writing in an epoch its hash was not verified in: `w<epoch>` tells a reaper that
+-- its hash holds sessions announced since the break, not only ones from before it.
+local verified = redis.call('GET', KEYS[11])
+if verified and verified ~= ev.epoch() and verified ~= 'w' .. ev.epoch() then
+  redis.call('SET', KEYS[11], 'w' .. ev.epoch())
+end
 -- Whether a kick may log the end of member m's session here: m's hash is current (see above).
 local function current(m)
   local v = redis.call('GET', '{idlegate}:applied:' .. m .. ':verified')
@@ -551,40 +559,54 @@ return 1
 /// session is logged only by the call whose `HDEL` removed it, so two reapers can never
 /// log one twice.
 ///
+/// A member whose verified marker names an older epoch, and which wrote nothing since (no
+/// `w<epoch>`), died before Redis lost writes and never reconciled: its hash is as the
+/// failover left it, so every session in it announced its `online` before the break, and
+/// may have had its `offline` logged before it too (an end, or a reaping, that the failover
+/// lost). Only the dead node knew which. Its sessions are removed without an event: the
+/// consumer was told of the break (the new epoch's gap), and a second `offline` would break
+/// exactly-once. Like `APPLY`, a step first renews the epoch when the stream's number in
+/// the node's epoch is below the highest the node saw.
+///
 /// KEYS: the member's sessions, the stream, its last-id hash, the member's unroute hash,
 /// the users hash, the member's wills (an MQTT session's goes in its `node_lost`), the
-/// grace set and its reasons, the member's claims (a session's go in its `node_lost`). ARGV: cursor, count, stream cap, stream byte cap, unix ms,
+/// grace set and its reasons, the member's claims (a session's go in its `node_lost`), the
+/// member's verified marker. ARGV: cursor, count, stream cap, stream byte cap, unix ms,
 /// the offline grace in ms (a `user_offline` waits it out as after any ending),
-/// `--last-seen-ttl` in ms. Returns
-/// `{next cursor, sessions left, sessions reaped, epoch}`.
+/// `--last-seen-ttl` in ms, the stream epoch the node knows (empty for none) and the
+/// highest event number it saw in it. Returns
+/// `{next cursor, sessions left, sessions reaped, epoch, of them removed without an event}`.
 const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local found = scan[2]
-local ev = nil
-local reaped = 0
+local ev = emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+local known = ARGV[8]
+if known ~= '' and known == ev.epoch() and ev.n() < tonumber(ARGV[9]) then ev.renew() end
+local verified = redis.call('GET', KEYS[10])
+local stale = verified and verified ~= ev.epoch() and verified ~= 'w' .. ev.epoch()
+local reaped, silent = 0, 0
 for i = 1, #found, 2 do
   if redis.call('HDEL', KEYS[1], found[i]) == 1 then
-    ev = ev or emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
     local uid, d = string.match(found[i], '^(%d+)/?(.*)$')
     uid = uid or found[i]
     local wt, wp = take_will(KEYS[6], found[i], found[i + 1])
     local c = take_claims(KEYS[9], found[i], found[i + 1])
-    emit_offline(ev, uid, found[i + 1], d or '', 'node_lost', ARGV[5], wt, wp, c)
     local n = redis.call('HINCRBY', KEYS[5], uid, -1)
-    if n <= 0 then
-      redis.call('HDEL', KEYS[5], uid)
-      user_gone(ev, KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
+    if n <= 0 then redis.call('HDEL', KEYS[5], uid) end
+    if stale then
+      silent = silent + 1
+    else
+      emit_offline(ev, uid, found[i + 1], d or '', 'node_lost', ARGV[5], wt, wp, c)
+      if n <= 0 then
+        user_gone(ev, KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
+      end
     end
     redis.call('HSET', KEYS[4], found[i], found[i + 1])
     reaped = reaped + 1
   end
 end
-local epoch = ''
-if ev then
-  ev.save()
-  epoch = ev.epoch()
-end
-return {scan[1], redis.call('HLEN', KEYS[1]), reaped, epoch}
+ev.save()
+return {scan[1], redis.call('HLEN', KEYS[1]), reaped, ev.epoch(), silent}
 "#;
 
 /// Refreshes a member's lease, unless the member was reaped meanwhile.

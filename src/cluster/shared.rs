@@ -94,6 +94,17 @@ pub(crate) struct HighWater {
     pub n: u64,
 }
 
+impl HighWater {
+    /// The epoch as a script takes it: empty for none.
+    pub(crate) fn epoch_arg(&self) -> String {
+        if self.epoch == 0 {
+            String::new()
+        } else {
+            self.epoch.to_string()
+        }
+    }
+}
+
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster").field("target", &self.target).field("member", &self.member()).finish()
@@ -213,17 +224,15 @@ impl Cluster {
     }
 
     /// A script answered that the stream's last event number is `n` in `epoch` (0: none).
-    /// Lower than a number seen before in the same epoch: Redis lost writes (a failover to
-    /// a replica that lagged), whoever wrote them.
+    /// A lower number than one seen before proves nothing here: answers of concurrent
+    /// calls (the lease's, the writer's) arrive in any order. Only a script, comparing
+    /// inside Redis (`APPLY`, `REAP`), can tell that the stream went back.
     pub(crate) fn saw_number(&self, epoch: u64, n: u64) {
         let mut mark = self.high_water.lock().unwrap_or_else(PoisonError::into_inner);
-        if mark.epoch != epoch {
-            *mark = HighWater { epoch, n };
-        } else if n < mark.n {
-            drop(mark);
-            self.lost_writes("the event stream's number went back");
+        if mark.epoch == epoch {
+            mark.n = mark.n.max(n);
         } else {
-            mark.n = n;
+            *mark = HighWater { epoch, n };
         }
     }
 
