@@ -626,13 +626,7 @@ async fn an_end_lost_in_a_failover(ending: &[u64], again: usize) {
     }
     let n = ending.len();
     within(PATIENCE, "the master acknowledged the logouts", || count(&master.events(), "offline", "logout") == n).await;
-    let mut ended = Vec::new();
-    while ended.len() < n {
-        let e = sse.next().await.unwrap();
-        if e.event == "offline" {
-            ended.push(e.data["session"].as_str().unwrap().to_string());
-        }
-    }
+    let ended = offlines(&mut sse, n).await;
     every_lease_refreshed(master).await;
     // The master dies with those ends; the replica, which never got them, takes over.
     pair.fail_over();
@@ -648,14 +642,32 @@ async fn an_end_lost_in_a_failover(ending: &[u64], again: usize) {
         .await;
     }
     let _sentinel = log_in(&nodes, 9..=9).await;
+    no_second_end_before(&mut sse, &ended, 9).await;
+}
+
+/// The sessions of the next `n` `offline`s `sse` gives.
+async fn offlines(sse: &mut Sse, n: usize) -> Vec<String> {
+    let mut ended = Vec::new();
+    while ended.len() < n {
+        let e = sse.next().await.unwrap();
+        if e.event == "offline" {
+            ended.push(e.data["session"].as_str().unwrap().to_string());
+        }
+    }
+    ended
+}
+
+/// Reads `sse` up to the `online` of `uid`, asserting that none of the `ended` sessions
+/// ends again.
+async fn no_second_end_before(sse: &mut Sse, ended: &[String], uid: u64) {
     loop {
         let e = sse.next().await.unwrap();
         if e.event == "offline" {
             let session = e.data["session"].as_str().unwrap_or_default();
             assert!(!ended.iter().any(|s| s == session), "{session} ended a second time: {e:?}");
         }
-        if e.event == "online" && e.data["uid"] == 9 {
-            break;
+        if e.event == "online" && e.data["uid"] == uid {
+            return;
         }
     }
 }
@@ -698,13 +710,7 @@ async fn nemesis_cluster_seed_3_a_node_dead_before_a_failover_is_reaped_without_
     }
     let master = &pair.master;
     within(PATIENCE, "the master acknowledged 2 logouts", || count(&master.events(), "offline", "logout") == 2).await;
-    let mut ended = Vec::new();
-    while ended.len() < 2 {
-        let e = sse.next().await.unwrap();
-        if e.event == "offline" {
-            ended.push(e.data["session"].as_str().unwrap().to_string());
-        }
-    }
+    let ended = offlines(&mut sse, 2).await;
     every_lease_refreshed(master).await;
     // `b` dies to Redis; the master dies with the ends, and the replica takes over.
     own.pause();
@@ -712,16 +718,7 @@ async fn nemesis_cluster_seed_3_a_node_dead_before_a_failover_is_reaped_without_
     within(PATIENCE, "`a` reaps `b`", || !members(&pair.replica).iter().any(|m| m.starts_with("b#"))).await;
     let mut sentinel = nodes[0].client().await;
     assert!(matches!(sentinel.login(8).await, Frame::Welcome { .. }));
-    loop {
-        let e = sse.next().await.unwrap();
-        if e.event == "offline" {
-            let session = e.data["session"].as_str().unwrap_or_default();
-            assert!(!ended.iter().any(|s| s == session), "{session} ended a second time: {e:?}");
-        }
-        if e.event == "online" && e.data["uid"] == 8 {
-            break;
-        }
-    }
+    no_second_end_before(&mut sse, &ended, 8).await;
     let (_, q) = api_json(&nodes[0], "POST", "/v1/presence/query", r#"{"uids":[1,2,3,8]}"#).await;
     assert_eq!(q["online"], serde_json::json!([2, 8]), "uid 2 on `a` and the sentinel, nothing of `b`");
 }

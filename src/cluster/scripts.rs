@@ -356,7 +356,12 @@ for i = from, #ARGV, 6 do
         local ended = string.sub(entry, 1, 1) == '~'
         if ended then entry = string.sub(entry, 2) end
         local m, ps, pd = string.match(entry, '^([^|]*)|([^|]*)|(.*)$')
-        if m and ended then
+        if m == me and ps == s then
+          -- The login itself: never a session it replaces. A route's chain can name it when
+          -- the route commands of a retried batch ran out of order and the login is in the
+          -- batch twice (queued, then announced again by a reconcile): nemesis seed 1 on a
+          -- Redis Cluster, where it ended the session and announced it once more.
+        elseif m and ended then
           if m == me then forget(KEYS[6], m, uid, field(uid, pd), ps) end
         elseif m then
           local key = '{idlegate}:sessions:' .. m
@@ -867,6 +872,21 @@ mod tests {
 
     fn datum(p: &str) -> [&str; 6] {
         ["D", "7", S, p, "1001", ""]
+    }
+
+    /// Nemesis seed 1 on a Redis Cluster: a login announced again in the same batch whose
+    /// route chain names the login itself is no kick: one `online`, no `offline`.
+    #[test]
+    fn a_login_never_replaces_itself() {
+        let Some(redis) = Redis::start() else { return };
+        let login = ["L||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
+        let again = ["L||tcp 127.0.0.1:1", "7", S, &format!("m|{S}|"), "1001", ""];
+        assert_eq!(apply(&redis, 1, 2, 0, &[login, again]), "1");
+        let kinds = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             out[#out + 1] = e[2][2] end return out";
+        let kinds: Vec<String> = redis.cli(&["EVAL", kinds, "1", keys::EVENTS]).lines().map(String::from).collect();
+        assert_eq!(kinds, ["epoch", "online", "user_online"]);
+        assert_eq!(redis.cli(&["HGET", &keys::sessions("m"), "7"]).trim(), S);
     }
 
     /// A batch sent, given up on and sent again cut in pieces: the piece within it is
