@@ -533,10 +533,15 @@ fn with_config_file(mut args: Vec<String>) -> Result<(Vec<String>, Option<FileIn
                     arg.get_default_values().iter().map(|v| v.to_string_lossy()).collect::<Vec<_>>().join(","),
                 )
                 .filter(|d| !d.is_empty()),
+                // The flags whose values `--help` and the environment keep hidden.
+                secret: arg.is_hide_env_values_set(),
             })
         })
         .collect();
     let file = ConfigFile::read(std::path::Path::new(&path), &flags)?;
+    if let Some(warning) = file.exposed_secrets(&flags) {
+        let _ = EXPOSED_SECRETS.set(warning);
+    }
     let from_file = file.args(&flags, given, |env| std::env::var_os(env).is_some());
     let keys: Vec<String> =
         from_file.iter().map(|a| a.trim_start_matches("--").split('=').next().unwrap_or("").to_string()).collect();
@@ -587,8 +592,16 @@ fn reread() -> Result<(Settings, Config), String> {
 
 fn settings(matches: &clap::ArgMatches) -> Settings {
     let Some(("serve", serve)) = matches.subcommand() else { return Settings::new() };
+    // Only flags: clap's derive also records the argument group it names after the struct
+    // (`ServeArgs`), which is no flag an operator could have changed.
+    let command = Cli::command();
+    let flags: std::collections::HashSet<String> = command
+        .find_subcommand("serve")
+        .map(|serve| serve.get_arguments().map(|a| a.get_id().to_string()).collect())
+        .unwrap_or_default();
     serve
         .ids()
+        .filter(|id| flags.contains(id.as_str()))
         .filter_map(|id| {
             let values = serve.get_raw(id.as_str())?;
             Some((id.to_string(), values.map(|v| v.to_string_lossy().into_owned()).collect()))
@@ -630,7 +643,11 @@ async fn reload_config_on_sighup(live: Arc<idlegate::Live>, metrics: Arc<idlegat
         restart.sort_unstable();
         restart.dedup();
         metrics.config_reload("ok");
-        tracing::info!(applied = %applied.join(","), "SIGHUP: configuration read again");
+        if applied.is_empty() {
+            tracing::info!("SIGHUP: configuration read again; no flag that applies while running changed");
+        } else {
+            tracing::info!(applied = %applied.join(","), "SIGHUP: configuration read again");
+        }
         if !restart.is_empty() {
             tracing::warn!(flags = %restart.join(","), "SIGHUP: changed, but takes effect only after a restart");
         }
@@ -708,6 +725,10 @@ fn client_doors(args: &ServeArgs) -> [(&'static str, &'static str, Option<Socket
     ]
 }
 
+/// The warning about a configuration file others may read that holds secrets, logged once
+/// logging starts.
+static EXPOSED_SECRETS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The configuration file read, and the keys it set: a later error about one of those flags
 /// names the file's line too.
 static CONFIG_FILE: std::sync::OnceLock<(ConfigFile, Vec<String>)> = std::sync::OnceLock::new();
@@ -770,6 +791,9 @@ fn tune_malloc() -> anyhow::Result<()> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    if let Some(warning) = EXPOSED_SECRETS.get() {
+        tracing::warn!("{warning}");
+    }
     // rediss:// needs a TLS provider; one is chosen here, once, for the whole process.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // More connections need more descriptors: take everything the hard limit allows.

@@ -24,7 +24,7 @@ use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Joining, Settings};
-use crate::config::{Config, JwtAuth, Live, TlsIdentity};
+use crate::config::{Config, JwtAuth, Live, TlsIdentity, WebhookSecrets};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::metrics::Metrics;
 use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, Ticker};
@@ -227,9 +227,10 @@ impl Server {
         if let Some(api) = api {
             tasks.push(tokio::spawn(serve_api(api, http, background.clone())));
         }
-        if self.config.tls.is_some() || self.config.jwt.is_some() {
-            let (identity, jwt) = (self.config.tls.clone(), self.config.jwt.clone());
-            tasks.push(tokio::spawn(reload_on_sighup(identity, jwt, self.metrics.clone(), background.clone())));
+        let webhook_secrets = self.config.webhook.as_ref().map(|w| w.secrets.clone());
+        if self.config.tls.is_some() || self.config.jwt.is_some() || webhook_secrets.is_some() {
+            let files = Reloadable { identity: self.config.tls.clone(), jwt: self.config.jwt.clone(), webhook_secrets };
+            tasks.push(tokio::spawn(reload_on_sighup(files, self.metrics.clone(), background.clone())));
         }
         // The relay follows the log from its first event: started before any door opens.
         let (finish_relay, relay_finishing) = tokio::sync::watch::channel(None);
@@ -321,15 +322,18 @@ impl Server {
 /// are aborted: the whole shutdown stays within `--drain-timeout` plus this.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
-/// Reads `--tls-cert` and `--tls-key`, and the JWT keys, again on every SIGHUP; a bad file
-/// is logged, counted and what was in use stays. Connections open keep the session they
-/// have; a live session is never checked again against the new keys.
-async fn reload_on_sighup(
+/// The files a SIGHUP reads again.
+struct Reloadable {
     identity: Option<Arc<TlsIdentity>>,
     jwt: Option<Arc<JwtAuth>>,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) {
+    webhook_secrets: Option<Arc<WebhookSecrets>>,
+}
+
+/// Reads `--tls-cert` and `--tls-key`, the JWT keys and `--webhook-secret-file` again on
+/// every SIGHUP; a bad file is logged, counted and what was in use stays. Connections open
+/// keep the session they have; a live session is never checked again against the new keys.
+async fn reload_on_sighup(files: Reloadable, metrics: Arc<Metrics>, stop: CancellationToken) {
+    let Reloadable { identity, jwt, webhook_secrets } = files;
     if let Some(identity) = &identity {
         metrics.tls_cert_expiry.set(identity.not_after());
     }
@@ -358,6 +362,15 @@ async fn reload_on_sighup(
                         metrics.jwt_reloads_error.inc();
                         tracing::error!(error = %e, "SIGHUP: keeping the JWT keys in use until now");
                     }
+                }
+            }
+            if let Some(secrets) = &webhook_secrets {
+                match secrets.reload() {
+                    Ok(count) => tracing::info!(
+                        secrets = count,
+                        "SIGHUP: webhook secrets read again; the next deliveries are signed with them"
+                    ),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the webhook secrets in use until now"),
                 }
             }
             let Some(identity) = &identity else { continue };

@@ -224,4 +224,7 @@ async fn a_sighup_applies_secrets_origins_and_rate_and_names_what_needs_a_restar
     assert!(said.contains("SIGHUP: configuration read again") && said.contains("--auth-secret"), "{said}");
     assert!(said.contains("takes effect only after a restart") && said.contains("--timeout"), "{said}");
     assert!(said.contains("no-such-key"), "{said}");
+    // Issue 48: only real flags are named, and no empty list of applied ones.
+    assert!(!said.contains("ServeArgs"), "{said}");
+    assert!(!said.contains("applied= ") && !said.contains("applied=\n"), "{said}");
 }

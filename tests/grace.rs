@@ -22,6 +22,16 @@ fn alone() -> Config {
     Config { node_id: "solo".into(), tick: TICK, offline_grace: GRACE, ..Config::default() }
 }
 
+/// The next `event` about `uid`, past any other.
+async fn until(sse: &mut Sse, event: &str, uid: u64) -> common::SseEvent {
+    loop {
+        let got = sse.next().await.expect("an event");
+        if got.event == event && got.data["uid"].as_u64() == Some(uid) {
+            return got;
+        }
+    }
+}
+
 /// The next event that is not about `uid`'s sessions: a user event (or another uid's).
 async fn next_user_event(sse: &mut Sse) -> common::SseEvent {
     loop {
@@ -40,9 +50,10 @@ async fn alone_a_uid_in_its_grace_is_online_without_sessions_and_its_user_offlin
     c.login(5).await;
     sse.expect("online", 5).await;
     sse.expect("user_online", 5).await;
-    c.send(Frame::Logout).await;
+    // A disconnect: abrupt, so a reconnect is likely and the grace holds the uid.
+    drop(c);
     let offline = sse.expect("offline", 5).await;
-    assert_eq!(offline.data["reason"], "logout");
+    assert_eq!(offline.data["reason"], "disconnect");
 
     // In its grace: online as a user, no session, and when the grace ends.
     let (status, body) = api_json(&server, "GET", "/v1/presence/5", "").await;
@@ -60,12 +71,12 @@ async fn alone_a_uid_in_its_grace_is_online_without_sessions_and_its_user_offlin
     let mut again = server.client().await;
     again.login(5).await;
     sse.expect("online", 5).await;
-    again.send(Frame::Logout).await;
+    drop(again);
     sse.expect("offline", 5).await;
     // Then the grace runs out: one user_offline, with the last session's reason and end.
     let user = sse.next().await.expect("an event");
     assert_eq!((user.event.as_str(), user.data["uid"].as_u64()), ("user_offline", Some(5)), "{user:?}");
-    assert_eq!(user.data["reason"], "logout");
+    assert_eq!(user.data["reason"], "disconnect");
     let ended_ms = user.data["ended_ms"].as_u64().expect("ended_ms");
     let at_ms = user.data["at_ms"].as_u64().unwrap();
     assert!(at_ms >= ended_ms + 1_000, "the grace ran out {} ms after the ending", at_ms - ended_ms);
@@ -106,7 +117,7 @@ async fn in_a_cluster_a_login_on_another_node_within_the_grace_is_no_user_event(
     on_a.login(11).await;
     sse.expect("online", 11).await;
     sse.expect("user_online", 11).await;
-    on_a.send(Frame::Logout).await;
+    drop(on_a);
     sse.expect("offline", 11).await;
     // Every node answers the same while the grace lasts.
     for gw in [&a, &b] {
@@ -122,11 +133,11 @@ async fn in_a_cluster_a_login_on_another_node_within_the_grace_is_no_user_event(
     let online = sse.expect("online", 11).await;
     assert_eq!(online.data["node"], "b");
     assert!(presence(&a, 11).await["grace_until_ms"].is_null());
-    on_b.send(Frame::Logout).await;
+    drop(on_b);
     sse.expect("offline", 11).await;
     let user = next_user_event(&mut sse).await;
     assert_eq!((user.event.as_str(), user.data["uid"].as_u64()), ("user_offline", Some(11)), "{user:?}");
-    assert_eq!(user.data["reason"], "logout");
+    assert_eq!(user.data["reason"], "disconnect");
     assert!(user.data["at_ms"].as_u64() >= user.data["ended_ms"].as_u64().map(|e| e + 900));
     let events = redis.events();
     assert_eq!(events.iter().filter(|e| e.kind.starts_with("user_")).count(), 2, "{events:#?}");
@@ -146,7 +157,7 @@ async fn in_a_cluster_the_grace_outlives_the_node_killed_while_it_held_it() {
     gone.login(21).await;
     let mut lost = Client::connect(listen).await;
     lost.login(22).await;
-    gone.send(Frame::Logout).await;
+    drop(gone);
     let mut ended = 0;
     while ended < 1 {
         let event = sse.next().await.expect("an event");
@@ -171,7 +182,7 @@ async fn in_a_cluster_the_grace_outlives_the_node_killed_while_it_held_it() {
     }
     let reasons: Vec<(u64, String)> =
         users.iter().map(|u| (u["uid"].as_u64().unwrap(), u["reason"].as_str().unwrap().to_string())).collect();
-    assert!(reasons.contains(&(21, "logout".into())) && reasons.contains(&(22, "node_lost".into())), "{users:?}");
+    assert!(reasons.contains(&(21, "disconnect".into())) && reasons.contains(&(22, "node_lost".into())), "{users:?}");
     for u in &users {
         assert_eq!(u["type"], "user_offline", "{users:?}");
         assert!(u["at_ms"].as_u64() >= u["ended_ms"].as_u64().map(|e| e + 900), "{u}");
@@ -183,4 +194,40 @@ async fn in_a_cluster_the_grace_outlives_the_node_killed_while_it_held_it() {
     assert_paired(&events);
     eventually("no uid is left in its grace", || async { redis.cli(&["ZCARD", "{idlegate}:grace"]).trim() == "0" })
         .await;
+}
+
+/// Issue 48: a uid kicked through the API stayed online for the whole grace. Endings
+/// someone chose (a logout, a kick; an expired token likewise) log `user_offline` at once,
+/// alone and in a cluster, with their reason; abrupt ones stay graced (the tests above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logout_or_a_kick_ends_the_users_presence_at_once_alone_and_in_a_cluster() {
+    let alone = TestServer::start(Config { offline_grace: Duration::from_secs(30), ..alone() }).await;
+    let Some(redis) = RedisServer::start().await else { return };
+    let node = Config { offline_grace: Duration::from_secs(30), ..cluster_config(&redis.url(), "a") };
+    let clustered = TestServer::start(node).await;
+    wait_ready(&clustered).await;
+    for server in [&alone, &clustered] {
+        let (_, mut sse) = Sse::open(server.api, "/v1/events", &[]).await;
+        let mut leaving = server.client().await;
+        leaving.login(31).await;
+        let mut kicked = server.client().await;
+        kicked.login(32).await;
+        until(&mut sse, "user_online", 31).await;
+        until(&mut sse, "user_online", 32).await;
+        leaving.send(Frame::Logout).await;
+        let user = until(&mut sse, "user_offline", 31).await;
+        assert_eq!(
+            (user.data["reason"].clone(), user.data["ended_ms"].clone()),
+            (json!("logout"), user.data["at_ms"].clone())
+        );
+        let (status, _) = api_json(server, "DELETE", "/v1/sessions/32", "").await;
+        assert!(status < 300, "kick: {status}");
+        let user = until(&mut sse, "user_offline", 32).await;
+        assert_eq!(user.data["reason"], "kicked", "{user:?}");
+        for uid in [31, 32] {
+            let body = api_json(server, "GET", &format!("/v1/presence/{uid}"), "").await.1;
+            assert_eq!(body["online"], false, "{body}");
+            assert!(body["grace_until_ms"].is_null(), "{body}");
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! after the relaying node is killed under a steady churn another takes over within the
 //! lease, continuing after the last acknowledged batch, and the receiver ends up with every
 //! event of the stream, in order (duplicates allowed, each with its id); a relay stopped
-//! past its turn sends nothing once it runs again.
+//! past its turn sends nothing once it runs again; a receiver slower than the turn slows
+//! delivery and never stops it.
 //!
 //! Needs Redis, Node and the receiver's package; skips without them, except under CI.
 
@@ -35,30 +36,32 @@ struct Relaying {
 
 impl Relaying {
     async fn start(redis: &RedisServer) -> Relaying {
+        Relaying::start_with(redis, &[]).await
+    }
+
+    /// With the receiver's behaviour scripted by `env` (see `receiver.js`).
+    async fn start_with(redis: &RedisServer, env: &[(&str, &str)]) -> Relaying {
         let dir = tempfile::tempdir().unwrap();
         let (newest, _, file) = secrets();
         let secret_file = dir.path().join("secrets");
         std::fs::write(&secret_file, file).unwrap();
-        let receiver = Receiver::start(0, &newest, &[]).await;
+        let receiver = Receiver::start(0, &newest, env).await;
         let url = format!("http://127.0.0.1:{}/hook", receiver.port);
         let secret_file = secret_file.to_string_lossy().to_string();
         Relaying { receiver, url, redis: redis.url(), secret_file, _dir: dir }
     }
 
     async fn node(&self, name: &str) -> GatewayProcess {
-        node(name, &self.redis, &self.url, &self.secret_file).await
+        node(name, &self.redis, &self.url, &self.secret_file, &["--node-lease", LEASE]).await
     }
 }
 
-/// Starts node `name` relaying to `url` with the secrets in `secret_file`.
-async fn node(name: &str, redis: &str, url: &str, secret_file: &str) -> GatewayProcess {
-    let gw = GatewayProcess::start_as(
-        name,
+/// Starts node `name` relaying to `url` with the secrets in `secret_file`, and `extra`.
+async fn node(name: &str, redis: &str, url: &str, secret_file: &str, extra: &[&str]) -> GatewayProcess {
+    let args = [
         &[
             "--redis",
             redis,
-            "--node-lease",
-            LEASE,
             "--tick",
             "100ms",
             "--webhook-url",
@@ -69,9 +72,11 @@ async fn node(name: &str, redis: &str, url: &str, secret_file: &str) -> GatewayP
             "10ms",
             "--webhook-max-backoff",
             "200ms",
-        ],
-    )
-    .await;
+        ][..],
+        extra,
+    ]
+    .concat();
+    let gw = GatewayProcess::start_as(name, &args).await;
     common::cluster::eventually("the node joins", || async {
         common::http_get(gw.admin, "/readyz").await.1 == "ready\n"
     })
@@ -252,4 +257,44 @@ async fn nemesis_seed_4_a_relay_that_finds_no_position_sends_a_gap_first() {
     let mut third = Client::connect(b.listen).await;
     third.login(3).await;
     relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 3).await;
+}
+
+/// Issue 48, defect 1: a receiver that answers after 8 s, under the default 10 s lease
+/// (a 7.5 s turn) with the default 10 s request timeout. Nothing renewed the turn while a
+/// request was open, so each acknowledgement found the turn expired and was thrown away,
+/// and the same batch went out again forever (4 times in 45 s, the position at `0-0`).
+/// Now the open request keeps the turn: every batch goes out once, all in order, and the
+/// acknowledged position follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_slower_than_the_turn_slows_delivery_and_never_stops_it() {
+    if !ready() {
+        return;
+    }
+    let Some(redis) = RedisServer::start().await else { return };
+    let mut relay = Relaying::start_with(&redis, &[("DELAY_MS", "8000")]).await;
+    // The default --node-lease (10 s) and --webhook-timeout (10 s).
+    let a = node("a", &relay.redis, &relay.url, &relay.secret_file, &[]).await;
+    let mut first = Client::connect(a.listen).await;
+    first.login(1).await;
+    let mut requests = vec![relay.receiver.next().await];
+    // While the first request is open, more events queue behind it.
+    for uid in 2..=6 {
+        let mut client = Client::connect(a.listen).await;
+        client.login(uid).await;
+        client.send(Frame::Logout).await;
+        client.recv().await;
+    }
+    requests.extend(relay.receiver.until(|e| e["type"] == "user_offline" && e["uid"] == 6).await);
+    // The last batch's answer, and a turn more: nothing is sent again.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let ids: Vec<&str> = requests.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let unique: HashSet<&str> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "a batch went out again though the receiver acknowledged it: {ids:?}");
+    assert_complete_and_ordered(&requests, &stream_events(&redis));
+    let last = delivered(&requests).last().unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(redis.cli(&["GET", "{idlegate}:webhook:acked"]).trim(), last, "the acknowledged position follows");
+    if let Ok(Ok(Some(line))) = tokio::time::timeout(Duration::from_millis(100), relay.receiver.lines.next_line()).await
+    {
+        panic!("sent again after the last acknowledgement: {line}");
+    }
 }

@@ -127,10 +127,12 @@ end
 -- now, or with an offline grace (grace_ms > 0) held in the grace set (gk: uid -> when the
 -- grace ends, by Redis's clock) with its reason and ending (wk: uid -> `<r>|<at>`), for
 -- RELEASE to log once the grace ran out, unless the uid logs in first (`user_back`).
--- Redis holds it, so it outlives the node whose session ended. Either way the uid was last
--- seen at `at`, kept for seen_ms (`--last-seen-ttl`) under its own key, in this same step.
+-- Redis holds it, so it outlives the node whose session ended. An ending someone chose
+-- (CloseReason::is_chosen: no reconnect is likely) is never held. Either way the uid was
+-- last seen at `at`, kept for seen_ms (`--last-seen-ttl`) under its own key, in this step.
+local CHOSEN = {logout = true, kicked = true, token_expired = true}
 local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
-  if grace_ms > 0 then
+  if grace_ms > 0 and not CHOSEN[r] then
     redis.call('ZADD', gk, ev.now() + grace_ms, uid)
     redis.call('HSET', wk, uid, r .. '|' .. at)
   else
@@ -779,6 +781,19 @@ mod tests {
 
     use super::{APPLY, EMIT};
     use crate::cluster::keys;
+    use crate::proto::CloseReason;
+
+    /// The scripts' list of endings the grace does not hold is `CloseReason::is_chosen`'s.
+    #[test]
+    fn the_scripts_chosen_endings_are_the_protocols() {
+        let line = EMIT.lines().find(|l| l.starts_with("local CHOSEN = ")).expect("the CHOSEN table");
+        let mut scripts: Vec<&str> =
+            line.split(['{', ',', '}']).filter_map(|p| p.trim().strip_suffix(" = true")).collect();
+        let mut rust: Vec<&str> = CloseReason::ALL.iter().filter(|r| r.is_chosen()).map(|r| r.label()).collect();
+        scripts.sort_unstable();
+        rust.sort_unstable();
+        assert_eq!(scripts, rust);
+    }
 
     /// A `redis-server` for one test; stopped when dropped.
     struct Redis {

@@ -28,6 +28,9 @@ pub struct FlagSpec {
     /// Its default, as the flag's parser reads it: a key set to it is left out, as if
     /// absent (a flag that needs another, given at its default, asks for nothing).
     pub default: Option<String>,
+    /// Whether its value is a secret (a token, a password): a file that sets it should be
+    /// readable by its owner alone.
+    pub secret: bool,
 }
 
 /// One key of the file: its value(s) as the flag's parser reads them, and its line.
@@ -120,10 +123,53 @@ impl ConfigFile {
         args
     }
 
+    /// A warning when the file holds a secret (a flag marked secret, or a URL with a
+    /// password) and its group or others may read it; `None` when it holds none, or only its
+    /// owner may read it.
+    pub fn exposed_secrets(&self, flags: &[FlagSpec]) -> Option<String> {
+        let secret = |entry: &Entry| match &entry.value {
+            Value::Text(text) => flags.iter().any(|f| f.long == entry.key && f.secret) || url_has_password(text),
+            Value::Switch(_) => false,
+        };
+        let keys: Vec<&str> = self.entries.iter().filter(|e| secret(e)).map(|e| e.key.as_str()).collect();
+        if keys.is_empty() {
+            return None;
+        }
+        let mode = file_mode(&self.path)?;
+        (mode & 0o077 != 0).then(|| {
+            format!(
+                "--config {}: holds secrets ({}) and its group or others may read it (mode {:03o}); \
+                 chmod 600 it, or move the secrets to files of their own (--auth-secret-file, --api-token-file)",
+                self.path.display(),
+                keys.join(", "),
+                mode & 0o777
+            )
+        })
+    }
+
     /// Where `key` is set, for an error about its value: `<path> line <n>`.
     pub fn line_of(&self, key: &str) -> Option<String> {
         self.entries.iter().find(|e| e.key == key).map(|e| format!("{} line {}", self.path.display(), e.line))
     }
+}
+
+/// Whether `text` is a URL that carries a password (`redis://:pw@host`).
+fn url_has_password(text: &str) -> bool {
+    let Some((_, rest)) = text.split_once("://") else { return false };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+/// `path`'s permission bits, where the platform has them.
+#[cfg(unix)]
+fn file_mode(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).ok().map(|m| m.permissions().mode())
+}
+
+#[cfg(not(unix))]
+fn file_mode(_: &Path) -> Option<u32> {
+    None
 }
 
 /// The 1-based line of byte `offset` of `text`.
@@ -152,13 +198,35 @@ mod tests {
             takes_value,
             list,
             default: (long == "max-connections").then(|| "10000".to_string()),
+            secret: long == "auth-secret",
         };
         vec![
             flag("timeout", Some("IDLEGATE_TIMEOUT"), true, false),
             flag("max-connections", Some("IDLEGATE_MAX_CONNECTIONS"), true, false),
             flag("api-tls", None, false, false),
             flag("ws-allowed-origins", Some("IDLEGATE_WS_ALLOWED_ORIGINS"), true, true),
+            flag("auth-secret", Some("IDLEGATE_AUTH_SECRET"), true, false),
+            flag("redis", Some("IDLEGATE_REDIS"), true, false),
         ]
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn secrets_in_a_file_others_may_read_draw_a_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let warning = |text: &str, mode: u32| {
+            let path = dir.path().join("g.toml");
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            ConfigFile::read(&path, &flags()).unwrap().exposed_secrets(&flags())
+        };
+        let said = warning("timeout = \"20s\"\nauth-secret = \"s\"\n", 0o644).expect("a warning");
+        assert!(said.contains("auth-secret") && said.contains("mode 644"), "{said}");
+        let said = warning("redis = \"redis://:pw@10.0.0.1:6379\"\n", 0o640).expect("a warning");
+        assert!(said.contains("redis") && !said.contains("pw@"), "{said}");
+        assert_eq!(warning("auth-secret = \"s\"\n", 0o600), None, "the owner alone reads it");
+        assert_eq!(warning("timeout = \"20s\"\nredis = \"redis://10.0.0.1\"\n", 0o644), None, "no secret");
     }
 
     #[test]

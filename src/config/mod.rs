@@ -25,7 +25,7 @@ pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 pub use tls::TlsIdentity;
 pub use webhook::{
-    parse_events as parse_webhook_events, WebhookConfig, DEFAULT_WEBHOOK_BATCH, DEFAULT_WEBHOOK_EVENTS,
+    parse_events as parse_webhook_events, WebhookConfig, WebhookSecrets, DEFAULT_WEBHOOK_BATCH, DEFAULT_WEBHOOK_EVENTS,
     DEFAULT_WEBHOOK_LINGER, DEFAULT_WEBHOOK_MAX_BACKOFF, DEFAULT_WEBHOOK_TIMEOUT,
 };
 

@@ -2,7 +2,8 @@
 //! secrets follow the Standard Webhooks specification (standardwebhooks.com): a line each,
 //! `whsec_` and the base64 of 24 to 64 random bytes, newest first.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use base64::Engine;
@@ -40,8 +41,8 @@ const SECRET_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
 pub struct WebhookConfig {
     /// `--webhook-url`: `http://` or `https://`.
     pub url: String,
-    /// `--webhook-secret-file`'s secrets, newest first, decoded.
-    pub secrets: Vec<Vec<u8>>,
+    /// `--webhook-secret-file`'s secrets, newest first, decoded; read again on SIGHUP.
+    pub secrets: Arc<WebhookSecrets>,
     /// `--webhook-ca-file`: a private CA the receiver's certificate may chain to, besides
     /// the system's roots (PEM).
     pub ca_file: Option<std::path::PathBuf>,
@@ -68,7 +69,7 @@ impl WebhookConfig {
         }
         Ok(WebhookConfig {
             url: url.to_string(),
-            secrets: read_secrets(secret_file)?,
+            secrets: Arc::new(WebhookSecrets::load(secret_file)?),
             ca_file: None,
             events: parse_events(DEFAULT_WEBHOOK_EVENTS)?,
             batch: DEFAULT_WEBHOOK_BATCH,
@@ -76,6 +77,12 @@ impl WebhookConfig {
             timeout: DEFAULT_WEBHOOK_TIMEOUT,
             max_backoff: DEFAULT_WEBHOOK_MAX_BACKOFF,
         })
+    }
+
+    /// The URL as logs show it: without credentials (`user:password@`) or query string,
+    /// which often carry a receiver's token, and without a fragment.
+    pub fn url_for_logs(&self) -> String {
+        redact_url(&self.url)
     }
 
     /// Whether the relay delivers events of `kind`.
@@ -93,11 +100,60 @@ impl WebhookConfig {
         if self.max_backoff < Duration::from_millis(100) {
             return Err(ConfigError::new("--webhook-max-backoff", "must be at least 100ms, the first retry's wait"));
         }
-        if self.secrets.is_empty() {
+        if self.secrets.current().is_empty() {
             return Err(ConfigError::new("--webhook-secret-file", "no secret"));
         }
         Ok(())
     }
+}
+
+/// `--webhook-secret-file`'s secrets, as read last: a SIGHUP reads the file again, so a
+/// new secret is added (and an old one retired) without a restart, and a bad file keeps
+/// the secrets in use.
+#[derive(Debug)]
+pub struct WebhookSecrets {
+    path: PathBuf,
+    current: RwLock<Arc<Vec<Vec<u8>>>>,
+}
+
+// === impl WebhookSecrets ===
+
+impl WebhookSecrets {
+    /// The secrets in `path`, newest first.
+    pub fn load(path: &Path) -> Result<WebhookSecrets, ConfigError> {
+        let current = RwLock::new(Arc::new(read_secrets(path)?));
+        Ok(WebhookSecrets { path: path.to_path_buf(), current })
+    }
+
+    /// The secrets deliveries are signed with now.
+    pub fn current(&self) -> Arc<Vec<Vec<u8>>> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads the file again; on success the next delivery signs with what it holds, and the
+    /// count is returned. On failure nothing changes.
+    pub fn reload(&self) -> Result<usize, ConfigError> {
+        let secrets = read_secrets(&self.path)?;
+        let count = secrets.len();
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(secrets);
+        Ok(count)
+    }
+}
+
+/// `url` without its credentials, query string and fragment (each replaced by a mark, so
+/// a reader sees that something was there).
+fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let host = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => authority.to_string(),
+    };
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, extra) = tail.split_at(path_end);
+    let query = if extra.starts_with('?') { "?***" } else { "" };
+    format!("{scheme}://{host}{path}{query}")
 }
 
 /// `--webhook-events`: a comma-separated list of `/v1/events` types.
@@ -151,12 +207,25 @@ mod tests {
     }
 
     #[test]
+    fn logs_show_the_url_without_credentials_or_query() {
+        for (url, shown) in [
+            ("https://hooks.example.com/in", "https://hooks.example.com/in"),
+            ("https://user:s3cret@hooks.example.com:8443/in?token=abc#x", "https://***@hooks.example.com:8443/in?***"),
+            ("http://127.0.0.1:9/?key=1", "http://127.0.0.1:9/?***"),
+            ("http://a@b@host/p", "http://***@host/p"),
+            ("https://host?t=1", "https://host?***"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
     fn secrets_are_read_newest_first_and_bad_ones_name_their_line() {
         let good = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([7u8; 32]));
         let older = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([9u8; 24]));
         let f = file(&format!("{good}\n\n{older}\n"));
         let config = WebhookConfig::new("https://example.com/hook", f.path()).unwrap();
-        assert_eq!(config.secrets, vec![vec![7u8; 32], vec![9u8; 24]]);
+        assert_eq!(*config.secrets.current(), vec![vec![7u8; 32], vec![9u8; 24]]);
         for (text, says) in [
             ("", "holds no secret"),
             ("secret", "line 1: a secret starts with whsec_"),

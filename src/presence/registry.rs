@@ -602,10 +602,11 @@ impl Registry {
 
     /// Ends `session` for `reason`, as its uid's last live one when `last`; returns whether
     /// this call ended it. The caller holds the uid's entry. With an offline grace, a last
-    /// ending (but a shutdown's) holds the uid in its grace: its offline event then carries
-    /// no `user_offline`, which the grace owes instead.
+    /// abrupt ending (not a shutdown's, nor one someone chose: [`CloseReason::is_chosen`])
+    /// holds the uid in its grace: its offline event then carries no `user_offline`, which
+    /// the grace owes instead.
     fn end_one(&self, session: &Session, reason: CloseReason, last: bool) -> bool {
-        let graced = last && reason != CloseReason::Shutdown && self.graces.is_some();
+        let graced = last && reason != CloseReason::Shutdown && !reason.is_chosen() && self.graces.is_some();
         let ended = session.end_as(reason, Ending { last: last && !graced, evicted: false });
         if let Some(graces) = self.graces.as_ref().filter(|_| ended && graced) {
             graces.hold(session.uid(), reason, unix_ms());

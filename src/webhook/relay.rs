@@ -8,9 +8,13 @@
 //! store ([`RelayTurn`]), checks it before every request, renews it while idle, and records
 //! each acknowledged batch's position there. When it dies or pauses past the turn, another
 //! node takes the turn and continues after the last acknowledged batch; the paused one,
-//! finding its turn gone, sends nothing more. Between the check and the request's first
-//! byte a pause can still slip in: the check refuses an answer that took longer than half
-//! the turn, which leaves that window at microseconds.
+//! finding its turn gone, sends nothing more. A request keeps the turn while it is open
+//! (a receiver may take up to `--webhook-timeout`, longer than the turn): it is renewed
+//! every quarter of the lease, and a renewal that fails or is not confirmed within half the
+//! turn drops the request before the turn can run out, so one batch is never in flight
+//! from two nodes at once. Between a renewal and the request's next byte a pause can still
+//! slip in: the check refuses an answer that took longer than half the turn, which leaves
+//! that window at microseconds.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -60,8 +64,29 @@ enum Ended {
     Delivered,
     /// Finishing, and the drain deadline passed first.
     Deadline,
-    /// Another node holds the turn now (a cluster).
-    LostTurn,
+    /// This node no longer holds the turn (a cluster).
+    LostTurn(Lost),
+}
+
+/// Why a relaying node stopped relaying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    /// Another node holds the turn.
+    Taken,
+    /// Redis did not confirm the turn in time (unreachable, slow, or this process paused):
+    /// not knowing, the relay stops before the turn may run out.
+    Unconfirmed,
+}
+
+impl Lost {
+    fn log(self) {
+        match self {
+            Lost::Taken => tracing::warn!("webhook: another node holds the relay's turn now; it relays"),
+            Lost::Unconfirmed => tracing::warn!(
+                "webhook: Redis did not confirm this node's relay turn in time; stopping until it is held again"
+            ),
+        }
+    }
 }
 
 /// The cluster's turn, as the relaying node holds it.
@@ -78,12 +103,33 @@ impl Turn {
         Turn { store, ttl: lease * 3 / 4, every: lease / 4 }
     }
 
-    /// Takes or keeps the turn. False if another node holds it, if the store does not
-    /// answer (nobody can tell), or if the answer took so long that the turn may have run
-    /// out meanwhile (this process was paused): a relay that is not sure sends nothing.
-    async fn keep(&self) -> bool {
+    /// Takes or keeps the turn. `Err` if another node holds it, if the store does not
+    /// answer within half the turn (nobody can tell), or if the answer took so long that
+    /// the turn may have run out meanwhile (this process was paused): a relay that is not
+    /// sure sends nothing.
+    async fn keep(&self) -> Result<(), Lost> {
         let asked = Instant::now();
-        matches!(self.store.hold(self.ttl).await, Ok(true)) && asked.elapsed() < self.ttl / 2
+        match timeout(self.ttl / 2, self.store.hold(self.ttl)).await {
+            Ok(Ok(true)) if asked.elapsed() < self.ttl / 2 => Ok(()),
+            Ok(Ok(false)) => Err(Lost::Taken),
+            _ => Err(Lost::Unconfirmed),
+        }
+    }
+
+    /// Runs `work` (a request) while keeping the turn every quarter of the lease; drops it
+    /// and answers `Err` as soon as a renewal fails. The last renewal confirmed was asked at
+    /// most `every + ttl / 2` before the drop, inside the turn it set: the request ends
+    /// before another node can take the turn.
+    async fn holding<F: std::future::Future>(&self, work: F) -> Result<F::Output, Lost> {
+        tokio::pin!(work);
+        let mut renew = tokio::time::interval_at(Instant::now() + self.every, self.every);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                out = &mut work => return Ok(out),
+                _ = renew.tick() => self.keep().await?,
+            }
+        }
     }
 }
 
@@ -163,7 +209,7 @@ impl Relay {
                 if finish.borrow().is_some() {
                     return;
                 }
-                if turn.keep().await {
+                if turn.keep().await.is_ok() {
                     break;
                 }
                 tokio::select! {
@@ -191,8 +237,8 @@ impl Relay {
             let stream = self.directory.follow(Some(from));
             let ended = self.relay(stream, &mut queue, &mut finish, Some(&turn)).await;
             self.observe(&VecDeque::new());
-            if ended == Ended::LostTurn {
-                tracing::warn!("webhook: this node lost the relay's turn; another node relays");
+            if let Ended::LostTurn(lost) = ended {
+                lost.log();
                 continue;
             }
             if finish.borrow().is_none() {
@@ -226,8 +272,8 @@ impl Relay {
                         // Idle, the relay keeps its turn, so no other node takes it over.
                         _ = async { match &mut renew { Some(r) => r.tick().await, None => std::future::pending().await } } => {
                             if let Some(turn) = turn {
-                                if !turn.keep().await {
-                                    return Ended::LostTurn;
+                                if let Err(lost) = turn.keep().await {
+                                    return Ended::LostTurn(lost);
                                 }
                             }
                             continue;
@@ -258,13 +304,15 @@ impl Relay {
                     );
                     return Ended::Deadline;
                 }
-                Ended::LostTurn => return Ended::LostTurn,
+                Ended::LostTurn(lost) => return Ended::LostTurn(lost),
             }
             if let (Some(turn), Some(through)) = (turn, queue.iter().take(n).filter_map(|p| p.at).max()) {
-                if !matches!(turn.store.acknowledge(through, turn.ttl).await, Ok(true)) {
+                match turn.store.acknowledge(through, turn.ttl).await {
+                    Ok(true) => {}
                     // Delivered, not recorded: the next relay sends this batch again, with
                     // the same ids, which is what at-least-once allows.
-                    return Ended::LostTurn;
+                    Ok(false) => return Ended::LostTurn(Lost::Taken),
+                    Err(_) => return Ended::LostTurn(Lost::Unconfirmed),
                 }
             }
             queue.drain(..n);
@@ -335,12 +383,12 @@ impl Relay {
         let mut backoff = FIRST_BACKOFF;
         loop {
             if let Some(turn) = turn {
-                if !turn.keep().await {
-                    return Ended::LostTurn;
+                if let Err(lost) = turn.keep().await {
+                    return Ended::LostTurn(lost);
                 }
             }
             let timestamp = unix_ms_now() / 1000;
-            let signed = signature(&self.config.secrets, &id, timestamp, body.as_bytes());
+            let signed = signature(&self.config.secrets.current(), &id, timestamp, body.as_bytes());
             let request = self
                 .client
                 .post(&self.config.url)
@@ -349,7 +397,14 @@ impl Relay {
                 .header("webhook-timestamp", timestamp.to_string())
                 .header("webhook-signature", signed)
                 .body(body.clone());
-            let result = match request.send().await {
+            let sent = match turn {
+                None => request.send().await,
+                Some(turn) => match turn.holding(request.send()).await {
+                    Ok(sent) => sent,
+                    Err(lost) => return Ended::LostTurn(lost),
+                },
+            };
+            let result = match sent {
                 Ok(answer) if answer.status().is_success() => WebhookResult::Ok,
                 Ok(answer) => {
                     self.failed(&format!("the receiver answered {}", answer.status()));
@@ -357,7 +412,7 @@ impl Relay {
                 }
                 Err(e) => {
                     let result = classify(&e);
-                    self.failed(&format!("{e:#}"));
+                    self.failed(&why(e));
                     result
                 }
             };
@@ -365,7 +420,7 @@ impl Relay {
             if result == WebhookResult::Ok {
                 if self.failing {
                     self.failing = false;
-                    tracing::info!(url = %self.config.url, "webhook: delivering again");
+                    tracing::info!(url = %self.config.url_for_logs(), "webhook: delivering again");
                 }
                 return Ended::Delivered;
             }
@@ -395,7 +450,7 @@ impl Relay {
     fn failed(&mut self, why: &str) {
         if !self.failing {
             self.failing = true;
-            tracing::warn!(url = %self.config.url, why, "webhook: delivery failing; retrying with backoff");
+            tracing::warn!(url = %self.config.url_for_logs(), why, "webhook: delivery failing; retrying with backoff");
         }
     }
 
@@ -405,6 +460,24 @@ impl Relay {
         self.metrics.webhook_lag_seconds.set(lag_ms as f64 / 1000.0);
         self.metrics.webhook_backlog.set(queue.len() as i64);
     }
+}
+
+/// What went wrong with a request, for the log: the error's whole chain (the refused
+/// connection, the certificate rustls did not trust, the timeout), without the URL, which
+/// may carry credentials.
+fn why(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(error) = source {
+        let text = error.to_string();
+        if !why.ends_with(&text) {
+            why.push_str(": ");
+            why.push_str(&text);
+        }
+        source = error.source();
+    }
+    why
 }
 
 /// Which result a failed request counts as.

@@ -12,6 +12,8 @@ pub struct GatewayProcess {
     pub admin: SocketAddr,
     pub api: SocketAddr,
     child: Child,
+    /// Where its log (stderr) goes, unless `IDLEGATE_TEST_LOGS` shows it.
+    log: Option<tempfile::NamedTempFile>,
 }
 
 impl GatewayProcess {
@@ -37,17 +39,27 @@ impl GatewayProcess {
 
     async fn spawn(node: &str, extra: &[&str]) -> GatewayProcess {
         let (listen, admin, api) = (free_addr(), free_addr(), free_addr());
+        let log = std::env::var_os("IDLEGATE_TEST_LOGS").is_none().then(|| tempfile::NamedTempFile::new().unwrap());
+        let stderr = match &log {
+            Some(file) => Stdio::from(file.reopen().unwrap()),
+            None => Stdio::inherit(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_idlegate"))
             .args(["serve", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string()])
             .args(["--api-listen", &api.to_string(), "--node-id", node])
             .args(extra)
             .env_remove("IDLEGATE_AUTH_SECRET")
             .env_remove("IDLEGATE_API_TOKEN")
-            .stderr(if std::env::var_os("IDLEGATE_TEST_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() })
+            .stderr(stderr)
             .spawn()
             .expect("idlegate starts");
         wait_listening(admin).await;
-        GatewayProcess { listen, admin, api, child }
+        GatewayProcess { listen, admin, api, child, log }
+    }
+
+    /// What it logged so far (empty when `IDLEGATE_TEST_LOGS` shows the log instead).
+    pub fn log(&self) -> String {
+        self.log.as_ref().map(|f| std::fs::read_to_string(f.path()).unwrap_or_default()).unwrap_or_default()
     }
 
     /// Sends the process `signal` (`HUP`, `TERM`) with `kill`.

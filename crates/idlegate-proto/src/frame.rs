@@ -266,6 +266,14 @@ impl CloseReason {
         }
     }
 
+    /// Whether someone chose this ending (the client logged out, the backend kicked the
+    /// session, its token expired): no reconnect is likely, so an offline grace does not
+    /// hold the uid's `user_offline` back. Abrupt endings (a disconnect, a timeout, a lost
+    /// node, a slow consumer, a protocol error) are held: those are what a reconnect follows.
+    pub fn is_chosen(self) -> bool {
+        matches!(self, CloseReason::Logout | CloseReason::Kicked | CloseReason::TokenExpired)
+    }
+
     /// Position in [`CloseReason::ALL`], for per-reason arrays.
     pub fn index(self) -> usize {
         self as usize - 1

@@ -83,8 +83,8 @@ async fn a_grace_that_runs_out_is_one_user_offline_with_the_last_sessions_reason
     let h = start(1);
     let session = h.login(7, "");
     h.at(300).await;
-    h.registry.kick(7, None);
-    assert_eq!(session.end_reason(), Some(CloseReason::Kicked));
+    h.registry.leave(&session, CloseReason::Disconnect);
+    assert_eq!(session.end_reason(), Some(CloseReason::Disconnect));
     // Held through the whole grace: nothing at 5.2 s (4.9 s after the ending) ...
     h.at(5_200).await;
     assert_eq!(h.events(), [("online", 7), ("user_online", 7), ("offline", 7)]);
@@ -97,7 +97,7 @@ async fn a_grace_that_runs_out_is_one_user_offline_with_the_last_sessions_reason
     let all = h.all();
     assert_eq!(all.len(), 4, "{all:?}");
     let What::UserOffline { reason, ended_ms } = all[3].what else { panic!("{:?}", all[3]) };
-    assert_eq!(reason, CloseReason::Kicked, "the last session's reason");
+    assert_eq!(reason, CloseReason::Disconnect, "the last session's reason");
     assert_eq!(ended_ms, all[2].at_ms, "when that session ended");
     assert!(all[3].at_ms >= ended_ms);
     assert_eq!((h.registry.in_grace(), h.registry.grace_until_ms(7)), (0, None));
@@ -134,7 +134,7 @@ async fn only_the_last_device_begins_a_grace() {
     let laptop = h.login(9, "laptop");
     h.registry.leave(&phone, CloseReason::Disconnect);
     assert_eq!(h.registry.grace_until_ms(9), None, "a session is left");
-    h.registry.leave(&laptop, CloseReason::Logout);
+    h.registry.leave(&laptop, CloseReason::Disconnect);
     assert!(h.registry.grace_until_ms(9).is_some());
     h.at(2_000).await;
     h.login(9, "tablet");
@@ -149,7 +149,7 @@ async fn shutdown_ends_every_grace_at_once_after_the_sessions() {
     let gone = h.login(1, "");
     let staying = h.login(2, "");
     h.at(1_000).await;
-    h.registry.leave(&gone, CloseReason::Logout);
+    h.registry.leave(&gone, CloseReason::Disconnect);
     h.registry.end_all(CloseReason::Shutdown);
     assert_eq!(staying.end_reason(), Some(CloseReason::Shutdown));
     assert_eq!(h.registry.in_grace(), 0);
@@ -162,7 +162,35 @@ async fn shutdown_ends_every_grace_at_once_after_the_sessions() {
         })
         .collect();
     // The session a shutdown ends is no grace; the uid in one ends it, with its reason.
-    assert_eq!(user_offline, [(2, CloseReason::Shutdown), (1, CloseReason::Logout)]);
+    assert_eq!(user_offline, [(2, CloseReason::Shutdown), (1, CloseReason::Disconnect)]);
+    h.stop.cancel();
+}
+
+/// Issue 48: a kicked uid stayed online for the whole grace. Endings someone chose (a
+/// logout, a kick, an expired token) log `user_offline` at once, with their reason.
+#[tokio::test(start_paused = true)]
+async fn an_ending_someone_chose_is_not_graced() {
+    let h = start(1);
+    let out = h.login(1, "");
+    h.login(2, "");
+    let expiring = h.login(3, "");
+    h.at(500).await;
+    h.registry.leave(&out, CloseReason::Logout);
+    h.registry.kick(2, None);
+    h.registry.leave(&expiring, CloseReason::TokenExpired);
+    assert_eq!(h.registry.in_grace(), 0);
+    let user_offline: Vec<_> = h
+        .all()
+        .iter()
+        .filter_map(|e| match e.what {
+            What::UserOffline { reason, ended_ms } => Some((e.uid, reason, ended_ms == e.at_ms)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        user_offline,
+        [(1, CloseReason::Logout, true), (2, CloseReason::Kicked, true), (3, CloseReason::TokenExpired, true)]
+    );
     h.stop.cancel();
 }
 
@@ -183,8 +211,12 @@ fn tick(reg: &Registry, to: u64) {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Login { uid: u8, device: u8 },
-    Leave(u8),
+    Login {
+        uid: u8,
+        device: u8,
+    },
+    /// The picked session ends: chosen (a logout, never graced) or abrupt (a disconnect).
+    Leave(u8, bool),
     Kick(u8),
     Tick,
 }
@@ -193,7 +225,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     use proptest::prelude::*;
     prop_oneof![
         3 => (0..3u8, 0..3u8).prop_map(|(uid, device)| Op::Login { uid, device }),
-        2 => any::<u8>().prop_map(Op::Leave),
+        2 => (any::<u8>(), any::<bool>()).prop_map(|(pick, chosen)| Op::Leave(pick, chosen)),
         1 => (0..3u8).prop_map(Op::Kick),
         4 => Just(Op::Tick),
     ]
@@ -230,9 +262,9 @@ proptest::proptest! {
                     graced.remove(&u64::from(uid));
                     live.push((s, now));
                 }
-                Op::Leave(pick) if !live.is_empty() => {
+                Op::Leave(pick, chosen) if !live.is_empty() => {
                     let (s, _) = live[usize::from(pick) % live.len()].clone();
-                    reg.leave(&s, CloseReason::Logout);
+                    reg.leave(&s, if chosen { CloseReason::Logout } else { CloseReason::Disconnect });
                 }
                 Op::Kick(uid) => {
                     reg.kick(u64::from(uid), None);
@@ -245,8 +277,10 @@ proptest::proptest! {
                 _ => {}
             }
             live.retain(|(s, _)| s.is_live());
+            // A logout or a kick ends a uid's presence at once: no grace.
+            let chosen = matches!(op, Op::Leave(_, true) | Op::Kick(_));
             for uid in before {
-                if !live.iter().any(|(s, _)| s.uid() == uid) && !graced.contains_key(&uid) {
+                if !chosen && !live.iter().any(|(s, _)| s.uid() == uid) && !graced.contains_key(&uid) {
                     // Its last session just ended (an expiry's ending is on this tick's cursor).
                     graced.insert(uid, now + grace + 1);
                 }

@@ -7,6 +7,7 @@
 //      FAIL_MODE   how: `status` (answer 500), `hang` (never answer) or `reset` (reset the
 //                  connection)
 //      HOLD_FILE   while this file exists, every request is reset unread
+//      DELAY_MS    how long to wait before answering each request (a slow receiver)
 //      TLS_CERT, TLS_KEY  serve HTTPS with this certificate chain and key (PEM files)
 "use strict";
 const http = require("http");
@@ -20,6 +21,7 @@ let attempt = 0;
 
 const fs = require("fs");
 const hold = process.env.HOLD_FILE;
+const delay = Number(process.env.DELAY_MS || 0);
 
 const handler = (req, res) => {
   if (hold && fs.existsSync(hold)) {
@@ -59,8 +61,10 @@ const handler = (req, res) => {
       req.socket.destroy();
       return;
     }
-    res.writeHead(failing ? 500 : 204);
-    res.end();
+    setTimeout(() => {
+      res.writeHead(failing ? 500 : 204);
+      res.end();
+    }, delay);
   });
 };
 const server = process.env.TLS_CERT
