@@ -258,3 +258,51 @@ async fn a_receiver_that_refuses_connections_a_while_then_gets_everything_in_ord
     assert!(requests.iter().all(|r| r["verified"] == true));
     server.shutdown().await;
 }
+
+/// Issue 48: SIGHUP reads `--webhook-secret-file` again (docs/API.md's rotation without a
+/// gap), and the logs show neither the URL's credentials nor its query string, while a
+/// failed delivery's line says why it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rereads_the_secrets_and_logs_keep_the_urls_credentials_out() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (newest, older, _) = secrets();
+    let file = dir.path().join("secrets");
+    std::fs::write(&file, format!("{older}\n")).unwrap();
+    let file = file.to_string_lossy().to_string();
+    let mut receiver = Receiver::start(0, &newest, &[]).await;
+    let url = format!("http://user:s3cret@127.0.0.1:{}/hook?token=t0ken", receiver.port);
+    let gw = common::process::GatewayProcess::start(&["--webhook-url", &url, "--webhook-secret-file", &file]).await;
+    let mut first = common::Client::connect(gw.listen).await;
+    first.login(1).await;
+    let before = receiver.until(is("user_online", 1)).await;
+    assert!(before.iter().all(|r| r["verified"] == false), "signed with the older secret only");
+    // The newest secret is added, and the gateway told.
+    std::fs::write(&file, format!("{newest}\n{older}\n")).unwrap();
+    gw.signal("HUP");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !gw.log().contains("webhook secrets read again") {
+        assert!(tokio::time::Instant::now() < deadline, "no reload logged: {}", gw.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut second = common::Client::connect(gw.listen).await;
+    second.login(2).await;
+    let after = receiver.until(is("user_online", 2)).await;
+    assert!(after.iter().all(|r| r["verified"] == true), "{after:?}");
+
+    // A receiver that refuses connections: the log says so, without the secrets.
+    let closed = common::free_addr().port();
+    let url = format!("http://user:s3cret@127.0.0.1:{closed}/hook?token=t0ken");
+    let failing =
+        common::process::GatewayProcess::start(&["--webhook-url", &url, "--webhook-secret-file", &file]).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !failing.log().contains("delivery failing") {
+        assert!(tokio::time::Instant::now() < deadline, "no failure logged: {}", failing.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = [gw.log(), failing.log()].concat();
+    assert!(log.to_lowercase().contains("connection refused"), "{log}");
+    assert!(!log.contains("s3cret") && !log.contains("t0ken"), "{log}");
+}

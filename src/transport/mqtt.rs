@@ -89,6 +89,7 @@ mod code5 {
 
 /// MQTT 5 property identifiers the gateway writes.
 mod property {
+    pub const SESSION_EXPIRY_INTERVAL: u8 = 0x11;
     pub const SERVER_KEEP_ALIVE: u8 = 0x13;
     pub const REASON_STRING: u8 = 0x1F;
     pub const RETAIN_AVAILABLE: u8 = 0x25;
@@ -148,6 +149,9 @@ pub(crate) struct Mqtt {
     answered: bool,
     /// The client sent an empty client identifier: MQTT 5 is told the one it was given.
     anonymous: bool,
+    /// An MQTT 5 CONNECT asked for a Session Expiry Interval: CONNACK answers 0, since no
+    /// session outlives its connection (MQTT 5 3.2.2.3.2).
+    asked_session_expiry: bool,
     /// The MQTT 5 CONNECT named [`AUTH_METHOD`]: the client may re-authenticate with AUTH.
     enhanced_auth: bool,
     /// The largest packet the client takes (MQTT 5's Maximum Packet Size; unbounded else).
@@ -188,6 +192,7 @@ impl Mqtt {
             welcomed: false,
             answered: false,
             anonymous: false,
+            asked_session_expiry: false,
             enhanced_auth: false,
             client_max_packet: u32::MAX,
             owed_ack: None,
@@ -241,6 +246,10 @@ impl Mqtt {
             ));
         }
         self.anonymous = client_id.is_empty();
+        self.asked_session_expiry = matches!(
+            connect.properties.get(mqtt5_protocol::PropertyId::SessionExpiryInterval),
+            Some(mqtt5_protocol::PropertyValue::FourByteInteger(asked)) if *asked > 0
+        );
         if let Some(mqtt5_protocol::PropertyValue::FourByteInteger(max)) =
             connect.properties.get(mqtt5_protocol::PropertyId::MaximumPacketSize)
         {
@@ -554,6 +563,11 @@ impl Mqtt {
                 if self.version == LEVEL_5 {
                     props.put_u8(property::SERVER_KEEP_ALIVE);
                     props.put_u16(self.policy.server_keep_alive);
+                    if self.asked_session_expiry {
+                        // The session ends with its connection, whatever was asked.
+                        props.put_u8(property::SESSION_EXPIRY_INTERVAL);
+                        props.put_u32(0);
+                    }
                     // What the door does not offer, said up front.
                     props.put_slice(&[property::MAXIMUM_QOS, 1, property::RETAIN_AVAILABLE, 0]);
                     props.put_slice(&[property::SHARED_SUBSCRIPTION_AVAILABLE, 0]);

@@ -5,7 +5,11 @@ password, a keepalive of 60 s that the gateway's Server Keep Alive shortens.
 
 Over websockets it connects to the WebSocket door's /v1/ws, offering the `mqtt` subprotocol.
 
-Prints one line per step: "connected <server keep alive>", "published", "push <payload>",
+It asks for a session that outlives the connection by an hour (Session Expiry Interval
+3600), which the gateway does not keep and must say so in CONNACK.
+
+Prints one line per step: "connected <server keep alive> <session expiry interval>",
+"published", "push <payload>",
 then, after IDLE_SECONDS without a packet of its own, "alive" if still connected, and
 disconnects cleanly.
 """
@@ -14,7 +18,8 @@ import threading
 import time
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.properties import Properties  # noqa: F401  (paho 1.6 and 2.x both have it)
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 host, port, uid, idle = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 transport = sys.argv[5] if len(sys.argv) > 5 else "tcp"
@@ -33,7 +38,8 @@ client.username_pw_set(uid, "token")
 
 def on_connect(client, userdata, flags, reason, properties=None):
     keep = getattr(properties, "ServerKeepAlive", None)
-    print("connected", keep, flush=True)
+    expiry = getattr(properties, "SessionExpiryInterval", None)
+    print("connected", keep, expiry, flush=True)
     client.subscribe("idlegate/#", qos=0)
     connected.set()
 
@@ -45,7 +51,9 @@ def on_message(client, userdata, message):
 
 client.on_connect = on_connect
 client.on_message = on_message
-client.connect(host, port, keepalive=60)
+asked = Properties(PacketTypes.CONNECT)
+asked.SessionExpiryInterval = 3600
+client.connect(host, port, keepalive=60, clean_start=True, properties=asked)
 client.loop_start()
 if not connected.wait(10):
     sys.exit("no CONNACK")
