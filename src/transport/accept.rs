@@ -3,9 +3,10 @@
 //! and starting its task, or refusing it in its door's words. Never spins on a failing
 //! accept, and never goes silent when descriptors run out.
 //!
-//! With `--proxy-protocol`, a connection takes its slot at accept, then a task of its own
-//! reads its PROXY header (`proxy_header.rs`) before it is admitted, so the per-address
-//! bound counts the client's address, not the balancer's.
+//! With `--proxy-protocol`, a connection takes its slot and a place among the waiting at
+//! accept, then a task of its own reads its PROXY header (`proxy_header.rs`): a trusted
+//! balancer's connection counts against the client's address the header names (the
+//! per-address bound counts clients, not the balancer), anyone else's against its own.
 
 use std::io;
 use std::net::SocketAddr;
@@ -137,13 +138,31 @@ impl Doors {
             };
             let _ = stream.set_nodelay(true);
             metrics.connections_accepted.inc();
-            if self.proxy.is_some() {
+            if let Some(proxy) = &self.proxy {
+                // Waiting for the header is part of the login phase: it holds a place among
+                // the waiting from accept. A trusted balancer's connection counts against
+                // its client's address once the header names it; anyone else's against
+                // its own, now, as without the PROXY protocol.
+                let ticket = if proxy.trusts(peer.ip()) {
+                    self.admission.admit_unattributed()
+                } else {
+                    match self.admit(peer, transport) {
+                        Ok(ticket) => ticket,
+                        Err(why) => {
+                            refusals.refuse(stream, transport, Bound::Address, hint(), &why);
+                            continue;
+                        }
+                    }
+                };
                 match self.slots.take(transport) {
                     Some(guard) => {
                         let accepted = Instant::now();
-                        tokio::spawn(self.clone().behind_balancer(transport, stream, peer, guard, accepted));
+                        tokio::spawn(self.clone().behind_balancer(transport, stream, peer, guard, ticket, accepted));
                     }
-                    None => self.refuse_server_full(stream, transport),
+                    None => {
+                        drop(ticket);
+                        self.refuse_server_full(stream, transport);
+                    }
                 }
                 continue;
             }
@@ -170,12 +189,15 @@ impl Doors {
     /// A place among the connections waiting to log in for a client at `client`; refused
     /// (counted, with the words to tell it) when its address has too many waiting already.
     fn admit(&self, client: SocketAddr, transport: Transport) -> Result<Ticket, String> {
-        self.admission.admit(client.ip()).map_err(|Refused::Source(n)| {
-            let metrics = &self.context.metrics;
-            metrics.shed_pending_logins.inc();
-            metrics.closed(CloseReason::ServerFull, transport);
-            format!("{n} connections from this address waiting to log in")
-        })
+        self.admission.admit(client.ip()).map_err(|refused| self.over_source_bound(refused, transport))
+    }
+
+    /// Counts a connection refused for its address's bound; the words to tell it.
+    fn over_source_bound(&self, Refused::Source(n): Refused, transport: Transport) -> String {
+        let metrics = &self.context.metrics;
+        metrics.shed_pending_logins.inc();
+        metrics.closed(CloseReason::ServerFull, transport);
+        format!("{n} connections from this address waiting to log in")
     }
 
     /// Refuses `stream` for want of a slot (`--max-connections`), counted.
@@ -187,15 +209,17 @@ impl Doors {
         self.refusals.refuse(stream, transport, Bound::Server, hint(), &why);
     }
 
-    /// Reads the PROXY header of a connection accepted from `peer` (holding its slot),
-    /// then admits it under the client's address and serves it. Closes it, counted and
-    /// logged, when the header is refused or late; closes it when shutdown begins first.
+    /// Reads the PROXY header of a connection accepted from `peer` (holding its slot and
+    /// its place among the waiting), then counts it under the client's address and serves
+    /// it. Closes it, counted and logged, when the header is refused or late; closes it
+    /// when shutdown begins first, or when it is the oldest waiting and shed for a newer.
     async fn behind_balancer(
         self: Arc<Self>,
         transport: Transport,
         mut stream: TcpStream,
         peer: SocketAddr,
         guard: Guard,
+        ticket: Ticket,
         accepted: Instant,
     ) {
         let Some(proxy) = &self.proxy else { return };
@@ -209,6 +233,16 @@ impl Doors {
         let read = tokio::select! {
             read = read => read,
             _ = self.context.shutdown.cancelled() => return,
+            _ = ticket.shed() => {
+                let metrics = &self.context.metrics;
+                metrics.shed_pending_logins.inc();
+                metrics.closed(CloseReason::ServerFull, transport);
+                let why = "the oldest connection waiting to log in, shed to make room for newer ones";
+                drop(guard);
+                drop(ticket);
+                self.refusals.refuse(stream, transport, Bound::Server, hint(), why);
+                return;
+            }
         };
         let client = match read {
             Ok(source) => source.unwrap_or(peer),
@@ -220,10 +254,16 @@ impl Doors {
                 return;
             }
         };
-        match self.admit(client, transport) {
-            Ok(ticket) => self.spawn(transport, stream, guard, ticket, client, accepted),
-            Err(why) => {
+        if !trusted {
+            // Counted under its own address since its accept.
+            return self.spawn(transport, stream, guard, ticket, client, accepted);
+        }
+        match ticket.attribute(client.ip()) {
+            Ok(()) => self.spawn(transport, stream, guard, ticket, client, accepted),
+            Err(refused) => {
+                let why = self.over_source_bound(refused, transport);
                 drop(guard);
+                drop(ticket);
                 self.refusals.refuse(stream, transport, Bound::Address, hint(), &why);
             }
         }

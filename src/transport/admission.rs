@@ -67,7 +67,9 @@ struct Inner {
 struct Slot {
     /// Which admission holds the slot (ids are never reused).
     id: u64,
-    source: IpAddr,
+    /// The source it counts against; `None` while a trusted balancer's PROXY header, which
+    /// names it, is awaited ([`Admission::admit_unattributed`]).
+    source: Option<IpAddr>,
     /// Shed to make room for a newer connection.
     shed: bool,
     /// The login phase waiting to hear it was shed.
@@ -97,9 +99,22 @@ impl Admission {
     /// place until it is dropped (at login, or at a close before one).
     pub(crate) fn admit(self: &Arc<Self>, source: IpAddr) -> Result<Ticket, Refused> {
         let mut inner = self.lock();
-        let slot = inner.admit(source, self.max, self.per_source)?;
+        let slot = inner.admit(Some(source), self.max, self.per_source)?;
         let id = inner.slots[slot as usize].id;
         Ok(Ticket { admission: self.clone(), slot, id })
+    }
+
+    /// Admits a connection whose source is not known yet (a trusted balancer's, until its
+    /// PROXY header names the client): it counts against `--max-pending-logins`, and may
+    /// shed the oldest, from now; against its source once [`Ticket::attribute`] names it.
+    pub(crate) fn admit_unattributed(self: &Arc<Self>) -> Ticket {
+        let mut inner = self.lock();
+        let slot = match inner.admit(None, self.max, self.per_source) {
+            Ok(slot) => slot,
+            Err(_) => unreachable!("no per-source bound without a source"),
+        };
+        let id = inner.slots[slot as usize].id;
+        Ticket { admission: self.clone(), slot, id }
     }
 
     /// Connections waiting now (shed ones that have not closed yet included).
@@ -129,11 +144,10 @@ fn source_key(ip: IpAddr) -> IpAddr {
 // === impl Inner ===
 
 impl Inner {
-    fn admit(&mut self, source: IpAddr, max: usize, per_source: usize) -> Result<u32, Refused> {
-        let source = source_key(source);
-        let waiting = self.by_source.get(&source).copied().unwrap_or(0);
-        if waiting >= per_source {
-            return Err(Refused::Source(per_source));
+    fn admit(&mut self, source: Option<IpAddr>, max: usize, per_source: usize) -> Result<u32, Refused> {
+        let source = source.map(source_key);
+        if let Some(source) = source {
+            self.check_source(source, per_source)?;
         }
         if self.live >= max {
             self.shed_oldest();
@@ -153,8 +167,19 @@ impl Inner {
         };
         self.order.push_back((id, slot));
         self.live += 1;
-        *self.by_source.entry(source).or_default() += 1;
+        if let Some(source) = source {
+            *self.by_source.entry(source).or_default() += 1;
+        }
         Ok(slot)
+    }
+
+    /// Refused if `source` (a [`source_key`]) has `per_source` waiting already.
+    fn check_source(&self, source: IpAddr, per_source: usize) -> Result<(), Refused> {
+        let waiting = self.by_source.get(&source).copied().unwrap_or(0);
+        if waiting >= per_source {
+            return Err(Refused::Source(per_source));
+        }
+        Ok(())
     }
 
     /// Sheds the oldest live place: its login phase hears it and ends the connection. Its
@@ -183,15 +208,18 @@ impl Inner {
         }
         place.id = u64::MAX;
         place.waker = None;
-        let source = place.source;
-        if let Some(n) = self.by_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                self.by_source.remove(&source);
+        if let Some(source) = place.source.take() {
+            if let Some(n) = self.by_source.get_mut(&source) {
+                *n -= 1;
+                if *n == 0 {
+                    self.by_source.remove(&source);
+                }
             }
         }
         self.free.push(slot);
-        if self.by_source.is_empty() && self.slots.len() > KEEP_SLOTS {
+        // Every slot free: no place is in use (one awaiting its PROXY header counts against
+        // no source, so an empty `by_source` does not tell).
+        if self.free.len() == self.slots.len() && self.slots.len() > KEEP_SLOTS {
             debug_assert!(self.live == 0, "no place is in use");
             *self = Inner { next: self.next, ..Inner::default() };
             return;
@@ -227,6 +255,19 @@ impl Ticket {
             }
             Poll::Pending
         })
+    }
+
+    /// Counts this place against `source` from now (a client a PROXY header named);
+    /// refused if that source has too many waiting already.
+    pub(crate) fn attribute(&self, source: IpAddr) -> Result<(), Refused> {
+        let mut inner = self.admission.lock();
+        let source = source_key(source);
+        inner.check_source(source, self.admission.per_source)?;
+        let place = &mut inner.slots[self.slot as usize];
+        debug_assert!(place.id == self.id && place.source.is_none(), "attributed once, while held");
+        place.source = Some(source);
+        *inner.by_source.entry(source).or_default() += 1;
+        Ok(())
     }
 
     #[cfg(test)]

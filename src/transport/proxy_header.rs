@@ -10,14 +10,11 @@
 //! exact length, so the door's own bytes stay in the socket for its framing: no door needs
 //! to take bytes read ahead of it, and an idle connection still holds no buffer.
 
-use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use ppp::{v1, v2, HeaderResult, PartialResult};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::time::sleep;
 
 /// The first bytes of a version 2 header.
 const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
@@ -30,10 +27,9 @@ const V1_PREFIX: &[u8] = b"PROXY ";
 /// TLS summary), which stay far below this. A longer one is refused as malformed.
 pub(crate) const MAX_HEADER: usize = 16 + 1024;
 
-/// Pause before looking again at a header that has not fully arrived. A balancer writes its
-/// header in one piece, so this is the rare case; `peek` would return at once with the same
-/// bytes, and waiting on readability again would spin.
-const PEEK_AGAIN: Duration = Duration::from_millis(5);
+/// The longest version 1 header (the specification's 107 bytes, its CRLF included): one
+/// that has not ended by then never will, and is refused as malformed at once.
+const V1_MAX: usize = 107;
 
 /// Why a connection's header was refused: the `why` of
 /// `idlegate_proxy_protocol_refused_total`.
@@ -84,31 +80,62 @@ fn opens_header(seen: &[u8]) -> Option<bool> {
 /// `Ok(None)` when there is none to read (a connection from anyone else, which must not
 /// send one) or when the header names no client address (a balancer's own health check:
 /// version 2's LOCAL, version 1's UNKNOWN), where the peer's address stands.
+///
+/// Waiting is driven by readiness, never by polling: the bytes seen of a header that has
+/// not ended (a prefix of a signature, a header cut short) are all the header's, so they
+/// are taken out of the socket, and the next `peek` then waits for new bytes. The last
+/// read takes the header to its exact end, leaving the door's bytes in the socket.
 pub(crate) async fn read(stream: &mut TcpStream, trusted: bool) -> Result<Option<SocketAddr>, Refusal> {
     // Allocated while the header is read, freed after.
     let mut buf = vec![0u8; MAX_HEADER];
+    // Bytes of `buf` already taken out of the socket.
+    let mut taken = 0;
     loop {
-        let n = match stream.peek(&mut buf).await {
+        let m = match stream.peek(&mut buf[taken..]).await {
             Ok(0) | Err(_) => return Err(Refusal::Closed),
-            Ok(n) => n,
+            Ok(m) => m,
         };
+        let n = taken + m;
         let seen = &buf[..n];
         match (opens_header(seen), trusted) {
+            // Bytes taken already began like a header: what follows is no door's opening.
+            (Some(false), _) if taken > 0 => return Err(Refusal::Malformed),
             (Some(false), false) => return Ok(None),
             (Some(true), false) => return Err(Refusal::Untrusted),
             (Some(false), true) => return Err(Refusal::Missing),
             (Some(true), true) => {}
             (None, _) => {
-                sleep(PEEK_AGAIN).await;
+                take(stream, &mut buf[taken..n]).await?;
+                taken = n;
                 continue;
             }
         }
-        let header = HeaderResult::parse(seen);
+        // Version 1 is parsed once its line has ended: `ppp` refuses some prefixes of a
+        // good line (one that ends in the space before the last port) as malformed.
+        let v1 = seen.starts_with(V1_PREFIX);
+        let end = if v1 {
+            match seen.windows(2).position(|w| w == b"\r\n") {
+                Some(at) => at + 2,
+                // A line that has run past the longest one without ending never will.
+                None if n >= V1_MAX => return Err(Refusal::Malformed),
+                None => {
+                    take(stream, &mut buf[taken..n]).await?;
+                    taken = n;
+                    continue;
+                }
+            }
+        } else {
+            n
+        };
+        let header = HeaderResult::parse(&seen[..end]);
         if header.is_incomplete() {
-            if n == MAX_HEADER {
+            // A version 1 line that has ended, or a version 2 header as long as any taken,
+            // is all there is.
+            if v1 || n == MAX_HEADER {
                 return Err(Refusal::Malformed);
             }
-            sleep(PEEK_AGAIN).await;
+            take(stream, &mut buf[taken..n]).await?;
+            taken = n;
             continue;
         }
         let (len, source) = match header {
@@ -116,15 +143,16 @@ pub(crate) async fn read(stream: &mut TcpStream, trusted: bool) -> Result<Option
             HeaderResult::V2(Ok(header)) => (header.len(), v2_source(&header)),
             HeaderResult::V1(Err(_)) | HeaderResult::V2(Err(_)) => return Err(Refusal::Malformed),
         };
-        debug_assert!(len <= n, "a parsed header lies within what was seen: {len} > {n}");
-        consume(stream, &mut buf[..len]).await.map_err(|_| Refusal::Closed)?;
+        debug_assert!(taken <= len && len <= n, "a parsed header ends within what was seen: {taken} <= {len} <= {n}");
+        take(stream, &mut buf[taken..len]).await?;
         return Ok(source);
     }
 }
 
-/// Takes the header's bytes, already seen, out of the socket.
-async fn consume(stream: &mut TcpStream, header: &mut [u8]) -> io::Result<()> {
-    stream.read_exact(header).await.map(drop)
+/// Takes bytes already seen with `peek` out of the socket (into the same place of the
+/// buffer, which they already hold).
+async fn take(stream: &mut TcpStream, seen: &mut [u8]) -> Result<(), Refusal> {
+    stream.read_exact(seen).await.map(drop).map_err(|_| Refusal::Closed)
 }
 
 fn v1_source(addresses: &v1::Addresses) -> Option<SocketAddr> {
