@@ -6,7 +6,7 @@
 #   deploy/build.sh          -> target/x86_64-unknown-linux-gnu/release/idlegate
 #
 # DNS still works: glibc's resolver reads /etc/hosts and /etc/resolv.conf itself, which a
-# container runtime provides (tests/image.rs resolves --redis by name from the image).
+# container runtime provides (tests/deploy.rs resolves --redis by name from the image).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=x86_64-unknown-linux-gnu
