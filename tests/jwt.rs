@@ -85,6 +85,9 @@ const REFUSALS: &[(&str, &str)] = &[
     ("no-uid", "uid claim \"sub\" missing"),
     ("too-long-ttl", "--max-token-ttl"),
     ("bad-signature", "signature did not verify"),
+    ("crit", "critical extensions (crit)"),
+    ("nbf-string", "nbf is not a NumericDate"),
+    ("iat-string", "iat is not a NumericDate"),
 ];
 
 const ACCEPTED: &[&str] =
@@ -239,4 +242,32 @@ async fn the_documented_jose_example_mints_a_token_that_logs_in() {
     let online = events.expect("online", UID).await;
     assert_eq!(online.data["claims"], serde_json::json!({"name": "Ada", "org": "acme"}));
     server.shutdown().await;
+}
+
+/// Issue 48: a provider's set is taken as providers publish it, its keys for anything but
+/// verifying signatures skipped (Keycloak's `RSA-OAEP` key among them), and weak keys are
+/// refused at load, each naming why: an HMAC secret under 32 bytes, an RSA key under 2,048
+/// bits, an Ed25519 key of the wrong length (which used to load and panic every EdDSA login).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_set_loads_its_signing_keys_only_and_weak_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tokens) = mint(dir.path()) else { return };
+    let jwt = JwtAuth::load(Some(&dir.path().join("keycloak.json")), None, rules()).expect("the set loads");
+    assert_eq!(jwt.key_count(), 2, "the RSA signing key and the EC key");
+    let server = TestServer::start(Config { jwt: Some(jwt), ..Config::default() }).await;
+    for name in ["RS256", "ES256"] {
+        assert_eq!(login(Transport::Tcp, server.addr, None, &tokens[name]).await, Ok(()), "{name}");
+    }
+    let refused = |keys: Option<&str>, secret: Option<&str>| {
+        let (keys, secret) = (keys.map(|k| dir.path().join(k)), secret.map(|s| dir.path().join(s)));
+        JwtAuth::load(keys.as_deref(), secret.as_deref(), rules()).expect_err("a weak key loads").to_string()
+    };
+    let said = refused(None, Some("short-secret.txt"));
+    assert!(said.contains("16 bytes; an HMAC secret has at least 32"), "{said}");
+    let said = refused(Some("rsa1024.json"), None);
+    assert!(said.contains("RSA key of 1024 bits"), "{said}");
+    let said = refused(Some("ed-short.json"), None);
+    assert!(said.contains("Ed25519 key of"), "{said}");
+    let said = refused(Some("hs-short.json"), None);
+    assert!(said.contains("HMAC secret of 5 bytes"), "{said}");
 }

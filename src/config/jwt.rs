@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, KeyOperations, PublicKeyUse};
 use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
@@ -44,6 +44,25 @@ const P384_OID: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
 
 /// The DER of Ed25519's OID (1.3.101.112).
 const ED25519_OID: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
+
+/// Shortest HMAC secret taken: RFC 7518 3.2 requires a key at least as long as the hash's
+/// output, 32 bytes for HS256; a shorter one is guessable offline from any one token.
+const MIN_HMAC_SECRET_BYTES: usize = 32;
+
+/// Smallest RSA modulus taken (NIST SP 800-131A: 2048 bits since 2014).
+const MIN_RSA_BITS: usize = 2048;
+
+/// Length of an Ed25519 public key (RFC 8037): any other makes no key, and the signature
+/// library must never be handed one.
+const ED25519_KEY_BYTES: usize = 32;
+
+/// An Ed25519 SubjectPublicKeyInfo in DER: 12 bytes of structure and the key.
+const ED25519_SPKI_BYTES: usize = 12 + ED25519_KEY_BYTES;
+
+/// Most keys a token that names no `kid` is checked against: each check of a refused token
+/// costs a signature verification before anyone is authenticated. Providers with more keys
+/// of one type name them by `kid`, as every JWKS-publishing provider does.
+pub const MAX_KEYS_WITHOUT_KID: usize = 4;
 
 const RSA_ALGS: &[Algorithm] =
     &[Algorithm::RS256, Algorithm::RS384, Algorithm::RS512, Algorithm::PS256, Algorithm::PS384, Algorithm::PS512];
@@ -110,6 +129,10 @@ pub enum JwtError {
     UidMismatch(String),
     #[error("JWT exp too far ahead (--max-token-ttl)")]
     TooLong,
+    #[error("JWT header names critical extensions (crit) this gateway does not understand")]
+    Critical,
+    #[error("JWT claim {0} is not a NumericDate")]
+    NotADate(&'static str),
 }
 
 /// A token that verified.
@@ -197,6 +220,11 @@ impl JwtAuth {
             }
             _ => JwtError::Malformed,
         })?;
+        // RFC 7515 4.1.11: a recipient that does not understand an extension `crit` lists
+        // must refuse the token; this gateway understands none.
+        if names_critical(token) {
+            return Err(JwtError::Critical);
+        }
         let alg = header.alg;
         let keys = self.keys.read().unwrap_or_else(PoisonError::into_inner).clone();
         let fitting: Vec<&Key> = keys.iter().filter(|k| k.algorithms.contains(&alg)).collect();
@@ -211,7 +239,7 @@ impl JwtAuth {
                 }
                 named.into_iter().filter(|k| k.algorithms.contains(&alg)).collect()
             }
-            None => fitting,
+            None => fitting.into_iter().take(MAX_KEYS_WITHOUT_KID).collect(),
         };
         if candidates.is_empty() {
             return Err(JwtError::Algorithm(format!("{alg:?} does not fit the key its kid names")));
@@ -266,17 +294,23 @@ impl JwtAuth {
         }
         let claims = claims.ok_or(last)?;
         // NumericDate may carry a fraction (RFC 7519 §2); whole seconds are what count.
-        let number = |name: &str| claims.get(name).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f as u64)));
-        let exp = number("exp").ok_or(JwtError::NoExpiry)?;
+        let number = |name: &'static str| match claims.get(name) {
+            None => Ok(None),
+            Some(v) => v.as_u64().or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)).map(Some).ok_or(
+                // Of another JSON type: refused, never taken as absent.
+                JwtError::NotADate(name),
+            ),
+        };
+        let exp = number("exp")?.ok_or(JwtError::NoExpiry)?;
         let leeway = self.rules.leeway.as_secs();
         // RFC 7519 4.1.4: valid only before `exp`; the leeway forgives a skewed clock.
         if now_unix >= exp.saturating_add(leeway) {
             return Err(JwtError::Expired);
         }
-        if number("nbf").is_some_and(|nbf| nbf > now_unix.saturating_add(leeway)) {
+        if number("nbf")?.is_some_and(|nbf| nbf > now_unix.saturating_add(leeway)) {
             return Err(JwtError::NotYetValid("nbf"));
         }
-        if number("iat").is_some_and(|iat| iat > now_unix.saturating_add(leeway)) {
+        if number("iat")?.is_some_and(|iat| iat > now_unix.saturating_add(leeway)) {
             return Err(JwtError::NotYetValid("iat"));
         }
         if exp > now_unix + self.rules.max_ttl.as_secs() {
@@ -333,7 +367,15 @@ fn read_keys(key_file: Option<&Path>, secret_file: Option<&Path>) -> Result<Vec<
         let fail = |why: &str| ConfigError::new("--jwt-secret-file", format!("{}: {why}", path.display()));
         let text = std::fs::read_to_string(path).map_err(|e| fail(&e.to_string()))?;
         let before = keys.len();
-        for line in text.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
+        for (n, line) in text.lines().map(str::trim_end).enumerate().filter(|(_, l)| !l.is_empty()) {
+            if line.len() < MIN_HMAC_SECRET_BYTES {
+                let why = format!(
+                    "line {}: {} bytes; an HMAC secret has at least {MIN_HMAC_SECRET_BYTES}",
+                    n + 1,
+                    line.len()
+                );
+                return Err(fail(&why));
+            }
             keys.push(Key {
                 kid: None,
                 algorithms: HMAC_ALGS.to_vec(),
@@ -355,17 +397,51 @@ fn jwks(text: &str) -> Result<Vec<Key>, String> {
     let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
     let mut keys = Vec::new();
     for (i, jwk) in set.keys.iter().enumerate() {
+        // Keys for encryption sit beside signing keys in many providers' sets (Keycloak's
+        // RSA-OAEP key among them): skipped, never trusted, never a reason to refuse the set.
+        let signs = match &jwk.common.public_key_use {
+            None | Some(PublicKeyUse::Signature) => true,
+            Some(_) => false,
+        };
+        let verifies = jwk.common.key_operations.as_ref().is_none_or(|ops| ops.contains(&KeyOperations::Verify));
+        let non_signing = jwk.common.key_algorithm.is_some_and(|alg| algorithm_of(alg).is_none());
+        if !signs || !verifies || non_signing {
+            tracing::warn!(
+                key = i,
+                kid = jwk.common.key_id.as_deref().unwrap_or(""),
+                "JWT keys: a key not for verifying signatures (its use, key_ops or alg) is skipped"
+            );
+            continue;
+        }
         let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i}: {e}"))?;
         let by_type = match &jwk.algorithm {
-            AlgorithmParameters::RSA(_) => RSA_ALGS.to_vec(),
+            AlgorithmParameters::RSA(rsa) => {
+                let bits = base64url_len(&rsa.n).map_err(|e| format!("key {i}: n: {e}"))? * 8;
+                if bits < MIN_RSA_BITS {
+                    return Err(format!("key {i}: an RSA key of {bits} bits; at least {MIN_RSA_BITS}"));
+                }
+                RSA_ALGS.to_vec()
+            }
             AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
                 EllipticCurve::P256 => vec![Algorithm::ES256],
                 EllipticCurve::P384 => vec![Algorithm::ES384],
                 _ => return Err(format!("key {i}: curve {:?} is not P-256 or P-384", ec.curve)),
             },
-            AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => vec![Algorithm::EdDSA],
+            AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => {
+                let len = base64url_len(&okp.x).map_err(|e| format!("key {i}: x: {e}"))?;
+                if len != ED25519_KEY_BYTES {
+                    return Err(format!("key {i}: an Ed25519 key of {len} bytes; it has {ED25519_KEY_BYTES}"));
+                }
+                vec![Algorithm::EdDSA]
+            }
             AlgorithmParameters::OctetKeyPair(_) => return Err(format!("key {i}: only Ed25519 key pairs")),
-            AlgorithmParameters::OctetKey(_) => HMAC_ALGS.to_vec(),
+            AlgorithmParameters::OctetKey(oct) => {
+                let len = base64url_len(&oct.value).map_err(|e| format!("key {i}: k: {e}"))?;
+                if len < MIN_HMAC_SECRET_BYTES {
+                    return Err(format!("key {i}: an HMAC secret of {len} bytes; at least {MIN_HMAC_SECRET_BYTES}"));
+                }
+                HMAC_ALGS.to_vec()
+            }
             _ => return Err(format!("key {i}: an unsupported key type")),
         };
         // A key that names its algorithm may check that one only.
@@ -395,6 +471,9 @@ fn pem_keys(text: &str) -> Result<Vec<Key>, String> {
             "PUBLIC KEY" => {
                 let der = block.contents();
                 if contains(der, ED25519_OID) {
+                    if der.len() != ED25519_SPKI_BYTES {
+                        return Err(format!("block {i}: an Ed25519 key of the wrong length"));
+                    }
                     (vec![Algorithm::EdDSA], DecodingKey::from_ed_pem(one.as_bytes()))
                 } else if contains(der, P256_OID) {
                     (vec![Algorithm::ES256], DecodingKey::from_ec_pem(one.as_bytes()))
@@ -413,6 +492,26 @@ fn pem_keys(text: &str) -> Result<Vec<Key>, String> {
         return Err("no PEM block in it".into());
     }
     Ok(keys)
+}
+
+/// Whether the JWS header of `token` (its first part) has a `crit` member.
+fn names_critical(token: &str) -> bool {
+    use base64::Engine;
+    let first = token.split('.').next().unwrap_or("");
+    let Ok(json) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(first.trim_end_matches('=')) else {
+        return false;
+    };
+    serde_json::from_slice::<Map<String, Value>>(&json).is_ok_and(|header| header.contains_key("crit"))
+}
+
+/// The decoded length of a JWK's base64url member, leading zero bytes left out (an RSA
+/// modulus may carry one).
+fn base64url_len(text: &str) -> Result<usize, String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text.trim_end_matches('='))
+        .map_err(|e| format!("not base64url: {e}"))?;
+    Ok(bytes.iter().skip_while(|b| **b == 0).count())
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

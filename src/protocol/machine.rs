@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use crate::config::JwtAuth;
 use crate::presence::{session_hex, unix_ms_now, Claims, Origin, Push, Session, Touched, Traits, Will};
 use crate::proto::{
-    jittered_ms, kind, put_frame, retry_text, AuthError, CloseReason, Device, Frame, REFUSED_RETRY_BASE,
-    REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
+    jittered_ms, kind, put_frame, retry_text, AuthError, CloseReason, Device, Frame, MAX_TOKEN_BYTES,
+    REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
 use crate::protocol::command::Command;
 use crate::protocol::context::Context;
@@ -398,10 +398,24 @@ impl Machine {
     /// on under it (its expiry moves) and the client is told the new expiry; when it does
     /// not, or names another uid, the session ends as `auth_failed`. Its claims are not
     /// taken: the session's events carry its login's.
+    ///
+    /// A token is at most [`MAX_TOKEN_BYTES`], as at LOGIN, and each REFRESH (or MQTT 5
+    /// AUTH) takes a token of `--max-data-rate`'s bucket as a DATA does: checking a token
+    /// costs a signature verification, so its rate is bounded like everything a client can
+    /// repeat.
     fn refresh(&mut self, inputs: &impl Inputs, token: &[u8], out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
-        self.activity(inputs)?;
+        let now = self.activity(inputs)?;
         let Some(session) = self.session().cloned() else { return Ok(()) };
         let metrics = &self.context.metrics;
+        if token.len() > MAX_TOKEN_BYTES as usize {
+            metrics.refreshes_refused.inc();
+            let why = format!("REFRESH refused: a token of {} bytes; at most {MAX_TOKEN_BYTES}", token.len());
+            return Err((CloseReason::ProtocolError, why));
+        }
+        if let Err((reason, text)) = self.data_allowed(now) {
+            metrics.refreshes_refused.inc();
+            return Err((reason, text.replacen("DATA", "REFRESH", 1)));
+        }
         let checked = match self.check_token(inputs, session.uid(), token) {
             Ok(checked) => checked,
             Err((reason, text)) => {

@@ -63,6 +63,31 @@ with open(f"{out}/keys.pem", "w") as f:
 with open(f"{out}/secret.txt", "w") as f:
     f.write(secret + "\n")
 
+# A Keycloak-shaped set: a signing RSA key, an RSA-OAEP encryption key (`use: enc`), an EC
+# key whose key_ops allow verifying, and an RSA key whose key_ops allow encrypting only.
+signing = jwk(rsa_key, "rsa-1", "RS256")
+signing["use"] = "sig"
+encrypting = jwk(rsa_new, "enc-1", "RSA-OAEP")
+encrypting["use"] = "enc"
+ec_verify = jwk(p256, "p256")
+ec_verify["key_ops"] = ["verify"]
+encrypt_only = jwk(rsa_new, "rsa-enc")
+encrypt_only["key_ops"] = ["encrypt"]
+with open(f"{out}/keycloak.json", "w") as f:
+    json.dump({"keys": [signing, encrypting, ec_verify, encrypt_only]}, f)
+# Keys too weak to load, each in a file of its own.
+with open(f"{out}/short-secret.txt", "w") as f:
+    f.write("only-sixteen-byt\n")
+weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+with open(f"{out}/rsa1024.json", "w") as f:
+    json.dump({"keys": [jwk(weak, "weak")]}, f)
+short_ed = jwk(ed, "ed")
+short_ed["x"] = base64.urlsafe_b64encode(base64.urlsafe_b64decode(short_ed["x"] + "==")[:31]).rstrip(b"=").decode()
+with open(f"{out}/ed-short.json", "w") as f:
+    json.dump({"keys": [short_ed]}, f)
+with open(f"{out}/hs-short.json", "w") as f:
+    json.dump({"keys": [{"kty": "oct", "k": "c2hvcnQ", "kid": "hs"}]}, f)
+
 claims = {"sub": str(uid), "iss": ISS, "aud": AUD, "iat": now, "exp": now + 600}
 
 
@@ -112,4 +137,7 @@ tokens["no-uid"] = token(rsa_key, "RS256", "rsa-1", sub=None)
 tokens["too-long-ttl"] = token(rsa_key, "RS256", "rsa-1", exp=now + 10 * 24 * 3600)
 tokens["bad-signature"] = token(rsa_new, "RS256", "rsa-1")
 tokens["oversized"] = token(rsa_key, "RS256", "rsa-1", pad="x" * 4096)
+tokens["crit"] = jwt.encode(claims, rsa_key, algorithm="RS256", headers={"kid": "rsa-1", "crit": ["x-ext"], "x-ext": 1})
+tokens["nbf-string"] = token(rsa_key, "RS256", "rsa-1", nbf="tomorrow")
+tokens["iat-string"] = token(rsa_key, "RS256", "rsa-1", iat="now")
 print(json.dumps(tokens))
