@@ -282,11 +282,7 @@ async fn sighup_rereads_the_secrets_and_logs_keep_the_urls_credentials_out() {
     // The newest secret is added, and the gateway told.
     std::fs::write(&file, format!("{newest}\n{older}\n")).unwrap();
     gw.signal("HUP");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !gw.log().contains("webhook secrets read again") {
-        assert!(tokio::time::Instant::now() < deadline, "no reload logged: {}", gw.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_log("webhook secrets read again").await;
     let mut second = common::Client::connect(gw.listen).await;
     second.login(2).await;
     let after = receiver.until(is("user_online", 2)).await;
@@ -297,11 +293,7 @@ async fn sighup_rereads_the_secrets_and_logs_keep_the_urls_credentials_out() {
     let url = format!("http://user:s3cret@127.0.0.1:{closed}/hook?token=t0ken");
     let failing =
         common::process::GatewayProcess::start(&["--webhook-url", &url, "--webhook-secret-file", &file]).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !failing.log().contains("delivery failing") {
-        assert!(tokio::time::Instant::now() < deadline, "no failure logged: {}", failing.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    failing.wait_log("delivery failing").await;
     let log = [gw.log(), failing.log()].concat();
     assert!(log.to_lowercase().contains("connection refused"), "{log}");
     assert!(!log.contains("s3cret") && !log.contains("t0ken"), "{log}");

@@ -57,6 +57,15 @@ impl GatewayProcess {
         GatewayProcess { listen, admin, api, child, log }
     }
 
+    /// Waits until its log holds `needle` (panics after the tests' patience, with the log).
+    pub async fn wait_log(&self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + super::PATIENCE;
+        while !self.log().contains(needle) {
+            assert!(tokio::time::Instant::now() < deadline, "{needle:?} not logged: {}", self.log());
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// What it logged so far (empty when `IDLEGATE_TEST_LOGS` shows the log instead).
     pub fn log(&self) -> String {
         self.log.as_ref().map(|f| std::fs::read_to_string(f.path()).unwrap_or_default()).unwrap_or_default()
