@@ -77,6 +77,12 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   function e.now()
     return now
   end
+  -- The time the next event is logged at, in ms: its id's. Never less than an earlier
+  -- event's, whatever the nodes' clocks say: user events are stamped with it, so a uid's
+  -- `at_ms` never goes back when one node's writes reach Redis late (issue 48).
+  function e.stamp()
+    return string.format('%d', math.max(now, ms))
+  end
   function e.save()
     local len = redis.call('XLEN', stream)
     while len > maxlen or bytes > maxbytes do
@@ -136,7 +142,7 @@ local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
     redis.call('ZADD', gk, ev.now() + grace_ms, uid)
     redis.call('HSET', wk, uid, r .. '|' .. at)
   else
-    ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'at', at)
+    ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'e', at, 'at', ev.stamp())
   end
   if seen_ms > 0 then
     redis.call('SET', '{idlegate}:seen:' .. uid, at, 'PX', seen_ms)
@@ -409,7 +415,7 @@ for i = from, #ARGV, 6 do
           -- It replaces the session whose end owed the user_offline: no transition.
           owed[uid] = nil
         elseif not user_back(KEYS[8], KEYS[9], uid) then
-          ev.emit('t', 'user_online', 'uid', uid, 'at', at)
+          ev.emit('t', 'user_online', 'uid', uid, 'at', ev.stamp())
         end
       end
     end
@@ -493,7 +499,7 @@ for _, uid in ipairs(due) do
   -- A uid with a session again came back without a login taking it out (only if Redis
   -- lost writes between the two): it never went offline.
   if tonumber(redis.call('HGET', KEYS[5], uid) or '0') <= 0 then
-    local stamp = string.format('%d', now)
+    local stamp = ev.stamp()
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or stamp, 'at', stamp)
     released = released + 1
   end
