@@ -27,7 +27,7 @@ use crate::cluster::{Joining, Settings};
 use crate::config::{Config, JwtAuth, Live, TlsIdentity, WebhookSecrets};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::metrics::Metrics;
-use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, Ticker};
+use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, StoreTrouble, Ticker};
 use crate::proto::{CloseReason, Transport};
 use crate::protocol::{self, Rules};
 use crate::transport::Doors;
@@ -187,7 +187,7 @@ impl Server {
     /// The HTTP side's handle.
     fn http(&self) -> Arc<http::State> {
         let store_trouble = self.backplane.clone().map(|backplane| {
-            let trouble: Arc<dyn Fn() -> Option<&'static str> + Send + Sync> = Arc::new(move || backplane.unready());
+            let trouble: Arc<dyn Fn() -> Option<StoreTrouble> + Send + Sync> = Arc::new(move || backplane.trouble());
             trouble
         });
         Arc::new(http::State {

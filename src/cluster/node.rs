@@ -22,7 +22,7 @@ use crate::cluster::relay_turn::SharedTurn;
 use crate::cluster::shared::{Cluster, Settings};
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::{Backplane, Clock, Directory, Registry, RelayTurn, Replicate};
+use crate::presence::{Backplane, Clock, Directory, Registry, RelayTurn, Replicate, StoreTrouble};
 use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
@@ -141,8 +141,8 @@ impl Backplane for Cluster {
         Box::pin(Cluster::leave(self, within))
     }
 
-    fn unready(&self) -> Option<&'static str> {
-        self.health.trouble().map(crate::cluster::store::Trouble::text)
+    fn trouble(&self) -> Option<StoreTrouble> {
+        self.health.trouble().map(|trouble| StoreTrouble { text: trouble.text(), outage: trouble.is_outage() })
     }
 
     fn directory(self: Arc<Self>) -> Arc<dyn Directory> {

@@ -17,6 +17,10 @@ use redis::Script;
 /// even if Redis's clock steps back. The stream is trimmed to `maxlen` entries and
 /// `maxbytes` bytes (field names and values plus 32 per entry), oldest first; the byte
 /// count is kept exactly because this writer trims by itself instead of `XADD MAXLEN`.
+/// Each entry's size is kept in a list beside the stream (`<stream>:sizes`, in the same
+/// order), so trimming pops sizes and cuts the stream with `XTRIM`: it costs what it trims
+/// and never reads a payload. Entries older than the list (a stream written before it
+/// existed) are read once, the old way, as they reach the front.
 ///
 /// The epoch names one unbroken history of the stream. When the hash is missing (Redis
 /// restarted empty, or a failover lost it) or a caller saw other signs of lost writes
@@ -30,6 +34,7 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   local last = redis.call('HMGET', last_key, 'ms', 'n', 'bytes', 'epoch')
   local ms, n, bytes = tonumber(last[1] or '0'), tonumber(last[2] or '0'), tonumber(last[3] or '0')
   local epoch = last[4]
+  local sizes = stream .. ':sizes'
   local function size(fields)
     local s = 32
     for i = 1, #fields do s = s + #fields[i] end
@@ -38,8 +43,10 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   local function add(fields)
     n = n + 1
     if now > ms then ms = now end
-    bytes = bytes + size(fields)
+    local b = size(fields)
+    bytes = bytes + b
     redis.call('XADD', stream, string.format('%d-%d', ms, n), unpack(fields))
+    redis.call('RPUSH', sizes, b)
   end
   local e = {}
   local renewed = false
@@ -85,22 +92,44 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   end
   function e.save()
     local len = redis.call('XLEN', stream)
-    while len > maxlen or bytes > maxbytes do
-      local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', 128)
-      if #old == 0 then
-        bytes = 0
-        break
-      end
+    local known = redis.call('LLEN', sizes)
+    if known > len then
+      -- Sizes of entries no longer in the stream (it was cut some other way): the list
+      -- keeps the newest `len`, one per entry.
+      redis.call('LTRIM', sizes, known - len, -1)
+      known = len
+    end
+    local over = function() return len > maxlen or bytes > maxbytes end
+    -- The oldest entries without a size in the list, read and deleted the old way.
+    while over() and len > known do
+      local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', math.min(128, len - known))
+      if #old == 0 then break end
       local ids = {}
       for _, entry in ipairs(old) do
-        if len <= maxlen and bytes <= maxbytes then break end
+        if not over() then break end
         ids[#ids + 1] = entry[1]
         bytes = bytes - size(entry[2])
         len = len - 1
       end
       redis.call('XDEL', stream, unpack(ids))
     end
-    if bytes < 0 then bytes = 0 end
+    -- Then the rest from the sizes alone: the count's excess at once, then one at a time
+    -- while the bytes are over (an entry or two per batch at the cap).
+    local keep = len
+    if keep > maxlen then
+      for _, b in ipairs(redis.call('LPOP', sizes, keep - maxlen) or {}) do
+        bytes = bytes - tonumber(b)
+      end
+      keep = maxlen
+    end
+    while bytes > maxbytes and keep > 0 do
+      local b = redis.call('LPOP', sizes)
+      if not b then break end
+      bytes = bytes - tonumber(b)
+      keep = keep - 1
+    end
+    if keep < len then redis.call('XTRIM', stream, 'MAXLEN', keep) end
+    if keep == 0 or bytes < 0 then bytes = 0 end
     redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch)
   end
   return e
@@ -890,6 +919,48 @@ mod tests {
     }
 
     const S: &str = "000000000000000a";
+
+    /// Logs `count` events of `payload` through the emitter under caps of `maxlen` entries
+    /// and `maxbytes` bytes; returns the stream's length, its byte count, and its sizes
+    /// list's length and sum.
+    fn emit(redis: &Redis, count: usize, payload: &str, maxlen: usize, maxbytes: usize) -> [u64; 4] {
+        let script = format!(
+            "{EMIT}\nlocal ev = emitter(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) \
+             for i = 1, tonumber(ARGV[3]) do ev.emit('t', 'data', 'p', ARGV[4]) end ev.save() \
+             local sum = 0 for _, b in ipairs(redis.call('LRANGE', KEYS[1] .. ':sizes', 0, -1)) do sum = sum + b end \
+             return {{redis.call('XLEN', KEYS[1]), redis.call('HGET', KEYS[2], 'bytes'), \
+             redis.call('LLEN', KEYS[1] .. ':sizes'), sum}}"
+        );
+        let (maxlen, maxbytes, count) = (maxlen.to_string(), maxbytes.to_string(), count.to_string());
+        let args = ["EVAL", &script, "2", keys::EVENTS, keys::EVENTS_LAST, &maxlen, &maxbytes, &count, payload];
+        let raw = redis.cli(&args);
+        let out: Vec<u64> = raw.lines().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("{raw}"))).collect();
+        out.try_into().unwrap()
+    }
+
+    /// Issue 48, defect 3: trimming read the 128 oldest entries, payloads included, to trim
+    /// one or two. Each entry's size now sits in a list beside the stream, and trimming
+    /// pops sizes and cuts with `XTRIM`: the count and the bytes stay exact at either cap,
+    /// and a stream written before the list existed is trimmed the old way at its front.
+    #[test]
+    fn trimming_keeps_the_stream_its_sizes_and_its_byte_count_in_step() {
+        let Some(redis) = Redis::start() else { return };
+        // 132 bytes an entry: 32, `t`, `data`, `p` and the payload of 94.
+        let payload = "x".repeat(94);
+        // The count cap: 10 entries (the epoch entry among the first).
+        let [len, bytes, sizes, sum] = emit(&redis, 25, &payload, 10, 1 << 30);
+        assert_eq!((len, sizes), (10, 10));
+        assert_eq!((bytes, sum), (10 * 132, 10 * 132));
+        // The byte cap: 5 entries' worth.
+        let [len, bytes, sizes, sum] = emit(&redis, 3, &payload, 1000, 5 * 132);
+        assert_eq!((len, sizes, bytes, sum), (5, 5, 5 * 132, 5 * 132));
+        // A stream from before the list: its entries have no size listed; the newest do.
+        redis.cli(&["DEL", &format!("{}:sizes", keys::EVENTS)]);
+        let [len, bytes, sizes, _] = emit(&redis, 2, &payload, 1000, 4 * 132);
+        assert_eq!((len, bytes, sizes), (4, 4 * 132, 2), "the unlisted oldest went first");
+        let [len, bytes, sizes, sum] = emit(&redis, 3, &payload, 3, 1 << 30);
+        assert_eq!((len, sizes, bytes, sum), (3, 3, 3 * 132, 3 * 132));
+    }
 
     fn datum(p: &str) -> [&str; 6] {
         ["D", "7", S, p, "1001", ""]

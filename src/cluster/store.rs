@@ -80,6 +80,12 @@ impl Trouble {
         }
     }
 
+    /// An outage of Redis itself (or of the way to it), which the other nodes see too:
+    /// waiting fixes it, and the node serves clients alone meanwhile.
+    pub(crate) fn is_outage(self) -> bool {
+        matches!(self, Trouble::Unreachable | Trouble::Replicas)
+    }
+
     /// A refusal, not an outage: waiting does not fix it, someone must.
     pub(crate) fn is_refusal(self) -> bool {
         matches!(self, Trouble::Auth | Trouble::Permission)

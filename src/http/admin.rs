@@ -49,18 +49,25 @@ async fn healthz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 /// 200 while accepting clients, 503 once draining, so a load balancer stops sending new ones.
-/// In a cluster, 503 too while the node cannot use Redis (unreachable, or the credentials
-/// or the ACL user of `--redis` refused), the reason in the body: the node still serves
-/// and expires the clients it has, but the others cannot see them, nor it theirs, so a
-/// balancer should send new clients to a node that can.
+/// In a cluster, 503 too while Redis refuses this node (the credentials or the ACL user of
+/// `--redis`, an error answer): the reason in the body, so a balancer sends new clients to
+/// nodes that work. During an outage of Redis itself (unreachable, replicas behind), which
+/// every node sees, the node stays ready and says so in the body: it serves and expires its
+/// clients alone and queues their presence changes, and taking every node out of the
+/// balancer would refuse every client for nothing.
 async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     if shared.health.expiry_stopped() {
         (StatusCode::SERVICE_UNAVAILABLE, "expiry stopped\n".to_string())
     } else if shared.health.draining.is_cancelled() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n".to_string())
-    } else if let Some(why) = shared.health.store_trouble() {
-        let body = format!("not ready: {why}; serving the clients it has, presence changes queued\n");
-        (StatusCode::SERVICE_UNAVAILABLE, body)
+    } else if let Some(trouble) = shared.health.store_trouble() {
+        let why = trouble.text;
+        if trouble.outage {
+            (StatusCode::OK, format!("ready, alone: {why}; serving clients, presence changes queued\n"))
+        } else {
+            let body = format!("not ready: {why}; serving the clients it has, presence changes queued\n");
+            (StatusCode::SERVICE_UNAVAILABLE, body)
+        }
     } else {
         (StatusCode::OK, "ready\n".to_string())
     }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, TlsIdentity};
 use crate::metrics::Metrics;
-use crate::presence::{Clock, Directory};
+use crate::presence::{Clock, Directory, StoreTrouble};
 
 /// Most bytes of event-stream chunks all consumers together hold: 64 consumers' worth of
 /// the largest chunk. Past it, consumers take turns instead of adding memory.
@@ -40,7 +40,7 @@ pub(crate) struct Health {
     /// Cancelled when shutdown begins.
     pub(crate) draining: CancellationToken,
     /// Why the cluster's store cannot be used now, while it cannot; `None` alone.
-    pub(crate) store_trouble: Option<Arc<dyn Fn() -> Option<&'static str> + Send + Sync>>,
+    pub(crate) store_trouble: Option<Arc<dyn Fn() -> Option<StoreTrouble> + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -83,7 +83,7 @@ impl Health {
     }
 
     /// Why the cluster's store cannot be used now (never alone).
-    pub(crate) fn store_trouble(&self) -> Option<&'static str> {
+    pub(crate) fn store_trouble(&self) -> Option<StoreTrouble> {
         self.store_trouble.as_ref().and_then(|trouble| trouble())
     }
 }

@@ -24,14 +24,27 @@ pub(crate) trait Backplane: Send + Sync + Debug {
     fn leave(&self, within: Duration) -> BoxFuture<'_, ()>;
 
     /// Why the store cannot be used now (unreachable, credentials or ACL refused), while it
-    /// cannot: readiness answers 503 with it.
-    fn unready(&self) -> Option<&'static str>;
+    /// cannot: readiness says so (503 for a refusal, see [`StoreTrouble`]).
+    fn trouble(&self) -> Option<StoreTrouble>;
 
     /// The backend API's view of every node.
     fn directory(self: Arc<Self>) -> Arc<dyn Directory>;
 
     /// The webhook relay's turn: one node at a time relays the shared stream.
     fn relay_turn(self: Arc<Self>) -> Arc<dyn RelayTurn>;
+}
+
+/// Why a cluster's store cannot be used now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreTrouble {
+    /// What readiness and the log say of it.
+    pub text: &'static str,
+    /// An outage (unreachable, replicas behind), which every node sees when the store
+    /// itself is away: the node stays ready and serves clients alone, so a Redis outage
+    /// never takes the whole cluster out of its balancer. Otherwise a refusal or a
+    /// misconfiguration of this node (credentials, ACL, an error answer): not ready, so
+    /// new clients go to nodes that work.
+    pub outage: bool,
 }
 
 /// Where the webhook relay goes on from.

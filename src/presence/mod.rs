@@ -30,7 +30,7 @@ mod shards;
 mod subscriptions;
 mod ticker;
 
-pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn};
+pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn, StoreTrouble};
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
