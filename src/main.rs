@@ -270,8 +270,9 @@ struct ServeArgs {
     /// Most events the in-memory event log keeps for consumers to resume from.
     #[arg(long, env = "IDLEGATE_EVENT_LOG_CAPACITY", default_value_t = idlegate::DEFAULT_EVENT_LOG_CAPACITY)]
     event_log_capacity: usize,
-    /// Most DATA payload bytes the event log keeps; the oldest events go first. In a cluster,
-    /// most bytes of the shared event stream in Redis (every field counted).
+    /// Most bytes the event log's events may carry (DATA payloads and topics, MQTT wills,
+    /// JWT claims); the oldest events go first. In a cluster, most bytes of the shared event
+    /// stream in Redis (every field counted).
     #[arg(long, env = "IDLEGATE_EVENT_LOG_BYTES", default_value_t = idlegate::DEFAULT_EVENT_LOG_BYTES)]
     event_log_bytes: usize,
     /// Join a cluster through Redis: redis://[:password@]host:port[/db], rediss:// for TLS,

@@ -70,6 +70,7 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() {
         "idlegate_pushes_total",
         "idlegate_events_total",
         "idlegate_event_log_events",
+        "idlegate_event_log_bytes",
         "idlegate_event_consumers",
         "idlegate_api_requests_total",
         "idlegate_connections_shed_total",

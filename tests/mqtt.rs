@@ -165,7 +165,19 @@ fn connect_v5_with(uid: &str, id: &str, keep: u16, will: Option<(&str, &[u8])>) 
         put(&mut body, payload);
     }
     put(&mut body, uid.as_bytes());
-    [&[0x10, body.len() as u8][..], &body].concat()
+    // The remaining length as MQTT's variable-length integer (a large will needs more than
+    // one byte).
+    let mut packet = vec![0x10];
+    let mut left = body.len();
+    loop {
+        let byte = (left % 128) as u8;
+        left /= 128;
+        packet.push(if left > 0 { byte | 0x80 } else { byte });
+        if left == 0 {
+            break;
+        }
+    }
+    [packet, body].concat()
 }
 
 /// A connection that sent `connect` and was accepted (CONNACK 0).
@@ -314,6 +326,29 @@ async fn a_publish_s_topic_rides_in_its_data_event_and_across_a_cluster() {
     for mut node in nodes {
         node.shutdown().await;
     }
+}
+
+/// Issue 48, defect 6: `--event-log-bytes` counted DATA payloads only: 20,000 dropped
+/// sessions with 5 KB wills held 102 MiB past a 1 MiB bound. Now every byte an event holds
+/// counts, wills included, and the oldest events go to keep the bound.
+#[tokio::test]
+async fn wills_count_against_the_event_logs_byte_bound() {
+    const BOUND: usize = 64 * 1024;
+    let mut server = TestServer::start(Config { event_log_bytes: BOUND, ..config() }).await;
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=offline", &[]).await;
+    let payload = vec![b'w'; 5_000];
+    for uid in 100..140u64 {
+        let dropped = session(server.mqtt, &connect_v5_will(&uid.to_string(), "", 60, "status/gone", &payload)).await;
+        drop(dropped);
+        let offline = events.expect("offline", uid).await;
+        assert_eq!(offline.data["will"]["payload"], json!(BASE64.encode(&payload)));
+    }
+    let (_, metrics) = server.admin_get("/metrics").await;
+    let bytes = common::sample(&metrics, "idlegate_event_log_bytes").expect("the gauge");
+    let held = common::sample(&metrics, "idlegate_event_log_events").expect("the gauge");
+    assert!(bytes <= BOUND as f64, "{bytes} bytes held");
+    assert!(held < 40.0, "the oldest events went: {held} held of 80");
+    server.shutdown().await;
 }
 
 #[tokio::test]

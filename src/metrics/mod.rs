@@ -159,6 +159,7 @@ pub struct Metrics {
     events: Vec<IntCounter>,
     /// Events the event log holds now.
     pub event_log_events: IntGauge,
+    pub event_log_bytes: IntGauge,
     /// Consumers following the event stream now.
     pub event_consumers: IntGauge,
     api_requests: IntCounterVec,
@@ -434,6 +435,10 @@ impl Metrics {
         reg(Box::new(events_vec.clone()));
         let events = EventKind::ALL.iter().map(|k| events_vec.with_label_values(&[k.name()])).collect();
         let event_log_events = gauge("idlegate_event_log_events", "events the in-memory event log holds");
+        let event_log_bytes = gauge(
+            "idlegate_event_log_bytes",
+            "bytes the in-memory event log's events carry (payloads, topics, wills, claims), which --event-log-bytes bounds",
+        );
         let event_consumers = gauge("idlegate_event_consumers", "consumers following /v1/events now");
         let api_requests = IntCounterVec::new(
             Opts::new("idlegate_api_requests_total", "backend API requests, by route and status code"),
@@ -558,6 +563,7 @@ impl Metrics {
             pushes_unsubscribed,
             events,
             event_log_events,
+            event_log_bytes,
             event_consumers,
             api_requests,
             api_latency,

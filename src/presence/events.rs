@@ -552,8 +552,9 @@ impl EventLog {
 
     /// Releases the lock and, when the events live here, wakes consumers waiting for news.
     fn recorded(&self, inner: MutexGuard<'_, Ordered>) {
-        let Some(held) = inner.record.local().map(LocalLog::len) else { return };
+        let Some((held, bytes)) = inner.record.local().map(|log| (log.len(), log.bytes())) else { return };
         self.metrics.event_log_events.set(held as i64);
+        self.metrics.event_log_bytes.set(bytes as i64);
         drop(inner);
         if self.consumers.load(Ordering::Relaxed) > 0 {
             self.appended.notify_waiters();

@@ -4,7 +4,8 @@
 //!
 //! Each consumer keeps its own position (a sequence number), so a consumer that stops
 //! reading costs nothing: the log drops its oldest events once it holds `capacity` events
-//! or `max_bytes` of payload, and that consumer later learns how many it missed.
+//! or `max_bytes` of what they carry (payloads and topics, wills, claims, origins: every
+//! byte a client or a token decides), and that consumer later learns how many it missed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ pub(crate) struct LocalLog {
     events: VecDeque<Logged>,
     /// Sequence number the next event gets.
     next_seq: u64,
-    /// Payload bytes held.
+    /// Bytes the held events carry beyond their fixed part ([`Logged::held_bytes`]).
     bytes: usize,
     capacity: usize,
     max_bytes: usize,
@@ -122,10 +123,21 @@ impl Logged {
         matches!(self.kept, Kept::Online { first: true, .. } | Kept::Offline { last: true, .. })
     }
 
-    fn payload_len(&self) -> usize {
+    /// What it carries beyond its fixed part, each counted where it is kept: a data event's
+    /// topic and payload, an MQTT will's topic and payload, a JWT's claims (shared with the
+    /// session while it lives, and counted here all the same: the log may outlive it), a
+    /// boxed origin. The fixed part is bounded by `capacity`.
+    fn held_bytes(&self) -> usize {
+        let claims = |claims: &Option<Arc<Claims>>| claims.as_ref().map_or(0, |c| c.as_json().len());
         match &self.kept {
             Kept::Data { bytes, .. } => bytes.len(),
-            _ => 0,
+            Kept::Online { claims: c, origin, .. } => {
+                claims(c) + origin.as_ref().map_or(0, |_| std::mem::size_of::<Origin>())
+            }
+            Kept::Offline { will, claims: c, .. } => {
+                claims(c) + will.as_ref().map_or(0, |w| std::mem::size_of::<Will>() + w.topic.len() + w.payload.len())
+            }
+            Kept::UserOffline { .. } => 0,
         }
     }
 }
@@ -133,7 +145,7 @@ impl Logged {
 // === impl LocalLog ===
 
 impl LocalLog {
-    /// An empty log holding at most `capacity` events and `max_bytes` of payload.
+    /// An empty log holding at most `capacity` events and `max_bytes` of what they carry.
     pub(crate) fn new(capacity: usize, max_bytes: usize) -> LocalLog {
         LocalLog { events: VecDeque::new(), next_seq: 1, bytes: 0, capacity: capacity.max(1), max_bytes }
     }
@@ -143,15 +155,20 @@ impl LocalLog {
         self.events.len()
     }
 
+    /// Bytes the held events carry, which `max_bytes` bounds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Appends an event under the next sequence number, dropping the oldest past the bounds.
     pub(crate) fn append(&mut self, at_ms: u64, uid: u64, kept: Kept) {
         let event = Logged { at_ms, uid, kept };
         self.next_seq += 1;
-        self.bytes += event.payload_len();
+        self.bytes += event.held_bytes();
         self.events.push_back(event);
         while self.events.len() > self.capacity || self.bytes > self.max_bytes {
             match self.events.pop_front() {
-                Some(dropped) => self.bytes -= dropped.payload_len(),
+                Some(dropped) => self.bytes -= dropped.held_bytes(),
                 None => break,
             }
         }
@@ -228,6 +245,43 @@ mod footprint {
         assert_eq!((payload.as_ref(), topic.as_deref()), (&b"21.5"[..], Some("sensors/\u{fc}")));
         let without = logged(Kept::data(Bytes::from_static(b"x"), None)).event(id);
         assert!(matches!(without.what, What::Data { topic: None, .. }), "{without:?}");
+    }
+}
+
+#[cfg(test)]
+mod bound {
+    use super::*;
+
+    /// Issue 48, defect 6: `--event-log-bytes` counted DATA payloads only, so 20,000
+    /// dropped MQTT sessions with 5 KB wills held 102 MiB past a 1 MiB bound. Wills and
+    /// claims count now, and the oldest events go to keep the bound.
+    #[test]
+    fn wills_and_claims_count_against_the_byte_bound() {
+        const BOUND: usize = 64 * 1024;
+        let mut log = LocalLog::new(1_000_000, BOUND);
+        let claims = Some(Arc::new(Claims::from_json(format!(r#"{{"name":"{}"}}"#, "a".repeat(1_000)))));
+        for session in 0..200u64 {
+            let origin = Some(Box::new(Origin::default()));
+            log.append(
+                session,
+                session,
+                Kept::Online { session, device: Device::DEFAULT, first: true, claims: claims.clone(), origin },
+            );
+            let will = Some(Box::new(Will { topic: "status/gone".into(), payload: Bytes::from(vec![b'w'; 5_000]) }));
+            let offline = Kept::Offline {
+                session,
+                device: Device::DEFAULT,
+                reason: CloseReason::Disconnect,
+                last: true,
+                will,
+                claims: claims.clone(),
+            };
+            log.append(session, session, offline);
+        }
+        assert!(log.bytes <= BOUND, "{} bytes held", log.bytes);
+        assert!(log.len() < 40, "the oldest went: {} events held", log.len());
+        let held: usize = log.events.iter().map(Logged::held_bytes).sum();
+        assert_eq!(held, log.bytes, "the count is what the events hold");
     }
 }
 
