@@ -205,3 +205,34 @@ async fn a_handshake_past_the_cap_gets_decode_error() {
     assert_eq!(answer, [21, 3, 3, 0, 2, 2, 50]);
     server.shutdown().await;
 }
+
+/// Issue 48, defect 12 (a TLS conformance suite's probes): a first record over the
+/// record-size limit got `decode_error`, the handshake cap's alert, where RFC 8446 §5.1
+/// requires `record_overflow` (rustls's own server answers so); and an SSL 2.0-format
+/// ClientHello, or a first record whose header is no TLS record's, was held open until the
+/// login timeout, then closed with no alert. The record's size is now checked before the
+/// cap, and a header that is no TLS record's goes to rustls at once, which refuses it with
+/// its alert (`decode_error`), long before the login timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_record_gets_record_overflow_and_no_tls_header_is_refused_at_once() {
+    let (mut server, _ca, _dir) = server_with(Config { login_timeout: Duration::from_secs(60), ..config() }).await;
+    let Some(door) = server.tls else { return };
+    let answer = |first: &'static [u8]| async move {
+        let mut tcp = TcpStream::connect(door).await.unwrap();
+        tcp.write_all(first).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(PATIENCE, tcp.read_to_end(&mut answer)).await.expect("closed in time").unwrap();
+        answer
+    };
+    // A handshake record of 16,400 bytes (over 2^14), a ClientHello's first bytes sent.
+    assert_eq!(answer(&[22, 3, 1, 0x40, 0x10, 1, 0, 0x40, 0x0c, 3, 3]).await, [21, 3, 3, 0, 2, 2, 22]);
+    // An SSL 2.0 ClientHello (RFC 6101 appendix E.2: a two-byte length with its top bit
+    // set, MSG-CLIENT-HELLO, version 3.1, then lengths the record never fills).
+    let ssl2 = &[0x80, 0x2e, 0x01, 0x03, 0x01, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10];
+    assert_eq!(answer(ssl2).await, [21, 3, 3, 0, 2, 2, 50], "decode_error, as rustls says");
+    // Plain HTTP on the TLS door.
+    assert_eq!(answer(b"GET / HTTP/1.1\r\n").await, [21, 3, 3, 0, 2, 2, 50]);
+    // A handshake record of no length.
+    assert_eq!(answer(&[22, 3, 1, 0, 0]).await, [21, 3, 3, 0, 2, 2, 50]);
+    server.shutdown().await;
+}

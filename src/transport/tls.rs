@@ -52,6 +52,24 @@ const MAX_HANDSHAKE_HELD: usize = 8 * 1024;
 /// before the server's flight is.
 const DECODE_ERROR_ALERT: [u8; 7] = [21, 3, 3, 0, 2, 2, 50];
 
+/// The alert a record longer than a plaintext record may be ends with (RFC 8446 §5.1: more
+/// than 2^14 bytes), before the server's flight: fatal `record_overflow`, unprotected.
+const RECORD_OVERFLOW_ALERT: [u8; 7] = [21, 3, 3, 0, 2, 2, 22];
+
+/// Most bytes a plaintext record carries (RFC 8446 §5.1, RFC 5246 §6.2.1: 2^14).
+const MAX_PLAINTEXT_RECORD: usize = 16 * 1024;
+
+/// Record lengths rustls refuses in the header itself (`MAX_PAYLOAD` in its
+/// `msgs/message`): 2^14 and the 2,048 bytes TLS 1.2 allowed a ciphertext to grow.
+const MAX_RECORD_PAYLOAD: usize = 16 * 1024 + 2048;
+
+/// The record content types rustls takes (change_cipher_spec, alert, handshake,
+/// application_data, heartbeat); any other is no TLS record.
+const CONTENT_TYPES: std::ops::RangeInclusive<u8> = 20..=24;
+
+/// The content type of application data, the one record that may be empty.
+const APPLICATION_DATA: u8 = 23;
+
 /// Records rustls may still queue after it failed: its one fatal alert.
 const ALERT_RECORDS: usize = 4;
 
@@ -74,6 +92,9 @@ pub(crate) struct Handshaking {
     rustls: UnbufferedServerConnection,
     /// Records a key protects before it changes, when not the suite's own limit (tests).
     record_limit: Option<u64>,
+    /// The server's flight went out: the client's next records may be protected, and
+    /// only rustls can write an alert it reads.
+    flight_sent: bool,
 }
 
 impl std::ops::Deref for Handshaking {
@@ -99,7 +120,8 @@ impl Tls {
     /// tests that must see keys change).
     pub(crate) fn new(config: Arc<ServerConfig>, record_limit: Option<u64>) -> Result<Tls, rustls::Error> {
         debug_assert!(config.enable_secret_extraction, "the records need the traffic secrets");
-        let conn = Box::new(Handshaking { rustls: UnbufferedServerConnection::new(config)?, record_limit });
+        let rustls = UnbufferedServerConnection::new(config)?;
+        let conn = Box::new(Handshaking { rustls, record_limit, flight_sent: false });
         Ok(Tls::Handshake { conn, ready: false, held: 0 })
     }
 
@@ -120,15 +142,31 @@ fn tls_error(e: impl std::fmt::Display) -> Close {
 }
 
 /// The length of the whole record after the `held` bytes at the front of `raw`, or `None`
-/// until it has all arrived. A record that would take the handshake past
-/// [`MAX_HANDSHAKE_HELD`] ends it with `decode_error`, appended to `wire`.
-fn next_record(raw: &[u8], held: usize, wire: &mut BytesMut) -> Result<Option<usize>, Close> {
+/// until it has all arrived. In this order:
+/// - a header that is no TLS record's (an SSL 2.0 ClientHello, HTTP, noise), or one rustls
+///   refuses for its length, is handed to rustls at once (its length alone), which refuses
+///   it with its own alert, instead of waiting for a length that means nothing;
+/// - before the server's flight, a record longer than a plaintext record may be ends the
+///   handshake with `record_overflow` (RFC 8446 §5.1), appended to `wire`; after it, rustls
+///   reads a protected record whole and answers with its alert, protected;
+/// - a record that would take the handshake past [`MAX_HANDSHAKE_HELD`] (one record before
+///   the flight, or records joined into one message after it) ends it with `decode_error`.
+fn next_record(raw: &[u8], held: usize, flight_sent: bool, wire: &mut BytesMut) -> Result<Option<usize>, Close> {
     let rest = &raw[held..];
-    let announced = match rest {
-        [_, _, _, high, low, ..] => RECORD_HEADER + usize::from(u16::from_be_bytes([*high, *low])),
+    let (kind, major, len) = match rest {
+        [kind, major, _, high, low, ..] => (*kind, *major, usize::from(u16::from_be_bytes([*high, *low]))),
         _ => return Ok(None),
     };
-    if held + announced > MAX_HANDSHAKE_HELD {
+    let empty = len == 0 && kind != APPLICATION_DATA;
+    if !CONTENT_TYPES.contains(&kind) || major != 3 || empty || len >= MAX_RECORD_PAYLOAD {
+        return Ok(Some(RECORD_HEADER));
+    }
+    if !flight_sent && len > MAX_PLAINTEXT_RECORD {
+        wire.extend_from_slice(&RECORD_OVERFLOW_ALERT);
+        return Err(tls_error(format!("a record of {len} bytes, over the {MAX_PLAINTEXT_RECORD} a record may carry")));
+    }
+    let announced = RECORD_HEADER + len;
+    if held + announced > MAX_HANDSHAKE_HELD && (held > 0 || !flight_sent) {
         wire.extend_from_slice(&DECODE_ERROR_ALERT);
         return Err(tls_error(format!("a handshake of more than {MAX_HANDSHAKE_HELD} bytes")));
     }
@@ -167,7 +205,7 @@ impl Layer for Tls {
         // data) is for the records' layer under the traffic keys. Given more, rustls would
         // answer a KeyUpdate that came with the Finished itself and park the answer where
         // the hand-over drops it.
-        while let Some(len) = next_record(raw, usize::from(*held), wire)? {
+        while let Some(len) = next_record(raw, usize::from(*held), conn.flight_sent, wire)? {
             let mut end = usize::from(*held) + len;
             let mut peer_closed = false;
             let handshake_over = loop {
@@ -191,6 +229,7 @@ impl Layer for Tls {
                     }
                     ConnectionState::EncodeTlsData(mut data) => {
                         encode_into(wire, HANDSHAKE_ROOM, |room| data.encode(room).map_err(EncodeFailure::from))?;
+                        conn.flight_sent = true;
                     }
                     ConnectionState::TransmitTlsData(data) => {
                         // Queued in `wire`, which is written (or kept, in order) before
