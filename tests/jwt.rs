@@ -264,8 +264,10 @@ async fn a_providers_set_loads_its_signing_keys_only_and_weak_keys_are_refused()
     };
     let said = refused(None, Some("short-secret.txt"));
     assert!(said.contains("16 bytes; an HMAC secret has at least 32"), "{said}");
-    let said = refused(Some("rsa1024.json"), None);
-    assert!(said.contains("RSA key of 1024 bits"), "{said}");
+    for file in ["rsa1024.json", "rsa1024.pem"] {
+        let said = refused(Some(file), None);
+        assert!(said.contains("RSA key of 1024 bits"), "{file}: {said}");
+    }
     let said = refused(Some("ed-short.json"), None);
     assert!(said.contains("Ed25519 key of"), "{said}");
     let said = refused(Some("hs-short.json"), None);

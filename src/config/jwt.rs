@@ -416,7 +416,7 @@ fn jwks(text: &str) -> Result<Vec<Key>, String> {
         let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i}: {e}"))?;
         let by_type = match &jwk.algorithm {
             AlgorithmParameters::RSA(rsa) => {
-                let bits = base64url_len(&rsa.n).map_err(|e| format!("key {i}: n: {e}"))? * 8;
+                let bits = bits(&base64url(&rsa.n).map_err(|e| format!("key {i}: n: {e}"))?);
                 if bits < MIN_RSA_BITS {
                     return Err(format!("key {i}: an RSA key of {bits} bits; at least {MIN_RSA_BITS}"));
                 }
@@ -467,7 +467,13 @@ fn pem_keys(text: &str) -> Result<Vec<Key>, String> {
     for (i, block) in blocks.iter().enumerate() {
         let one = pem::encode(block);
         let (algorithms, key) = match block.tag() {
-            "RSA PUBLIC KEY" => (RSA_ALGS.to_vec(), DecodingKey::from_rsa_pem(one.as_bytes())),
+            "RSA PUBLIC KEY" => {
+                let bits = rsa_bits(block.contents(), true).map_err(|e| format!("block {i}: {e}"))?;
+                if bits < MIN_RSA_BITS {
+                    return Err(format!("block {i}: an RSA key of {bits} bits; at least {MIN_RSA_BITS}"));
+                }
+                (RSA_ALGS.to_vec(), DecodingKey::from_rsa_pem(one.as_bytes()))
+            }
             "PUBLIC KEY" => {
                 let der = block.contents();
                 if contains(der, ED25519_OID) {
@@ -480,6 +486,10 @@ fn pem_keys(text: &str) -> Result<Vec<Key>, String> {
                 } else if contains(der, P384_OID) {
                     (vec![Algorithm::ES384], DecodingKey::from_ec_pem(one.as_bytes()))
                 } else {
+                    let bits = rsa_bits(der, false).map_err(|e| format!("block {i}: {e}"))?;
+                    if bits < MIN_RSA_BITS {
+                        return Err(format!("block {i}: an RSA key of {bits} bits; at least {MIN_RSA_BITS}"));
+                    }
                     (RSA_ALGS.to_vec(), DecodingKey::from_rsa_pem(one.as_bytes()))
                 }
             }
@@ -494,6 +504,33 @@ fn pem_keys(text: &str) -> Result<Vec<Key>, String> {
     Ok(keys)
 }
 
+/// The modulus size in bits of an RSA public key's DER: PKCS#1 (`RSA PUBLIC KEY`) when
+/// `pkcs1`, else a SubjectPublicKeyInfo (`PUBLIC KEY`).
+///
+/// Read as ASN.1 only (no size limits of the `rsa` crate's own key type, which stops at
+/// 4,096 bits; the keys are verified by ring, which takes up to 8,192).
+fn rsa_bits(der: &[u8], pkcs1: bool) -> Result<usize, String> {
+    use rsa::pkcs1::der::Decode;
+    let bad = |e: rsa::pkcs1::der::Error| format!("not an RSA public key: {e}");
+    let pkcs1_der = if pkcs1 {
+        der
+    } else {
+        rsa::pkcs8::SubjectPublicKeyInfoRef::from_der(der)
+            .map_err(bad)?
+            .subject_public_key
+            .as_bytes()
+            .ok_or("not an RSA public key: its bit string is not whole bytes")?
+    };
+    let key = rsa::pkcs1::RsaPublicKey::from_der(pkcs1_der).map_err(bad)?;
+    Ok(bits(key.modulus.as_bytes()))
+}
+
+/// The size in bits of the big-endian unsigned integer `n`.
+fn bits(n: &[u8]) -> usize {
+    let leading = n.iter().take_while(|b| **b == 0).count();
+    n.get(leading).map_or(0, |top| (n.len() - leading - 1) * 8 + (8 - top.leading_zeros() as usize))
+}
+
 /// Whether the JWS header of `token` (its first part) has a `crit` member.
 fn names_critical(token: &str) -> bool {
     use base64::Engine;
@@ -504,14 +541,17 @@ fn names_critical(token: &str) -> bool {
     serde_json::from_slice::<Map<String, Value>>(&json).is_ok_and(|header| header.contains_key("crit"))
 }
 
-/// The decoded length of a JWK's base64url member, leading zero bytes left out (an RSA
-/// modulus may carry one).
-fn base64url_len(text: &str) -> Result<usize, String> {
+/// A JWK's base64url member, decoded.
+fn base64url(text: &str) -> Result<Vec<u8>, String> {
     use base64::Engine;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(text.trim_end_matches('='))
-        .map_err(|e| format!("not base64url: {e}"))?;
-    Ok(bytes.iter().skip_while(|b| **b == 0).count())
+        .map_err(|e| format!("not base64url: {e}"))
+}
+
+/// The decoded length of a JWK's base64url member.
+fn base64url_len(text: &str) -> Result<usize, String> {
+    base64url(text).map(|bytes| bytes.len())
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

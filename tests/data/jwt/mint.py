@@ -81,6 +81,8 @@ with open(f"{out}/short-secret.txt", "w") as f:
 weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
 with open(f"{out}/rsa1024.json", "w") as f:
     json.dump({"keys": [jwk(weak, "weak")]}, f)
+with open(f"{out}/rsa1024.pem", "w") as f:
+    f.write(public_pem(weak))
 short_ed = jwk(ed, "ed")
 short_ed["x"] = base64.urlsafe_b64encode(base64.urlsafe_b64decode(short_ed["x"] + "==")[:31]).rstrip(b"=").decode()
 with open(f"{out}/ed-short.json", "w") as f:
