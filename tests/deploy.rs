@@ -79,6 +79,8 @@ async fn the_scratch_image_builds_and_serves_from_its_own_root_filesystem() {
     for port in ["7070/tcp", "7071/tcp", "7072/tcp"] {
         assert!(config["ExposedPorts"].get(port).is_some(), "{port} not exposed: {config}");
     }
+    // Issue 48: the command reads the file a deployment mounts over the shipped one.
+    assert_eq!(config["Cmd"], serde_json::json!(["serve", "--config", "/etc/idlegate/idlegate.toml"]), "{config}");
     let health = inspected.to_string();
     assert!(health.contains(r#""/usr/bin/idlegate","healthcheck""#), "no HEALTHCHECK through the binary: {health}");
 

@@ -35,6 +35,8 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   local ms, n, bytes = tonumber(last[1] or '0'), tonumber(last[2] or '0'), tonumber(last[3] or '0')
   local epoch = last[4]
   local sizes = stream .. ':sizes'
+  -- The sizes of the entries this script added, listed in one call by `save`.
+  local added = {}
   local function size(fields)
     local s = 32
     for i = 1, #fields do s = s + #fields[i] end
@@ -46,7 +48,7 @@ local function emitter(stream, last_key, maxlen, maxbytes)
     local b = size(fields)
     bytes = bytes + b
     redis.call('XADD', stream, string.format('%d-%d', ms, n), unpack(fields))
-    redis.call('RPUSH', sizes, b)
+    added[#added + 1] = b
   end
   local e = {}
   local renewed = false
@@ -91,7 +93,17 @@ local function emitter(stream, last_key, maxlen, maxbytes)
     return string.format('%d', math.max(now, ms))
   end
   function e.save()
+    -- In pieces: Lua passes at most a few thousand values to one call.
+    for i = 1, #added, 1000 do
+      redis.call('RPUSH', sizes, unpack(added, i, math.min(i + 999, #added)))
+    end
+    added = {}
     local len = redis.call('XLEN', stream)
+    local over = function() return len > maxlen or bytes > maxbytes end
+    if not over() then
+      redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch)
+      return
+    end
     local known = redis.call('LLEN', sizes)
     if known > len then
       -- Sizes of entries no longer in the stream (it was cut some other way): the list
@@ -99,7 +111,6 @@ local function emitter(stream, last_key, maxlen, maxbytes)
       redis.call('LTRIM', sizes, known - len, -1)
       known = len
     end
-    local over = function() return len > maxlen or bytes > maxbytes end
     -- The oldest entries without a size in the list, read and deleted the old way.
     while over() and len > known do
       local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', math.min(128, len - known))
