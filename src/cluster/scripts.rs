@@ -31,11 +31,18 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   maxlen, maxbytes = tonumber(maxlen), tonumber(maxbytes)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local last = redis.call('HMGET', last_key, 'ms', 'n', 'bytes', 'epoch')
+  local last = redis.call('HMGET', last_key, 'ms', 'n', 'bytes', 'epoch', 'sized')
   local ms, n, bytes = tonumber(last[1] or '0'), tonumber(last[2] or '0'), tonumber(last[3] or '0')
   local epoch = last[4]
+  -- The sizes of the newest `sized` entries, oldest first: a list whose elements are the
+  -- sizes one call added (one element a call, however many it added), each as four bytes,
+  -- big-endian: packing is far cheaper than formatting numbers as text in Lua.
   local sizes = stream .. ':sizes'
-  -- The sizes of the entries this script added, listed in one call by `save`.
+  local sized = tonumber(last[5] or '0')
+  -- Nothing known to be listed (the first call, a stream from before the list, or a hash
+  -- Redis lost): whatever the list holds describes nothing.
+  if sized == 0 then redis.call('DEL', sizes) end
+  -- The sizes of the entries this script added, listed in one element by `save`.
   local added = {}
   local function size(fields)
     local s = 32
@@ -92,56 +99,77 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   function e.stamp()
     return string.format('%d', math.max(now, ms))
   end
-  function e.save()
-    -- In pieces: Lua passes at most a few thousand values to one call.
-    for i = 1, #added, 1000 do
-      redis.call('RPUSH', sizes, unpack(added, i, math.min(i + 999, #added)))
+  -- Takes sizes from the front of the list while `more(taken)` holds, taking each from
+  -- `bytes`; returns how many it took. Reads only the elements it takes from, and writes
+  -- back the rest of the last one.
+  local function take_sizes(more)
+    local taken = 0
+    while more(taken) do
+      local head = redis.call('LINDEX', sizes, 0)
+      if not head then break end
+      local rest = nil
+      for at = 1, #head, 4 do
+        if not more(taken) then
+          rest = string.sub(head, at)
+          break
+        end
+        bytes = bytes - struct.unpack('>I4', head, at)
+        taken = taken + 1
+      end
+      if rest then
+        redis.call('LSET', sizes, 0, rest)
+        break
+      end
+      redis.call('LPOP', sizes)
     end
-    added = {}
+    sized = sized - taken
+    return taken
+  end
+  function e.save()
+    if #added > 0 then
+      -- In pieces: Lua passes at most a few thousand values to one call.
+      local packed = {}
+      for i = 1, #added, 1000 do
+        local j = math.min(i + 999, #added)
+        packed[#packed + 1] = struct.pack('>' .. string.rep('I4', j - i + 1), unpack(added, i, j))
+      end
+      redis.call('RPUSH', sizes, table.concat(packed))
+      sized = sized + #added
+      added = {}
+    end
     local len = redis.call('XLEN', stream)
     local over = function() return len > maxlen or bytes > maxbytes end
-    if not over() then
-      redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch)
-      return
-    end
-    local known = redis.call('LLEN', sizes)
-    if known > len then
-      -- Sizes of entries no longer in the stream (it was cut some other way): the list
-      -- keeps the newest `len`, one per entry.
-      redis.call('LTRIM', sizes, known - len, -1)
-      known = len
-    end
-    -- The oldest entries without a size in the list, read and deleted the old way.
-    while over() and len > known do
-      local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', math.min(128, len - known))
-      if #old == 0 then break end
-      local ids = {}
-      for _, entry in ipairs(old) do
-        if not over() then break end
-        ids[#ids + 1] = entry[1]
-        bytes = bytes - size(entry[2])
-        len = len - 1
+    if over() then
+      -- Sizes of entries no longer in the stream (it was cut some other way).
+      if sized > len then
+        local gone = sized - len
+        take_sizes(function(taken) return taken < gone end)
       end
-      redis.call('XDEL', stream, unpack(ids))
-    end
-    -- Then the rest from the sizes alone: the count's excess at once, then one at a time
-    -- while the bytes are over (an entry or two per batch at the cap).
-    local keep = len
-    if keep > maxlen then
-      for _, b in ipairs(redis.call('LPOP', sizes, keep - maxlen) or {}) do
-        bytes = bytes - tonumber(b)
+      -- The oldest entries without a listed size, read and deleted the old way.
+      while over() and len > sized do
+        local old = redis.call('XRANGE', stream, '-', '+', 'COUNT', math.min(128, len - sized))
+        if #old == 0 then break end
+        local ids = {}
+        for _, entry in ipairs(old) do
+          if not over() then break end
+          ids[#ids + 1] = entry[1]
+          bytes = bytes - size(entry[2])
+          len = len - 1
+        end
+        redis.call('XDEL', stream, unpack(ids))
       end
-      keep = maxlen
+      -- Then from the sizes alone, and the stream cut to what is left in one `XTRIM`.
+      local cut = take_sizes(function(taken)
+        local left = len - taken
+        return left > maxlen or (bytes > maxbytes and left > 0)
+      end)
+      if cut > 0 then
+        len = len - cut
+        redis.call('XTRIM', stream, 'MAXLEN', len)
+      end
+      if len == 0 or bytes < 0 then bytes = 0 end
     end
-    while bytes > maxbytes and keep > 0 do
-      local b = redis.call('LPOP', sizes)
-      if not b then break end
-      bytes = bytes - tonumber(b)
-      keep = keep - 1
-    end
-    if keep < len then redis.call('XTRIM', stream, 'MAXLEN', keep) end
-    if keep == 0 or bytes < 0 then bytes = 0 end
-    redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch)
+    redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch, 'sized', sized)
   end
   return e
 end
@@ -932,15 +960,18 @@ mod tests {
     const S: &str = "000000000000000a";
 
     /// Logs `count` events of `payload` through the emitter under caps of `maxlen` entries
-    /// and `maxbytes` bytes; returns the stream's length, its byte count, and its sizes
-    /// list's length and sum.
+    /// and `maxbytes` bytes; returns the stream's length, its byte count, and the number and
+    /// the sum of the sizes listed (checked against the count the hash keeps).
     fn emit(redis: &Redis, count: usize, payload: &str, maxlen: usize, maxbytes: usize) -> [u64; 4] {
         let script = format!(
             "{EMIT}\nlocal ev = emitter(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) \
              for i = 1, tonumber(ARGV[3]) do ev.emit('t', 'data', 'p', ARGV[4]) end ev.save() \
-             local sum = 0 for _, b in ipairs(redis.call('LRANGE', KEYS[1] .. ':sizes', 0, -1)) do sum = sum + b end \
-             return {{redis.call('XLEN', KEYS[1]), redis.call('HGET', KEYS[2], 'bytes'), \
-             redis.call('LLEN', KEYS[1] .. ':sizes'), sum}}"
+             local sum, listed = 0, 0 \
+             for _, e in ipairs(redis.call('LRANGE', KEYS[1] .. ':sizes', 0, -1)) do \
+               for at = 1, #e, 4 do sum = sum + struct.unpack('>I4', e, at) listed = listed + 1 end \
+             end \
+             assert(listed == tonumber(redis.call('HGET', KEYS[2], 'sized'))) \
+             return {{redis.call('XLEN', KEYS[1]), redis.call('HGET', KEYS[2], 'bytes'), listed, sum}}"
         );
         let (maxlen, maxbytes, count) = (maxlen.to_string(), maxbytes.to_string(), count.to_string());
         let args = ["EVAL", &script, "2", keys::EVENTS, keys::EVENTS_LAST, &maxlen, &maxbytes, &count, payload];
@@ -966,7 +997,7 @@ mod tests {
         let [len, bytes, sizes, sum] = emit(&redis, 3, &payload, 1000, 5 * 132);
         assert_eq!((len, sizes, bytes, sum), (5, 5, 5 * 132, 5 * 132));
         // A stream from before the list: its entries have no size listed; the newest do.
-        redis.cli(&["DEL", &format!("{}:sizes", keys::EVENTS)]);
+        redis.cli(&["HDEL", keys::EVENTS_LAST, "sized"]);
         let [len, bytes, sizes, _] = emit(&redis, 2, &payload, 1000, 4 * 132);
         assert_eq!((len, bytes, sizes), (4, 4 * 132, 2), "the unlisted oldest went first");
         let [len, bytes, sizes, sum] = emit(&redis, 3, &payload, 3, 1 << 30);
