@@ -33,6 +33,7 @@ use crate::metrics::Metrics;
 use crate::presence::clock::unix_ms;
 use crate::presence::last_seen::LastSeen;
 use crate::presence::local_log::{Kept, LocalLog};
+use crate::presence::session::PackedOrigin;
 use crate::presence::{Claims, Origin, Session};
 use crate::proto::{CloseReason, Device, EventKind};
 
@@ -270,7 +271,9 @@ impl Record for LocalLog {
                 device: session.device().clone(),
                 first,
                 claims: session.claims().cloned(),
-                origin: Some(session.origin()).filter(|o| *o != Origin::default()).map(Box::new),
+                origin: Some(session.origin())
+                    .filter(|o| *o != Origin::default())
+                    .map(|o| Box::new(PackedOrigin::pack(o))),
             },
         );
     }

@@ -37,6 +37,8 @@ pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, Online
 pub use event_json::write_data as write_event_data;
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
 pub use last_seen::LastSeen;
+#[cfg(test)]
+pub(crate) use local_log::kept_online_event_bytes;
 pub use outbox::{Outboxes, Push, Pushed, Reach};
 pub use registry::{Registry, Touched};
 pub use ring::{Handle, Ring, Touch};

@@ -339,4 +339,40 @@ mod footprint {
     fn size<T>(future: T) -> usize {
         std::mem::size_of_val(&future)
     }
+
+    /// What an idle logged-in connection holds in user space, pinned exactly (issue 48: an
+    /// idle connection grew by about 95 bytes over a round, and nothing noticed). A change
+    /// that grows any of these fails here, and its author updates the figure together with
+    /// the measurement in docs/BENCHMARKS.md ("What an idle connection holds") that says
+    /// why the bytes are worth it.
+    #[test]
+    fn what_an_idle_connection_holds_is_pinned() {
+        use std::mem::size_of;
+
+        use idlegate_proto::FrameCodec;
+
+        use crate::presence::{Origin, Session};
+        use crate::transport::tls::Tls;
+
+        // Its task's future, by door: the task adds tokio's 96 bytes and rounds up to
+        // 128-byte steps.
+        let futures = [
+            ("tcp", size_of::<super::Serve<tcp::Plain, FrameCodec>>(), 96),
+            ("tls", size_of::<super::Serve<Tls, FrameCodec>>(), 112),
+            ("ws", size_of::<super::Serve<tcp::Plain, ws::WebSocket>>(), 128),
+            ("mqtt", size_of::<super::Serve<tcp::Plain, mqtt::Mqtt>>(), 128),
+            ("wss", size_of::<super::Serve<Tls, ws::WebSocket>>(), 144),
+            ("mqtts", size_of::<super::Serve<Tls, mqtt::Mqtt>>(), 144),
+        ];
+        for (door, got, pinned) in futures {
+            assert_eq!(got, pinned, "the {door} door's connection future");
+        }
+        // Its session (behind an `Arc`: 16 bytes more), whose client address (`Origin`,
+        // boxed again in the event log's online event) is the latest growth.
+        assert_eq!(size_of::<Session>(), 104, "the session");
+        assert_eq!(size_of::<Origin>(), 36, "a session's door and client address");
+        // The event log keeps every online event it holds: 56 bytes inline, and a boxed
+        // packed origin (a 32-byte allocation).
+        assert_eq!(crate::presence::kept_online_event_bytes(), (56, 19), "the event log's online event");
+    }
 }
