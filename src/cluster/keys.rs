@@ -31,9 +31,11 @@ pub(crate) const USERS: &str = "{idlegate}:users";
 pub(crate) const GRACE: &str = "{idlegate}:grace";
 
 /// When a uid was last online (the end of its last session, unix ms), a key per uid with
-/// `--last-seen-ttl`: written by the script that takes the uid offline (`user_gone`).
+/// `--last-seen-ttl`: written by the node whose script took the uid offline (`user_gone`
+/// lists it), outside the control slot, so a service's monthly users spread over every
+/// shard instead of filling the one that carries every script.
 pub(crate) fn last_seen(uid: u64) -> String {
-    format!("{{idlegate}}:seen:{uid}")
+    format!("idlegate:seen:{uid}")
 }
 
 /// Hash uid -> `<reason>|<ended_ms>` of each uid in [`GRACE`]: what its `user_offline` says.
@@ -210,7 +212,6 @@ mod tests {
             EVENTS.to_string(),
             GRACE.to_string(),
             GRACE_WHY.to_string(),
-            last_seen(7),
             MEMBERS.to_string(),
             lease("m"),
             sessions("m"),
@@ -218,6 +219,10 @@ mod tests {
             reaped("m"),
         ] {
             assert!(key.starts_with("{idlegate}:"), "{key}");
+        }
+        // Per-uid keys spread over the slots.
+        for key in [route(7), last_seen(7)] {
+            assert!(!key.contains('{'), "{key}");
         }
     }
 }

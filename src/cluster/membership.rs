@@ -243,7 +243,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
 async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(String, u64, u64, u64), StoreError> {
     let script = &cluster.scripts.reap;
     let seen = cluster.high_water();
-    let (next, left, reaped, epoch, silent): (String, u64, u64, redis::Value, u64) = cluster
+    let (next, left, reaped, epoch, silent, seen): (String, u64, u64, redis::Value, u64, String) = cluster
         .call(1, |mut conn| async move {
             let answer = script
                 .key(keys::sessions(member))
@@ -271,6 +271,7 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
         })
         .await?;
     cluster.saw_epoch(keys::epoch_of(&epoch));
+    cluster.record_seen(&seen).await;
     Ok((next, left, reaped, silent))
 }
 

@@ -203,8 +203,11 @@ end
 -- RELEASE to log once the grace ran out, unless the uid logs in first (`user_back`).
 -- Redis holds it, so it outlives the node whose session ended. An ending someone chose
 -- (CloseReason::is_chosen: no reconnect is likely) is never held. Either way the uid was
--- last seen at `at`, kept for seen_ms (`--last-seen-ttl`) under its own key, in this step.
+-- last seen at `at`: listed in `seen` as `uid:at` for the caller, which writes it (for
+-- `--last-seen-ttl`) under the uid's own key, spread over the cluster's slots rather than
+-- on this one.
 local CHOSEN = {logout = true, kicked = true, token_expired = true}
+local seen = {}
 local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
   if grace_ms > 0 and not CHOSEN[r] then
     redis.call('ZADD', gk, ev.now() + grace_ms, uid)
@@ -213,7 +216,7 @@ local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'e', at, 'at', ev.stamp())
   end
   if seen_ms > 0 then
-    redis.call('SET', '{idlegate}:seen:' .. uid, at, 'PX', seen_ms)
+    seen[#seen + 1] = uid .. ':' .. at
   end
 end
 
@@ -340,13 +343,15 @@ end
 /// held in the grace set instead (`user_gone`), and a login that finds its uid there takes
 /// it out and is no `user_online` (`user_back`).
 ///
-/// Returns `{status, epoch, dropped, n}`: status -1 if the member was reaped (nothing
+/// Returns `{status, epoch, dropped, n, seen}`: status -1 if the member was reaped (nothing
 /// changed), 0 for a batch already applied (a retry after a lost reply), 1 applied, 2
 /// applied but the applied marker was behind what the member had applied or the stream's
 /// number behind what the node saw: Redis lost writes. `n` is the last event number. `dropped`
 /// lists, comma-separated, the `uid:session` whose data events the batch dropped because
 /// the session was no longer held (a login elsewhere took it over meanwhile): their
 /// clients must not be told their data was taken (an MQTT PUBACK), so their node ends them.
+/// `seen` lists, comma-separated, the `uid:unix ms` of each uid this batch took offline:
+/// the caller records when each was last seen, under keys spread over the cluster.
 const APPLY: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
 local last, prev, first = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[10])
@@ -542,7 +547,7 @@ end
 ev.save()
 local lost = table.concat(dropped, ',')
 redis.call('SET', dropped_key, lost)
-return {status, ev.epoch(), lost, ev.n()}
+return {status, ev.epoch(), lost, ev.n(), table.concat(seen, ',')}
 "#;
 
 /// Logs the `user_offline` of up to ARGV[1] uids whose offline grace ran out by Redis's
@@ -656,7 +661,8 @@ return 1
 /// the offline grace in ms (a `user_offline` waits it out as after any ending),
 /// `--last-seen-ttl` in ms, the stream epoch the node knows (empty for none) and the
 /// highest event number it saw in it. Returns
-/// `{next cursor, sessions left, sessions reaped, epoch, of them removed without an event}`.
+/// `{next cursor, sessions left, sessions reaped, epoch, of them removed without an event,
+/// seen}`, `seen` as `APPLY`'s.
 const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local found = scan[2]
@@ -687,7 +693,7 @@ for i = 1, #found, 2 do
   end
 end
 ev.save()
-return {scan[1], redis.call('HLEN', KEYS[1]), reaped, ev.epoch(), silent}
+return {scan[1], redis.call('HLEN', KEYS[1]), reaped, ev.epoch(), silent, table.concat(seen, ',')}
 "#;
 
 /// Refreshes a member's lease, unless the member was reaped meanwhile.

@@ -285,6 +285,29 @@ impl Cluster {
         result
     }
 
+    /// Records when each uid of `seen` (`uid:unix ms`, comma-separated: a script's list of
+    /// the uids it took offline) was last seen, each under its own key for
+    /// `--last-seen-ttl`, wherever its slot lives. A hint: a failure is logged, and the
+    /// script's work stands.
+    pub(crate) async fn record_seen(&self, seen: &str) {
+        let ttl = (self.settings.last_seen_ttl.as_millis() as u64).max(1);
+        let cmds: Vec<redis::Cmd> = seen
+            .split(',')
+            .filter_map(|pair| {
+                let (uid, at) = pair.split_once(':')?;
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(keys::last_seen(uid.parse().ok()?)).arg(at).arg("PX").arg(ttl);
+                Some(cmd)
+            })
+            .collect();
+        if cmds.is_empty() {
+            return;
+        }
+        if let Err(e) = self.send_all(cmds).await {
+            tracing::debug!(error = %e, "could not record when uids were last seen");
+        }
+    }
+
     /// Sends `cmds` together and returns their answers in order: see [`send_all`].
     pub(crate) async fn send_all(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, StoreError> {
         if cmds.is_empty() {

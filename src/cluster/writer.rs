@@ -389,7 +389,19 @@ async fn apply(
     }
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
     finish(cluster, &answer).await?;
+    cluster.record_seen(&answer_text(&answer, 4)).await;
     Ok(Applied::Written { superseded, dropped: dropped_of(&answer) })
+}
+
+/// Part `at` of a script's array answer, as text (empty when it has none).
+fn answer_text(answer: &Value, at: usize) -> String {
+    match answer {
+        Value::Array(parts) => match parts.get(at) {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    }
 }
 
 /// `replaced` (a login's route answer: `<member>|<session>|<device>` a line) with `~` before
@@ -421,12 +433,8 @@ fn data_sessions(ops: &[Op]) -> std::collections::HashSet<(u64, u64)> {
 
 /// `APPLY`'s third answer: the `uid:session` (hex) pairs whose data events it dropped.
 fn dropped_of(answer: &Value) -> Vec<(u64, u64)> {
-    let Value::Array(parts) = answer else { return Vec::new() };
-    let text = match parts.get(2) {
-        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        _ => return Vec::new(),
-    };
-    text.split(',')
+    answer_text(answer, 2)
+        .split(',')
         .filter_map(|pair| {
             let (uid, session) = pair.split_once(':')?;
             Some((uid.parse().ok()?, u64::from_str_radix(session, 16).ok()?))
