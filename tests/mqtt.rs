@@ -165,19 +165,9 @@ fn connect_v5_with(uid: &str, id: &str, keep: u16, will: Option<(&str, &[u8])>) 
         put(&mut body, payload);
     }
     put(&mut body, uid.as_bytes());
-    // The remaining length as MQTT's variable-length integer (a large will needs more than
-    // one byte).
-    let mut packet = vec![0x10];
-    let mut left = body.len();
-    loop {
-        let byte = (left % 128) as u8;
-        left /= 128;
-        packet.push(if left > 0 { byte | 0x80 } else { byte });
-        if left == 0 {
-            break;
-        }
-    }
-    [packet, body].concat()
+    // The remaining length as MQTT's variable-length integer: a large will needs more than
+    // one byte of it.
+    packet_of(0x10, &body)
 }
 
 /// A connection that sent `connect` and was accepted (CONNACK 0).
