@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,22 +22,13 @@ import time
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from gateway_process import cpu_seconds, start
+
 LOGINS = int(os.environ.get("LOGINS", "400"))
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 KEYS = [1, 8, 32]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def login(port, token):
@@ -53,18 +43,8 @@ def login(port, token):
 
 
 def run(binary, jwks, token, out, label, keys):
-    port, admin, api = free_port(), free_port(), free_port()
-    gw = subprocess.Popen(
-        [binary, "serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-         "--api-listen", f"127.0.0.1:{api}", "--jwt-key-file", jwks],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gw, port = start(binary, ["--jwt-key-file", jwks])
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                time.sleep(0.05)
         # Warm up, then measure.
         for _ in range(20):
             login(port, token)

@@ -11,44 +11,23 @@ The runs interleave (A B A B ...). Loopback only; under a minute per binary."""
 
 import os
 import socket
-import subprocess
 import sys
 import time
+
+from gateway_process import cpu_seconds, start
 
 SOCKETS = int(os.environ.get("SOCKETS", "1000"))
 SECONDS = float(os.environ.get("SECONDS", "10"))
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(label, binary, out):
-    port, admin, api = free_port(), free_port(), free_port()
-    gw = subprocess.Popen(
-        [binary, "serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-         "--api-listen", f"127.0.0.1:{api}", "--proxy-protocol", "--proxy-protocol-from", "127.0.0.2",
-         "--login-timeout", "60s", "--max-pending-logins", str(SOCKETS * 2),
-         "--max-pending-logins-per-ip", str(SOCKETS * 2)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gw, port = start(binary, [
+        "--proxy-protocol", "--proxy-protocol-from", "127.0.0.2", "--login-timeout", "60s",
+        "--max-pending-logins", str(SOCKETS * 2), "--max-pending-logins-per-ip", str(SOCKETS * 2),
+    ])
     sockets = []
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                time.sleep(0.05)
         for _ in range(SOCKETS):
             s = socket.socket()
             s.bind(("127.0.0.2", 0))

@@ -12,7 +12,8 @@ SCRIPTS_RS is a copy of src/cluster/scripts.rs (`git show REV:src/cluster/script
 Writes OUT_DIR/instructions-batch-<BATCH>.txt: one line per writer and case, the
 instructions per event.
 The cases: `below` (both caps far), `count` (a cap of 1,000 events, the stream full) and
-`bytes` (a cap of 1 MiB of 2 KiB events, full), each CALLS calls of BATCH events. Needs
+`bytes` (a cap of 1 MiB of 2 KiB events, full), each CALLS calls of BATCH events (CASES
+picks some of them, space-separated). Needs
 redis-server, redis-cli and valgrind; loopback only; a few minutes."""
 
 import os

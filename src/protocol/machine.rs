@@ -26,6 +26,10 @@ use crate::protocol::context::Context;
 /// Why a connection closes: the reason its BYE carries, and the BYE's text.
 pub(crate) type Close = (CloseReason, String);
 
+/// What a connection shed from those waiting to log in is told, in its login phase or
+/// still waiting for its PROXY header.
+pub(crate) const SHED: &str = "the oldest connection waiting to log in, shed to make room for newer ones";
+
 /// Where the machine's frames go: a transport's output.
 pub(crate) trait Out {
     fn frame(&mut self, frame: &Frame);
@@ -203,8 +207,7 @@ impl Machine {
     pub(crate) fn shed(&self, inputs: &impl Inputs) -> Close {
         self.context.metrics.shed_pending_logins.inc();
         let hint = inputs.jitter_ms(REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD);
-        let why = "the oldest connection waiting to log in, shed to make room for newer ones";
-        (CloseReason::ServerFull, retry_text(hint, why))
+        (CloseReason::ServerFull, retry_text(hint, SHED))
     }
 
     /// Called as the logged-in phase begins: shutdown ends every session in the registry,

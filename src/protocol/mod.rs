@@ -10,4 +10,4 @@ mod machine;
 
 pub(crate) use command::Command;
 pub(crate) use context::{Context, Rules};
-pub(crate) use machine::{Arriving, Close, Machine, Out, System, Wake};
+pub(crate) use machine::{Arriving, Close, Machine, Out, System, Wake, SHED};

@@ -20,7 +20,7 @@ use tokio::time::{sleep, timeout_at, Instant};
 use crate::config::{Config, ProxyProtocol};
 use crate::descriptors::{is_out_of_descriptors, Reserve};
 use crate::proto::{jittered_ms, CloseReason, Transport, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD};
-use crate::protocol::Context;
+use crate::protocol::{Context, SHED};
 use crate::transport::admission::{Admission, Refused, Ticket};
 use crate::transport::door::{Door, Speaks, DOORS};
 use crate::transport::drive::Arrival;
@@ -237,10 +237,9 @@ impl Doors {
                 let metrics = &self.context.metrics;
                 metrics.shed_pending_logins.inc();
                 metrics.closed(CloseReason::ServerFull, transport);
-                let why = "the oldest connection waiting to log in, shed to make room for newer ones";
                 drop(guard);
                 drop(ticket);
-                self.refusals.refuse(stream, transport, Bound::Server, hint(), why);
+                self.refusals.refuse(stream, transport, Bound::Server, hint(), SHED);
                 return;
             }
         };
