@@ -288,9 +288,9 @@ struct ServeArgs {
     /// [default: 10s; only with --redis].
     #[arg(long, env = "IDLEGATE_NODE_LEASE", value_parser = humantime::parse_duration, requires = "redis")]
     node_lease: Option<Duration>,
-    /// Most DATA payload bytes this node holds for Redis while Redis is away; past it the
-    /// oldest data events are dropped (never a login or an end), counted in
-    /// idlegate_redis_compacted_total and shown to event consumers as a gap.
+    /// Most bytes of DATA, MQTT wills and JWT claims this node holds for Redis while Redis
+    /// is away; past it the oldest data events are dropped (never a login or an end),
+    /// counted in idlegate_redis_compacted_total and shown to event consumers as a gap.
     #[arg(long, env = "IDLEGATE_REDIS_QUEUE_BYTES", default_value_t = idlegate::DEFAULT_REDIS_QUEUE_BYTES)]
     redis_queue_bytes: usize,
     /// Replicas that must hold a batch (Redis WAIT) before it counts as written, so a

@@ -19,6 +19,7 @@ use common::redis::{assert_paired, RedisServer, StreamEvent};
 use common::*;
 use idlegate::Config;
 use idlegate_proto::{CloseReason, Frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 /// Waits up to `limit` for `check`; panics naming `what` after.
@@ -358,6 +359,77 @@ async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
     assert_eq!(missed, dropped, "the gap says exactly what was dropped");
     gw.shutdown().await;
     assert_paired(&redis.events());
+}
+
+/// Issue 48, defect 6, in a cluster: `--redis-queue-bytes` counted DATA payloads only, so
+/// MQTT wills queued while Redis was away held memory beside a full bound of data. Now they
+/// count: with wills queued past the bound, the data goes (counted, a gap), the wills and
+/// their ends never, and `idlegate_redis_queue_bytes` says what is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wills_count_against_the_redis_queues_byte_bound() {
+    const BOUND: usize = 64 * 1024;
+    // A CONNECT is at most 6 KiB.
+    const WILL: usize = 5_000;
+    const SESSIONS: u64 = 8;
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await.unwrap();
+    let config = Config { redis_queue_bytes: BOUND, ..cluster_config(&proxy.url(), "a") };
+    let mut gw = TestServer::start(config).await;
+    wait_ready(&gw).await;
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(4).await, Frame::Welcome { .. }));
+    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    proxy.pause();
+    // The writer takes the first frame alone and waits with it: the rest stays queued.
+    c.send(Frame::Data(Bytes::from_static(b"first"))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // 20 KB of DATA: under the bound alone.
+    for _ in 0..10 {
+        c.send(Frame::Data(Bytes::from(vec![b'y'; 2_000]))).await;
+    }
+    c.ping(b"sync").await;
+    // Eight MQTT 3.1.1 sessions with 5 KB wills come and go while Redis is away: each
+    // queues its will twice (the kept copy, then its end's), 80 KB in all.
+    for uid in 10..10 + SESSIONS {
+        let mut s = tokio::net::TcpStream::connect(gw.mqtt).await.unwrap();
+        s.write_all(&connect_with_will(uid, &[b'w'; WILL])).await.unwrap();
+        let mut connack = [0u8; 4];
+        s.read_exact(&mut connack).await.unwrap();
+        assert_eq!(connack, [0x20, 2, 0, 0], "accepted");
+    }
+    let held = || async { sample(&http_get(gw.admin, "/metrics").await.1, "idlegate_redis_queue_bytes") };
+    let deadline = Instant::now() + PATIENCE;
+    while held().await.is_none_or(|b| b < (2 * SESSIONS as usize * WILL) as f64) {
+        assert!(Instant::now() < deadline, "the ends with their wills are queued and counted: {:?}", held().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dropped = sample(&http_get(gw.admin, "/metrics").await.1, "idlegate_redis_compacted_total").unwrap();
+    assert_eq!(dropped, 10.0, "the data went, counted");
+    proxy.resume();
+    let ended = |events: &[StreamEvent]| (10..10 + SESSIONS).filter(|&u| count_uid(events, u, "offline") == 1).count();
+    within(PATIENCE, "every end reaches Redis", || ended(&redis.events()) == SESSIONS as usize).await;
+    assert_eq!(redis.events().iter().filter(|e| e.kind == "data").count(), 1, "only the first");
+    gw.shutdown().await;
+    assert_paired(&redis.events());
+}
+
+/// An MQTT 3.1.1 CONNECT as `uid` (its username) with a will of `payload` on `gone/<uid>`.
+fn connect_with_will(uid: u64, payload: &[u8]) -> Vec<u8> {
+    let put = |body: &mut Vec<u8>, s: &[u8]| {
+        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        body.extend_from_slice(s);
+    };
+    // Username, will, clean session; a keepalive of 5 s, within the 10 s timeout.
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x86, 0, 5];
+    put(&mut body, b"");
+    put(&mut body, format!("gone/{uid}").as_bytes());
+    put(&mut body, payload);
+    put(&mut body, uid.to_string().as_bytes());
+    common::mqtt::packet(0x10, &body)
+}
+
+fn count_uid(events: &[StreamEvent], uid: u64, kind: &str) -> usize {
+    events.iter().filter(|e| e.uid == uid && e.kind == kind).count()
 }
 
 /// Redis too slow to take a whole batch within the response deadline still takes a big

@@ -163,9 +163,10 @@ struct Forward {
 
 impl Forward {
     fn enqueue(&self, op: Op) -> u64 {
-        let (depth, compacted, position) = self.queue.enqueue(op);
-        self.metrics.redis_queue_depth.set(depth as i64);
-        if let Some(compacted) = compacted {
+        let queued = self.queue.enqueue(op);
+        self.metrics.redis_queue_depth.set(queued.depth as i64);
+        self.metrics.redis_queue_bytes.set(queued.bytes as i64);
+        if let Some(compacted) = queued.compacted {
             self.metrics.redis_compacted.inc_by((compacted.data + 2 * compacted.sessions) as u64);
             tracing::warn!(
                 data_dropped = compacted.data,
@@ -174,7 +175,7 @@ impl Forward {
                 "Redis queue full: dropped data events (consumers see a gap) and sessions Redis never saw"
             );
         }
-        position
+        queued.position
     }
 }
 

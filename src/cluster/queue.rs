@@ -4,14 +4,18 @@
 //! and a push never waits for Redis: the per-frame path never touches the network. The
 //! writer takes batches off the front.
 //!
-//! Bounded twice: by the bytes of the data it holds (`--redis-queue-bytes`: past it the
-//! oldest data events go, nothing else), and by count: while Redis is unreachable the
+//! Bounded twice: by the bytes its changes carry (`--redis-queue-bytes`: DATA payloads and
+//! topics, MQTT wills, JWT claims; past it the oldest data events go, nothing else), and by
+//! count: while Redis is unreachable the
 //! queue grows until [`Queue::capacity`], and then compacts instead of dropping what
 //! matters. Data events go first (a realtime channel's
 //! data is worthless hours late), then sessions that began and ended while Redis was away
 //! (their online and offline cancel out: Redis never saw them, and nobody is told either).
 //! What remains is at most a login per live session and an end per session Redis knows:
 //! twice the connections at most, so the ends that keep Redis honest are never dropped.
+//! The wills and claims those carry are never dropped either: what they hold past the byte
+//! bound, once no data is left to shed, is bounded by that count (a session's will and
+//! claims at most twice).
 //!
 //! Dropped data events are counted, and the next batch tells Redis how many: the stream
 //! skips that many event numbers, so every consumer sees a gap of exactly that size.
@@ -82,10 +86,18 @@ impl Op {
         }
     }
 
-    fn payload_len(&self) -> usize {
+    /// Bytes this change carries beyond its fixed part, counted against
+    /// `--redis-queue-bytes`: a DATA frame's payload and topic, an MQTT will's topic and
+    /// payload, a JWT's claims (shared with the live session, and counted all the same: the
+    /// change may outlive it).
+    fn held_bytes(&self) -> usize {
+        let will = |will: &Will| std::mem::size_of::<Will>() + will.topic.len() + will.payload.len();
         match self {
             Op::Data { payload, topic, .. } => payload.len() + topic.as_ref().map_or(0, |t| t.len()),
-            _ => 0,
+            Op::Online { claims, .. } => claims.as_ref().map_or(0, |c| c.as_json().len()),
+            Op::Offline { will: w, .. } => w.as_deref().map_or(0, will),
+            Op::Will { will: w, .. } => will(w),
+            Op::Forget { .. } | Op::Verified => 0,
         }
     }
 }
@@ -105,7 +117,7 @@ pub(crate) struct Queue {
 #[derive(Debug, Default)]
 struct Inner {
     ops: VecDeque<Op>,
-    /// Payload bytes of the data events held.
+    /// Bytes the changes held carry ([`Op::held_bytes`]).
     bytes: usize,
     /// Data events dropped since the last batch was taken.
     dropped: u64,
@@ -128,6 +140,19 @@ pub(crate) struct Taken {
     pub lost: Vec<(u64, u64)>,
 }
 
+/// What [`Queue::enqueue`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Queued {
+    /// Changes held after it.
+    pub depth: usize,
+    /// Bytes they carry ([`Op::held_bytes`]).
+    pub bytes: usize,
+    /// What a compaction removed, if one ran.
+    pub compacted: Option<Compacted>,
+    /// The change's position (see [`Queue::applied_through`]).
+    pub position: u64,
+}
+
 /// What one compaction removed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Compacted {
@@ -138,18 +163,17 @@ pub(crate) struct Compacted {
 // === impl Queue ===
 
 impl Queue {
-    /// A queue that compacts beyond `capacity` changes and drops data beyond `max_bytes`
-    /// of payload.
+    /// A queue that compacts beyond `capacity` changes and drops data once its changes carry
+    /// more than `max_bytes`.
     pub(crate) fn new(capacity: usize, max_bytes: usize) -> Queue {
         let applied = AtomicU64::new(0);
         Queue { inner: Mutex::default(), ready: Notify::new(), capacity: capacity.max(1), max_bytes, applied }
     }
 
-    /// Appends `op`; returns the depth after it, what a compaction removed if one ran, and
-    /// the op's position (see [`Queue::applied_through`]).
-    pub(crate) fn enqueue(&self, op: Op) -> (usize, Option<Compacted>, u64) {
+    /// Appends `op`; see [`Queued`].
+    pub(crate) fn enqueue(&self, op: Op) -> Queued {
         let mut inner = self.lock();
-        inner.bytes += op.payload_len();
+        inner.bytes += op.held_bytes();
         inner.pushed += 1;
         let position = inner.pushed;
         inner.ops.push_back(op);
@@ -162,10 +186,10 @@ impl Queue {
         if let Some(c) = &compacted {
             inner.dropped += c.data as u64;
         }
-        let depth = inner.ops.len();
+        let (depth, bytes) = (inner.ops.len(), inner.bytes);
         drop(inner);
         self.ready.notify_one();
-        (depth, compacted, position)
+        Queued { depth, bytes, compacted, position }
     }
 
     /// The position through which Redis has every change (batches applied in order).
@@ -186,7 +210,7 @@ impl Queue {
         // Cut as if more followed: a login's end may be here while its login is not yet.
         let n = cut(inner.ops.make_contiguous(), max, false);
         let ops: Vec<Op> = inner.ops.drain(..n).collect();
-        inner.bytes -= ops.iter().map(Op::payload_len).sum::<usize>();
+        inner.bytes -= ops.iter().map(Op::held_bytes).sum::<usize>();
         let through = inner.pushed - inner.ops.len() as u64;
         Taken { ops, dropped: std::mem::take(&mut inner.dropped), through, lost: std::mem::take(&mut inner.lost) }
     }
@@ -202,8 +226,7 @@ impl Queue {
         inner.ops.is_empty() && inner.dropped == 0
     }
 
-    /// Payload bytes of the data events waiting now.
-    #[cfg(test)]
+    /// Bytes the changes waiting now carry ([`Op::held_bytes`]).
     pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
     }
@@ -251,8 +274,9 @@ fn note_lost(lost: &mut Vec<(u64, u64)>, op: &Op) {
     }
 }
 
-/// Drops the oldest data events until at most `keep` payload bytes are held: half the
-/// bound, so a stream of large frames sheds in few passes instead of one per frame.
+/// Drops the oldest data events until at most `keep` bytes are held, or no data is left:
+/// half the bound, so a stream of large frames sheds in few passes instead of one per
+/// frame.
 fn shed_data(inner: &mut Inner, keep: usize) -> Compacted {
     let mut data = 0;
     let mut bytes = inner.bytes;
@@ -261,7 +285,7 @@ fn shed_data(inner: &mut Inner, keep: usize) -> Compacted {
         if bytes <= keep || !matches!(op, Op::Data { .. }) {
             return true;
         }
-        bytes -= op.payload_len();
+        bytes -= op.held_bytes();
         data += 1;
         note_lost(lost, op);
         false
@@ -283,7 +307,6 @@ fn compact(inner: &mut Inner) -> Compacted {
         }
         !data
     });
-    inner.bytes = 0;
     let data = before - ops.len();
     let unseen: HashSet<u64> =
         ops.iter().filter(|op| matches!(op, Op::Online { .. })).filter_map(Op::session).collect();
@@ -295,6 +318,7 @@ fn compact(inner: &mut Inner) -> Compacted {
         .collect();
     let mid = ops.len();
     ops.retain(|op| op.session().is_none_or(|s| !ended.contains(&s)));
+    inner.bytes = ops.iter().map(Op::held_bytes).sum();
     Compacted { data, sessions: (mid - ops.len()) / 2 }
 }
 
@@ -331,7 +355,7 @@ mod tests {
     fn compaction_keeps_every_end_redis_needs_and_every_live_login() {
         let q = Queue::new(5, usize::MAX);
         // Session 1 reached Redis before the outage: only its end is here.
-        assert_eq!(q.enqueue(offline(1, 1)), (1, None, 1));
+        assert_eq!(q.enqueue(offline(1, 1)), Queued { depth: 1, bytes: 0, compacted: None, position: 1 });
         q.enqueue(online(2, 2));
         q.enqueue(Op::Data {
             uid: 2,
@@ -343,8 +367,8 @@ mod tests {
         });
         q.enqueue(offline(2, 2));
         q.enqueue(online(3, 3));
-        let (depth, compacted, _) = q.enqueue(online(4, 4));
-        assert_eq!((depth, compacted), (3, Some(Compacted { data: 1, sessions: 1 })));
+        let queued = q.enqueue(online(4, 4));
+        assert_eq!((queued.depth, queued.compacted), (3, Some(Compacted { data: 1, sessions: 1 })));
         assert_eq!(
             q.take(10),
             Taken { ops: vec![offline(1, 1), online(3, 3), online(4, 4)], dropped: 1, through: 6, lost: vec![(2, 2)] }
@@ -353,7 +377,7 @@ mod tests {
         let q = Queue::new(2, usize::MAX);
         q.enqueue(Op::Forget { uid: 5, session: 5, device: Device::DEFAULT });
         q.enqueue(Op::Verified);
-        let (_, compacted, _) = q.enqueue(online(6, 6));
+        let compacted = q.enqueue(online(6, 6)).compacted;
         assert_eq!(compacted, Some(Compacted::default()));
         assert_eq!(q.len(), 3);
     }
@@ -407,7 +431,7 @@ mod tests {
         q.enqueue(online(1, 1));
         q.enqueue(data(1));
         q.enqueue(data(2));
-        let (_, compacted, _) = q.enqueue(data(3));
+        let compacted = q.enqueue(data(3)).compacted;
         // 300 bytes > 250: the oldest data goes until at most half the bound is held.
         assert_eq!(compacted, Some(Compacted { data: 2, sessions: 0 }));
         assert_eq!(q.bytes(), 100);
@@ -417,5 +441,45 @@ mod tests {
             Taken { ops: vec![online(1, 1), data(3), offline(1, 1)], dropped: 2, through: 5, lost: vec![(1, 1)] }
         );
         assert!(q.is_drained());
+    }
+
+    #[test]
+    fn wills_and_claims_count_against_the_byte_bound() {
+        let data = |n: u8| Op::Data {
+            uid: 1,
+            session: 1,
+            device: Device::DEFAULT,
+            payload: Bytes::from(vec![n; 100]),
+            topic: Some("t/1".into()),
+            at_ms: 0,
+        };
+        let will = Box::new(Will { topic: "gone/1".into(), payload: Bytes::from(vec![7; 2_000]) });
+        let will_bytes = std::mem::size_of::<Will>() + 6 + 2_000;
+        let claims = Arc::new(Claims::from_json(format!(r#"{{"name":"{}"}}"#, "a".repeat(1_000))));
+        let claims_bytes = claims.as_json().len();
+        let q = Queue::new(100, 4_000);
+        let mut login = online(1, 1);
+        if let Op::Online { claims: c, .. } = &mut login {
+            *c = Some(claims);
+        }
+        assert_eq!(q.enqueue(login).bytes, claims_bytes);
+        q.enqueue(Op::Will { uid: 1, session: 1, device: Device::DEFAULT, will: will.clone(), at_ms: 0 });
+        q.enqueue(data(1));
+        q.enqueue(data(2));
+        assert_eq!(q.bytes(), claims_bytes + will_bytes + 2 * 103);
+        // The end's will takes the queue past its bound: the data goes, never a will or a
+        // login's claims, though they alone stay past half the bound.
+        let (uid, device, reason) = (1, Device::DEFAULT, CloseReason::Disconnect);
+        let end = Op::Offline { uid, session: 1, device, reason, last: true, will: Some(will), at_ms: 0 };
+        let queued = q.enqueue(end);
+        assert_eq!(queued.compacted, Some(Compacted { data: 2, sessions: 0 }));
+        assert_eq!(queued.bytes, claims_bytes + 2 * will_bytes);
+        assert_eq!(q.take(2).dropped, 2);
+        assert_eq!(q.bytes(), will_bytes, "a batch taken takes its bytes");
+        // A compaction counts again what it keeps.
+        let q = Queue::new(2, usize::MAX);
+        q.enqueue(data(1));
+        q.enqueue(online(2, 2));
+        assert_eq!(q.enqueue(online(3, 3)).bytes, 0);
     }
 }

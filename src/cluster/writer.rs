@@ -206,6 +206,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             cluster.health.writing.store(true, Ordering::Release);
             let taken = cluster.queue.take(MAX_BATCH);
             cluster.metrics.redis_queue_depth.set(cluster.queue.len() as i64);
+            cluster.metrics.redis_queue_bytes.set(cluster.queue.bytes() as i64);
             let first = progress.next;
             progress.next += taken.ops.len().max(1) as u64;
             held = Held { taken, done: 0, first, size: held.size };

@@ -99,8 +99,8 @@ pub const DEFAULT_EVENT_LOG_CAPACITY: usize = 1_000_000;
 /// memory; the oldest events go once their payloads pass this.
 pub const DEFAULT_EVENT_LOG_BYTES: usize = 256 * 1024 * 1024;
 
-/// Default `--redis-queue-bytes`: DATA payload a node holds for Redis while Redis is away
-/// or slow. A second of a busy node's data at 64 MiB/s; beyond it data is worth less than
+/// Default `--redis-queue-bytes`: what a node's queued changes carry for Redis (DATA,
+/// MQTT wills, JWT claims) while Redis is away or slow. A second of a busy node's data at 64 MiB/s; beyond it data is worth less than
 /// the memory, and the oldest goes first (consumers see the gap).
 pub const DEFAULT_REDIS_QUEUE_BYTES: usize = 64 * 1024 * 1024;
 

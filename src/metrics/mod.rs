@@ -170,6 +170,7 @@ pub struct Metrics {
     redis_errors: IntCounterVec,
     /// Session changes waiting to reach Redis.
     pub redis_queue_depth: IntGauge,
+    pub redis_queue_bytes: IntGauge,
     /// Session changes dropped by compaction while Redis was away.
     pub redis_compacted: IntCounter,
     /// Redis round trips (a pipeline or a group of concurrent commands is one).
@@ -472,6 +473,10 @@ impl Metrics {
         reg(Box::new(redis_errors.clone()));
         let redis_queue_depth =
             gauge("idlegate_redis_queue_depth", "session changes waiting to reach Redis (grows while it is away)");
+        let redis_queue_bytes = gauge(
+            "idlegate_redis_queue_bytes",
+            "bytes the changes waiting for Redis carry (DATA, MQTT wills, JWT claims): bounded by --redis-queue-bytes",
+        );
         let redis_compacted = counter(
             "idlegate_redis_compacted_total",
             "session changes dropped by compaction while Redis was away (data events, sessions Redis never saw)",
@@ -570,6 +575,7 @@ impl Metrics {
             redis_up,
             redis_errors,
             redis_queue_depth,
+            redis_queue_bytes,
             redis_compacted,
             redis_round_trips,
             redis_commands,
