@@ -11,7 +11,8 @@
 //! get that long to renew theirs before anyone is called dead. A node that finds it was
 //! reaped (it was cut off from Redis for longer than its lease while the others were not)
 //! ends its sessions, whose offline events were already logged, and rejoins as a new
-//! member; its clients come back after their retry hint.
+//! member; its clients come back after their retry hint. The batch that met the fence goes
+//! again under the new name (see `writer`), so its logins are announced, then ended.
 //!
 //! Reaping is fenced and resumable: the claim that names the reaper also sets the dead
 //! member's reaped marker, after which no script accepts a write under its name; each

@@ -15,7 +15,9 @@
 //!
 //! A batch counts as written once `APPLY` answered and (with `--redis-min-replicas N`)
 //! `WAIT` says N replicas hold it. `APPLY` answering "fenced" means this member was reaped:
-//! the node rejoins under a new name, and the routes the batch set are taken back.
+//! the node rejoins under a new name, the routes the batch set are taken back, and the
+//! batch goes again under the new name, so every login the node welcomed reaches the
+//! stream.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -297,12 +299,17 @@ async fn write_one(
             }
         }
         Applied::Fenced { routes } => {
-            // Nothing of the batch is in Redis: the data in it is lost with it.
-            for (uid, session) in data_sessions(ops) {
-                registry.end_session(uid, session, CloseReason::NodeLost);
-            }
+            // Nothing of the batch is in Redis, and it is not lost: it goes again, whole,
+            // under the member name the node takes now. Its logins were welcomed, and their
+            // clients may have sent data: they are announced under the new name, their data
+            // follows, and their ends (every session here ends as the node rejoins) come
+            // after it, queued behind. What the batch holds of sessions the reaper already
+            // ended (`node_lost`) finds them gone from the new member's hash and logs
+            // nothing: each session's `offline` stays exactly one. Its old routes are taken
+            // back first, so the new ones never meet them.
             cluster.rejoin(&member);
             unroute(cluster, &member, &routes, stop).await;
+            return true;
         }
     }
     cluster.queue.applied(through);
