@@ -4,7 +4,8 @@
 //! timeout), `hold_stream_readers` only the connections that have sent a Redis `XREAD` (a
 //! node's inbox and event-tail reader, while its commands go through), `throttle` carries
 //! the client's bytes at a bounded rate (a slow Redis: a big request's answer comes late),
-//! `resume` heals them all, and `switch` points new connections at another server and cuts the old ones (a
+//! `delay` carries every byte late by a fixed time, each way (a slow link: what is sent
+//! keeps coming, only late), `resume` heals them all but the rate and the delay, and `switch` points new connections at another server and cuts the old ones (a
 //! failover behind a stable address).
 //!
 //! One file serves both users: the nemesis (`loadtest nemesis`) puts one between each gateway
@@ -26,6 +27,7 @@ pub struct Proxy {
     replies: watch::Sender<bool>,
     readers: watch::Sender<bool>,
     rate: watch::Sender<u64>,
+    delay: watch::Sender<u64>,
     target: Arc<Mutex<(SocketAddr, CancellationToken)>>,
     stop: CancellationToken,
 }
@@ -39,10 +41,11 @@ impl Proxy {
         let (replies, _) = watch::channel(false);
         let (readers, _) = watch::channel(false);
         let (rate, _) = watch::channel(0u64);
+        let (delay, _) = watch::channel(0u64);
         let target = Arc::new(Mutex::new((target, CancellationToken::new())));
         let stop = CancellationToken::new();
         let (p, r, t, s) = (paused.clone(), replies.clone(), target.clone(), stop.clone());
-        let (rd, rt) = (readers.clone(), rate.clone());
+        let (rd, rt, dl) = (readers.clone(), rate.clone(), delay.clone());
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -53,7 +56,7 @@ impl Proxy {
                 let (to, cut) = t.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let (paused, replies) = (p.subscribe(), r.subscribe());
                 let reader = Reader { sent_xread: Arc::new(AtomicBool::new(false)), held: rd.subscribe() };
-                let rate = rt.subscribe();
+                let (rate, delay) = (rt.subscribe(), dl.subscribe());
                 tokio::spawn(async move {
                     // A paused proxy does not connect either: the far side is out of reach.
                     let mut waiting = paused.clone();
@@ -62,14 +65,14 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::select! {
-                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), Some(rate)) => {}
-                        _ = pipe(sr, cw, vec![paused, replies], reader, None) => {}
+                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), Some(rate), delay.clone()) => {}
+                        _ = pipe(sr, cw, vec![paused, replies], reader, None, delay) => {}
                         _ = cut.cancelled() => {}
                     }
                 });
             }
         });
-        Ok(Proxy { addr, paused, replies, readers, rate, target, stop })
+        Ok(Proxy { addr, paused, replies, readers, rate, delay, target, stop })
     }
 
     /// `redis://` URL through the proxy.
@@ -97,6 +100,12 @@ impl Proxy {
     /// every connection; `resume` leaves it as it is.
     pub fn throttle(&self, bytes_per_second: u64) {
         self.rate.send_replace(bytes_per_second);
+    }
+
+    /// Carries every byte `ms` late, each way, on every connection (0: at once); what is
+    /// read meanwhile keeps flowing behind it. `resume` leaves it as it is.
+    pub fn delay(&self, ms: u64) {
+        self.delay.send_replace(ms);
     }
 
     /// Carries bytes again, both ways, on every connection.
@@ -142,6 +151,10 @@ async fn open(gates: &mut [watch::Receiver<bool>], reader: &mut Reader) -> bool 
     true
 }
 
+/// How many chunks a delayed direction holds before it stops reading: 4 MiB at most, as a
+/// slow link's window would.
+const IN_FLIGHT: usize = 256;
+
 async fn pipe(
     mut from: impl AsyncReadExt + Unpin,
     mut to: impl AsyncWriteExt + Unpin,
@@ -149,30 +162,49 @@ async fn pipe(
     mut reader: Reader,
     // The bound on the rate, on the way to the server.
     rate: Option<watch::Receiver<u64>>,
+    delay: watch::Receiver<u64>,
 ) {
     let to_server = rate.is_some();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        if !open(&mut gates, &mut reader).await {
-            return;
+    // Reading and writing apart, so that a delay adds latency without cutting the rate:
+    // each chunk is due its delay after it was read.
+    let (chunks, mut due) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(IN_FLIGHT);
+    let (mut read_gates, mut read_reader) = (gates.clone(), reader.clone());
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            if !open(&mut read_gates, &mut read_reader).await {
+                return;
+            }
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if to_server && buf[..n].windows(5).any(|w| w.eq_ignore_ascii_case(b"XREAD")) {
+                read_reader.sent_xread.store(true, Ordering::Relaxed);
+            }
+            let at = tokio::time::Instant::now() + std::time::Duration::from_millis(*delay.borrow());
+            if chunks.send((at, buf[..n].to_vec())).await.is_err() {
+                return;
+            }
         }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if to_server && buf[..n].windows(5).any(|w| w.eq_ignore_ascii_case(b"XREAD")) {
-            reader.sent_xread.store(true, Ordering::Relaxed);
+    };
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            // Bytes read just as the pause began are held until it ends, like a cut link.
+            if !open(&mut gates, &mut reader).await {
+                return;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+            let bytes_per_second = rate.as_ref().map_or(0, |r| *r.borrow());
+            if bytes_per_second > 0 {
+                tokio::time::sleep(std::time::Duration::from_secs_f64(chunk.len() as f64 / bytes_per_second as f64))
+                    .await;
+            }
         }
-        // Bytes read just as the pause began are held until it ends, like a cut link.
-        if !open(&mut gates, &mut reader).await {
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-        let bytes_per_second = rate.as_ref().map_or(0, |r| *r.borrow());
-        if bytes_per_second > 0 {
-            tokio::time::sleep(std::time::Duration::from_secs_f64(n as f64 / bytes_per_second as f64)).await;
-        }
-    }
+    };
+    // The write side ends when the read side has ended and every chunk read is written.
+    tokio::join!(read, write);
 }

@@ -169,6 +169,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         node_lease: args.node_lease,
         redis_cluster: args.redis_cluster,
         webhook: None,
+        offline_grace: Duration::from_millis(schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64)),
     };
     // The stalls' cgroups before the gateways: dropped after them, once they are empty.
     let run_name = format!("{}-{}", std::process::id(), args.seed);
@@ -179,8 +180,10 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     };
     // The webhook receiver, before the gateways that post to it.
     let stop_observing = CancellationToken::new();
+    let receiver_health = Arc::new(webhooks::Health::default());
     let (hook, hooked, receiver) =
-        webhooks::receive(create(&out.join("webhooks.jsonl"))?, stop_observing.clone()).await?;
+        webhooks::receive(create(&out.join("webhooks.jsonl"))?, receiver_health.clone(), stop_observing.clone())
+            .await?;
     let secret = out.join("webhook-secret");
     // Standard Webhooks' example secret: the receiver does not verify (tests/webhook.rs does).
     std::fs::write(&secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
@@ -206,11 +209,13 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     let apis: Vec<_> = gateways.iter().map(|g| g.api).collect();
     let seen = Arc::new(observe::Seen::default());
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (consumer_slow, slow_rx) = tokio::sync::watch::channel(None);
     let consumer = tokio::spawn(observe::consume(
         apis.clone(),
         seen.clone(),
         create(&out.join("events.jsonl"))?,
         ready_tx,
+        slow_rx,
         stop_observing.clone(),
     ));
     ready_rx.await.map_err(|_| "the event consumer never connected".to_string())?;
@@ -248,6 +253,9 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         throttles: &throttles,
         ids: &ids,
         rng: SplitMix64::new(args.seed ^ 0xfa17),
+        receiver: &receiver_health,
+        consumer: &consumer_slow,
+        stalls: Vec::new(),
     };
     let mut steps: Vec<(u64, bool, &Fault)> = Vec::new();
     for f in &schedule.faults {
@@ -337,6 +345,7 @@ fn schedule_json(schedule: &Schedule, args: &NemesisArgs) -> serde_json::Value {
             "timeout_ms": args.timeout.as_millis() as u64,
             "tick_ms": args.tick.as_millis() as u64,
             "node_lease_ms": args.node_lease.as_millis() as u64,
+            "offline_grace_ms": schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64),
             "redis_cluster": args.redis_cluster,
         }
     })
@@ -357,6 +366,10 @@ struct Nemesis<'a> {
     throttles: &'a [Throttle],
     ids: &'a [String],
     rng: SplitMix64,
+    receiver: &'a webhooks::Health,
+    consumer: &'a tokio::sync::watch::Sender<Option<bool>>,
+    /// The `slow_redis` faults' tasks, stopped when they heal.
+    stalls: Vec<CancellationToken>,
 }
 
 impl Nemesis<'_> {
@@ -392,6 +405,39 @@ impl Nemesis<'_> {
                 }
             }
             "clock" => self.gateways[self.node(fault)?].set_clock(fault.jump_s.unwrap_or(3_600))?,
+            "delay" => match &*self.store {
+                Store::Single { proxies, .. } => proxies[self.node(fault)?].delay(fault.delay_ms.unwrap_or(100)),
+                Store::Cluster(_) => return Err("a delay needs the one Redis server's proxies".into()),
+            },
+            "slow_redis" => {
+                // A pause of `delay_ms` a second, on the one server or on a Redis Cluster's
+                // servers in turn, until the fault heals.
+                let servers: Vec<std::net::SocketAddr> = match &*self.store {
+                    Store::Single { server, .. } => vec![server.addr],
+                    Store::Cluster(cluster) => cluster.servers.iter().map(|s| s.addr).collect(),
+                };
+                let pause = Duration::from_millis(fault.delay_ms.unwrap_or(500));
+                let stop = CancellationToken::new();
+                self.stalls.push(stop.clone());
+                let first = self.rng.next_u64() as usize;
+                tokio::spawn(async move {
+                    for turn in first.. {
+                        let addr = servers[turn % servers.len()];
+                        tokio::select! {
+                            r = procs::debug_sleep(addr, pause) => if let Err(e) = r { eprintln!("nemesis: slow_redis: {e}") },
+                            _ = stop.cancelled() => return,
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = stop.cancelled() => return,
+                        }
+                    }
+                });
+            }
+            "slow_receiver" => self.receiver.set(Some(self.rng.next_u64())),
+            "slow_consumer" => {
+                self.consumer.send_replace(Some(fault.reconnect.unwrap_or(false)));
+            }
             other => return Err(format!("unknown fault kind {other:?}")),
         }
         Ok(())
@@ -423,6 +469,20 @@ impl Nemesis<'_> {
                 self.throttles[i].set(0, false)?;
             }
             "clock" => self.gateways[self.node(fault)?].set_clock(0)?,
+            "delay" => {
+                if let Store::Single { proxies, .. } = &*self.store {
+                    proxies[self.node(fault)?].delay(0);
+                }
+            }
+            "slow_redis" => {
+                for stop in self.stalls.drain(..) {
+                    stop.cancel();
+                }
+            }
+            "slow_receiver" => self.receiver.set(None),
+            "slow_consumer" => {
+                self.consumer.send_replace(None);
+            }
             _ => {}
         }
         Ok(())

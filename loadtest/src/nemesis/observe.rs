@@ -44,12 +44,15 @@ impl Seen {
 
 /// Follows `/v1/events` across the nodes' APIs until `stop`, writing every event to `out`.
 /// `ready` is told once the first stream is open (the clients wait for it, so the stream
-/// holds every session from its start).
+/// holds every session from its start). While `slow` holds `Some(reconnect)` (a
+/// `slow_consumer` fault) it reads nothing; then it reads on, or, with `reconnect`, resumes
+/// with `Last-Event-ID` on the next node.
 pub async fn consume(
     apis: Vec<SocketAddr>,
     seen: Arc<Seen>,
     out: std::fs::File,
     ready: tokio::sync::oneshot::Sender<()>,
+    mut slow: tokio::sync::watch::Receiver<Option<bool>>,
     stop: CancellationToken,
 ) {
     let http =
@@ -79,8 +82,20 @@ pub async fn consume(
         let mut body = response.bytes_stream();
         let mut text = String::new();
         loop {
+            let pause = *slow.borrow_and_update();
+            if let Some(reconnect) = pause {
+                let _ = out.flush();
+                tokio::select! {
+                    _ = slow.wait_for(Option::is_none) => {}
+                    _ = stop.cancelled() => break,
+                }
+                if reconnect {
+                    break;
+                }
+            }
             let chunk = tokio::select! {
                 c = timeout(QUIET_LIMIT, body.next()) => c,
+                _ = slow.changed() => continue,
                 _ = stop.cancelled() => break,
             };
             let Ok(Some(Ok(chunk))) = chunk else { break };

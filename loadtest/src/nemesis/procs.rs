@@ -57,6 +57,21 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
+/// Holds the Redis server at `addr` for `pause` (DEBUG SLEEP: it answers nobody
+/// meanwhile); returns once it answers again.
+pub async fn debug_sleep(addr: SocketAddr, pause: Duration) -> Result<(), String> {
+    let out = tokio::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
+        .args(["DEBUG", "SLEEP", &format!("{:.3}", pause.as_secs_f64())])
+        .output()
+        .await
+        .map_err(|e| format!("redis-cli: {e}"))?;
+    if String::from_utf8_lossy(&out.stdout).trim() != "OK" {
+        return Err(format!("DEBUG SLEEP: {}", String::from_utf8_lossy(&out.stdout).trim()));
+    }
+    Ok(())
+}
+
 impl RedisServer {
     pub async fn start(dir: PathBuf, extra: &[&str]) -> Result<RedisServer, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -71,6 +86,8 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.addr.port().to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            // `slow_redis` stalls it with DEBUG SLEEP, from this machine only.
+            .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.extra)
@@ -183,6 +200,8 @@ pub struct GatewaySettings {
     pub redis_cluster: bool,
     /// `--webhook-url` and `--webhook-secret-file`, when the run receives webhooks.
     pub webhook: Option<(String, PathBuf)>,
+    /// `--offline-grace` (none when zero).
+    pub offline_grace: Duration,
 }
 
 /// One gateway process: node `id`, its ports fixed for the run (a restart after a kill
@@ -250,6 +269,9 @@ impl Gateway {
         }
         if let Some((url, secret)) = &s.webhook {
             cmd.args(["--webhook-url", url]).arg("--webhook-secret-file").arg(secret);
+        }
+        if !s.offline_grace.is_zero() {
+            cmd.args(["--offline-grace", &humantime::format_duration(s.offline_grace).to_string()]);
         }
         if let Some((lib, offset)) = &self.clock {
             set_offset(offset, 0)?;

@@ -8,15 +8,39 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The fault kinds, as `schedule.json` names them.
-pub const KINDS: [&str; 7] = ["kill", "stop", "partition", "redis_restart", "redis_failover", "stall", "clock"];
+/// The fault kinds, as `schedule.json` names them: crashes and cuts, then gray faults
+/// (issue 49), where something answers, only late.
+pub const KINDS: [&str; 11] = [
+    "kill",
+    "stop",
+    "partition",
+    "redis_restart",
+    "redis_failover",
+    "stall",
+    "clock",
+    "delay",
+    "slow_redis",
+    "slow_receiver",
+    "slow_consumer",
+];
 
 /// The target of the faults that hit Redis, not a gateway.
 pub const REDIS: &str = "redis";
 
-/// One fault: `kind` on `target` (a node id, or `redis`) from `at_ms` after the run's start
-/// for `for_ms`. A clock fault also says how far the wall clock jumps (`jump_s`, either
-/// way); the others leave it out.
+/// The target of `slow_receiver`: the webhook receiver.
+pub const RECEIVER: &str = "webhook";
+
+/// The target of `slow_consumer`: the SSE consumer.
+pub const CONSUMER: &str = "consumer";
+
+/// One fault: `kind` on `target` (a node id, `redis`, `webhook` or `consumer`) from `at_ms`
+/// after the run's start for `for_ms`, with the parameters of its kind; the others are left
+/// out of `schedule.json`:
+/// - `clock`: how far the wall clock jumps (`jump_s`, either way);
+/// - `delay`: how late the node's link to Redis carries every byte, each way (`delay_ms`);
+/// - `slow_redis`: how long each of Redis's stalls lasts (`delay_ms`), one a second;
+/// - `slow_consumer`: whether the consumer reconnects with `Last-Event-ID` after its
+///   pause, or reads on (`reconnect`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
     pub kind: String,
@@ -25,6 +49,10 @@ pub struct Fault {
     pub for_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jump_s: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect: Option<bool>,
 }
 
 impl Fault {
@@ -90,11 +118,24 @@ impl SplitMix64 {
     }
 }
 
-/// The kinds a run can inject: a failover needs a Redis Cluster, and a partition a proxy
-/// between each gateway and its one Redis (in a Redis Cluster, gateways follow the
-/// cluster's redirections to the servers' own addresses).
+/// The kinds a run can inject: a failover needs a Redis Cluster, and a partition or a
+/// delay a proxy between each gateway and its one Redis (in a Redis Cluster, gateways
+/// follow the cluster's redirections to the servers' own addresses).
 pub fn kinds(redis_cluster: bool) -> Vec<&'static str> {
-    KINDS.iter().copied().filter(|k| if redis_cluster { *k != "partition" } else { *k != "redis_failover" }).collect()
+    let proxied = |k: &&str| !matches!(*k, "partition" | "delay");
+    KINDS.iter().copied().filter(|k| if redis_cluster { proxied(k) } else { *k != "redis_failover" }).collect()
+}
+
+/// The offline grace a seed runs with (`--offline-grace`, every node the same): none for
+/// half the seeds, 0.5 to 3 s for the others, in whole ticks (as the gateway requires),
+/// drawn apart from the faults so that adding a kind does not change it.
+pub fn offline_grace_ms(seed: u64, tick_ms: u64) -> u64 {
+    let mut rng = SplitMix64::new(seed ^ 0x6772_6163_6500_0000);
+    if rng.next_u64().is_multiple_of(2) {
+        0
+    } else {
+        rng.between(500, 3_000).div_ceil(tick_ms.max(1)) * tick_ms.max(1)
+    }
 }
 
 /// Draws the schedule: every kind the run can inject at least once (in a seeded order),
@@ -124,11 +165,30 @@ pub fn draw(plan: Plan<'_>) -> Schedule {
             // The failover itself takes what it takes; for_ms is the time allowed for it.
             "redis_failover" => 3_000,
             "stall" => rng.between(500, 3_000),
+            // Seconds to a minute, kept within a short run's window.
+            "delay" => rng.between(2_000, 20_000),
+            "slow_redis" => rng.between(2_000, 8_000),
+            // Long enough for a receiver slower than the relay's turn to hold several.
+            "slow_receiver" => rng.between(5_000, 30_000),
+            "slow_consumer" => rng.between(1_000, 10_000),
             _ => rng.between(2_000, 8_000),
         };
-        let target = if kind.starts_with("redis") { REDIS.to_string() } else { rng.pick(plan.nodes).clone() };
+        let target = match kind {
+            "slow_receiver" => RECEIVER.to_string(),
+            "slow_consumer" => CONSUMER.to_string(),
+            k if k.starts_with("redis") || k == "slow_redis" => REDIS.to_string(),
+            _ => rng.pick(plan.nodes).clone(),
+        };
         let jump_s = (kind == "clock").then(|| if rng.next_u64().is_multiple_of(2) { 3_600 } else { -3_600 });
-        let mut fault = Fault { kind: kind.to_string(), target, at_ms: at, for_ms, jump_s };
+        let delay_ms = match kind {
+            // 20 ms to 5 s, log-uniform in effect: half the delays under 300 ms.
+            "delay" if rng.next_u64().is_multiple_of(2) => Some(rng.between(20, 300)),
+            "delay" => Some(rng.between(300, 5_000)),
+            "slow_redis" => Some(rng.between(100, 1_500)),
+            _ => None,
+        };
+        let reconnect = (kind == "slow_consumer").then(|| rng.next_u64().is_multiple_of(2));
+        let mut fault = Fault { kind: kind.to_string(), target, at_ms: at, for_ms, jump_s, delay_ms, reconnect };
         // Not on a target already under a fault (nor on anything while Redis is, nor on
         // Redis while anything is): wait for it to heal.
         let busy = |f: &Fault, g: &Fault| {

@@ -4,18 +4,65 @@
 //! again, with the same ids), and writes them in the order received to `webhooks.jsonl`,
 //! which the checker judges as it judges the stream. `start` events are a lone gateway's
 //! (docs/API.md) and left out.
+//!
+//! Under a `slow_receiver` fault it answers as a struggling backend would (issue 49): each
+//! request, by a draw from the fault's seed, is answered late (0.2 to 15 s, then taken), or
+//! with 500 after up to 2 s, or with a response cut off after its head, or never (held
+//! until the relay gives up). What is not answered 204 is not taken: the relay must send it
+//! again, and the checker still finds every event, in order.
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::observe::Seen;
+use super::schedule::SplitMix64;
+
+/// How long a request the receiver never answers is held: past any relay's timeout.
+const NEVER: Duration = Duration::from_secs(120);
+
+/// The receiver's state of health: `Some(seed)` while a `slow_receiver` fault lasts.
+#[derive(Default)]
+pub struct Health {
+    slow: Mutex<Option<u64>>,
+    requests: AtomicU64,
+}
+
+impl Health {
+    pub fn set(&self, slow: Option<u64>) {
+        *self.slow.lock().unwrap_or_else(|e| e.into_inner()) = slow;
+    }
+
+    /// How this request is answered, drawn from the fault's seed and the request's number.
+    fn draw(&self) -> Answer {
+        let Some(seed) = *self.slow.lock().unwrap_or_else(|e| e.into_inner()) else { return Answer::Now };
+        let mut rng = SplitMix64::new(seed ^ self.requests.fetch_add(1, Ordering::Relaxed));
+        match rng.between(0, 99) {
+            0..=54 => Answer::Late(Duration::from_millis(rng.between(200, 15_000))),
+            55..=74 => Answer::Error(Duration::from_millis(rng.between(0, 2_000))),
+            75..=89 => Answer::Cut,
+            _ => Answer::Never,
+        }
+    }
+}
+
+/// How one request is answered.
+enum Answer {
+    Now,
+    Late(Duration),
+    Error(Duration),
+    Cut,
+    Never,
+}
 
 /// What the receiver keeps: the ids delivered, the file, and what the events say is open.
 struct Received {
@@ -27,6 +74,7 @@ struct Received {
 /// sessions, so the run can wait until the webhooks too have every `offline`.
 pub async fn receive(
     out: std::fs::File,
+    health: Arc<Health>,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, Arc<Seen>, tokio::task::JoinHandle<()>), String> {
     let listener =
@@ -38,8 +86,27 @@ pub async fn receive(
     let app = axum::Router::new().route(
         "/hook",
         axum::routing::post(move |body: Bytes| {
-            let (seen, received) = (s.clone(), r.clone());
-            async move { deliver(&body, &seen, &received) }
+            let (seen, received, health) = (s.clone(), r.clone(), health.clone());
+            async move {
+                // A request the relay gave up on is dropped with its connection, before it
+                // is taken.
+                match health.draw() {
+                    Answer::Now => deliver(&body, &seen, &received).into_response(),
+                    Answer::Late(after) => {
+                        tokio::time::sleep(after).await;
+                        deliver(&body, &seen, &received).into_response()
+                    }
+                    Answer::Error(after) => {
+                        tokio::time::sleep(after).await;
+                        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                    }
+                    Answer::Cut => cut(),
+                    Answer::Never => {
+                        tokio::time::sleep(NEVER).await;
+                        StatusCode::SERVICE_UNAVAILABLE.into_response()
+                    }
+                }
+            }
         }),
     );
     let task = tokio::spawn(async move {
@@ -68,4 +135,13 @@ fn deliver(body: &[u8], seen: &Seen, received: &Mutex<Received>) -> StatusCode {
         let _ = writeln!(received.out, "{event}");
     }
     StatusCode::NO_CONTENT
+}
+
+/// A response whose body breaks off after its head: the connection is closed mid-answer.
+/// Its status is an error, so that a relay reading the status alone still sends again.
+fn cut() -> Response {
+    let broken = futures_util::stream::once(async { Err::<Bytes, _>(std::io::Error::other("cut by the nemesis")) });
+    let mut response = Response::new(Body::from_stream(broken));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response
 }
