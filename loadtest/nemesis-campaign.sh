@@ -28,21 +28,23 @@ done
 python3 - "$out" <<'PY'
 import json, pathlib, sys, collections
 out = pathlib.Path(sys.argv[1])
-kinds = ["kill", "stop", "partition", "redis_restart", "redis_failover", "stall", "clock"]
+kinds = ["kill", "stop", "partition", "redis_restart", "redis_failover", "stall", "clock",
+         "delay", "slow_redis", "slow_receiver", "slow_consumer"]
 rows, total, bad = [], collections.Counter(), 0
 for d in sorted(out.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
     v = json.loads((d / "verdict.json").read_text())
     s = json.loads((d / "schedule.json").read_text())["settings"]
+    grace = s.get("offline_grace_ms", 0) / 1000
     total.update(v["faults"])
     found = collections.Counter(x["kind"] for x in v["violations"])
     bad += sum(found.values())
-    rows.append(f"| {d.name[5:]} | {s['duration_ms'] // 1000} s | {s['nodes']} | {'cluster' if s['redis_cluster'] else 'one'} | "
+    rows.append(f"| {d.name[5:]} | {s['duration_ms'] // 1000} s | {s['nodes']} | {'cluster' if s['redis_cluster'] else 'one'} | {grace:g} s | "
                 + " | ".join(str(v["faults"].get(k, 0)) for k in kinds)
                 + f" | {v['sessions']} | {v['kept_sessions_checked']} | {v['gaps']} | "
                 + (", ".join(f"{k} x{n}" for k, n in found.items()) or "none") + " |")
-head = "| seed | run | nodes | Redis | " + " | ".join(kinds) + " | sessions | kept sessions checked | gaps | violations |"
+head = "| seed | run | nodes | Redis | grace | " + " | ".join(kinds) + " | sessions | kept sessions checked | gaps | violations |"
 lines = [head, "|" + "---|" * (head.count("|") - 1)] + rows
-lines.append(f"| all | | | | " + " | ".join(str(total.get(k, 0)) for k in kinds) + f" | | | | {bad} |")
+lines.append(f"| all | | | | | " + " | ".join(str(total.get(k, 0)) for k in kinds) + f" | | | | {bad} |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

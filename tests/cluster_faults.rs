@@ -174,6 +174,46 @@ async fn a_node_reaped_while_cut_off_never_writes_under_its_old_name() {
     assert!(redis.keys("idlegate:route:*").is_empty());
 }
 
+/// Nemesis gray seed 1 (a `delay` on n1's link to Redis): A's batch with a login reached
+/// Redis, but its reply came too late; A tried the batch again, and by then B had reaped A
+/// (its lease renewals were late too). The retry was answered "fenced", and A sent the whole
+/// batch again under its new member name: the login, already announced and ended
+/// `node_lost` by the reaper, was announced a second time (`session_reused`, then
+/// `offline_twice`). What an earlier try applied now counts as written; only the rest goes
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_gray_seed_1_a_fenced_retry_never_announces_what_an_earlier_try_applied() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let (proxy, mut a, mut b) = a_behind_a_proxy(&redis, cluster_config("redis://x", "x").node_lease).await;
+    // The batch's `APPLY` (it names the member's sessions hash) runs; its reply is held.
+    proxy.hold_replies_after(b"{idlegate}:sessions:");
+    let mut c = a.client().await;
+    assert!(matches!(c.login(5).await, Frame::Welcome { .. }));
+    within(PATIENCE, "the login reaches Redis, its reply held", || {
+        redis.events().iter().any(|e| e.uid == 5 && e.kind == "online")
+    })
+    .await;
+    // The reply does not come within the command timeout (2 s): A tries the batch again,
+    // behind held replies, while its lease renewals still reach Redis.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.pause();
+    within(PATIENCE, "B reaps A", || count(&redis.events(), "offline", "node_lost") == 1).await;
+    proxy.resume();
+    c.expect_bye(CloseReason::Shutdown).await;
+    // A rejoins and serves on; anything it sent again is in the stream by now.
+    wait_ready(&a).await;
+    let mut after = a.client().await;
+    assert!(matches!(after.login(6).await, Frame::Welcome { .. }));
+    within(PATIENCE, "A's next login reaches Redis", || redis.events().iter().any(|e| e.uid == 6)).await;
+    let of_5: Vec<String> = redis.events().iter().filter(|e| e.uid == 5).map(|e| e.kind.clone()).collect();
+    assert_eq!(of_5, ["online", "user_online", "offline", "user_offline"], "announced once, ended once");
+    assert_eq!(count(&redis.events(), "offline", "node_lost"), 1);
+    drop(after);
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_paired(&redis.events());
+}
+
 /// A's login reaches Redis but its replies are lost (held past the 2 s command timeout),
 /// and B logs the same uid in meanwhile. A retries its batch: the retry must not point
 /// the route back at A's older login, nor kick B's newer session.

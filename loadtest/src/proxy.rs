@@ -5,7 +5,9 @@
 //! node's inbox and event-tail reader, while its commands go through), `throttle` carries
 //! the client's bytes at a bounded rate (a slow Redis: a big request's answer comes late),
 //! `delay` carries every byte late by a fixed time, each way (a slow link: what is sent
-//! keeps coming, only late), `resume` heals them all but the rate and the delay, and `switch` points new connections at another server and cuts the old ones (a
+//! keeps coming, only late), `hold_replies_after` holds the server's answers from the
+//! moment a client sends given bytes (a command that runs and whose reply is lost), `resume`
+//! heals them all but the rate and the delay, and `switch` points new connections at another server and cuts the old ones (a
 //! failover behind a stable address).
 //!
 //! One file serves both users: the nemesis (`loadtest nemesis`) puts one between each gateway
@@ -24,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 pub struct Proxy {
     pub addr: SocketAddr,
     paused: watch::Sender<bool>,
-    replies: watch::Sender<bool>,
+    replies: Arc<watch::Sender<bool>>,
+    trip: watch::Sender<Option<Vec<u8>>>,
     readers: watch::Sender<bool>,
     rate: watch::Sender<u64>,
     delay: watch::Sender<u64>,
@@ -38,14 +41,15 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (paused, _) = watch::channel(false);
-        let (replies, _) = watch::channel(false);
+        let replies = Arc::new(watch::channel(false).0);
+        let (trip, _) = watch::channel(None);
         let (readers, _) = watch::channel(false);
         let (rate, _) = watch::channel(0u64);
         let (delay, _) = watch::channel(0u64);
         let target = Arc::new(Mutex::new((target, CancellationToken::new())));
         let stop = CancellationToken::new();
         let (p, r, t, s) = (paused.clone(), replies.clone(), target.clone(), stop.clone());
-        let (rd, rt, dl) = (readers.clone(), rate.clone(), delay.clone());
+        let (rd, rt, dl, tr) = (readers.clone(), rate.clone(), delay.clone(), trip.clone());
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -57,6 +61,7 @@ impl Proxy {
                 let (paused, replies) = (p.subscribe(), r.subscribe());
                 let reader = Reader { sent_xread: Arc::new(AtomicBool::new(false)), held: rd.subscribe() };
                 let (rate, delay) = (rt.subscribe(), dl.subscribe());
+                let trip = Trip { pattern: tr.subscribe(), replies: r.clone() };
                 tokio::spawn(async move {
                     // A paused proxy does not connect either: the far side is out of reach.
                     let mut waiting = paused.clone();
@@ -65,14 +70,14 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::select! {
-                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), Some(rate), delay.clone()) => {}
+                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), Some((rate, trip)), delay.clone()) => {}
                         _ = pipe(sr, cw, vec![paused, replies], reader, None, delay) => {}
                         _ = cut.cancelled() => {}
                     }
                 });
             }
         });
-        Ok(Proxy { addr, paused, replies, readers, rate, delay, target, stop })
+        Ok(Proxy { addr, paused, replies, trip, readers, rate, delay, target, stop })
     }
 
     /// `redis://` URL through the proxy.
@@ -88,6 +93,13 @@ impl Proxy {
     /// Stops carrying the server's answers; commands still reach it.
     pub fn hold_replies(&self) {
         self.replies.send_replace(true);
+    }
+
+    /// Holds the server's answers, as [`Proxy::hold_replies`], from the moment a client
+    /// sends bytes holding `pattern` (that command still reaches the server); `resume` ends
+    /// both.
+    pub fn hold_replies_after(&self, pattern: &[u8]) {
+        self.trip.send_replace(Some(pattern.to_vec()));
     }
 
     /// Stops carrying bytes, both ways, on every connection that has sent an `XREAD`: a
@@ -111,6 +123,7 @@ impl Proxy {
     /// Carries bytes again, both ways, on every connection.
     pub fn resume(&self) {
         self.paused.send_replace(false);
+        self.trip.send_replace(None);
         self.replies.send_replace(false);
         self.readers.send_replace(false);
     }
@@ -151,6 +164,12 @@ async fn open(gates: &mut [watch::Receiver<bool>], reader: &mut Reader) -> bool 
     true
 }
 
+/// What closes the replies' gate when a client sends a pattern.
+struct Trip {
+    pattern: watch::Receiver<Option<Vec<u8>>>,
+    replies: Arc<watch::Sender<bool>>,
+}
+
 /// How many chunks a delayed direction holds before it stops reading: 4 MiB at most, as a
 /// slow link's window would.
 const IN_FLIGHT: usize = 256;
@@ -160,10 +179,11 @@ async fn pipe(
     mut to: impl AsyncWriteExt + Unpin,
     mut gates: Vec<watch::Receiver<bool>>,
     mut reader: Reader,
-    // The bound on the rate, on the way to the server.
-    rate: Option<watch::Receiver<u64>>,
+    // The bound on the rate and the trip, on the way to the server.
+    to_server: Option<(watch::Receiver<u64>, Trip)>,
     delay: watch::Receiver<u64>,
 ) {
+    let (rate, trip) = to_server.map_or((None, None), |(rate, trip)| (Some(rate), Some(trip)));
     let to_server = rate.is_some();
     // Reading and writing apart, so that a delay adds latency without cutting the rate:
     // each chunk is due its delay after it was read.
@@ -181,6 +201,13 @@ async fn pipe(
             };
             if to_server && buf[..n].windows(5).any(|w| w.eq_ignore_ascii_case(b"XREAD")) {
                 read_reader.sent_xread.store(true, Ordering::Relaxed);
+            }
+            if let Some(trip) = &trip {
+                let hit =
+                    trip.pattern.borrow().as_ref().is_some_and(|p| buf[..n].windows(p.len()).any(|w| w == &p[..]));
+                if hit {
+                    trip.replies.send_replace(true);
+                }
             }
             let at = tokio::time::Instant::now() + std::time::Duration::from_millis(*delay.borrow());
             if chunks.send((at, buf[..n].to_vec())).await.is_err() {

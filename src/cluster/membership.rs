@@ -177,6 +177,7 @@ async fn claim(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
                 .key(keys::lease(member))
                 .key(keys::reaping(member))
                 .key(keys::reaped(member))
+                .key(keys::applied(member))
                 .arg(&*me)
                 .arg(lease_ms)
                 .arg(REAPED_MARKER_SECS)

@@ -344,7 +344,9 @@ end
 /// it out and is no `user_online` (`user_back`).
 ///
 /// Returns `{status, epoch, dropped, n, seen}`: status -1 if the member was reaped (nothing
-/// changed), 0 for a batch already applied (a retry after a lost reply), 1 applied, 2
+/// changed; then the third element is the reaped marker: the member's applied marker as
+/// the fence fell, so the caller knows which changes an earlier try of the batch, whose
+/// reply was lost, did apply), 0 for a batch already applied (a retry after a lost reply), 1 applied, 2
 /// applied but the applied marker was behind what the member had applied or the stream's
 /// number behind what the node saw: Redis lost writes. `n` is the last event number. `dropped`
 /// lists, comma-separated, the `uid:session` whose data events the batch dropped because
@@ -353,7 +355,8 @@ end
 /// `seen` lists, comma-separated, the `uid:unix ms` of each uid this batch took offline:
 /// the caller records when each was last seen, under keys spread over the cluster.
 const APPLY: &str = r#"
-if redis.call('EXISTS', KEYS[5]) == 1 then return {-1, ''} end
+local fence = redis.call('GET', KEYS[5])
+if fence then return {-1, '', fence} end
 local last, prev, first = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[10])
 local applied = tonumber(redis.call('GET', KEYS[4]) or '0')
 local dropped_key = KEYS[4] .. ':dropped'
@@ -627,14 +630,21 @@ return 1
 /// fences the member off (its reaped marker) in the same step, so no write of the member
 /// lands between the claim and the reaping.
 ///
-/// KEYS: the member's lease, its reaping claim, its reaped marker. ARGV: this member,
-/// claim in ms, marker in seconds. Returns 1 if this node holds the claim.
+/// The reaped marker holds the member's applied marker as the fence fell: no write of the
+/// member lands after it, so it says exactly which of the member's changes Redis has. A
+/// batch the member tried again after a lost reply learns from it what its earlier try
+/// applied (`APPLY` answers it with "fenced"), and sends only the rest again under its new
+/// name; the applied marker itself goes with the reaping.
+///
+/// KEYS: the member's lease, its reaping claim, its reaped marker, its applied marker.
+/// ARGV: this member, claim in ms, marker in seconds. Returns 1 if this node holds the
+/// claim.
 const CLAIM: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[3], 1, 'EX', ARGV[3])
+redis.call('SET', KEYS[3], redis.call('GET', KEYS[4]) or '0', 'EX', ARGV[3], 'NX')
 return 1
 "#;
 

@@ -160,8 +160,10 @@ enum Applied {
     /// In Redis; the logins a newer login elsewhere had superseded, to end here, and the
     /// sessions whose data events Redis dropped (taken over meanwhile), to end here too.
     Written { superseded: Vec<(u64, u64)>, dropped: Vec<(u64, u64)> },
-    /// The member was reaped: nothing of the batch reached Redis but the routes it set.
-    Fenced { routes: Vec<(u64, u64)> },
+    /// The member was reaped: nothing of this try reached Redis but the routes it set.
+    /// `applied` is the member's applied marker as the fence fell: an earlier try of the
+    /// batch, whose reply was lost, may have applied its changes up to there.
+    Fenced { routes: Vec<(u64, u64)>, applied: u64 },
 }
 
 /// `APPLY`'s answer for a member that was reaped.
@@ -298,15 +300,23 @@ async fn write_one(
                 registry.kick_session(uid, session, None);
             }
         }
-        Applied::Fenced { routes } => {
-            // Nothing of the batch is in Redis, and it is not lost: it goes again, whole,
-            // under the member name the node takes now. Its logins were welcomed, and their
-            // clients may have sent data: they are announced under the new name, their data
-            // follows, and their ends (every session here ends as the node rejoins) come
-            // after it, queued behind. What the batch holds of sessions the reaper already
-            // ended (`node_lost`) finds them gone from the new member's hash and logs
-            // nothing: each session's `offline` stays exactly one. Its old routes are taken
-            // back first, so the new ones never meet them.
+        Applied::Fenced { routes, applied } => {
+            // What of the batch an earlier try applied (its reply lost, the member reaped
+            // before the retry) is in Redis, and the reaper ended its sessions: it counts as
+            // written (nemesis gray seed 1: sent again, such a login was announced twice).
+            // The rest is not lost: it goes again under the member name the node takes now.
+            // Its logins were welcomed, and their clients may have sent data: they are
+            // announced under the new name, their data follows, and their ends (every
+            // session here ends as the node rejoins) come after it, queued behind. What the
+            // rest holds of sessions the reaper already ended (`node_lost`) finds them gone
+            // from the new member's hash and logs nothing: each session's `offline` stays
+            // exactly one. Its old routes are taken back first, so the new ones never meet
+            // them.
+            let first = held.first + held.done as u64;
+            let done = usize::try_from((applied + 1).saturating_sub(first)).unwrap_or(usize::MAX).min(n);
+            if done > 0 {
+                held.written(done);
+            }
             cluster.rejoin(&member);
             unroute(cluster, &member, &routes, stop).await;
             return true;
@@ -393,7 +403,8 @@ async fn apply(
     let logins = logins_of(ops).zip(replaced_by_login.iter().map(String::as_str).chain(std::iter::repeat("")));
     if status_of(&answer).0 == FENCED {
         let routes = logins.filter(|(_, x)| *x != SUPERSEDED).map(|(login, _)| login).collect();
-        return Ok(Applied::Fenced { routes });
+        let applied = answer_text(&answer, 2).parse().unwrap_or(0);
+        return Ok(Applied::Fenced { routes, applied });
     }
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
     finish(cluster, &answer).await?;
