@@ -22,7 +22,7 @@ import time
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway_process import cpu_seconds, start
+from gateway_process import binaries as named_binaries, cpu_seconds, start, stop
 
 LOGINS = int(os.environ.get("LOGINS", "400"))
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
@@ -58,14 +58,11 @@ def run(binary, jwks, token, out, label, keys):
         print(line, flush=True)
         out.write(line + "\n")
     finally:
-        gw.terminate()
-        gw.wait()
+        stop(gw)
 
 
 def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    binaries = [a.split("=", 1) for a in sys.argv[2:]]
+    binaries = named_binaries(__doc__)
     stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     now = int(time.time())
     claims = {"sub": "42", "iat": now, "exp": now + 3600}

@@ -29,7 +29,7 @@ import time
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway_process import cpu_seconds, start
+from gateway_process import binaries as named_binaries, cpu_seconds, start, stop
 
 REFRESHES = int(os.environ.get("REFRESHES", "2000"))
 FLOOD_SECONDS = float(os.environ.get("FLOOD_SECONDS", "5"))
@@ -132,22 +132,18 @@ def run(binary, jwks, token, big, out, label):
         refresh = per_call(gw, port, token, 0x05, token)
         say(f"per_refresh  {refresh:6.0f} us of gateway CPU a REFRESH, {ping:4.0f} us a PING (--max-data-rate 0)")
     finally:
-        gw.terminate()
-        gw.wait()
+        stop(gw)
     gw, port = start(binary, ["--jwt-key-file", jwks])
     try:
         verified, ended, used, took = flood(gw, port, token)
         say(f"flood        {verified:6} verified in {took:.2f} s, {used:.2f} s of gateway CPU; ended: {ended}")
         say(f"large        a token of {len(big)} bytes: {large(port, token, big)}")
     finally:
-        gw.terminate()
-        gw.wait()
+        stop(gw)
 
 
 def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    binaries = [a.split("=", 1) for a in sys.argv[2:]]
+    binaries = named_binaries(__doc__)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     now = int(time.time())
     claims = {"sub": str(UID), "iat": now, "exp": now + 3600}

@@ -19,23 +19,12 @@ import sys
 import tempfile
 import time
 
-from gateway_process import free_port
+from gateway_process import binaries as named_binaries, free_port, stop, wait_port
 
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 SLOW_CLIENTS = int(os.environ.get("SLOW_CLIENTS", "60"))
 FAST_CLIENTS = int(os.environ.get("FAST_CLIENTS", "10000"))
 RATES = [(1, SLOW_CLIENTS), (2000, FAST_CLIENTS)]
-
-
-def wait_port(port, what):
-    import socket
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port)).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"{what} did not listen on {port}")
 
 
 def gateways(binary, nodes, work):
@@ -59,7 +48,7 @@ def gateways(binary, nodes, work):
              "--api-listen", f"127.0.0.1:{free_port()}", "--timeout", "5s", "--max-connections", "19000",
              *node, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_port(port, "a gateway")
+        wait_port(port)
         ports.append(port)
     if nodes > 1:
         time.sleep(2)  # every node joined and ready
@@ -80,15 +69,12 @@ def run(loadtest, binary, nodes, rate, clients, work):
         return login
     finally:
         for p in reversed(procs):
-            p.terminate()
-            p.wait()
+            stop(p)
 
 
 def main():
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
+    binaries = named_binaries(__doc__, first=3)
     loadtest = sys.argv[2]
-    binaries = [a.split("=", 1) for a in sys.argv[3:]]
     with open(sys.argv[1], "w") as out, tempfile.TemporaryDirectory() as work:
         out.write("# loadtest/login-latency.py: login_ms (connect to WELCOME), ms\n")
         out.write("# label nodes logins_per_second clients p50 p99 max\n")

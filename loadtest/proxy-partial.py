@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-from gateway_process import cpu_seconds, start
+from gateway_process import binaries as named_binaries, cpu_seconds, start, stop
 
 SOCKETS = int(os.environ.get("SOCKETS", "1000"))
 SECONDS = float(os.environ.get("SECONDS", "10"))
@@ -44,14 +44,11 @@ def run(label, binary, out):
     finally:
         for s in sockets:
             s.close()
-        gw.terminate()
-        gw.wait()
+        stop(gw)
 
 
 def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    binaries = [a.split("=", 1) for a in sys.argv[2:]]
+    binaries = named_binaries(__doc__)
     with open(sys.argv[1], "w") as out:
         out.write(f"# {SOCKETS} sockets that sent 'P', the gateway's CPU over {SECONDS} s; loadtest/proxy-partial.py\n")
         for _ in range(ROUNDS):

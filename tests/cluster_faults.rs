@@ -58,6 +58,17 @@ async fn log_in(nodes: &[TestServer], uids: std::ops::RangeInclusive<u64>) -> Ve
     clients
 }
 
+/// A ready gateway started with `config` and a client logged in on it as `uid`, once its
+/// `online` is in `redis`'s stream.
+async fn one_logged_in(redis: &RedisServer, config: Config, uid: u64) -> (TestServer, Client) {
+    let gw = TestServer::start(config).await;
+    wait_ready(&gw).await;
+    let mut c = gw.client().await;
+    assert!(matches!(c.login(uid).await, Frame::Welcome { .. }));
+    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online" && e.uid == uid)).await;
+    (gw, c)
+}
+
 /// The member names Redis knows now.
 fn members(redis: &RedisServer) -> Vec<String> {
     redis.cli(&["SMEMBERS", "{idlegate}:members"]).lines().filter(|l| !l.is_empty()).map(String::from).collect()
@@ -375,11 +386,7 @@ async fn the_queue_drops_old_data_past_its_byte_bound_and_says_how_much() {
     let Some(redis) = RedisServer::start().await else { return };
     let proxy = Proxy::start(redis.addr).await.unwrap();
     let config = Config { redis_queue_bytes: 256 * 1024, ..cluster_config(&proxy.url(), "a") };
-    let mut gw = TestServer::start(config).await;
-    wait_ready(&gw).await;
-    let mut c = gw.client().await;
-    assert!(matches!(c.login(4).await, Frame::Welcome { .. }));
-    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    let (mut gw, mut c) = one_logged_in(&redis, config, 4).await;
     let online = redis.events().into_iter().find(|e| e.kind == "online").unwrap();
     proxy.pause();
     let payload = Bytes::from(vec![b'y'; 60_000]);
@@ -425,11 +432,7 @@ async fn wills_count_against_the_redis_queues_byte_bound() {
     let Some(redis) = RedisServer::start().await else { return };
     let proxy = Proxy::start(redis.addr).await.unwrap();
     let config = Config { redis_queue_bytes: BOUND, ..cluster_config(&proxy.url(), "a") };
-    let mut gw = TestServer::start(config).await;
-    wait_ready(&gw).await;
-    let mut c = gw.client().await;
-    assert!(matches!(c.login(4).await, Frame::Welcome { .. }));
-    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    let (mut gw, mut c) = one_logged_in(&redis, config, 4).await;
     proxy.pause();
     // The writer takes the first frame alone and waits with it: the rest stays queued.
     c.send(Frame::Data(Bytes::from_static(b"first"))).await;
@@ -507,11 +510,7 @@ async fn a_slow_redis_still_takes_a_big_queue_each_change_once() {
         event_log_capacity: 4 * DATA,
         ..cluster_config(&proxy.url(), "a")
     };
-    let mut gw = TestServer::start(config).await;
-    wait_ready(&gw).await;
-    let mut c = gw.client().await;
-    assert!(matches!(c.login(5).await, Frame::Welcome { .. }));
-    within(PATIENCE, "online in Redis", || redis.events().iter().any(|e| e.kind == "online")).await;
+    let (mut gw, mut c) = one_logged_in(&redis, config, 5).await;
     proxy.pause();
     // The writer takes the first frame alone and waits with it: the rest fills the queue,
     // and the first batch after it is a whole one.

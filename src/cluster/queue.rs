@@ -382,6 +382,12 @@ mod tests {
         assert_eq!(q.len(), 3);
     }
 
+    /// A DATA frame of uid 1's session 1: 100 bytes of `n`, on `topic`.
+    fn data(n: u8, topic: Option<&str>) -> Op {
+        let (payload, topic) = (Bytes::from(vec![n; 100]), topic.map(Into::into));
+        Op::Data { uid: 1, session: 1, device: Device::DEFAULT, payload, topic, at_ms: 0 }
+    }
+
     /// An end that makes room for a login of its uid (logged with it).
     fn makes_room(uid: u64, session: u64) -> Op {
         let (device, reason) = (Device::DEFAULT, CloseReason::Kicked);
@@ -419,14 +425,7 @@ mod tests {
 
     #[test]
     fn data_beyond_the_byte_bound_goes_first_and_is_counted() {
-        let data = |n: u8| Op::Data {
-            uid: 1,
-            session: 1,
-            device: Device::DEFAULT,
-            payload: Bytes::from(vec![n; 100]),
-            topic: None,
-            at_ms: 0,
-        };
+        let data = |n: u8| data(n, None);
         let q = Queue::new(100, 250);
         q.enqueue(online(1, 1));
         q.enqueue(data(1));
@@ -445,14 +444,7 @@ mod tests {
 
     #[test]
     fn wills_and_claims_count_against_the_byte_bound() {
-        let data = |n: u8| Op::Data {
-            uid: 1,
-            session: 1,
-            device: Device::DEFAULT,
-            payload: Bytes::from(vec![n; 100]),
-            topic: Some("t/1".into()),
-            at_ms: 0,
-        };
+        let data = |n: u8| data(n, Some("t/1"));
         let will = Box::new(Will { topic: "gone/1".into(), payload: Bytes::from(vec![7; 2_000]) });
         let will_bytes = std::mem::size_of::<Will>() + 6 + 2_000;
         let claims = Arc::new(Claims::from_json(format!(r#"{{"name":"{}"}}"#, "a".repeat(1_000))));
