@@ -86,6 +86,10 @@ pub struct Verdict {
     pub faults: BTreeMap<String, u64>,
     /// Client sessions judged by the healthy-node check.
     pub kept: usize,
+    /// Sessions missing from the stream whose node was killed (SIGKILL) within
+    /// [`KILLED_BEFORE_ITS_BATCH_MS`] of their WELCOME: welcomed from the node's memory, gone
+    /// with it before its next batch could leave.
+    pub killed_before_batch: usize,
     /// Sessions the webhooks named, when they were judged.
     pub webhook_sessions: Option<usize>,
 }
@@ -108,6 +112,7 @@ impl Verdict {
             "sessions": self.sessions,
             "gaps": self.gaps,
             "kept_sessions_checked": self.kept,
+            "killed_before_batch": self.killed_before_batch,
             "webhook_sessions": self.webhook_sessions,
         })
     }
@@ -278,6 +283,10 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
     verdict
 }
 
+/// How soon after a WELCOME a SIGKILL of its node may take the login with it: the writer's
+/// linger (2 ms) and a Redis round trip, with room for a batch already on its way.
+pub const KILLED_BEFORE_ITS_BATCH_MS: u64 = 50;
+
 /// After a fault ends, how long its effects may still reach a node's sessions: a fenced node
 /// logging back in, a lease running out, a last sweep.
 fn aftermath_ms(settings: &Value) -> u64 {
@@ -321,8 +330,17 @@ pub fn check_clients(verdict: &mut Verdict, events: &[Value], clients: &[Value],
             (target == node || target == "redis") && f["kind"] != "clock" && at <= to && from <= at + lasts + aftermath
         });
         // Every welcomed session, on any node under any fault, is in the stream unless a gap
-        // was reported (issue 49: a fenced node's last logins were once exempt).
-        if !gaps && !named.contains(session) {
+        // was reported (issue 49: a fenced node's last logins were once exempt), or its node
+        // was killed before the login's batch could leave: WELCOME does not wait for Redis
+        // (docs/RELIABILITY.md says what that costs), so a SIGKILL in that moment takes the
+        // login with it. Only that moment is allowed, and counted.
+        let killed_at_once = faults.iter().any(|f| {
+            let at = f["at_ms"].as_u64().unwrap_or(0);
+            f["kind"] == "kill" && f["target"] == node && from <= at && at <= from + KILLED_BEFORE_ITS_BATCH_MS
+        });
+        if !gaps && !named.contains(session) && killed_at_once {
+            verdict.killed_before_batch += 1;
+        } else if !gaps && !named.contains(session) {
             let under = if touched { ", a node a fault touched" } else { "" };
             verdict.violations.push(Violation {
                 kind: "session_missing_from_events",
@@ -564,5 +582,19 @@ mod tests {
         // fault too.
         assert_eq!(kinds(&judged(&[client("n1", "x", "logout")])), ["session_missing_from_events"]);
         assert_eq!(kinds(&judged(&[client("n2", "x", "logout")])), ["session_missing_from_events"]);
+        // Unless its node was killed right after its WELCOME: counted, not a violation; a
+        // kill later than that is no excuse.
+        let killed = |at_ms: u64| {
+            let schedule = json!({
+                "faults": [{"kind": "kill", "target": "n2", "at_ms": at_ms, "for_ms": 500}],
+                "settings": {"timeout_ms": 3_000, "node_lease_ms": 1_000},
+            });
+            let mut verdict = check(&events, &[], false);
+            check_clients(&mut verdict, &events, &[client("n2", "x", "lost")], &schedule);
+            verdict
+        };
+        let at_once = killed(2_002);
+        assert!(at_once.ok() && at_once.killed_before_batch == 1, "{:?}", at_once.violations);
+        assert_eq!(kinds(&killed(2_000 + KILLED_BEFORE_ITS_BATCH_MS + 1)), ["session_missing_from_events"]);
     }
 }
