@@ -52,6 +52,11 @@ pub struct VerdictArgs {
     /// unhealthy for the clients check, and the gateways' settings.
     #[arg(long)]
     pub schedule: Option<PathBuf>,
+    /// The gateways' `--max-devices`: no uid may hold more sessions at once in stream order,
+    /// nor one device twice, leaving out the sessions whose `online` says `superseded`.
+    /// Taken from the schedule's settings when not given; unchecked without either.
+    #[arg(long)]
+    pub max_devices: Option<usize>,
     /// The stream was cut before everything ended: an `online` without its `offline` is
     /// not a violation.
     #[arg(long)]
@@ -92,6 +97,8 @@ pub struct Verdict {
     pub killed_before_batch: usize,
     /// Sessions the webhooks named, when they were judged.
     pub webhook_sessions: Option<usize>,
+    /// Sessions whose `online` said `superseded`: left out of the device bound.
+    pub superseded: usize,
 }
 
 impl Verdict {
@@ -114,6 +121,7 @@ impl Verdict {
             "kept_sessions_checked": self.kept,
             "killed_before_batch": self.killed_before_batch,
             "webhook_sessions": self.webhook_sessions,
+            "superseded": self.superseded,
         })
     }
 }
@@ -140,6 +148,9 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
     // Per uid: the `at_ms` of its last user event, which the next may not go below, gaps or
     // not (issue 49, promise 3: time never goes back per uid).
     let mut user_at: HashMap<u64, u64> = HashMap::new();
+    // The same, for the uid's session events, which may not be stamped below it (promise 3);
+    // what Redis lost in a gap may hold the floor, so it starts afresh after one.
+    let mut floor: HashMap<u64, u64> = HashMap::new();
     let mut line_of: HashMap<String, usize> = HashMap::new();
     for (line, event) in events.iter().enumerate() {
         if let Some(id) = event["id"].as_str() {
@@ -149,9 +160,19 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
         let uid = event["uid"].as_u64();
         let session = event["session"].as_str().map(str::to_string);
         if let (Some(uid), Some(at), "user_online" | "user_offline") = (uid, event["at_ms"].as_u64(), kind) {
+            floor.insert(uid, at);
             if let Some(before) = user_at.insert(uid, at).filter(|&before| at < before) {
                 say(
                     "user_event_back_in_time",
+                    line,
+                    format!("uid {uid}: {kind} at {at} ms, after a user event at {before} ms"),
+                );
+            }
+        }
+        if let (Some(uid), Some(at), "online" | "offline") = (uid, event["at_ms"].as_u64(), kind) {
+            if let Some(&before) = floor.get(&uid).filter(|&&before| at < before) {
+                say(
+                    "session_event_back_in_time",
                     line,
                     format!("uid {uid}: {kind} at {at} ms, after a user event at {before} ms"),
                 );
@@ -236,6 +257,7 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
             }
             ("gap", _, _) => {
                 gaps.push(line);
+                floor.clear();
                 // What was lost may have held any uid's events: its user-event order starts
                 // afresh, and only sessions whose online comes after the gap count as live.
                 user_online.clear();
@@ -281,6 +303,47 @@ pub fn check(events: &[Value], presence: &[Value], running: bool) -> Verdict {
     }
     verdict.violations.sort_by_key(|v| v.line);
     verdict
+}
+
+/// Issue 49, promise 2: the device bound in stream order. A consumer reading `events` in
+/// order never sees a uid with more than `max_devices` sessions online, nor one device of
+/// it twice; a session whose `online` says `superseded` (a login on another node had taken
+/// its place before it was logged) is left out, and counted. After a gap, only sessions
+/// announced after it count.
+pub fn check_bound(verdict: &mut Verdict, file: &'static str, events: &[Value], max_devices: usize) {
+    let mut live: HashMap<u64, Vec<(String, String)>> = HashMap::new();
+    for (line, event) in events.iter().enumerate() {
+        let (uid, session) = (event["uid"].as_u64(), event["session"].as_str());
+        match (event["type"].as_str(), uid, session) {
+            (Some("online"), Some(uid), Some(session)) => {
+                if event["superseded"] == true {
+                    verdict.superseded += 1;
+                    continue;
+                }
+                let device = event["device"].as_str().unwrap_or("").to_string();
+                let held = live.entry(uid).or_default();
+                // Announced again after a gap: the same session.
+                held.retain(|(s, _)| s != session);
+                if let Some((other, _)) = held.iter().find(|(_, d)| *d == device) {
+                    let detail = format!("uid {uid}: session {session} online on device {device:?} while {other} is");
+                    verdict.violations.push(Violation { kind: "device_online_twice", file, line, detail });
+                }
+                held.push((session.to_string(), device));
+                if held.len() > max_devices {
+                    let detail = format!("uid {uid}: {} sessions online, over --max-devices {max_devices}", held.len());
+                    verdict.violations.push(Violation { kind: "over_max_devices", file, line, detail });
+                }
+            }
+            (Some("offline"), Some(uid), Some(session)) => {
+                if let Some(held) = live.get_mut(&uid) {
+                    held.retain(|(s, _)| s != session);
+                }
+            }
+            (Some("gap"), _, _) => live.clear(),
+            _ => {}
+        }
+    }
+    verdict.violations.sort_by_key(|v| v.line);
 }
 
 /// How soon after a WELCOME a SIGKILL of its node may take the login with it: the writer's
@@ -403,8 +466,17 @@ pub fn run(args: &VerdictArgs) -> Result<bool, String> {
     } else if let Some(faults) = schedule["faults"].as_array() {
         check_clients(&mut verdict, &events, &[], &json!({"faults": faults}));
     }
+    let max_devices = args.max_devices.or(schedule["settings"]["max_devices"].as_u64().map(|n| n as usize));
+    if let Some(max) = max_devices {
+        check_bound(&mut verdict, EVENTS, &events, max);
+    }
     if let Some(path) = &args.webhooks {
-        let hooked = check(&read_lines(path)?, &[], args.running);
+        let hooked_events = read_lines(path)?;
+        let mut hooked = check(&hooked_events, &[], args.running);
+        if let Some(max) = max_devices {
+            check_bound(&mut hooked, WEBHOOKS, &hooked_events, max);
+            verdict.superseded = verdict.superseded.max(hooked.superseded);
+        }
         verdict.webhook_sessions = Some(hooked.sessions);
         verdict.violations.extend(hooked.violations.into_iter().map(|v| Violation { file: WEBHOOKS, ..v }));
     }
@@ -538,7 +610,30 @@ mod tests {
             r#"{"type":"offline","uid":1,"session":"b","at_ms":700}"#,
             r#"{"type":"user_offline","uid":1,"at_ms":2700}"#,
         ]);
-        assert_eq!(kinds(&check(&events, &[], false)), ["user_event_back_in_time"]);
+        // The online at 600 came after a user event at 2200: stamped before it, too.
+        assert_eq!(kinds(&check(&events, &[], false)), ["session_event_back_in_time", "user_event_back_in_time"]);
+    }
+
+    #[test]
+    fn the_device_bound_holds_in_stream_order_but_for_superseded_logins() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"a","device":"phone"}"#,
+            r#"{"type":"online","uid":1,"session":"b","device":"desk"}"#,
+            // A login of the phone elsewhere, logged before the first phone's offline.
+            r#"{"type":"online","uid":1,"session":"c","device":"phone"}"#,
+            r#"{"type":"offline","uid":1,"session":"a","reason":"idle_timeout"}"#,
+            // Logged after the login that replaced it, and saying so: left out.
+            r#"{"type":"online","uid":1,"session":"d","device":"desk","superseded":true}"#,
+            r#"{"type":"offline","uid":1,"session":"d","reason":"kicked"}"#,
+            r#"{"type":"online","uid":1,"session":"e","device":"tablet"}"#,
+        ]);
+        let mut verdict = Verdict::default();
+        check_bound(&mut verdict, EVENTS, &events, 2);
+        assert_eq!(kinds(&verdict), ["device_online_twice", "over_max_devices", "over_max_devices"]);
+        assert_eq!(verdict.superseded, 1);
+        let mut roomy = Verdict::default();
+        check_bound(&mut roomy, EVENTS, &events, 3);
+        assert_eq!(kinds(&roomy), ["device_online_twice"]);
     }
 
     #[test]

@@ -64,6 +64,8 @@ impl ClusterDirectory {
                 let mut routes: Vec<(Device, Route)> = fields
                     .into_iter()
                     .filter_map(|(device, value)| Some((device.parse().ok()?, Route::parse(&value)?)))
+                    // An ended route's `offline` is logged or on its way: the uid is not there.
+                    .filter(|(_, route)| !route.ended)
                     .collect();
                 // Oldest login first, as a lone gateway lists a uid's sessions.
                 routes.sort_by(|a, b| (a.1.since_ms, &a.1.session).cmp(&(b.1.since_ms, &b.1.session)));

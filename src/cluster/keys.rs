@@ -5,7 +5,9 @@
 //!   per-uid part, read by every presence question;
 //! - the control keys, all under the hash tag `{idlegate}` so they share one slot and one
 //!   script can change several of them atomically: the members set, a lease, a session
-//!   hash and an inbox per member, and the event stream.
+//!   hash and an inbox per member, and the event stream; among them `{idlegate}:user_at`,
+//!   each uid's last user-event stamp, the floor of its session events' (kept and pruned by
+//!   the scripts alone).
 //!
 //! A member is one run of one node, `<node>#<incarnation>`: a node restarted under the same
 //! `--node-id` is a new member, so routes its previous run left behind never look online.
@@ -115,6 +117,14 @@ pub(crate) fn unroute(member: &str) -> String {
     format!("{{idlegate}}:unroute:{member}")
 }
 
+/// Hash of `member`'s logins that a login elsewhere replaced before they were announced, by
+/// session field: their `online` says so (`superseded`), as it comes after the replacing
+/// login's (`scripts.rs`, `APPLY`).
+pub(crate) fn superseded(member: &str) -> String {
+    format!("{{idlegate}}:superseded:{member}")
+}
+
+
 /// A stream epoch as the scripts answer it (a decimal string, empty before the first
 /// event); 0 for none.
 pub(crate) fn epoch_of(value: &redis::Value) -> u64 {
@@ -161,18 +171,24 @@ pub(crate) fn owner_prefix(member: &str, session: &str) -> String {
     format!("{member}|{session}|")
 }
 
+/// How an ended route's last part begins (`scripts.rs`, `ROUTE_END`).
+const ENDED_MARK: char = '#';
+
 /// A route read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Route {
     pub member: String,
     pub session: String,
     pub since_ms: u64,
+    /// Its session ended and the `offline` is on its way (`ROUTE_END`'s mark): the uid is
+    /// not online there, but a login replacing it logs that end first.
+    pub ended: bool,
 }
 
 // === impl Route ===
 
 impl Route {
-    /// Parses `<member>|<session>|<since_ms>|...`; `None` for anything else.
+    /// Parses `<member>|<session>|<since_ms>|<replaced>`; `None` for anything else.
     pub(crate) fn parse(value: &str) -> Option<Route> {
         let mut parts = value.splitn(4, '|');
         let member = parts.next()?.to_string();
@@ -181,7 +197,8 @@ impl Route {
         if member.is_empty() || session.is_empty() {
             return None;
         }
-        Some(Route { member, session, since_ms })
+        let ended = parts.next().is_some_and(|replaced| replaced.starts_with(ENDED_MARK));
+        Some(Route { member, session, since_ms, ended })
     }
 }
 
@@ -200,7 +217,8 @@ mod tests {
     #[test]
     fn routes_parse_and_control_keys_share_one_slot() {
         let r = Route::parse("a#1|00ff|17|b#2|0001").unwrap();
-        assert_eq!(r, Route { member: "a#1".into(), session: "00ff".into(), since_ms: 17 });
+        assert_eq!(r, Route { member: "a#1".into(), session: "00ff".into(), since_ms: 17, ended: false });
+        assert!(Route::parse("a#1|00ff|17|#timeout|20|0\nb#2|0001").unwrap().ended);
         assert!(Route::parse("a#1|00ff").is_none() && Route::parse("||1|").is_none());
         assert_eq!(node_of(&new_member("gw-1")), "gw-1");
         let tab: crate::proto::Device = "tab/2".parse().unwrap();

@@ -226,6 +226,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
         redis::Cmd::del(keys::unroute(&member_owned)),
         redis::Cmd::del(keys::wills(&member_owned)),
         redis::Cmd::del(keys::claims(&member_owned)),
+        redis::Cmd::del(keys::superseded(&member_owned)),
         redis::Cmd::del(keys::reaping(&member_owned)),
     ];
     cluster.send_control(cmds).await?;

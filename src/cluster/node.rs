@@ -84,6 +84,7 @@ impl Cluster {
             redis::Cmd::del(keys::applied(&member)),
             redis::Cmd::del(keys::applied_dropped(&member)),
             redis::Cmd::del(keys::verified(&member)),
+            redis::Cmd::del(keys::superseded(&member)),
         ];
         let left = tokio::time::timeout_at(deadline.max(Instant::now() + LEAVE_POLL), self.send_control(cmds)).await;
         match left {

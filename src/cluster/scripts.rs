@@ -27,6 +27,13 @@ use redis::Script;
 /// (`e.renew()`), a new epoch begins with an entry `t=epoch`: readers report it to their
 /// consumers as a gap of unknown size (`earlier_stream`), never as an unbroken sequence.
 const EMIT: &str = r#"
+-- Sorted set uid -> the stamp of its last user event: the floor of its session events'.
+local USER_AT = '{idlegate}:user_at'
+-- How long a floor is kept: far longer than any batch is held back (a node cut off that
+-- long was reaped, and its sessions ended, long before), short enough that the set holds
+-- only the uids of the last hour.
+local FLOOR_KEEP_MS = 3600000
+
 local function emitter(stream, last_key, maxlen, maxbytes)
   maxlen, maxbytes = tonumber(maxlen), tonumber(maxbytes)
   local t = redis.call('TIME')
@@ -98,6 +105,21 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   -- `at_ms` never goes back when one node's writes reach Redis late (issue 48).
   function e.stamp()
     return string.format('%d', math.max(now, ms))
+  end
+  -- The stamp of a user event of `uid`, recorded as the uid's floor: none of its session
+  -- events logged later is stamped earlier (issue 49, promise 3), even when a node's writes
+  -- reach Redis late and carry that node's older times. Floors older than `FLOOR_KEEP_MS`
+  -- are pruned by `RELEASE`.
+  function e.user_stamp(uid)
+    local stamp = e.stamp()
+    redis.call('ZADD', USER_AT, stamp, uid)
+    return stamp
+  end
+  -- `at` (a session event's time, by its node's clock), raised to `uid`'s floor.
+  function e.floor(uid, at)
+    local f = tonumber(redis.call('ZSCORE', USER_AT, uid) or '0')
+    if f > (tonumber(at) or 0) then return string.format('%d', f) end
+    return at
   end
   -- Takes sizes from the front of the list while `more(taken)` holds, taking each from
   -- `bytes`; returns how many it took. Reads only the elements it takes from, and writes
@@ -213,7 +235,7 @@ local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
     redis.call('ZADD', gk, ev.now() + grace_ms, uid)
     redis.call('HSET', wk, uid, r .. '|' .. at)
   else
-    ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'e', at, 'at', ev.stamp())
+    ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'e', at, 'at', ev.user_stamp(uid))
   end
   if seen_ms > 0 then
     seen[#seen + 1] = uid .. ':' .. at
@@ -265,7 +287,7 @@ local function emit_offline(ev, uid, s, d, r, at, wt, wp, c)
     fields[#fields + 1] = c
   end
   fields[#fields + 1] = 'at'
-  fields[#fields + 1] = at
+  fields[#fields + 1] = ev.floor(uid, at)
   ev.emit(unpack(fields))
 end
 "#;
@@ -439,26 +461,54 @@ for i = from, #ARGV, 6 do
         -- `~`: a session of this member whose end its node applied (see above).
         local ended = string.sub(entry, 1, 1) == '~'
         if ended then entry = string.sub(entry, 2) end
+        -- `=<reason>|<at>|<will>|`: a session that ended by itself, whose node marked its
+        -- route (`ROUTE_END`) before logging its `offline`.
+        local gone = nil
+        if string.sub(entry, 1, 1) == '=' then
+          local r, eat, w, rest = string.match(entry, '^=([^|]*)|([^|]*)|([^|]*)|(.*)$')
+          if r then
+            gone = {r, eat, w == '1'}
+            entry = rest
+          end
+        end
         local m, ps, pd = string.match(entry, '^([^|]*)|([^|]*)|(.*)$')
+        local key, pf = nil, nil
+        if m then key, pf = '{idlegate}:sessions:' .. m, field(uid, pd) end
         if m == me and ps == s then
           -- The login itself: never a session it replaces. A route's chain can name it when
           -- the route commands of a retried batch ran out of order and the login is in the
           -- batch twice (queued, then announced again by a reconcile): nemesis seed 1 on a
           -- Redis Cluster, where it ended the session and announced it once more.
         elseif m and ended then
-          if m == me then forget(KEYS[6], m, uid, field(uid, pd), ps) end
-        elseif m then
-          local key = '{idlegate}:sessions:' .. m
-          local pf = field(uid, pd)
-          if redis.call('HGET', key, pf) == ps and (m == me or current(m)) then
+          if m == me then forget(KEYS[6], m, uid, pf, ps) end
+        elseif m and redis.call('HGET', key, pf) == ps then
+          if m == me or current(m) then
+            -- Held: its `offline` goes here, before this login's `online`. One that ended by
+            -- itself goes as its node ended it (issue 49: logged by its node alone, after
+            -- this login's `online`, it put its uid over `--max-devices` in stream order); one
+            -- this login takes over, as kicked.
             redis.call('HDEL', key, pf)
             local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
             local c = take_claims('{idlegate}:claims:' .. m, pf, ps)
-            emit_offline(ev, uid, ps, pd, 'kicked', at, wt, wp, c)
-            if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
+            local r, eat = 'kicked', at
+            if gone then
+              r, eat = gone[1], gone[2]
+              -- Its node says whether the will goes out (not after a clean DISCONNECT).
+              if not gone[3] then wt, wp = nil, nil end
+            end
+            emit_offline(ev, uid, ps, pd, r, eat, wt, wp, c)
+            if count(uid, -1) <= 0 then owe(uid, r, eat) end
           end
-          -- Held or not yet announced, its node ends it; one not yet announced is announced
-          -- when its login arrives, and its end follows (see `!` below).
+        elseif m and m ~= me then
+          -- Not held: not announced yet (its batch is on its way, two logins having raced),
+          -- or ended already. A login announced after this one's `online` is marked, so its
+          -- `online` says it was superseded (see `!` below).
+          redis.call('HSET', '{idlegate}:superseded:' .. m, pf, ps)
+        end
+        -- Held or not yet announced, its node ends it; one not yet announced is announced
+        -- when its login arrives, and its end follows (see `!` below). One that ended by
+        -- itself is its node's already.
+        if m and not ended and not gone and not (m == me and ps == s) then
           redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', ps)
         end
       end
@@ -466,10 +516,18 @@ for i = from, #ARGV, 6 do
     -- Every login is announced, even one a newer login took over (or superseded, `!`)
     -- before it got here: its client was welcomed and may have had PUBLISHes acknowledged,
     -- so its `online`, its data and its `offline` (kicked, with its will) come in order
-    -- once its node, told through its inbox (or by `!`), ends it.
+    -- once its node, told through its inbox (or by `!`), ends it. Such a login's `online`
+    -- carries `sp`: it came after the login that superseded it, and a consumer counting a
+    -- uid's devices in stream order leaves it out (the one overlap `--max-devices` allows).
     if redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
+      local superseded = x == '!'
+      local marks = '{idlegate}:superseded:' .. me
+      if redis.call('HGET', marks, f) == s then
+        redis.call('HDEL', marks, f)
+        superseded = true
+      end
       -- `<claims>|<origin>`: the origin holds no '|', the claims (JSON) may.
       local c, o = '', '- -'
       if extra then
@@ -480,22 +538,31 @@ for i = from, #ARGV, 6 do
           c = extra
         end
       end
+      local fields = {'t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'o', o}
       if c ~= '' then
         redis.call('HSET', KEYS[10], f, s .. '|' .. c)
-        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'o', o, 'c', c, 'at', at)
-      else
-        ev.emit('t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'o', o, 'at', at)
+        fields[#fields + 1] = 'c'
+        fields[#fields + 1] = c
       end
+      if superseded then
+        fields[#fields + 1] = 'sp'
+        fields[#fields + 1] = '1'
+      end
+      fields[#fields + 1] = 'at'
+      fields[#fields + 1] = ev.floor(uid, at)
+      ev.emit(unpack(fields))
       if n == 1 then
         if owed[uid] then
           -- It replaces the session whose end owed the user_offline: no transition.
           owed[uid] = nil
         elseif not user_back(KEYS[8], KEYS[9], uid) then
-          ev.emit('t', 'user_online', 'uid', uid, 'at', ev.stamp())
+          ev.emit('t', 'user_online', 'uid', uid, 'at', ev.user_stamp(uid))
         end
       end
     end
   elseif kind == 'E' then
+    local marks = '{idlegate}:superseded:' .. me
+    if redis.call('HGET', marks, f) == s then redis.call('HDEL', marks, f) end
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
       local n = count(uid, -1)
@@ -563,6 +630,8 @@ return {status, ev.epoch(), lost, ev.n(), table.concat(seen, ',')}
 const RELEASE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Floors past keeping: this costs what it prunes.
+redis.call('ZREMRANGEBYSCORE', USER_AT, '-inf', '(' .. (now - FLOOR_KEEP_MS))
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #due == 0 then return {0, ''} end
 local ev = emitter(KEYS[3], KEYS[4], ARGV[2], ARGV[3])
@@ -575,7 +644,7 @@ for _, uid in ipairs(due) do
   -- A uid with a session again came back without a login taking it out (only if Redis
   -- lost writes between the two): it never went offline.
   if tonumber(redis.call('HGET', KEYS[5], uid) or '0') <= 0 then
-    local stamp = ev.stamp()
+    local stamp = ev.user_stamp(uid)
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or stamp, 'at', stamp)
     released = released + 1
   end
@@ -725,72 +794,136 @@ return {1, epoch, n}
 /// member holds that device.
 ///
 /// A route is a hash per uid: device (empty for the default one) -> `<member>|<session>|
-/// <since_ms>|<replaced>`. KEYS: the route. ARGV: `<member>|<session>`, since_ms, member,
-/// device, `--max-devices`. Logins of one device compare by `since_ms`, then by owner text:
-/// a retried batch can never point the route back at an older login. A route of this
-/// member's own older session is always replaced (a member applies its logins in order). A
-/// new device of a uid that holds `--max-devices` routes takes the place of the oldest
-/// login among them: the one decision that bounds a uid's sessions across the cluster.
-/// Returns `<member>|<session>|<device>` of the session it replaced, followed (one a line)
-/// by the first entries of what that session had replaced itself, up to `MAX_CHAIN` in all;
-/// `!` if a newer login holds the device; or nil. The chain is what keeps "the kicked
-/// session's `offline` before the new `online`" when a login replaces one whose own
-/// takeover has not reached the control slot yet: its predecessor may still be held, and
-/// `APPLY` ends every held session the chain names. Four covers logins of one device on
-/// four nodes within one batch's round trip; newlines never occur in a member, a session
-/// or a device name (control characters are refused in each). Retried for the same login, it returns what the first call
+/// <since_ms>|<replaced>`; an ended route's `replaced` begins with its end mark
+/// (`ROUTE_END`). KEYS: the route. ARGV: `<member>|<session>`, since_ms, member, device,
+/// `--max-devices`. Logins of one device compare by `since_ms`, then by owner text: a
+/// retried batch can never point the route back at an older login. A route of this
+/// member's own older session, or one that ended, is always replaced (a member applies its
+/// logins in order). A new device of a uid that holds `--max-devices` routes takes the
+/// place of an ended one, else of the oldest login among them, unless this login is older
+/// still: the one decision that bounds a uid's sessions across the cluster.
+///
+/// Returns `<member>|<session>|<device>` of the session it replaced (`=<reason>|<at>|<will>|`
+/// before it if that session ended), followed (one a line) by the first entries of what
+/// that session had replaced itself, up to `MAX_CHAIN` in all; `!` if a newer login holds
+/// the place; or nil. The chain is what keeps "the kicked session's `offline` before the
+/// new `online`" when a login replaces one whose own takeover has not reached the control
+/// slot yet: its predecessor may still be held, and `APPLY` ends every held session the
+/// chain names. Four covers logins of one device on four nodes within one batch's round
+/// trip; newlines never occur in a member, a session or a device name (control characters
+/// are refused in each). Retried for the same login, it returns what the first call
 /// replaced, kept in the route's last field.
 const ROUTE_SET: &str = r#"
 local MAX_CHAIN = 4
 local me, dev, max = ARGV[1], ARGV[4], tonumber(ARGV[5])
+local mine = tonumber(ARGV[2])
 local function parts(v)
   return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+-- A route's last part: its end mark (`#<reason>|<at>|<will>` on a line of its own, set by
+-- `ROUTE_END`), if it ended, and what it had replaced.
+local function split_end(prior)
+  if string.sub(prior, 1, 1) ~= '#' then return nil, prior end
+  local nl = string.find(prior, '\n', 1, true)
+  if nl then return string.sub(prior, 2, nl - 1), string.sub(prior, nl + 1) end
+  return string.sub(prior, 2), ''
+end
+-- The chain entry for `owner` (`<member>|<session>`) on device `d`: `=<end>|` before it
+-- when it ended, so `APPLY` logs that end as its node would, before this login.
+local function entry(owner, d, ended)
+  if ended then return '=' .. ended .. '|' .. owner .. '|' .. d end
+  return owner .. '|' .. d
 end
 -- The replaced owner `head`, then the first of the chain it had replaced itself.
 local function chain(head, prior)
   local out, k = head, 1
-  for entry in string.gmatch(prior or '', '[^\n]+') do
+  for e in string.gmatch(prior or '', '[^\n]+') do
     if k >= MAX_CHAIN then break end
-    out, k = out .. '\n' .. entry, k + 1
+    out, k = out .. '\n' .. e, k + 1
   end
   return out
+end
+-- Whether a live login of another member, since `theirs`, is newer than this one.
+local function newer(om, owner, theirs)
+  if om == ARGV[3] then return false end
+  return theirs > mine or (theirs == mine and owner > me)
 end
 local old = redis.call('HGET', KEYS[1], dev)
 local replaced = ''
 if old then
   local om, os, since, prior = parts(old)
   if om then
+    local ended, rest = split_end(prior)
     local owner = om .. '|' .. os
     if owner == me then
-      if prior ~= '' then return prior end
+      if rest ~= '' then return rest end
       return false
     end
-    if om ~= ARGV[3] then
-      local theirs, mine = tonumber(since) or 0, tonumber(ARGV[2])
-      if theirs > mine or (theirs == mine and owner > me) then return '!' end
-    end
-    replaced = chain(owner .. '|' .. dev, prior)
+    if not ended and newer(om, owner, tonumber(since) or 0) then return '!' end
+    replaced = chain(entry(owner, dev, ended), rest)
   end
 else
   local all = redis.call('HGETALL', KEYS[1])
   if #all / 2 >= max then
-    local victim, vsince, vowner, vprior = nil, nil, nil, nil
+    -- The route whose place this login takes: an ended one first (its session is gone; its
+    -- end orders itself before this login), else the oldest login.
+    local victim, vended, vsince, vowner, vom, vrest = nil, nil, nil, nil, nil, nil
     for i = 1, #all, 2 do
       local om, os, since, prior = parts(all[i + 1])
-      local t = tonumber(since) or 0
-      if om and (victim == nil or t < vsince or (t == vsince and om .. '|' .. os < vowner)) then
-        victim, vsince, vowner, vprior = all[i], t, om .. '|' .. os, prior
+      if om then
+        local t = tonumber(since) or 0
+        local ended, rest = split_end(prior)
+        local better = victim == nil
+          or (ended and not vended)
+          or ((ended ~= nil) == (vended ~= nil) and (t < vsince or (t == vsince and om .. '|' .. os < vowner)))
+        if better then
+          victim, vended, vsince, vowner, vom, vrest = all[i], ended, t, om .. '|' .. os, om, rest
+        end
       end
     end
     if victim then
+      -- Older than every live login it could replace: a newer login won the uid's last
+      -- place before this one's route got here.
+      if not vended and newer(vom, vowner, vsince) then return '!' end
       redis.call('HDEL', KEYS[1], victim)
-      replaced = chain(vowner .. '|' .. victim, vprior)
+      replaced = chain(entry(vowner, victim, vended), vrest)
     end
   end
 end
 redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. replaced)
 if replaced == '' then return false end
 return replaced
+"#;
+
+/// Marks a uid's route of one session ended, if it still names the given owner
+/// (`<member>|<session>|`), whatever its device: run just before `APPLY` logs the
+/// session's `offline`, where deleting the route would open a gap. A login of the device
+/// (or of a new device at `--max-devices`) on another node, routed in that gap, would find
+/// no route to replace and be logged online before this `offline`: a uid over its bound in
+/// stream order (issue 49). Marked, the route is replaced as any other, and the new login's
+/// `APPLY` logs this end first, as its node would (reason, time, whether its will goes
+/// out), if that node has not yet. Presence reads a marked route as gone; the writer
+/// deletes it (`ROUTE_DEL`) once the `offline` is logged.
+///
+/// KEYS: the route. ARGV: the owner, the reason, the end's unix ms, `1` if the will goes
+/// out, else `0`. Returns 1 if marked (or marked already).
+const ROUTE_END: &str = r#"
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local v = all[i + 1]
+  if string.sub(v, 1, #ARGV[1]) == ARGV[1] then
+    local rest = string.sub(v, #ARGV[1] + 1)
+    local bar = string.find(rest, '|', 1, true)
+    if not bar then return 0 end
+    local prior = string.sub(rest, bar + 1)
+    if string.sub(prior, 1, 1) == '#' then return 1 end
+    local mark = '#' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4]
+    if prior ~= '' then mark = mark .. '\n' .. prior end
+    redis.call('HSET', KEYS[1], all[i], ARGV[1] .. string.sub(rest, 1, bar) .. mark)
+    return 1
+  end
+end
+return 0
 "#;
 
 /// Deletes a uid's route of one session if it still names the given owner
@@ -816,6 +949,7 @@ pub(crate) struct Scripts {
     pub lease: Script,
     pub route_set: Script,
     pub route_del: Script,
+    pub route_end: Script,
     pub release: Script,
     pub turn_hold: Script,
     pub turn_from: Script,
@@ -835,6 +969,7 @@ impl Scripts {
             lease: Script::new(LEASE),
             route_set: Script::new(ROUTE_SET),
             route_del: Script::new(ROUTE_DEL),
+            route_end: Script::new(ROUTE_END),
             release: with_emit(RELEASE),
             turn_hold: Script::new(TURN_HOLD),
             turn_from: Script::new(TURN_FROM),
@@ -844,7 +979,7 @@ impl Scripts {
     }
 
     /// Every script, for `SCRIPT LOAD` on every master before pipelines call them by hash.
-    pub(crate) fn all(&self) -> [&Script; 11] {
+    pub(crate) fn all(&self) -> [&Script; 12] {
         [
             &self.apply,
             &self.claim,
@@ -852,6 +987,7 @@ impl Scripts {
             &self.lease,
             &self.route_set,
             &self.route_del,
+            &self.route_end,
             &self.release,
             &self.turn_hold,
             &self.turn_from,
@@ -869,7 +1005,7 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Stdio};
 
-    use super::{APPLY, EMIT};
+    use super::{APPLY, EMIT, ROUTE_END, ROUTE_SET};
     use crate::cluster::keys;
     use crate::proto::CloseReason;
 
@@ -943,8 +1079,12 @@ mod tests {
     /// `APPLY` for member `m`: changes numbered `first..=last`, the member's batch before
     /// it ending at `prev`; returns its status.
     fn apply(redis: &Redis, first: u64, last: u64, prev: u64, changes: &[[&str; 6]]) -> String {
+        apply_as(redis, "m", first, last, prev, changes)
+    }
+
+    /// `APPLY` for `member`, as [`apply`].
+    fn apply_as(redis: &Redis, member: &str, first: u64, last: u64, prev: u64, changes: &[[&str; 6]]) -> String {
         let script = format!("{EMIT}\n{APPLY}");
-        let member = "m";
         let keys = [
             keys::sessions(member),
             keys::EVENTS.to_string(),
@@ -1057,5 +1197,87 @@ mod tests {
         assert_eq!(apply(&redis, 3, 6, 2, &[datum("b"), datum("c"), datum("d"), datum("e")]), "0");
         assert_eq!(data(&redis), ["a", "b", "c", "d", "e"]);
         assert_eq!(redis.cli(&["GET", &keys::applied("m")]).trim(), "6");
+    }
+
+    /// `ROUTE_SET` of uid 7's `device` for `member`'s session `s`, since `since`, under
+    /// `--max-devices` `max`: its answer.
+    fn route_set(redis: &Redis, member: &str, s: &str, since: &str, device: &str, max: &str) -> String {
+        let owner = format!("{member}|{s}");
+        let args = ["EVAL", ROUTE_SET, "1", "idlegate:route:7", &owner, since, member, device, max];
+        redis.cli(&args).trim_end_matches('\n').to_string()
+    }
+
+    /// Each event of the stream as `type session at [sp]`, in order.
+    fn events(redis: &Redis) -> Vec<String> {
+        let lua = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             local f = {} for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end \
+             local line = f.t .. ' ' .. (f.s or '-') .. ' ' .. (f.r or '-') \
+             if f.sp then line = line .. ' sp' end out[#out + 1] = line end return out";
+        redis.cli(&["EVAL", lua, "1", keys::EVENTS]).lines().map(String::from).collect()
+    }
+
+    const S2: &str = "000000000000000b";
+
+    /// Issue 49, promise 2: a session that ended by itself deleted its route before its
+    /// `offline` was logged, and a login of its device on another node, routed in that gap,
+    /// was logged online first (a uid over `--max-devices` in stream order). The route is
+    /// now marked ended, and the replacing login's `APPLY` logs that end first, as its node
+    /// would have (its reason), and the node's own `offline` later finds nothing to log.
+    #[test]
+    fn an_ended_route_orders_the_login_that_replaces_it_after_its_offline() {
+        let Some(redis) = Redis::start() else { return };
+        assert_eq!(route_set(&redis, "a", S, "1000", "", "1"), "");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1000", ""]]), "1");
+        let owner = format!("a|{S}|");
+        let marked = redis.cli(&["EVAL", ROUTE_END, "1", "idlegate:route:7", &owner, "idle_timeout", "1500", "0"]);
+        assert_eq!(marked.trim(), "1");
+        let chain = route_set(&redis, "b", S2, "1600", "", "1");
+        assert_eq!(chain, format!("=idle_timeout|1500|0|a|{S}|"));
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1600", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 2, 2, 1, &[["E1", "7", S, "idle_timeout", "1500", ""]]), "1");
+        assert_eq!(
+            events(&redis),
+            [
+                "epoch - -".to_string(),
+                format!("online {S} -"),
+                "user_online - -".to_string(),
+                format!("offline {S} idle_timeout"),
+                format!("online {S2} -"),
+            ]
+        );
+    }
+
+    /// Issue 49, promise 2: a login whose route a login on another node replaced before its
+    /// batch got here is announced after that login's `online`; it says so (`sp`).
+    #[test]
+    fn a_login_replaced_before_it_was_announced_says_so() {
+        let Some(redis) = Redis::start() else { return };
+        assert_eq!(route_set(&redis, "a", S, "1000", "", "1"), "");
+        let chain = route_set(&redis, "b", S2, "1100", "", "1");
+        assert_eq!(chain, format!("a|{S}|"));
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1000", ""]]), "1");
+        let got = events(&redis);
+        assert_eq!(got[1..], [format!("online {S2} -"), "user_online - -".into(), format!("online {S} - sp")]);
+        // A login older than every one holding the uid's places loses, at `--max-devices`
+        // as on one device.
+        assert_eq!(route_set(&redis, "c", "000000000000000c", "900", "tablet", "1"), "!");
+    }
+
+    /// Issue 49, promise 3: a session event carrying an older time than its uid's last user
+    /// event (a node's batch that reached Redis late) is stamped no earlier than it.
+    #[test]
+    fn a_late_session_event_is_never_stamped_before_its_uids_last_user_event() {
+        let Some(redis) = Redis::start() else { return };
+        let login = ["L1||- -", "7", S, "", "1000", ""];
+        assert_eq!(apply_as(&redis, "a", 1, 2, 0, &[login, ["E1", "7", S, "logout", "1001", ""]]), "1");
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, "", "1002", ""]]), "1");
+        let lua = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             for i = 1, #e[2], 2 do if e[2][i] == 'at' then out[#out + 1] = e[2][i + 1] end end end return out";
+        let at: Vec<u64> = redis.cli(&["EVAL", lua, "1", keys::EVENTS]).lines().map(|l| l.parse().unwrap()).collect();
+        // online, user_online, offline, user_offline, online, user_online.
+        assert_eq!(at.len(), 6, "{at:?}");
+        assert_eq!(at[0], 1000);
+        assert!(at[2] >= at[1] && at[4] >= at[3] && at[3] > 1_000_000, "{at:?}");
     }
 }

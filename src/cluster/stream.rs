@@ -189,6 +189,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let (mut will_topic, mut will_payload) = (None, None);
     let mut claims = None;
     let mut origin = Origin::default();
+    let mut superseded = false;
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -213,6 +214,8 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "c" => claims = Claims::parse(&bytes).map(Arc::new),
             // The session's door and client address.
             "o" => origin = Origin::parse(&text()),
+            // A login that a login on another node had replaced before it was logged.
+            "sp" => superseded = true,
             _ => {}
         }
     }
@@ -222,7 +225,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     }
     let what = match kind.parse::<EventKind>() {
         Ok(EventKind::Online) => {
-            What::Online { session: session?, device: device.unwrap_or_default(), node, claims, origin }
+            What::Online { session: session?, device: device.unwrap_or_default(), node, claims, origin, superseded }
         }
         Ok(EventKind::Offline) => {
             let will = will_topic.map(|topic| Arc::new(Will { topic, payload: will_payload.unwrap_or_default() }));
@@ -266,7 +269,8 @@ mod tests {
                 device: Device::DEFAULT,
                 node: Some("a".into()),
                 claims: None,
-                origin: Origin::default()
+                origin: Origin::default(),
+                superseded: false
             }
         );
         let lost = vec![

@@ -123,6 +123,10 @@ impl Held {
     fn batch(&self) -> Batch<'_> {
         let rest = &self.taken.ops[self.done..];
         let n = cut(rest, self.size, true);
+        let n = match before_end_after_data(&rest[..n]) {
+            short if short < n => cut(&rest[..short], short, false),
+            _ => n,
+        };
         Batch {
             ops: &rest[..n],
             first: self.first + self.done as u64,
@@ -140,6 +144,25 @@ impl Held {
         self.taken.dropped = 0;
         self.taken.lost.clear();
     }
+}
+
+/// How many of `ops` come before the first end of a session with data or a will earlier in
+/// them: that end goes in the next batch. Its route is marked ended (`ROUTE_END`) before
+/// its batch's `APPLY`, and a login elsewhere that replaces the route in between logs the
+/// end itself; the session's data and will must be in Redis by then, or they would be
+/// dropped as the data of a session no longer held.
+fn before_end_after_data(ops: &[Op]) -> usize {
+    let mut busy = HashSet::new();
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::Data { session, .. } | Op::Will { session, .. } => {
+                busy.insert(*session);
+            }
+            Op::Offline { session, .. } if busy.contains(session) => return i,
+            _ => {}
+        }
+    }
+    ops.len()
 }
 
 /// One batch: changes numbered `first..=last` (an empty one is numbered `first`).
@@ -334,16 +357,7 @@ async fn write_one(
 /// Deletes the routes a fenced batch pointed at `member`'s sessions: nothing else ever
 /// would, as no reaper looks at a member again once it was reaped.
 async fn unroute(cluster: &Cluster, member: &str, routes: &[(u64, u64)], stop: &CancellationToken) {
-    let cmds = || {
-        routes
-            .iter()
-            .map(|&(uid, session)| {
-                let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(uid)]);
-                cmd.arg(keys::owner_prefix(member, &keys::session_hex(session)));
-                cmd
-            })
-            .collect::<Vec<_>>()
-    };
+    let cmds = || routes.iter().map(|&(uid, session)| route_del(cluster, member, uid, session)).collect::<Vec<_>>();
     let mut attempt = 0;
     while !routes.is_empty() && cluster.send_all(cmds()).await.is_err() {
         let pause = RETRY_BACKOFF[attempt.min(RETRY_BACKOFF.len() - 1)];
@@ -375,11 +389,17 @@ async fn apply(
         .collect();
     let logins = ops.iter().any(|op| matches!(op, Op::Online { .. }));
     let mut replaced_by_login = Vec::new();
+    let dels = route_dels(cluster, member, ops, &keep_route);
+    let mut deleted = false;
     let answer = if !logins && !cluster.is_redis_cluster() {
-        // Ends and data only, on one server: routes and events in one round trip, in order.
+        // Ends and data only, on one server: routes, events and the ended routes' deletion
+        // in one round trip, in order.
         let mut cmds = routes;
         cmds.push(apply_cmd(cluster, member, batch, prev, &[]));
-        cluster.send_all(cmds).await?.pop().unwrap_or(Value::Nil)
+        let at = cmds.len() - 1;
+        cmds.extend(dels.iter().cloned());
+        deleted = true;
+        cluster.send_all(cmds).await?.into_iter().nth(at).unwrap_or(Value::Nil)
     } else {
         // Each login's answer: the owner it replaced, `!` if superseded, or nothing.
         let mut answers = cluster.send_all(routes).await?.into_iter();
@@ -407,6 +427,13 @@ async fn apply(
         return Ok(Applied::Fenced { routes, applied });
     }
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
+    if !deleted && !dels.is_empty() {
+        // A mark left behind (Redis went away just now) is harmless: presence reads it as
+        // gone, and the uid's next login of the device replaces it.
+        if let Err(e) = cluster.send_all(dels).await {
+            tracing::debug!(error = %e, "ended routes not deleted; the next login replaces them");
+        }
+    }
     finish(cluster, &answer).await?;
     cluster.record_seen(&answer_text(&answer, 4)).await;
     Ok(Applied::Written { superseded, dropped: dropped_of(&answer) })
@@ -428,7 +455,12 @@ fn answer_text(answer: &Value, at: usize) -> String {
 /// only because a failover lost its end, and `APPLY` forgets it instead of kicking it.
 fn mark_ended(replaced: &str, member: &str, ended: &mut Ended, now: Instant) -> String {
     let mut mine = |entry: &str| {
-        let mut parts = entry.splitn(3, '|');
+        // An ended route's entry (`=<reason>|<at>|<will>|<member>|...`): its owner follows.
+        let owner = match entry.strip_prefix('=') {
+            Some(ended) => ended.splitn(4, '|').nth(3)?,
+            None => entry,
+        };
+        let mut parts = owner.splitn(3, '|');
         let (m, session) = (parts.next()?, parts.next()?);
         Some(m == member && ended.contains(u64::from_str_radix(session, 16).ok()?, now))
     };
@@ -549,13 +581,36 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
             cmd.arg(device.as_str()).arg(cluster.settings.max_devices);
             Some(cmd)
         }
-        Op::Offline { uid, session, .. } | Op::Forget { uid, session, .. } => {
-            let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(*uid)]);
+        // Marked, not deleted: deleted once its `offline` is logged (`route_dels`).
+        Op::Offline { uid, session, reason, will, at_ms, .. } => {
+            let mut cmd = evalsha(&cluster.scripts.route_end, &[&keys::route(*uid)]);
             cmd.arg(keys::owner_prefix(member, &keys::session_hex(*session)));
+            cmd.arg(reason.label()).arg(*at_ms).arg(if will.is_some() { "1" } else { "0" });
             Some(cmd)
         }
+        // Its `offline` went out long ago.
+        Op::Forget { uid, session, .. } => Some(route_del(cluster, member, *uid, *session)),
         Op::Data { .. } | Op::Will { .. } | Op::Verified => None,
     }
+}
+
+/// Deletes `member`'s route of `session` of `uid`, whatever its device, if it still names it.
+fn route_del(cluster: &Cluster, member: &str, uid: u64, session: u64) -> redis::Cmd {
+    let mut cmd = evalsha(&cluster.scripts.route_del, &[&keys::route(uid)]);
+    cmd.arg(keys::owner_prefix(member, &keys::session_hex(session)));
+    cmd
+}
+
+/// The deletions of the routes `ops` marked ended (`ROUTE_END`), for once `APPLY` logged
+/// their `offline`.
+fn route_dels(cluster: &Cluster, member: &str, ops: &[Op], keep_route: &[bool]) -> Vec<redis::Cmd> {
+    ops.iter()
+        .zip(keep_route)
+        .filter_map(|(op, keep)| match op {
+            Op::Offline { uid, session, .. } if *keep => Some(route_del(cluster, member, *uid, *session)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The `APPLY` call for `batch`; `replaced` has one entry per login, in order.
@@ -706,11 +761,11 @@ async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), Stor
     let mut rerouted = 0usize;
     for (session, value) in routes_checked.iter().zip(values) {
         let route = match value {
-            Value::BulkString(b) => keys::Route::parse(&String::from_utf8_lossy(&b)),
+            Value::BulkString(b) => keys::Route::parse(&String::from_utf8_lossy(&b)).filter(|r| !r.ended),
             _ => None,
         };
         // A route naming another member means a newer login elsewhere, whose batch ends
-        // this session; no route (or a garbled one) is pointed back here.
+        // this session; no route (or a garbled or ended one) is pointed back here.
         if route.is_none() && registry.events().reassert(session) {
             rerouted += 1;
         }

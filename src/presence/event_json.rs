@@ -17,12 +17,15 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
     let Event { uid, what, at_ms, .. } = event;
     let device = |d: &Device| Value::String(d.as_str().into());
     let _ = match what {
-        What::Online { session, device: d, node: at, claims, origin } => {
+        What::Online { session, device: d, node: at, claims, origin, superseded } => {
             let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
             let d = device(d);
             let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at}"#);
             write_origin(out, origin);
             write_claims(out, claims.as_deref());
+            if *superseded {
+                out.push_str(r#","superseded":true"#);
+            }
             write!(out, r#","at_ms":{at_ms}}}"#)
         }
         What::Offline { session, device: d, reason, will, claims } => {

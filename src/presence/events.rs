@@ -130,8 +130,18 @@ pub struct Event {
 pub enum What {
     /// A LOGIN succeeded, on `device` (`None` for the default one); on `node`, or on this
     /// one when `None`; with its token's `claims` (`--jwt-claims-to-events`), if any, and
-    /// its door and client address where known.
-    Online { session: u64, device: Device, node: Option<Arc<str>>, claims: Option<Arc<Claims>>, origin: Origin },
+    /// its door and client address where known. `superseded` (in a cluster): a login on
+    /// another node had taken its place before this event was logged, so it comes after that
+    /// login's `online`, and its `offline` follows as soon as its node ends it; a consumer
+    /// counting a uid's devices in stream order leaves it out.
+    Online {
+        session: u64,
+        device: Device,
+        node: Option<Arc<str>>,
+        claims: Option<Arc<Claims>>,
+        origin: Origin,
+        superseded: bool,
+    },
     /// A logged-in session ended (an MQTT session with a will: told here, unless it
     /// logged out), with the claims its online event carried.
     Offline { session: u64, device: Device, reason: CloseReason, will: Option<Arc<Will>>, claims: Option<Arc<Claims>> },
@@ -641,7 +651,14 @@ mod tests {
         let phone: Device = "phone".parse().unwrap();
         assert_eq!(
             batch.events[0].what,
-            What::Online { session: 1, device: phone, node: None, claims: None, origin: Origin::default() }
+            What::Online {
+                session: 1,
+                device: phone,
+                node: None,
+                claims: None,
+                origin: Origin::default(),
+                superseded: false
+            }
         );
         // Resuming between the halves of an entry gives the second half first.
         assert_eq!(names(&log.read(ids[0])), ["user_online", "offline", "user_offline"]);

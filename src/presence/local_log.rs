@@ -100,6 +100,7 @@ impl Logged {
                 node: None,
                 claims: claims.clone(),
                 origin: origin.as_deref().map(|o| o.unpack()).unwrap_or_default(),
+                superseded: false,
             },
             Kept::Offline { session, device, reason, will, claims, .. } => {
                 let will = will.as_deref().map(|w| Arc::new(w.clone()));

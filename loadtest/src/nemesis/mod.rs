@@ -320,6 +320,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         webhooks: Some(out.join("webhooks.jsonl")),
         clients: Some(out.join("clients.jsonl")),
         schedule: Some(out.join("schedule.json")),
+        max_devices: None,
         running: false,
         out: Some(out.join("verdict.json")),
     };
@@ -347,6 +348,7 @@ fn schedule_json(schedule: &Schedule, args: &NemesisArgs) -> serde_json::Value {
             "node_lease_ms": args.node_lease.as_millis() as u64,
             "offline_grace_ms": schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64),
             "redis_cluster": args.redis_cluster,
+            "max_devices": churn::DEVICES_PER_UID,
         }
     })
 }
