@@ -117,9 +117,9 @@ pub(crate) fn unroute(member: &str) -> String {
     format!("{{idlegate}}:unroute:{member}")
 }
 
-/// Hash of `member`'s logins that a login elsewhere replaced before they were announced, by
-/// session field: their `online` says so (`superseded`), as it comes after the replacing
-/// login's (`scripts.rs`, `APPLY`).
+/// Hash session field -> the newest of `member`'s sessions there that a login elsewhere
+/// replaced before it was announced: the `online` of each login up to it says so
+/// (`superseded`), as it comes after the replacing login's (`scripts.rs`, `APPLY`).
 pub(crate) fn superseded(member: &str) -> String {
     format!("{{idlegate}}:superseded:{member}")
 }

@@ -502,8 +502,13 @@ for i = from, #ARGV, 6 do
         elseif m and m ~= me then
           -- Not held: not announced yet (its batch is on its way, two logins having raced),
           -- or ended already. A login announced after this one's `online` is marked, so its
-          -- `online` says it was superseded (see `!` below).
-          redis.call('HSET', '{idlegate}:superseded:' .. m, pf, ps)
+          -- `online` says it was superseded (see `!` below). The mark is the newest such
+          -- session of m on the device: a node numbers its sessions in order (fixed-width
+          -- hex compares as numbers) and logs a device's logins in order, so every login of
+          -- m there up to it was replaced; a mark naming a session ended already flags none.
+          local marks = '{idlegate}:superseded:' .. m
+          local newest = redis.call('HGET', marks, pf)
+          if not newest or ps > newest then redis.call('HSET', marks, pf, ps) end
         end
         -- Held or not yet announced, its node ends it; one not yet announced is announced
         -- when its login arrives, and its end follows (see `!` below). One that ended by
@@ -524,10 +529,9 @@ for i = from, #ARGV, 6 do
       local n = count(uid, 1)
       local superseded = x == '!'
       local marks = '{idlegate}:superseded:' .. me
-      if redis.call('HGET', marks, f) == s then
-        redis.call('HDEL', marks, f)
-        superseded = true
-      end
+      local newest = redis.call('HGET', marks, f)
+      if newest and s <= newest then superseded = true end
+      if newest and s >= newest then redis.call('HDEL', marks, f) end
       -- `<claims>|<origin>`: the origin holds no '|', the claims (JSON) may.
       local c, o = '', '- -'
       if extra then
@@ -562,7 +566,8 @@ for i = from, #ARGV, 6 do
     end
   elseif kind == 'E' then
     local marks = '{idlegate}:superseded:' .. me
-    if redis.call('HGET', marks, f) == s then redis.call('HDEL', marks, f) end
+    local newest = redis.call('HGET', marks, f)
+    if newest and s >= newest then redis.call('HDEL', marks, f) end
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
       local n = count(uid, -1)
@@ -1248,17 +1253,35 @@ mod tests {
     }
 
     /// Issue 49, promise 2: a login whose route a login on another node replaced before its
-    /// batch got here is announced after that login's `online`; it says so (`sp`).
+    /// batch got here is announced after that login's `online`; it says so (`sp`), and so
+    /// does every login of its node on the device before it (nemesis seed 3: the chain named
+    /// two logins of one node, and only the older was flagged). A later login is not.
     #[test]
     fn a_login_replaced_before_it_was_announced_says_so() {
         let Some(redis) = Redis::start() else { return };
+        const S3: &str = "000000000000000c";
+        const S4: &str = "000000000000000d";
         assert_eq!(route_set(&redis, "a", S, "1000", "", "1"), "");
+        let first = route_set(&redis, "a", S3, "1001", "", "1");
+        assert_eq!(first, format!("a|{S}|"));
         let chain = route_set(&redis, "b", S2, "1100", "", "1");
-        assert_eq!(chain, format!("a|{S}|"));
+        assert_eq!(chain, format!("a|{S3}|\na|{S}|"));
         assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
-        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1000", ""]]), "1");
+        let logins = [["L1||- -", "7", S, "", "1000", ""], ["L||- -", "7", S3, &first, "1001", ""]];
+        assert_eq!(apply_as(&redis, "a", 1, 2, 0, &logins), "1");
+        assert_eq!(apply_as(&redis, "a", 3, 3, 2, &[["L||- -", "7", S4, "", "1200", ""]]), "1");
         let got = events(&redis);
-        assert_eq!(got[1..], [format!("online {S2} -"), "user_online - -".into(), format!("online {S} - sp")]);
+        assert_eq!(
+            got[1..],
+            [
+                format!("online {S2} -"),
+                "user_online - -".into(),
+                format!("online {S} - sp"),
+                format!("offline {S} kicked"),
+                format!("online {S3} - sp"),
+                format!("online {S4} -"),
+            ]
+        );
         // A login older than every one holding the uid's places loses, at `--max-devices`
         // as on one device.
         assert_eq!(route_set(&redis, "c", "000000000000000c", "900", "tablet", "1"), "!");
