@@ -33,7 +33,7 @@ use crate::cluster::keys;
 use crate::cluster::queue::{cut, Op, Taken};
 use crate::cluster::shared::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
-use crate::presence::Will;
+use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
 /// Most changes in one batch: a mass expiry of this many uids still goes in one batch,
@@ -706,10 +706,15 @@ async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), Stor
     let member = cluster.member();
     let held = scan_sessions(cluster, &member).await?;
     let registry = cluster.registry();
-    let live = registry.live_sessions();
-    // Read after the live sessions: a kick handled since is no longer live, one still
-    // waiting is in the inbox.
+    // In this order. A login elsewhere that takes a session over removes it from the hash
+    // and sends its kick in one step: after the scan, the session was in the hash; before
+    // it, the kick is in the inbox when read here, or was handled (the inbox is trimmed
+    // only after its kicks are handled) and the session is no longer live when the live
+    // sessions are read next. The other way round, a kick handled between the two reads
+    // went unseen, and its session was announced again after its `offline` (nemesis
+    // seed 5 at --max-devices 1).
     let kicked = pending_kicks(cluster, &member).await?;
+    let live = registry.live_sessions();
     let mut announced = 0usize;
     let (mut ending, mut forgotten) = (0usize, 0usize);
     let mut superseded = 0usize;
@@ -753,17 +758,8 @@ async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), Stor
         }
     }
     // Sessions Redis holds: their routes may have been lost or left naming a dead member.
-    let mut values = Vec::with_capacity(routes_checked.len());
-    for step in routes_checked.chunks(RECONCILE_STEP) {
-        let cmds = step.iter().map(|s| redis::Cmd::hget(keys::route(s.uid()), s.device().as_str())).collect();
-        values.extend(cluster.send_all(cmds).await?);
-    }
     let mut rerouted = 0usize;
-    for (session, value) in routes_checked.iter().zip(values) {
-        let route = match value {
-            Value::BulkString(b) => keys::Route::parse(&String::from_utf8_lossy(&b)).filter(|r| !r.ended),
-            _ => None,
-        };
+    for (session, route) in routes_checked.iter().zip(read_routes(cluster, &routes_checked).await?) {
         // A route naming another member means a newer login elsewhere, whose batch ends
         // this session; no route (or a garbled or ended one) is pointed back here.
         if route.is_none() && registry.events().reassert(session) {
@@ -788,6 +784,20 @@ async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), Stor
 /// The `(uid, session)` of every kick waiting in `member`'s inbox: sessions a newer login
 /// elsewhere ended, whose `offline` is logged. The inbox is trimmed as it is read, so this
 /// is the few kicks of the last moments (at most the inbox's cap).
+/// The routes of `sessions`' devices, in order: `None` for none, a garbled one or one
+/// that ended. In steps of [`RECONCILE_STEP`].
+async fn read_routes(cluster: &Cluster, sessions: &[Arc<Session>]) -> Result<Vec<Option<keys::Route>>, StoreError> {
+    let mut routes = Vec::with_capacity(sessions.len());
+    for step in sessions.chunks(RECONCILE_STEP) {
+        let cmds = step.iter().map(|s| redis::Cmd::hget(keys::route(s.uid()), s.device().as_str())).collect();
+        routes.extend(cluster.send_all(cmds).await?.into_iter().map(|value| match value {
+            Value::BulkString(b) => keys::Route::parse(&String::from_utf8_lossy(&b)).filter(|r| !r.ended),
+            _ => None,
+        }));
+    }
+    Ok(routes)
+}
+
 async fn pending_kicks(cluster: &Cluster, member: &str) -> Result<HashSet<(u64, u64)>, StoreError> {
     let inbox = keys::inbox(member);
     let range: redis::streams::StreamRangeReply = cluster

@@ -72,6 +72,11 @@ pub struct NemesisArgs {
     /// The gateways' `--node-lease`.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub node_lease: Duration,
+    /// The gateways' `--max-devices`: below three (each uid's devices), logins on a new
+    /// device take the place of the uid's oldest, the decision that bounds its sessions
+    /// across the cluster; the checker holds the stream to it.
+    #[arg(long, default_value_t = DEVICES_PER_UID)]
+    pub max_devices: u64,
 }
 
 /// When the faults may start: the cluster is up and the first logins are in.
@@ -119,8 +124,10 @@ enum Store {
 
 /// Runs the nemesis; Ok(true) when the checker found nothing.
 pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
-    if args.nodes == 0 || args.clients < DEVICES_PER_UID {
-        return Err(format!("--nodes must be at least 1 and --clients at least {DEVICES_PER_UID}"));
+    if args.nodes == 0 || args.clients < DEVICES_PER_UID || args.max_devices == 0 {
+        return Err(format!(
+            "--nodes and --max-devices must be at least 1 and --clients at least {DEVICES_PER_UID}"
+        ));
     }
     let timeline = Timeline::of(args)?;
     std::fs::create_dir_all(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
@@ -168,6 +175,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         tick: args.tick,
         node_lease: args.node_lease,
         redis_cluster: args.redis_cluster,
+        max_devices: args.max_devices,
         webhook: None,
         offline_grace: Duration::from_millis(schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64)),
     };
@@ -348,7 +356,7 @@ fn schedule_json(schedule: &Schedule, args: &NemesisArgs) -> serde_json::Value {
             "node_lease_ms": args.node_lease.as_millis() as u64,
             "offline_grace_ms": schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64),
             "redis_cluster": args.redis_cluster,
-            "max_devices": churn::DEVICES_PER_UID,
+            "max_devices": args.max_devices,
         }
     })
 }

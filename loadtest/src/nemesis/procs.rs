@@ -198,6 +198,7 @@ pub struct GatewaySettings {
     pub tick: Duration,
     pub node_lease: Duration,
     pub redis_cluster: bool,
+    pub max_devices: u64,
     /// `--webhook-url` and `--webhook-secret-file`, when the run receives webhooks.
     pub webhook: Option<(String, PathBuf)>,
     /// `--offline-grace` (none when zero).
@@ -259,7 +260,7 @@ impl Gateway {
             .args(["--timeout", &humantime::format_duration(s.timeout).to_string()])
             .args(["--tick", &humantime::format_duration(s.tick).to_string()])
             .args(["--node-lease", &humantime::format_duration(s.node_lease).to_string()])
-            .args(["--max-devices", &super::churn::DEVICES_PER_UID.to_string()])
+            .args(["--max-devices", &s.max_devices.to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
