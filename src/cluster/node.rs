@@ -185,7 +185,16 @@ impl Replicate for Forward {
         let device = session.device().clone();
         let (uid, since_ms) = (session.uid(), session.since_ms());
         let (claims, origin) = (session.claims().cloned(), session.origin());
-        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin });
+        let reroute = false;
+        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, reroute });
+    }
+
+    fn reroute(&self, session: &Session, at_ms: u64) {
+        let device = session.device().clone();
+        let (uid, since_ms) = (session.uid(), session.since_ms());
+        let (claims, origin) = (session.claims().cloned(), session.origin());
+        let (first, reroute) = (false, true);
+        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, reroute });
     }
 
     fn durable_through(&self) -> u64 {

@@ -46,6 +46,9 @@ pub(crate) enum Op {
         claims: Option<Arc<Claims>>,
         /// Its door and client address, for its online event.
         origin: Origin,
+        /// Only its route again (a session Redis holds whose route it lost): never announced
+        /// again, as a login elsewhere may have ended it meanwhile.
+        reroute: bool,
     },
     /// A session that has or may have been in Redis ended; `last` when it left its uid with
     /// no session here.
@@ -308,8 +311,9 @@ fn compact(inner: &mut Inner) -> Compacted {
         !data
     });
     let data = before - ops.len();
+    // A reroute's session is in Redis: its end must go.
     let unseen: HashSet<u64> =
-        ops.iter().filter(|op| matches!(op, Op::Online { .. })).filter_map(Op::session).collect();
+        ops.iter().filter(|op| matches!(op, Op::Online { reroute: false, .. })).filter_map(Op::session).collect();
     let ended: HashSet<u64> = ops
         .iter()
         .filter(|op| matches!(op, Op::Offline { .. }))
@@ -336,6 +340,7 @@ mod tests {
             at_ms: 0,
             claims: None,
             origin: Origin::default(),
+            reroute: false,
         }
     }
 

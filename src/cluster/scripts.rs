@@ -325,6 +325,10 @@ end
 ///   newer login superseded: announced all the same, and ended by its node. (`L1`, the
 ///   node's view that this is the uid's first session there, is read as `L`: user events
 ///   are decided here, see below.)
+/// - `R uid session replaced at device`: a held session's route set again (Redis lost the
+///   route, not the session): `replaced` as a login's, and never announced, as a login
+///   elsewhere may have ended the session meanwhile (nemesis seed 3 at `--max-devices 1`:
+///   announced again as a login, an evicted session got a second `online`).
 /// - `E uid session reason at device`: a session ended; `E1` when its node saw it as the
 ///   uid's last there. A plain `E` is a session its node ended for a login of the same uid
 ///   that follows it.
@@ -453,7 +457,9 @@ for i = from, #ARGV, 6 do
   local user = string.sub(kind, 2) == '1'
   kind = string.sub(kind, 1, 1)
   local f = field(uid, d)
-  if kind == 'L' then
+  -- `R`: a login's route set again (Redis holds the session, but lost its route): what it
+  -- replaced is ended as a login's, and it is never announced again.
+  if kind == 'L' or kind == 'R' then
     if x ~= '' and x ~= '!' then
       -- The route's chain: the owner this login replaced, then whom that one replaced (a
       -- login replaced before it was announced may leave its own predecessor held).
@@ -481,6 +487,22 @@ for i = from, #ARGV, 6 do
           -- Redis Cluster, where it ended the session and announced it once more.
         elseif m and ended then
           if m == me then forget(KEYS[6], m, uid, pf, ps) end
+        elseif m and m ~= me and current(m) and (redis.call('HGET', key, pf) or ps) < ps then
+          -- Another member holds an older session of the device than the one named: the
+          -- named one, its node's later login there, ends it there, and a chain names each
+          -- member's device once, by its newest login (`ROUTE_SET`). Its `offline` goes
+          -- here, before this login's `online`, as kicked.
+          local held = redis.call('HGET', key, pf)
+          redis.call('HDEL', key, pf)
+          local wt, wp = take_will('{idlegate}:wills:' .. m, pf, held)
+          local c = take_claims('{idlegate}:claims:' .. m, pf, held)
+          emit_offline(ev, uid, held, pd, 'kicked', at, wt, wp, c)
+          if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
+          redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', held)
+          -- The named one is not announced yet: its `online` says it was superseded.
+          local marks = '{idlegate}:superseded:' .. m
+          local newest = redis.call('HGET', marks, pf)
+          if not newest or ps > newest then redis.call('HSET', marks, pf, ps) end
         elseif m and redis.call('HGET', key, pf) == ps then
           if m == me or current(m) then
             -- Held: its `offline` goes here, before this login's `online`. One that ended by
@@ -524,7 +546,7 @@ for i = from, #ARGV, 6 do
     -- once its node, told through its inbox (or by `!`), ends it. Such a login's `online`
     -- carries `sp`: it came after the login that superseded it, and a consumer counting a
     -- uid's devices in stream order leaves it out (the one overlap `--max-devices` allows).
-    if redis.call('HGET', KEYS[1], f) ~= s then
+    if kind == 'L' and redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
       local superseded = x == '!'
@@ -839,22 +861,31 @@ local function entry(owner, d, ended)
   if ended then return '=' .. ended .. '|' .. owner .. '|' .. d end
   return owner .. '|' .. d
 end
--- The replaced owner `head`, then the first of the chain it had replaced itself.
-local function chain(head, prior)
-  local out, k = head, 1
-  for e in string.gmatch(prior or '', '[^\n]+') do
-    if k >= MAX_CHAIN then break end
-    out, k = out .. '\n' .. e, k + 1
-  end
-  return out
-end
 -- Whether a live login of another member, since `theirs`, is newer than this one.
 local function newer(om, owner, theirs)
   if om == ARGV[3] then return false end
   return theirs > mine or (theirs == mine and owner > me)
 end
 local old = redis.call('HGET', KEYS[1], dev)
-local replaced = ''
+-- What this login replaces: `out` (chain entries), at most MAX_CHAIN, the newest of each
+-- member's device only: `APPLY` ends whatever session that member holds on the device up to
+-- it, so older ones add nothing, and a burst of one node's logins (a batch held back by a
+-- slow Redis) cannot push the one it holds out of the chain (nemesis seed 3 at
+-- `--max-devices 1`).
+local out, named = {}, {}
+local function put(e)
+  if #out >= MAX_CHAIN then return end
+  local owner = string.match(e, '^=[^|]*|[^|]*|[^|]*|(.*)$') or e
+  local m, d = string.match(owner, '^([^|]*)|[^|]*|(.*)$')
+  local k = (m or '') .. '|' .. (d or '')
+  if named[k] then return end
+  named[k] = true
+  out[#out + 1] = e
+end
+local function add(head, prior)
+  put(head)
+  for e in string.gmatch(prior or '', '[^\n]+') do put(e) end
+end
 if old then
   local om, os, since, prior = parts(old)
   if om then
@@ -864,37 +895,55 @@ if old then
       if rest ~= '' then return rest end
       return false
     end
-    if not ended and newer(om, owner, tonumber(since) or 0) then return '!' end
-    replaced = chain(entry(owner, dev, ended), rest)
-  end
-else
-  local all = redis.call('HGETALL', KEYS[1])
-  if #all / 2 >= max then
-    -- The route whose place this login takes: an ended one first (its session is gone; its
-    -- end orders itself before this login), else the oldest login.
-    local victim, vended, vsince, vowner, vom, vrest = nil, nil, nil, nil, nil, nil
-    for i = 1, #all, 2 do
-      local om, os, since, prior = parts(all[i + 1])
-      if om then
-        local t = tonumber(since) or 0
-        local ended, rest = split_end(prior)
-        local better = victim == nil
-          or (ended and not vended)
-          or ((ended ~= nil) == (vended ~= nil) and (t < vsince or (t == vsince and om .. '|' .. os < vowner)))
-        if better then
-          victim, vended, vsince, vowner, vom, vrest = all[i], ended, t, om .. '|' .. os, om, rest
-        end
-      end
+    if string.sub(me, -#os - 1) == '|' .. os then
+      -- The same login sent again under its node's new member name (the old one was reaped
+      -- while its batch was on its way): the route becomes the new name's, and what the
+      -- login replaced is still its to end (nemesis seed 3 at `--max-devices 1`: the route
+      -- was taken back instead, and what it had replaced, still held, went unnamed).
+      redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. rest)
+      if rest ~= '' then return rest end
+      return false
     end
-    if victim then
-      -- Older than every live login it could replace: a newer login won the uid's last
-      -- place before this one's route got here.
-      if not vended and newer(vom, vowner, vsince) then return '!' end
-      redis.call('HDEL', KEYS[1], victim)
-      replaced = chain(entry(vowner, victim, vended), vrest)
+    if not ended and newer(om, owner, tonumber(since) or 0) then return '!' end
+    add(entry(owner, dev, ended), rest)
+    if not ended then
+      -- The device's live login: its place is this one's, the uid's count unchanged.
+      redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. table.concat(out, '\n'))
+      return table.concat(out, '\n')
     end
   end
 end
+-- A new place for the uid (no route on the device, or one that ended): the other devices'
+-- routes, live or ended (an ended one's `offline` may not be logged yet), must leave room.
+-- The route whose place this login takes: an ended one first (its session is gone; its end
+-- orders itself before this login), else the oldest login.
+local all = redis.call('HGETALL', KEYS[1])
+local others = 0
+local victim, vended, vsince, vowner, vom, vrest = nil, nil, nil, nil, nil, nil
+for i = 1, #all, 2 do
+  if all[i] ~= dev then
+    others = others + 1
+    local om, os, since, prior = parts(all[i + 1])
+    if om then
+      local t = tonumber(since) or 0
+      local ended, rest = split_end(prior)
+      local better = victim == nil
+        or (ended and not vended)
+        or ((ended ~= nil) == (vended ~= nil) and (t < vsince or (t == vsince and om .. '|' .. os < vowner)))
+      if better then
+        victim, vended, vsince, vowner, vom, vrest = all[i], ended, t, om .. '|' .. os, om, rest
+      end
+    end
+  end
+end
+if others >= max and victim then
+  -- Older than every live login it could replace: a newer login won the uid's last place
+  -- before this one's route got here.
+  if not vended and newer(vom, vowner, vsince) then return '!' end
+  redis.call('HDEL', KEYS[1], victim)
+  add(entry(vowner, victim, vended), vrest)
+end
+local replaced = table.concat(out, '\n')
 redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. replaced)
 if replaced == '' then return false end
 return replaced
@@ -1265,7 +1314,8 @@ mod tests {
         let first = route_set(&redis, "a", S3, "1001", "", "1");
         assert_eq!(first, format!("a|{S}|"));
         let chain = route_set(&redis, "b", S2, "1100", "", "1");
-        assert_eq!(chain, format!("a|{S3}|\na|{S}|"));
+        // Each member's device once, by its newest login.
+        assert_eq!(chain, format!("a|{S3}|"));
         assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
         let logins = [["L1||- -", "7", S, "", "1000", ""], ["L||- -", "7", S3, &first, "1001", ""]];
         assert_eq!(apply_as(&redis, "a", 1, 2, 0, &logins), "1");
@@ -1285,6 +1335,63 @@ mod tests {
         // A login older than every one holding the uid's places loses, at `--max-devices`
         // as on one device.
         assert_eq!(route_set(&redis, "c", "000000000000000c", "900", "tablet", "1"), "!");
+    }
+
+    /// Nemesis seed 3 at `--max-devices 1`: an ended route left on one device (its deletion
+    /// lost to a slow Redis) was replaced by a login of that device without a look at the
+    /// uid's other routes, and the uid had two live routes, and two sessions online in the
+    /// stream. A login taking an ended route's place makes room as a new device's does.
+    #[test]
+    fn nemesis_seed_3_max_devices_1_a_login_on_an_ended_route_still_makes_room() {
+        let Some(redis) = Redis::start() else { return };
+        let (live, ended) = (format!("a|{S}|1000|"), "a|000000000000000e|900|#kicked|950|0");
+        redis.cli(&["HSET", "idlegate:route:7", "d0", &live, "d1", ended]);
+        let chain = route_set(&redis, "b", S2, "1100", "d1", "1");
+        assert_eq!(chain, format!("=kicked|950|0|a|000000000000000e|d1\na|{S}|d0"));
+        assert_eq!(redis.cli(&["HKEYS", "idlegate:route:7"]).trim(), "d1");
+    }
+
+    /// Nemesis seed 3 at `--max-devices 1`: a burst of one node's logins (its batch held
+    /// back by a slow Redis) filled the route's chain, and the session that node held, older
+    /// than all of them, fell out of it: a login elsewhere went online beside it. The chain
+    /// names a member's device once, by its newest login, and whatever older session the
+    /// member holds there ends first.
+    #[test]
+    fn nemesis_seed_3_max_devices_1_a_held_session_older_than_the_chain_ends_first() {
+        let Some(redis) = Redis::start() else { return };
+        const S3: &str = "000000000000000c";
+        assert_eq!(route_set(&redis, "a", S, "1000", "", "1"), "");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1000", ""]]), "1");
+        assert_eq!(route_set(&redis, "a", S3, "1001", "", "1"), format!("a|{S}|"));
+        let chain = route_set(&redis, "b", S2, "1100", "", "1");
+        assert_eq!(chain, format!("a|{S3}|"));
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
+        let got = events(&redis);
+        assert_eq!(got[1..], [format!("online {S} -"), "user_online - -".into(), format!("offline {S} kicked"), format!("online {S2} -")]);
+    }
+
+    /// Nemesis seed 3 at `--max-devices 1`: a login whose batch was fenced (its member
+    /// reaped meanwhile) had its route taken back before it went again under the new name,
+    /// and the held session it had replaced went unnamed. Routed again, the login keeps its
+    /// route and what it replaced, under the new name.
+    #[test]
+    fn nemesis_seed_3_max_devices_1_a_login_routed_again_under_a_new_name_keeps_its_chain() {
+        let Some(redis) = Redis::start() else { return };
+        assert_eq!(route_set(&redis, "b", S2, "1000", "", "1"), "");
+        assert_eq!(route_set(&redis, "a", S, "1100", "", "1"), format!("b|{S2}|"));
+        assert_eq!(route_set(&redis, "a2", S, "1100", "", "1"), format!("b|{S2}|"));
+        let route = redis.cli(&["HGET", "idlegate:route:7", ""]);
+        assert_eq!(route.trim_end(), format!("a2|{S}|1100|b|{S2}|"));
+    }
+
+    /// Nemesis seed 3 at `--max-devices 1`: a reconcile pointed a lost route back at a
+    /// session Redis held, as a login; a login elsewhere evicted the session meanwhile, and
+    /// it was announced a second time. A route set again (`R`) never announces.
+    #[test]
+    fn nemesis_seed_3_max_devices_1_a_route_set_again_never_announces() {
+        let Some(redis) = Redis::start() else { return };
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["R||- -", "7", S, "", "1000", ""]]), "1");
+        assert_eq!(events(&redis), ["epoch - -"]);
     }
 
     /// Issue 49, promise 3: a session event carrying an older time than its uid's last user

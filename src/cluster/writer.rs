@@ -15,9 +15,8 @@
 //!
 //! A batch counts as written once `APPLY` answered and (with `--redis-min-replicas N`)
 //! `WAIT` says N replicas hold it. `APPLY` answering "fenced" means this member was reaped:
-//! the node rejoins under a new name, the routes the batch set are taken back, and the
-//! batch goes again under the new name, so every login the node welcomed reaches the
-//! stream.
+//! the node rejoins under a new name and the batch goes again under it (its routes move
+//! to the new name), so every login the node welcomed reaches the stream.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -186,7 +185,7 @@ enum Applied {
     /// The member was reaped: nothing of this try reached Redis but the routes it set.
     /// `applied` is the member's applied marker as the fence fell: an earlier try of the
     /// batch, whose reply was lost, may have applied its changes up to there.
-    Fenced { routes: Vec<(u64, u64)>, applied: u64 },
+    Fenced { applied: u64 },
 }
 
 /// `APPLY`'s answer for a member that was reaped.
@@ -323,7 +322,7 @@ async fn write_one(
                 registry.kick_session(uid, session, None);
             }
         }
-        Applied::Fenced { routes, applied } => {
+        Applied::Fenced { applied } => {
             // What of the batch an earlier try applied (its reply lost, the member reaped
             // before the retry) is in Redis, and the reaper ended its sessions: it counts as
             // written (nemesis gray seed 1: sent again, such a login was announced twice).
@@ -333,15 +332,16 @@ async fn write_one(
             // session here ends as the node rejoins) come after it, queued behind. What the
             // rest holds of sessions the reaper already ended (`node_lost`) finds them gone
             // from the new member's hash and logs nothing: each session's `offline` stays
-            // exactly one. Its old routes are taken back first, so the new ones never meet
-            // them.
+            // exactly one. Its routes under the old name become the new name's as each login
+            // is routed again (`ROUTE_SET` knows its own session), keeping what each had
+            // replaced: taken back instead, a held session a login had replaced went unnamed
+            // (nemesis seed 3 at --max-devices 1).
             let first = held.first + held.done as u64;
             let done = usize::try_from((applied + 1).saturating_sub(first)).unwrap_or(usize::MAX).min(n);
             if done > 0 {
                 held.written(done);
             }
             cluster.rejoin(&member);
-            unroute(cluster, &member, &routes, stop).await;
             return true;
         }
     }
@@ -352,21 +352,6 @@ async fn write_one(
     }
     held.written(n);
     true
-}
-
-/// Deletes the routes a fenced batch pointed at `member`'s sessions: nothing else ever
-/// would, as no reaper looks at a member again once it was reaped.
-async fn unroute(cluster: &Cluster, member: &str, routes: &[(u64, u64)], stop: &CancellationToken) {
-    let cmds = || routes.iter().map(|&(uid, session)| route_del(cluster, member, uid, session)).collect::<Vec<_>>();
-    let mut attempt = 0;
-    while !routes.is_empty() && cluster.send_all(cmds()).await.is_err() {
-        let pause = RETRY_BACKOFF[attempt.min(RETRY_BACKOFF.len() - 1)];
-        attempt += 1;
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
 }
 
 /// Applies one batch under `member`: routes, then the control slot, then (with
@@ -422,9 +407,8 @@ async fn apply(
     };
     let logins = logins_of(ops).zip(replaced_by_login.iter().map(String::as_str).chain(std::iter::repeat("")));
     if status_of(&answer).0 == FENCED {
-        let routes = logins.filter(|(_, x)| *x != SUPERSEDED).map(|(login, _)| login).collect();
         let applied = answer_text(&answer, 2).parse().unwrap_or(0);
-        return Ok(Applied::Fenced { routes, applied });
+        return Ok(Applied::Fenced { applied });
     }
     let superseded = logins.filter(|(_, x)| *x == SUPERSEDED).map(|(login, _)| login).collect();
     if !deleted && !dels.is_empty() {
@@ -641,9 +625,13 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
     let mut replaced = replaced.iter();
     for op in batch.ops {
         match op {
-            Op::Online { uid, session, device, first, at_ms, claims, origin, .. } => {
+            Op::Online { uid, session, device, first, at_ms, claims, origin, reroute, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
-                let kind = if *first { "L1" } else { "L" };
+                let kind = match (reroute, first) {
+                    (true, _) => "R",
+                    (false, true) => "L1",
+                    (false, false) => "L",
+                };
                 // Claims and origin ride in the kind's argument, after "L|", as a will does
                 // after "E|": the script's six arguments a change are full.
                 let claims = claims.as_ref().map_or("", |claims| claims.as_json());
@@ -762,7 +750,7 @@ async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), Stor
     for (session, route) in routes_checked.iter().zip(read_routes(cluster, &routes_checked).await?) {
         // A route naming another member means a newer login elsewhere, whose batch ends
         // this session; no route (or a garbled or ended one) is pointed back here.
-        if route.is_none() && registry.events().reassert(session) {
+        if route.is_none() && registry.events().reroute(session) {
             rerouted += 1;
         }
     }
@@ -844,7 +832,7 @@ mod tests {
 
     fn online(uid: u64) -> Op {
         let (device, claims, origin) = (Device::DEFAULT, None, Origin::default());
-        Op::Online { uid, session: uid, device, first: true, since_ms: 0, at_ms: 0, claims, origin }
+        Op::Online { uid, session: uid, device, first: true, since_ms: 0, at_ms: 0, claims, origin, reroute: false }
     }
 
     #[tokio::test(start_paused = true)]

@@ -112,6 +112,9 @@ pub trait Replicate: Send + Sync + std::fmt::Debug {
     fn durable_through(&self) -> u64;
     /// A live MQTT session's will, for an ending this node may not live to log.
     fn will(&self, session: &Session, will: &Will, at_ms: u64);
+    /// A live session the store holds, whose route it lost: pointed at it again, never
+    /// announced again (a login elsewhere may have ended it meanwhile).
+    fn reroute(&self, session: &Session, at_ms: u64);
 }
 
 /// One event.
@@ -265,6 +268,10 @@ trait Record: Send + std::fmt::Debug {
     fn reassert(&mut self, _at_ms: u64, _session: &Session) -> bool {
         false
     }
+    /// Points the store's route at a live session again; false where nothing can be lost.
+    fn reroute(&mut self, _at_ms: u64, _session: &Session) -> bool {
+        false
+    }
     /// The log consumers read here, if the events live in this process.
     fn local(&self) -> Option<&LocalLog> {
         None
@@ -333,6 +340,11 @@ impl Record for Replicated {
         // Redis lost it: with one session per uid across the cluster, the uid has none
         // there, so the announcement is its `user_online` too.
         self.0.online(session, true, at_ms);
+        true
+    }
+
+    fn reroute(&mut self, at_ms: u64, session: &Session) -> bool {
+        self.0.reroute(session, at_ms);
         true
     }
 }
@@ -461,6 +473,14 @@ impl EventLog {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         session.is_live() && inner.record.reassert(at_ms, session)
+    }
+
+    /// Points the store's route at `session` again, if it is still live: the store holds it
+    /// but lost its route. Under the lock, as [`EventLog::reassert`]. Returns whether it did.
+    pub fn reroute(&self, session: &Session) -> bool {
+        let at_ms = unix_ms();
+        let mut inner = self.lock();
+        session.is_live() && inner.record.reroute(at_ms, session)
     }
 
     /// The next events after `after`, at most [`READ_BATCH`]: every event the log still holds
