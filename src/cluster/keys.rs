@@ -124,7 +124,6 @@ pub(crate) fn superseded(member: &str) -> String {
     format!("{{idlegate}}:superseded:{member}")
 }
 
-
 /// A stream epoch as the scripts answer it (a decimal string, empty before the first
 /// event); 0 for none.
 pub(crate) fn epoch_of(value: &redis::Value) -> u64 {

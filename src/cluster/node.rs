@@ -186,7 +186,17 @@ impl Replicate for Forward {
         let (uid, since_ms) = (session.uid(), session.since_ms());
         let (claims, origin) = (session.claims().cloned(), session.origin());
         let reroute = false;
-        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, reroute });
+        self.enqueue(Op::Online {
+            uid,
+            session: session.id(),
+            device,
+            first,
+            since_ms,
+            at_ms,
+            claims,
+            origin,
+            reroute,
+        });
     }
 
     fn reroute(&self, session: &Session, at_ms: u64) {
@@ -194,7 +204,17 @@ impl Replicate for Forward {
         let (uid, since_ms) = (session.uid(), session.since_ms());
         let (claims, origin) = (session.claims().cloned(), session.origin());
         let (first, reroute) = (false, true);
-        self.enqueue(Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, reroute });
+        self.enqueue(Op::Online {
+            uid,
+            session: session.id(),
+            device,
+            first,
+            since_ms,
+            at_ms,
+            claims,
+            origin,
+            reroute,
+        });
     }
 
     fn durable_through(&self) -> u64 {

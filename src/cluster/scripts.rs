@@ -1367,7 +1367,15 @@ mod tests {
         assert_eq!(chain, format!("a|{S3}|"));
         assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
         let got = events(&redis);
-        assert_eq!(got[1..], [format!("online {S} -"), "user_online - -".into(), format!("offline {S} kicked"), format!("online {S2} -")]);
+        assert_eq!(
+            got[1..],
+            [
+                format!("online {S} -"),
+                "user_online - -".into(),
+                format!("offline {S} kicked"),
+                format!("online {S2} -")
+            ]
+        );
     }
 
     /// Nemesis seed 3 at `--max-devices 1`: a login whose batch was fenced (its member

@@ -78,20 +78,21 @@ impl RedisServer {
             for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
               local f = {} \
               for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end \
-              out[#out + 1] = e[1] .. ' ' .. (f.t or '-') .. ' ' .. (f.uid or '-') .. ' ' .. (f.s or '-') .. ' ' .. (f.r or f.node or '-') .. ' ' .. (f.at or '0') \
+              out[#out + 1] = e[1] .. ' ' .. (f.t or '-') .. ' ' .. (f.uid or '-') .. ' ' .. (f.s or '-') .. ' ' .. (f.r or f.node or '-') .. ' ' .. (f.at or '0') .. ' ' .. (f.sp or '-') \
             end \
             return out";
         self.cli(&["EVAL", SUMMARY, "1", "{idlegate}:events"])
             .lines()
             .filter_map(|line| {
                 let f: Vec<&str> = line.split(' ').collect();
-                (f.len() == 6).then(|| StreamEvent {
+                (f.len() == 7).then(|| StreamEvent {
                     id: f[0].into(),
                     kind: f[1].into(),
                     uid: f[2].parse().unwrap_or(0),
                     session: f[3].into(),
                     detail: f[4].into(),
                     at_ms: f[5].parse().unwrap_or(0),
+                    superseded: f[6] == "1",
                 })
             })
             .collect()
@@ -125,6 +126,8 @@ pub struct StreamEvent {
     pub detail: String,
     /// Its `at` field: when it happened, as the event says.
     pub at_ms: u64,
+    /// An `online` that says it was superseded (`sp`): left out of the device bound.
+    pub superseded: bool,
 }
 
 /// Checks the promise: every session's `online` has exactly one `offline` after it, and
