@@ -298,3 +298,36 @@ async fn a_receiver_slower_than_the_turn_slows_delivery_and_never_stops_it() {
         panic!("sent again after the last acknowledgement: {line}");
     }
 }
+
+/// Issue 49, promise 4 (nemesis seed 4 on a Redis Cluster): a relay died with a batch in
+/// flight that its receiver had taken; the next relay sent those events again inside a
+/// bigger batch, under a new `webhook-id`, so the receiver could not tell a retry from new
+/// events. The batch in flight is recorded in Redis before it goes; the next relay sends it
+/// first, whole, under its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_in_flight_when_its_relay_dies_goes_again_whole_under_its_id() {
+    if !ready() {
+        return;
+    }
+    let Some(redis) = RedisServer::start().await else { return };
+    let mut relay = Relaying::start_with(&redis, &[("DELAY_MS", "3000")]).await;
+    let a = relay.node("a").await;
+    let mut first = Client::connect(a.listen).await;
+    first.login(1).await;
+    let requests = relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
+    let in_flight = requests.last().unwrap().clone();
+    assert_eq!(sender(&in_flight), "a");
+    let b = relay.node("b").await;
+    // Killed while its receiver holds the answer: the batch was taken, never acknowledged.
+    a.signal("KILL");
+    let mut second = Client::connect(b.listen).await;
+    second.login(2).await;
+    // b takes the turn after a's ran out, with new events in the stream (a's node_lost,
+    // uid 2's login): its first request is a's batch, whole, under its id.
+    let again = relay.receiver.next().await;
+    assert_eq!(sender(&again), "b");
+    assert_eq!(again["id"], in_flight["id"], "{again}");
+    assert_eq!(again["body"], in_flight["body"]);
+    // Then it relays on.
+    relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 2).await;
+}

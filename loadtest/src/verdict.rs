@@ -80,6 +80,7 @@ pub struct Violation {
 const EVENTS: &str = "events.jsonl";
 const CLIENTS: &str = "clients.jsonl";
 const WEBHOOKS: &str = "webhooks.jsonl";
+const REQUESTS: &str = "webhook-requests.jsonl";
 
 /// What the checker found.
 #[derive(Debug, Default)]
@@ -346,6 +347,63 @@ pub fn check_bound(verdict: &mut Verdict, file: &'static str, events: &[Value], 
     verdict.violations.sort_by_key(|v| v.line);
 }
 
+/// An event id `<ms>-<n>` as numbers (ids of `start` and `gap` entries are not: `None`).
+fn id_key(id: &str) -> Option<(u64, u64)> {
+    let (ms, n) = id.split_once('-')?;
+    Some((ms.parse().ok()?, n.parse().ok()?))
+}
+
+/// Issue 49, promise 4: the webhook receiver's timeline. `events` are the events as the
+/// receiver took them (`webhooks.jsonl`, each once, in the order taken) and `requests` its
+/// request log (`webhook-requests.jsonl`). Every event is taken in stream order
+/// (`webhook_out_of_order`); an event taken twice came again only as a retry of the same
+/// batch, under the same `webhook-id` (`webhook_duplicate_under_new_id`); and no two
+/// requests that were answered were open at once (`webhook_in_flight_twice`: one relay
+/// sends one batch at a time, and a turn passes only once its holder's request ended).
+/// Requests never answered, or given up on by their relay, are left out of the last check:
+/// the receiver cannot tell when their relay let go.
+pub fn check_webhook_timeline(verdict: &mut Verdict, events: &[Value], requests: &[Value]) {
+    let mut last: Option<(u64, u64)> = None;
+    for (line, event) in events.iter().enumerate() {
+        let Some(key) = event["id"].as_str().and_then(id_key) else { continue };
+        if let Some(before) = last.filter(|&before| key <= before) {
+            let detail = format!("event {} taken after {}-{}", event["id"], before.0, before.1);
+            verdict.violations.push(Violation { kind: "webhook_out_of_order", file: WEBHOOKS, line, detail });
+        }
+        last = Some(key);
+    }
+    let range = |r: &Value| Some((id_key(r["first"].as_str()?)?, id_key(r["last"].as_str()?)?));
+    let taken: Vec<(usize, &Value)> = requests.iter().enumerate().filter(|(_, r)| r["answer"] == "taken").collect();
+    for (i, &(line, a)) in taken.iter().enumerate() {
+        let Some((a0, a1)) = range(a) else { continue };
+        for &(_, b) in &taken[..i] {
+            let Some((b0, b1)) = range(b) else { continue };
+            if a0 <= b1 && b0 <= a1 && a["webhook_id"] != b["webhook_id"] {
+                let detail = format!(
+                    "batch {} took events batch {} had taken ({}..{})",
+                    a["webhook_id"], b["webhook_id"], b["first"], b["last"]
+                );
+                let violation = Violation { kind: "webhook_duplicate_under_new_id", file: REQUESTS, line, detail };
+                verdict.violations.push(violation);
+                break;
+            }
+        }
+    }
+    let answered: Vec<(usize, u64, u64, &Value)> = requests
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r["answer"].as_str(), Some("taken" | "error")))
+        .filter_map(|(line, r)| Some((line, r["at_ms"].as_u64()?, r["done_ms"].as_u64()?, r)))
+        .collect();
+    for (i, &(line, at, done, r)) in answered.iter().enumerate() {
+        if let Some(&(_, _, _, other)) = answered[..i].iter().find(|&&(_, o_at, o_done, _)| at < o_done && o_at < done)
+        {
+            let detail = format!("batch {} open at once with batch {}", r["webhook_id"], other["webhook_id"]);
+            verdict.violations.push(Violation { kind: "webhook_in_flight_twice", file: REQUESTS, line, detail });
+        }
+    }
+}
+
 /// How soon after a WELCOME a SIGKILL of its node may take the login with it: the writer's
 /// linger (2 ms) and a Redis round trip, with room for a batch already on its way.
 pub const KILLED_BEFORE_ITS_BATCH_MS: u64 = 50;
@@ -479,6 +537,12 @@ pub fn run(args: &VerdictArgs) -> Result<bool, String> {
         }
         verdict.webhook_sessions = Some(hooked.sessions);
         verdict.violations.extend(hooked.violations.into_iter().map(|v| Violation { file: WEBHOOKS, ..v }));
+        // The receiver's request log, beside its events.
+        let log = path.with_file_name(REQUESTS);
+        if log.exists() {
+            check_webhook_timeline(&mut verdict, &hooked_events, &read_lines(&log)?);
+        }
+        verdict.violations.sort_by_key(|v| v.line);
     }
     let json = verdict.to_json();
     if let Some(out) = &args.out {

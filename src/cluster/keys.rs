@@ -49,6 +49,10 @@ pub(crate) const RELAY_TURN: &str = "{idlegate}:webhook:turn";
 /// The id of the last event the webhook's receiver acknowledged.
 pub(crate) const RELAY_ACKED: &str = "{idlegate}:webhook:acked";
 
+/// The last event id of the batch the relay has in flight past the acknowledged position:
+/// the next relay sends that batch first, whole and under the same `webhook-id`.
+pub(crate) const RELAY_SENDING: &str = "{idlegate}:webhook:sending";
+
 /// Set of members that have announced themselves and not yet left or been reaped.
 pub(crate) const MEMBERS: &str = "{idlegate}:members";
 

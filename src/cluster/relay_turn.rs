@@ -61,12 +61,15 @@ impl RelayTurn for SharedTurn {
 
     fn acknowledged(&self) -> BoxFuture<'_, Result<Acknowledged, DirectoryError>> {
         async move {
-            let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST];
-            let (at, recorded_now): (String, i64) = self.eval(&self.cluster.scripts.turn_from, &keys, &[]).await?;
+            let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
+            let (at, recorded_now, sending): (String, i64, String) =
+                self.eval(&self.cluster.scripts.turn_from, &keys, &[]).await?;
             let after = at
                 .parse()
                 .map_err(|()| DirectoryError::Unavailable(format!("the relay's position {at:?} is no event id")))?;
-            Ok(Acknowledged { after, recorded_now: recorded_now == 1 })
+            // Anything else than an id past the position is no batch to send again.
+            let sending = sending.parse::<EventId>().ok().filter(|s| *s > after);
+            Ok(Acknowledged { after, recorded_now: recorded_now == 1, sending })
         }
         .boxed()
     }
@@ -74,8 +77,18 @@ impl RelayTurn for SharedTurn {
     fn acknowledge(&self, through: EventId, ttl: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>> {
         async move {
             let args = [self.cluster.member().to_string(), through.to_string(), ttl.as_millis().to_string()];
-            let keys = [keys::RELAY_TURN, keys::RELAY_ACKED];
+            let keys = [keys::RELAY_TURN, keys::RELAY_ACKED, keys::RELAY_SENDING];
             let held: i64 = self.eval(&self.cluster.scripts.turn_ack, &keys, &args).await?;
+            Ok(held == 1)
+        }
+        .boxed()
+    }
+
+    fn sending(&self, last: EventId) -> BoxFuture<'_, Result<bool, DirectoryError>> {
+        async move {
+            let args = [self.cluster.member().to_string(), last.to_string()];
+            let keys = [keys::RELAY_TURN, keys::RELAY_SENDING];
+            let held: i64 = self.eval(&self.cluster.scripts.turn_send, &keys, &args).await?;
             Ok(held == 1)
         }
         .boxed()

@@ -554,6 +554,24 @@ for i = from, #ARGV, 6 do
       local newest = redis.call('HGET', marks, f)
       if newest and s <= newest then superseded = true end
       if newest and s >= newest then redis.call('HDEL', marks, f) end
+      -- One session a device across the cluster, whatever the routes say: a login the
+      -- route let through ends any session another member holds on its device. The route's
+      -- chain names such a session, unless Redis lost the route (a Redis Cluster server
+      -- restarted empty: nemesis seed 4 on a Redis Cluster showed the device online twice).
+      if not superseded then
+        for _, om in ipairs(redis.call('SMEMBERS', '{idlegate}:members')) do
+          local okey = '{idlegate}:sessions:' .. om
+          local held = om ~= me and redis.call('HGET', okey, f)
+          if held and current(om) then
+            redis.call('HDEL', okey, f)
+            local wt, wp = take_will('{idlegate}:wills:' .. om, f, held)
+            local oc = take_claims('{idlegate}:claims:' .. om, f, held)
+            emit_offline(ev, uid, held, d, 'kicked', at, wt, wp, oc)
+            if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
+            redis.call('XADD', '{idlegate}:inbox:' .. om, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', held)
+          end
+        end
+      end
       -- `<claims>|<origin>`: the origin holds no '|', the claims (JSON) may.
       local c, o = '', '- -'
       if extra then
@@ -690,28 +708,41 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 "#;
 
-/// The relay's acknowledged position; when there is none (before the first one ever, or
-/// Redis lost it), the stream's newest id, recorded as acknowledged.
+/// The relay's acknowledged position and the batch in flight past it; when there is no
+/// position (before the first one ever, or Redis lost it), the stream's newest id, recorded
+/// as acknowledged, and nothing in flight.
 ///
-/// KEYS: the acknowledged position, the stream's last-id hash. Returns `{id, 1}` when it
-/// recorded the position just now, `{id, 0}` otherwise.
+/// KEYS: the acknowledged position, the stream's last-id hash, the batch in flight.
+/// Returns `{id, 1, ''}` when it recorded the position just now, `{id, 0, sending or ''}`
+/// otherwise.
 const TURN_FROM: &str = r#"
 local at = redis.call('GET', KEYS[1])
-if at then return {at, 0} end
+if at then return {at, 0, redis.call('GET', KEYS[3]) or ''} end
 local last = redis.call('HMGET', KEYS[2], 'ms', 'n')
 at = (last[1] or '0') .. '-' .. (last[2] or '0')
 redis.call('SET', KEYS[1], at)
-return {at, 1}
+redis.call('DEL', KEYS[3])
+return {at, 1, ''}
+"#;
+
+/// Records the batch the member is about to send (its last event id), only while it holds
+/// the turn. KEYS: the turn, the batch in flight. ARGV: member, event id. Returns 1 if
+/// recorded.
+const TURN_SEND: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
 "#;
 
 /// Records the relay's acknowledged position and keeps its turn, only while the member
 /// holds the turn: a relay that lost it (paused past its TTL) moves nothing.
 ///
-/// KEYS: the turn, the acknowledged position. ARGV: member, event id, TTL in ms. Returns 1
-/// if recorded.
+/// KEYS: the turn, the acknowledged position, the batch in flight (taken: none now). ARGV:
+/// member, event id, TTL in ms. Returns 1 if recorded.
 const TURN_ACK: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2])
+redis.call('DEL', KEYS[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 "#;
@@ -1008,6 +1039,7 @@ pub(crate) struct Scripts {
     pub turn_hold: Script,
     pub turn_from: Script,
     pub turn_ack: Script,
+    pub turn_send: Script,
     pub turn_leave: Script,
 }
 
@@ -1028,12 +1060,13 @@ impl Scripts {
             turn_hold: Script::new(TURN_HOLD),
             turn_from: Script::new(TURN_FROM),
             turn_ack: Script::new(TURN_ACK),
+            turn_send: Script::new(TURN_SEND),
             turn_leave: Script::new(TURN_LEAVE),
         }
     }
 
     /// Every script, for `SCRIPT LOAD` on every master before pipelines call them by hash.
-    pub(crate) fn all(&self) -> [&Script; 12] {
+    pub(crate) fn all(&self) -> [&Script; 13] {
         [
             &self.apply,
             &self.claim,
@@ -1046,6 +1079,7 @@ impl Scripts {
             &self.turn_hold,
             &self.turn_from,
             &self.turn_ack,
+            &self.turn_send,
             &self.turn_leave,
         ]
     }
@@ -1390,6 +1424,28 @@ mod tests {
         assert_eq!(route_set(&redis, "a2", S, "1100", "", "1"), format!("b|{S2}|"));
         let route = redis.cli(&["HGET", "idlegate:route:7", ""]);
         assert_eq!(route.trim_end(), format!("a2|{S}|1100|b|{S2}|"));
+    }
+
+    /// Nemesis seed 4 on a Redis Cluster: a server holding routes restarted empty, and a
+    /// login of a device another node held found no route to replace: the device was online
+    /// twice in the stream. A login ends whatever session another member holds on its
+    /// device, route or not.
+    #[test]
+    fn nemesis_cluster_seed_4_a_login_ends_its_devices_session_elsewhere_without_a_route() {
+        let Some(redis) = Redis::start() else { return };
+        redis.cli(&["SADD", "{idlegate}:members", "a", "b"]);
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, "", "1000", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1100", ""]]), "1");
+        let got = events(&redis);
+        assert_eq!(
+            got[1..],
+            [
+                format!("online {S2} -"),
+                "user_online - -".into(),
+                format!("offline {S2} kicked"),
+                format!("online {S} -")
+            ]
+        );
     }
 
     /// Nemesis seed 3 at `--max-devices 1`: a reconcile pointed a lost route back at a

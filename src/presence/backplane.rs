@@ -55,6 +55,10 @@ pub(crate) struct Acknowledged {
     /// The position was missing (the cluster's first relay, or the store lost it) and is
     /// recorded just now.
     pub recorded_now: bool,
+    /// The last event of the batch a relay had in flight past that position, if any: the
+    /// next relay sends that batch first, whole, so a receiver that took it sees it again
+    /// only as a retry of the same `webhook-id`.
+    pub sending: Option<EventId>,
 }
 
 /// One webhook relay for a whole cluster: whose turn it is to deliver the shared stream's
@@ -74,6 +78,10 @@ pub(crate) trait RelayTurn: Send + Sync + Debug {
     /// Records every event through `through` as acknowledged and keeps the turn for `ttl`,
     /// only if this node still holds it; false if it lost it.
     fn acknowledge(&self, through: EventId, ttl: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>>;
+
+    /// Records that this node is about to send the batch ending at `last`, only if it still
+    /// holds the turn; false if it lost it.
+    fn sending(&self, last: EventId) -> BoxFuture<'_, Result<bool, DirectoryError>>;
 
     /// Gives the turn up, if this node holds it, so another node takes it at once.
     fn give_up(&self) -> BoxFuture<'_, ()>;

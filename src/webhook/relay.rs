@@ -39,6 +39,11 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// delivered: the last sessions' offline events are written before the relay is told.
 const FINISH_QUIET: Duration = Duration::from_millis(50);
 
+/// How long the relay waits for each read of an earlier relay's batch in flight before it
+/// sends what it has: those events are in the stream already, so a read returns at once
+/// unless the stream lost them.
+const INFLIGHT_READ: Duration = Duration::from_secs(1);
+
 /// Why the relay could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
@@ -194,7 +199,7 @@ impl Relay {
             None => {
                 let Some(stream) = self.stream.take() else { return };
                 let mut queue = VecDeque::from([self.start()]);
-                self.relay(stream, &mut queue, &mut finish, None).await;
+                self.relay(stream, &mut queue, &mut finish, None, None).await;
             }
             Some((store, lease)) => self.run_shared(Turn::new(store, lease), finish).await,
         }
@@ -217,6 +222,7 @@ impl Relay {
                     _ = finish.changed() => {}
                 }
             }
+            let mut until = None;
             let (from, mut queue) = match turn.store.acknowledged().await {
                 // No position was acknowledged (the cluster's first relay, or Redis lost it
                 // with its writes, as when it restarts empty): what came before the
@@ -226,7 +232,10 @@ impl Relay {
                     tracing::warn!(after = %ack.after, "webhook: no acknowledged position in Redis; sending a gap first");
                     (ack.after, VecDeque::from([self.lost_position()]))
                 }
-                Ok(ack) => (ack.after, VecDeque::new()),
+                Ok(ack) => {
+                    until = ack.sending;
+                    (ack.after, VecDeque::new())
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "webhook: the relay's position is out of reach");
                     tokio::time::sleep(turn.every).await;
@@ -235,7 +244,7 @@ impl Relay {
             };
             tracing::info!(after = %from, "webhook: this node relays the cluster's events");
             let stream = self.directory.follow(Some(from));
-            let ended = self.relay(stream, &mut queue, &mut finish, Some(&turn)).await;
+            let ended = self.relay(stream, &mut queue, &mut finish, Some(&turn), until).await;
             self.observe(&VecDeque::new());
             if let Ended::LostTurn(lost) = ended {
                 lost.log();
@@ -251,13 +260,16 @@ impl Relay {
     }
 
     /// Delivers `stream`'s events in batches until finishing (or, holding `turn`, until it
-    /// is lost); acknowledges each batch to the turn's store.
+    /// is lost); acknowledges each batch to the turn's store. `until` is the last event of
+    /// the batch an earlier relay had in flight: the first batch ends exactly there, so a
+    /// receiver that took it sees it again only as a retry of the same `webhook-id`.
     async fn relay(
         &mut self,
         mut stream: BoxStream<'static, Batch>,
         queue: &mut VecDeque<Pending>,
         finish: &mut watch::Receiver<Option<Instant>>,
         turn: Option<&Turn>,
+        mut until: Option<EventId>,
     ) -> Ended {
         let mut renew = turn.map(|turn| tokio::time::interval_at(Instant::now() + turn.every, turn.every));
         loop {
@@ -294,7 +306,29 @@ impl Relay {
                     _ => break,
                 }
             }
-            let n = queue.len().min(self.config.batch);
+            let mut n = queue.len().min(self.config.batch);
+            if let Some(last) = until.take() {
+                // Its events are in the stream already: read until the queue holds its last
+                // (or passed it, when the stream was trimmed meanwhile).
+                let reached = |queue: &VecDeque<Pending>| queue.iter().any(|p| p.at.is_some_and(|at| at >= last));
+                while !reached(queue) {
+                    match timeout(INFLIGHT_READ, stream.next()).await {
+                        Ok(Some(batch)) => self.take(batch, queue),
+                        _ => break,
+                    }
+                }
+                let upto = queue.iter().take_while(|p| p.at.is_none_or(|at| at <= last)).count();
+                if upto > 0 {
+                    n = upto;
+                }
+            }
+            if let Some((turn, Some(last))) = turn.zip(queue.get(n - 1).map(|p| p.at)) {
+                match turn.store.sending(last).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ended::LostTurn(Lost::Taken),
+                    Err(_) => return Ended::LostTurn(Lost::Unconfirmed),
+                }
+            }
             match self.deliver(queue, n, finish, turn).await {
                 Ended::Delivered => {}
                 Ended::Deadline => {

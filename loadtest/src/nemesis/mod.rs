@@ -125,9 +125,7 @@ enum Store {
 /// Runs the nemesis; Ok(true) when the checker found nothing.
 pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     if args.nodes == 0 || args.clients < DEVICES_PER_UID || args.max_devices == 0 {
-        return Err(format!(
-            "--nodes and --max-devices must be at least 1 and --clients at least {DEVICES_PER_UID}"
-        ));
+        return Err(format!("--nodes and --max-devices must be at least 1 and --clients at least {DEVICES_PER_UID}"));
     }
     let timeline = Timeline::of(args)?;
     std::fs::create_dir_all(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
@@ -189,9 +187,13 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     // The webhook receiver, before the gateways that post to it.
     let stop_observing = CancellationToken::new();
     let receiver_health = Arc::new(webhooks::Health::default());
-    let (hook, hooked, receiver) =
-        webhooks::receive(create(&out.join("webhooks.jsonl"))?, receiver_health.clone(), stop_observing.clone())
-            .await?;
+    let (hook, hooked, receiver) = webhooks::receive(
+        create(&out.join("webhooks.jsonl"))?,
+        create(&out.join("webhook-requests.jsonl"))?,
+        receiver_health.clone(),
+        stop_observing.clone(),
+    )
+    .await?;
     let secret = out.join("webhook-secret");
     // Standard Webhooks' example secret: the receiver does not verify (tests/webhook.rs does).
     std::fs::write(&secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
@@ -214,6 +216,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
 
     // The backend's eyes first, so the stream holds every session from its start.
     let started = Instant::now();
+    receiver_health.start(started);
     let apis: Vec<_> = gateways.iter().map(|g| g.api).collect();
     let seen = Arc::new(observe::Seen::default());
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

@@ -10,6 +10,12 @@
 //! with 500 after up to 2 s, or with a response cut off after its head, or never (held
 //! until the relay gives up). What is not answered 204 is not taken: the relay must send it
 //! again, and the checker still finds every event, in order.
+//!
+//! Every request is also written to `webhook-requests.jsonl` as it ends: when it came and
+//! ended (ms since the run's start), its `webhook-id`, the ids of its first and last events
+//! and how many it held, and how it was answered (`taken`, `error`, `cut`, `never`, or
+//! `dropped` when the relay gave up first). The checker judges that timeline (issue 49,
+//! promise 4).
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -35,9 +41,20 @@ const NEVER: Duration = Duration::from_secs(120);
 pub struct Health {
     slow: Mutex<Option<u64>>,
     requests: AtomicU64,
+    /// The run's start, which the request log's times count from.
+    started: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 impl Health {
+    /// The run starts now: the request log's times count from here.
+    pub fn start(&self, at: tokio::time::Instant) {
+        let _ = self.started.set(at);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.get().map_or(0, |s| s.elapsed().as_millis() as u64)
+    }
+
     pub fn set(&self, slow: Option<u64>) {
         *self.slow.lock().unwrap_or_else(|e| e.into_inner()) = slow;
     }
@@ -68,12 +85,43 @@ enum Answer {
 struct Received {
     ids: HashSet<String>,
     out: std::io::BufWriter<std::fs::File>,
+    requests: std::io::BufWriter<std::fs::File>,
+}
+
+/// One request as the log has it, written when it ends however it ends (dropped with its
+/// connection included: the write is in `Drop`).
+struct Request {
+    received: Arc<Mutex<Received>>,
+    health: Arc<Health>,
+    at_ms: u64,
+    id: String,
+    first: String,
+    last: String,
+    events: usize,
+    answer: &'static str,
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        let line = serde_json::json!({
+            "at_ms": self.at_ms,
+            "done_ms": self.health.now_ms(),
+            "webhook_id": self.id,
+            "first": self.first,
+            "last": self.last,
+            "events": self.events,
+            "answer": self.answer,
+        });
+        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(received.requests, "{line}");
+    }
 }
 
 /// Serves on a loopback port until `stop`; answers its address and the events' open
 /// sessions, so the run can wait until the webhooks too have every `offline`.
 pub async fn receive(
     out: std::fs::File,
+    requests: std::fs::File,
     health: Arc<Health>,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, Arc<Seen>, tokio::task::JoinHandle<()>), String> {
@@ -81,28 +129,35 @@ pub async fn receive(
         tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("a webhook receiver: {e}"))?;
     let addr = listener.local_addr().map_err(|e| format!("a webhook receiver: {e}"))?;
     let seen = Arc::new(Seen::default());
-    let received = Arc::new(Mutex::new(Received { ids: HashSet::new(), out: std::io::BufWriter::new(out) }));
+    let (out, requests) = (std::io::BufWriter::new(out), std::io::BufWriter::new(requests));
+    let received = Arc::new(Mutex::new(Received { ids: HashSet::new(), out, requests }));
     let (s, r) = (seen.clone(), received.clone());
     let app = axum::Router::new().route(
         "/hook",
-        axum::routing::post(move |body: Bytes| {
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: Bytes| {
             let (seen, received, health) = (s.clone(), r.clone(), health.clone());
             async move {
+                let mut request = Request::of(&headers, &body, received.clone(), health.clone());
                 // A request the relay gave up on is dropped with its connection, before it
                 // is taken.
                 match health.draw() {
-                    Answer::Now => deliver(&body, &seen, &received).into_response(),
+                    Answer::Now => deliver(&body, &seen, &received, &mut request).into_response(),
                     Answer::Late(after) => {
                         tokio::time::sleep(after).await;
-                        deliver(&body, &seen, &received).into_response()
+                        deliver(&body, &seen, &received, &mut request).into_response()
                     }
                     Answer::Error(after) => {
                         tokio::time::sleep(after).await;
+                        request.answer = "error";
                         StatusCode::INTERNAL_SERVER_ERROR.into_response()
                     }
-                    Answer::Cut => cut(),
+                    Answer::Cut => {
+                        request.answer = "cut";
+                        cut()
+                    }
                     Answer::Never => {
                         tokio::time::sleep(NEVER).await;
+                        request.answer = "never";
                         StatusCode::SERVICE_UNAVAILABLE.into_response()
                     }
                 }
@@ -111,14 +166,16 @@ pub async fn receive(
     );
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
-        let _ = received.lock().unwrap_or_else(|e| e.into_inner()).out.flush();
+        let mut received = received.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = received.out.flush();
+        let _ = received.requests.flush();
     });
     Ok((addr, seen, task))
 }
 
 /// One delivery: its new events written, 204; a body that is not a batch, 400 (the relay
 /// would retry it forever, and the run's checker would miss it: the file says so).
-fn deliver(body: &[u8], seen: &Seen, received: &Mutex<Received>) -> StatusCode {
+fn deliver(body: &[u8], seen: &Seen, received: &Mutex<Received>, request: &mut Request) -> StatusCode {
     let Ok(batch) = serde_json::from_slice::<Value>(body) else {
         return StatusCode::BAD_REQUEST;
     };
@@ -134,7 +191,26 @@ fn deliver(body: &[u8], seen: &Seen, received: &Mutex<Received>) -> StatusCode {
         seen.note(event);
         let _ = writeln!(received.out, "{event}");
     }
+    request.answer = "taken";
     StatusCode::NO_CONTENT
+}
+
+impl Request {
+    /// A request as it arrives: `dropped` until it is answered.
+    fn of(
+        headers: &axum::http::HeaderMap,
+        body: &[u8],
+        received: Arc<Mutex<Received>>,
+        health: Arc<Health>,
+    ) -> Request {
+        let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let batch: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let events = batch["events"].as_array().map_or(&[][..], Vec::as_slice);
+        let id_of = |e: Option<&Value>| e.and_then(|e| e["id"].as_str()).unwrap_or("").to_string();
+        let (first, last) = (id_of(events.first()), id_of(events.last()));
+        let at_ms = health.now_ms();
+        Request { received, health, at_ms, id, first, last, events: events.len(), answer: "dropped" }
+    }
 }
 
 /// A response whose body breaks off after its head: the connection is closed mid-answer.
