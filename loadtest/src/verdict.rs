@@ -679,6 +679,33 @@ mod tests {
     }
 
     #[test]
+    fn the_webhook_timeline_is_judged() {
+        let events = stream(&[r#"{"type":"online","uid":1,"session":"a"}"#]);
+        let mut events = events;
+        events.push(serde_json::json!({"id": "5-1", "type": "user_online", "uid": 1}));
+        events.push(serde_json::json!({"id": "4-9", "type": "offline", "uid": 1, "session": "a"}));
+        let request = |at: u64, done: u64, id: &str, first: &str, last: &str, answer: &str| {
+            serde_json::json!({"at_ms": at, "done_ms": done, "webhook_id": id, "first": first, "last": last, "answer": answer})
+        };
+        let requests = [
+            request(0, 10, "1-0", "1-0", "1-0", "taken"),
+            // A retry of the same batch: fine.
+            request(20, 30, "1-0", "1-0", "1-0", "taken"),
+            // Its events again under another id, and open while another was answered.
+            request(40, 60, "5-1", "1-0", "5-1", "taken"),
+            request(50, 70, "6-1", "6-1", "6-1", "error"),
+            // Given up on by its relay: its end says nothing.
+            request(55, 900, "7-1", "7-1", "7-1", "dropped"),
+        ];
+        let mut verdict = Verdict::default();
+        check_webhook_timeline(&mut verdict, &events, &requests);
+        assert_eq!(
+            kinds(&verdict),
+            ["webhook_out_of_order", "webhook_duplicate_under_new_id", "webhook_in_flight_twice"]
+        );
+    }
+
+    #[test]
     fn the_device_bound_holds_in_stream_order_but_for_superseded_logins() {
         let events = stream(&[
             r#"{"type":"online","uid":1,"session":"a","device":"phone"}"#,
