@@ -38,13 +38,13 @@ for d in sorted(out.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
     total.update(v["faults"])
     found = collections.Counter(x["kind"] for x in v["violations"])
     bad += sum(found.values())
-    rows.append(f"| {d.name[5:]} | {s['duration_ms'] // 1000} s | {s['nodes']} | {'cluster' if s['redis_cluster'] else 'one'} | {grace:g} s | "
+    rows.append(f"| {d.name[5:]} | {s['duration_ms'] // 1000} s | {s['nodes']} | {'cluster' if s['redis_cluster'] else 'one'} | {s.get('max_devices', 3)} | {grace:g} s | "
                 + " | ".join(str(v["faults"].get(k, 0)) for k in kinds)
-                + f" | {v['sessions']} | {v['kept_sessions_checked']} | {v.get('killed_before_batch', 0)} | {v['gaps']} | "
+                + f" | {v['sessions']} | {v.get('superseded', 0)} | {v['kept_sessions_checked']} | {v.get('killed_before_batch', 0)} | {v['gaps']} | "
                 + (", ".join(f"{k} x{n}" for k, n in found.items()) or "none") + " |")
-head = "| seed | run | nodes | Redis | grace | " + " | ".join(kinds) + " | sessions | kept sessions checked | killed before their batch | gaps | violations |"
+head = "| seed | run | nodes | Redis | max devices | grace | " + " | ".join(kinds) + " | sessions | superseded | kept sessions checked | killed before their batch | gaps | violations |"
 lines = [head, "|" + "---|" * (head.count("|") - 1)] + rows
-lines.append(f"| all | | | | | " + " | ".join(str(total.get(k, 0)) for k in kinds) + f" | | | | | {bad} |")
+lines.append(f"| all | | | | | | " + " | ".join(str(total.get(k, 0)) for k in kinds) + f" | | | | | | {bad} |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -684,9 +684,7 @@ mod tests {
         let mut events = events;
         events.push(serde_json::json!({"id": "5-1", "type": "user_online", "uid": 1}));
         events.push(serde_json::json!({"id": "4-9", "type": "offline", "uid": 1, "session": "a"}));
-        let request = |at: u64, done: u64, id: &str, first: &str, last: &str, answer: &str| {
-            serde_json::json!({"at_ms": at, "done_ms": done, "webhook_id": id, "first": first, "last": last, "answer": answer})
-        };
+        let request = |at: u64, done: u64, id: &str, first: &str, last: &str, answer: &str| serde_json::json!({"at_ms": at, "done_ms": done, "webhook_id": id, "first": first, "last": last, "answer": answer});
         let requests = [
             request(0, 10, "1-0", "1-0", "1-0", "taken"),
             // A retry of the same batch: fine.

@@ -182,39 +182,11 @@ impl Forward {
 
 impl Replicate for Forward {
     fn online(&self, session: &Session, first: bool, at_ms: u64) {
-        let device = session.device().clone();
-        let (uid, since_ms) = (session.uid(), session.since_ms());
-        let (claims, origin) = (session.claims().cloned(), session.origin());
-        let reroute = false;
-        self.enqueue(Op::Online {
-            uid,
-            session: session.id(),
-            device,
-            first,
-            since_ms,
-            at_ms,
-            claims,
-            origin,
-            reroute,
-        });
+        self.enqueue(login(session, first, at_ms, false));
     }
 
     fn reroute(&self, session: &Session, at_ms: u64) {
-        let device = session.device().clone();
-        let (uid, since_ms) = (session.uid(), session.since_ms());
-        let (claims, origin) = (session.claims().cloned(), session.origin());
-        let (first, reroute) = (false, true);
-        self.enqueue(Op::Online {
-            uid,
-            session: session.id(),
-            device,
-            first,
-            since_ms,
-            at_ms,
-            claims,
-            origin,
-            reroute,
-        });
+        self.enqueue(login(session, false, at_ms, true));
     }
 
     fn durable_through(&self) -> u64 {
@@ -238,4 +210,11 @@ impl Replicate for Forward {
         let (uid, id, payload) = (session.uid(), session.id(), payload.clone());
         self.enqueue(Op::Data { uid, session: id, device, payload, topic: topic.map(Into::into), at_ms })
     }
+}
+
+/// The change for `session`'s login (`reroute`: only its route again).
+fn login(session: &Session, first: bool, at_ms: u64, reroute: bool) -> Op {
+    let (uid, since_ms, device) = (session.uid(), session.since_ms(), session.device().clone());
+    let (claims, origin) = (session.claims().cloned(), session.origin());
+    Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, reroute }
 }
