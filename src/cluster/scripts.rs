@@ -445,6 +445,35 @@ local function owe(uid, r, at)
   if not owed[uid] then owed_order[#owed_order + 1] = uid end
   owed[uid] = {r, at}
 end
+-- Ends session `s` that member m holds on device field pf of uid: its `offline` goes here
+-- (with its will unless `will` is false, and its claims), its uid's count drops, and
+-- with `kick` its node is told through its inbox to close it.
+local function end_held(m, uid, pf, pd, s, r, eat, will, kick)
+  redis.call('HDEL', '{idlegate}:sessions:' .. m, pf)
+  local wt, wp = take_will('{idlegate}:wills:' .. m, pf, s)
+  local c = take_claims('{idlegate}:claims:' .. m, pf, s)
+  if not will then wt, wp = nil, nil end
+  emit_offline(ev, uid, s, pd, r, eat, wt, wp, c)
+  if count(uid, -1) <= 0 then owe(uid, r, eat) end
+  if kick then
+    redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', s)
+  end
+end
+-- Marks session ps of member m on device pf as superseded before it was announced: the
+-- mark is the newest such session (see below), and its `online` says so.
+local function mark_superseded(m, pf, ps)
+  local marks = '{idlegate}:superseded:' .. m
+  local newest = redis.call('HGET', marks, pf)
+  if not newest or ps > newest then redis.call('HSET', marks, pf, ps) end
+end
+-- Whether this member's session s on device f was superseded before it was announced; a
+-- mark no newer than s is spent by it.
+local function superseded_mark(f, s)
+  local marks = '{idlegate}:superseded:' .. me
+  local newest = redis.call('HGET', marks, f)
+  if newest and s >= newest then redis.call('HDEL', marks, f) end
+  return newest and s <= newest or false
+end
 for i = from, #ARGV, 6 do
   local kind, uid, s, x, at, d = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   -- What rides after a '|' in the kind: a data event's topic, an offline event's will.
@@ -492,34 +521,22 @@ for i = from, #ARGV, 6 do
           -- named one, its node's later login there, ends it there, and a chain names each
           -- member's device once, by its newest login (`ROUTE_SET`). Its `offline` goes
           -- here, before this login's `online`, as kicked.
-          local held = redis.call('HGET', key, pf)
-          redis.call('HDEL', key, pf)
-          local wt, wp = take_will('{idlegate}:wills:' .. m, pf, held)
-          local c = take_claims('{idlegate}:claims:' .. m, pf, held)
-          emit_offline(ev, uid, held, pd, 'kicked', at, wt, wp, c)
-          if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
-          redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', held)
+          end_held(m, uid, pf, pd, redis.call('HGET', key, pf), 'kicked', at, true, true)
           -- The named one is not announced yet: its `online` says it was superseded.
-          local marks = '{idlegate}:superseded:' .. m
-          local newest = redis.call('HGET', marks, pf)
-          if not newest or ps > newest then redis.call('HSET', marks, pf, ps) end
+          mark_superseded(m, pf, ps)
         elseif m and redis.call('HGET', key, pf) == ps then
           if m == me or current(m) then
             -- Held: its `offline` goes here, before this login's `online`. One that ended by
             -- itself goes as its node ended it (issue 49: logged by its node alone, after
             -- this login's `online`, it put its uid over `--max-devices` in stream order); one
             -- this login takes over, as kicked.
-            redis.call('HDEL', key, pf)
-            local wt, wp = take_will('{idlegate}:wills:' .. m, pf, ps)
-            local c = take_claims('{idlegate}:claims:' .. m, pf, ps)
-            local r, eat = 'kicked', at
+            -- Its node says whether the will goes out (not after a clean DISCONNECT); the
+            -- kick, if any, goes below.
             if gone then
-              r, eat = gone[1], gone[2]
-              -- Its node says whether the will goes out (not after a clean DISCONNECT).
-              if not gone[3] then wt, wp = nil, nil end
+              end_held(m, uid, pf, pd, ps, gone[1], gone[2], gone[3], false)
+            else
+              end_held(m, uid, pf, pd, ps, 'kicked', at, true, false)
             end
-            emit_offline(ev, uid, ps, pd, r, eat, wt, wp, c)
-            if count(uid, -1) <= 0 then owe(uid, r, eat) end
           end
         elseif m and m ~= me then
           -- Not held: not announced yet (its batch is on its way, two logins having raced),
@@ -528,9 +545,7 @@ for i = from, #ARGV, 6 do
           -- session of m on the device: a node numbers its sessions in order (fixed-width
           -- hex compares as numbers) and logs a device's logins in order, so every login of
           -- m there up to it was replaced; a mark naming a session ended already flags none.
-          local marks = '{idlegate}:superseded:' .. m
-          local newest = redis.call('HGET', marks, pf)
-          if not newest or ps > newest then redis.call('HSET', marks, pf, ps) end
+          mark_superseded(m, pf, ps)
         end
         -- Held or not yet announced, its node ends it; one not yet announced is announced
         -- when its login arrives, and its end follows (see `!` below). One that ended by
@@ -549,11 +564,7 @@ for i = from, #ARGV, 6 do
     if kind == 'L' and redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
       local n = count(uid, 1)
-      local superseded = x == '!'
-      local marks = '{idlegate}:superseded:' .. me
-      local newest = redis.call('HGET', marks, f)
-      if newest and s <= newest then superseded = true end
-      if newest and s >= newest then redis.call('HDEL', marks, f) end
+      local superseded = superseded_mark(f, s) or x == '!'
       -- One session a device across the cluster, whatever the routes say: a login the
       -- route let through ends any session another member holds on its device. The route's
       -- chain names such a session, unless Redis lost the route (a Redis Cluster server
@@ -562,14 +573,7 @@ for i = from, #ARGV, 6 do
         for _, om in ipairs(redis.call('SMEMBERS', '{idlegate}:members')) do
           local okey = '{idlegate}:sessions:' .. om
           local held = om ~= me and redis.call('HGET', okey, f)
-          if held and current(om) then
-            redis.call('HDEL', okey, f)
-            local wt, wp = take_will('{idlegate}:wills:' .. om, f, held)
-            local oc = take_claims('{idlegate}:claims:' .. om, f, held)
-            emit_offline(ev, uid, held, d, 'kicked', at, wt, wp, oc)
-            if count(uid, -1) <= 0 then owe(uid, 'kicked', at) end
-            redis.call('XADD', '{idlegate}:inbox:' .. om, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', held)
-          end
+          if held and current(om) then end_held(om, uid, f, d, held, 'kicked', at, true, true) end
         end
       end
       -- `<claims>|<origin>`: the origin holds no '|', the claims (JSON) may.
@@ -605,9 +609,7 @@ for i = from, #ARGV, 6 do
       end
     end
   elseif kind == 'E' then
-    local marks = '{idlegate}:superseded:' .. me
-    local newest = redis.call('HGET', marks, f)
-    if newest and s >= newest then redis.call('HDEL', marks, f) end
+    superseded_mark(f, s)
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
       local n = count(uid, -1)
@@ -904,17 +906,22 @@ local old = redis.call('HGET', KEYS[1], dev)
 -- slow Redis) cannot push the one it holds out of the chain (nemesis seed 3 at
 -- `--max-devices 1`).
 local out, named = {}, {}
-local function put(e)
+-- `k`: the entry's member and device, `<member>|<device>`; parsed from `e` when not given
+-- (an entry of a chain read back from a route).
+local function put(e, k)
   if #out >= MAX_CHAIN then return end
-  local owner = string.match(e, '^=[^|]*|[^|]*|[^|]*|(.*)$') or e
-  local m, d = string.match(owner, '^([^|]*)|[^|]*|(.*)$')
-  local k = (m or '') .. '|' .. (d or '')
+  if not k then
+    local owner = string.match(e, '^=[^|]*|[^|]*|[^|]*|(.*)$') or e
+    local m, d = string.match(owner, '^([^|]*)|[^|]*|(.*)$')
+    k = (m or '') .. '|' .. (d or '')
+  end
   if named[k] then return end
   named[k] = true
   out[#out + 1] = e
 end
-local function add(head, prior)
-  put(head)
+-- `om`, `d`: the head's member and device.
+local function add(head, om, d, prior)
+  put(head, om .. '|' .. d)
   for e in string.gmatch(prior or '', '[^\n]+') do put(e) end
 end
 if old then
@@ -936,7 +943,7 @@ if old then
       return false
     end
     if not ended and newer(om, owner, tonumber(since) or 0) then return '!' end
-    add(entry(owner, dev, ended), rest)
+    add(entry(owner, dev, ended), om, dev, rest)
     if not ended then
       -- The device's live login: its place is this one's, the uid's count unchanged.
       redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. table.concat(out, '\n'))
@@ -972,7 +979,7 @@ if others >= max and victim then
   -- before this one's route got here.
   if not vended and newer(vom, vowner, vsince) then return '!' end
   redis.call('HDEL', KEYS[1], victim)
-  add(entry(vowner, victim, vended), vrest)
+  add(entry(vowner, victim, vended), vom, victim, vrest)
 end
 local replaced = table.concat(out, '\n')
 redis.call('HSET', KEYS[1], dev, me .. '|' .. ARGV[2] .. '|' .. replaced)
