@@ -150,6 +150,14 @@ struct NemesisCli {
 
 fn nemesis_main() -> ExitCode {
     let cli = NemesisCli::parse_from(std::env::args().skip(1));
+    // A Redis Cluster's partition and delay redirect each gateway's connections with
+    // iptables, in a network namespace of the run's own, taken before any thread starts.
+    if cli.args.redis_cluster {
+        if let Err(e) = nemesis::netcut::isolate() {
+            eprintln!("loadtest nemesis: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

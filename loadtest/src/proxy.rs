@@ -10,6 +10,10 @@
 //! heals them all but the rate and the delay, and `switch` points new connections at another server and cuts the old ones (a
 //! failover behind a stable address).
 //!
+//! A transparent proxy (`start_transparent`) carries each connection to where its client
+//! dialled, as an iptables `REDIRECT` found it (`SO_ORIGINAL_DST`): one gateway's way to
+//! every server of a Redis Cluster, whose redirections name the servers' own addresses.
+//!
 //! One file serves both users: the nemesis (`loadtest nemesis`) puts one between each gateway
 //! and Redis, and the gateway's own tests (`tests/common`) include it by path.
 
@@ -31,13 +35,25 @@ pub struct Proxy {
     readers: watch::Sender<bool>,
     rate: watch::Sender<u64>,
     delay: watch::Sender<u64>,
-    target: Arc<Mutex<(SocketAddr, CancellationToken)>>,
+    /// Where new connections go (none: where each was dialled), and the token that cuts
+    /// the open ones.
+    target: Arc<Mutex<(Option<SocketAddr>, CancellationToken)>>,
     stop: CancellationToken,
 }
 
 impl Proxy {
     /// A proxy on a loopback port to `target`.
     pub async fn start(target: SocketAddr) -> std::io::Result<Proxy> {
+        Proxy::start_to(Some(target)).await
+    }
+
+    /// A proxy on a loopback port that carries each connection to the address its client
+    /// dialled, for connections an iptables `REDIRECT` (nat table) sent to it.
+    pub async fn start_transparent() -> std::io::Result<Proxy> {
+        Proxy::start_to(None).await
+    }
+
+    async fn start_to(target: Option<SocketAddr>) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (paused, _) = watch::channel(false);
@@ -66,6 +82,16 @@ impl Proxy {
                     // A paused proxy does not connect either: the far side is out of reach.
                     let mut waiting = paused.clone();
                     let _ = waiting.wait_for(|p| !*p).await;
+                    let to = match to {
+                        Some(to) => to,
+                        None => match original_destination(&client) {
+                            Ok(to) => to,
+                            Err(e) => {
+                                eprintln!("proxy: a connection that was not redirected here: {e}");
+                                return;
+                            }
+                        },
+                    };
                     let Ok(server) = TcpStream::connect(to).await else { return };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
@@ -132,7 +158,7 @@ impl Proxy {
     pub fn switch(&self, target: SocketAddr) {
         let mut t = self.target.lock().unwrap_or_else(|e| e.into_inner());
         t.1.cancel();
-        *t = (target, CancellationToken::new());
+        *t = (Some(target), CancellationToken::new());
     }
 }
 
@@ -141,6 +167,34 @@ impl Drop for Proxy {
         self.stop.cancel();
         self.target.lock().unwrap_or_else(|e| e.into_inner()).1.cancel();
     }
+}
+
+/// `SO_ORIGINAL_DST` (linux/netfilter_ipv4.h): where a connection that the nat table
+/// redirected was dialled; libc does not name it.
+const SO_ORIGINAL_DST: libc::c_int = 80;
+
+/// The IPv4 address a redirected connection was dialled to.
+fn original_destination(stream: &TcpStream) -> std::io::Result<SocketAddr> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero sockaddr_in is a valid value.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `addr`, which lives across the call,
+    // on a descriptor `stream` owns.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ip = std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+    Ok(SocketAddr::from((ip, u16::from_be(addr.sin_port))))
 }
 
 /// Whether a connection has sent a Redis `XREAD`, and the gate of such connections.

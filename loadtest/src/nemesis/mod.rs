@@ -2,7 +2,9 @@
 //! and an independent check of every promise the events make (docs/RELIABILITY.md).
 //!
 //! A run starts its own Redis (one server, reached by each gateway through a proxy of its
-//! own so that one gateway can be cut off; or a Redis Cluster with `--redis-cluster`) and
+//! own so that one gateway can be cut off or slowed; or a Redis Cluster with
+//! `--redis-cluster`, each gateway's connections to its servers redirected through a
+//! transparent proxy of its own, netcut.rs) and
 //! `--nodes` gateways, follows the event stream and samples presence as a backend would,
 //! churns `--clients` clients, and injects the faults of `schedule.json`. Then it heals
 //! everything, lets the clients go, waits for every session to end, and hands what the
@@ -15,6 +17,7 @@
 //! ```
 
 pub mod churn;
+pub mod netcut;
 pub mod observe;
 pub mod procs;
 pub mod schedule;
@@ -57,7 +60,8 @@ pub struct NemesisArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// A Redis Cluster (three primaries with a replica each) instead of one server: adds
-    /// `redis_failover`; `partition` needs the one server's proxies and is left out.
+    /// `redis_failover`. Its `partition` and `delay` need root: the run takes a network
+    /// namespace of its own for its iptables rules (netcut.rs).
     #[arg(long)]
     pub redis_cluster: bool,
     /// Only these fault kinds (comma-separated), for replaying one kind's failures.
@@ -115,11 +119,19 @@ impl Timeline {
 /// Redis as the run has it.
 enum Store {
     /// One server, and a proxy per gateway in front of it.
-    Single {
-        server: RedisServer,
-        proxies: Vec<Proxy>,
-    },
-    Cluster(RedisCluster),
+    Single { server: RedisServer, proxies: Vec<Proxy> },
+    /// A Redis Cluster, and a transparent proxy per gateway that its connections to every
+    /// server are redirected through.
+    Cluster { cluster: RedisCluster, proxies: Vec<Proxy> },
+}
+
+impl Store {
+    /// Each gateway's way to Redis, in the order of the nodes.
+    fn proxies(&self) -> &[Proxy] {
+        match self {
+            Store::Single { proxies, .. } | Store::Cluster { proxies, .. } => proxies,
+        }
+    }
 }
 
 /// Runs the nemesis; Ok(true) when the checker found nothing.
@@ -158,7 +170,12 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
 
     // Redis, then the gateways, each through its own way to Redis.
     let mut store = if args.redis_cluster {
-        Store::Cluster(RedisCluster::start(&out.join("redis")).await?)
+        let cluster = RedisCluster::start(&out.join("redis")).await?;
+        let mut proxies = Vec::new();
+        for _ in &ids {
+            proxies.push(Proxy::start_transparent().await.map_err(|e| format!("a proxy to Redis: {e}"))?);
+        }
+        Store::Cluster { cluster, proxies }
     } else {
         let server = RedisServer::start(out.join("redis"), &[]).await?;
         let mut proxies = Vec::new();
@@ -184,6 +201,17 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     } else {
         Vec::new()
     };
+    // Each gateway's redirection to its proxy, before the gateways (dropped after them).
+    let redirects = match &store {
+        Store::Cluster { cluster, proxies } => {
+            let ports: Vec<u16> = cluster.servers.iter().map(|s| s.addr.port()).collect();
+            ids.iter()
+                .zip(proxies)
+                .map(|(id, proxy)| netcut::Redirect::new(&format!("{run_name}-{id}"), &ports, proxy.addr.port()))
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        Store::Single { .. } => Vec::new(),
+    };
     // The webhook receiver, before the gateways that post to it.
     let stop_observing = CancellationToken::new();
     let receiver_health = Arc::new(webhooks::Health::default());
@@ -203,9 +231,12 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     for (i, id) in ids.iter().enumerate() {
         let url = match &store {
             Store::Single { proxies, .. } => proxies[i].url(),
-            Store::Cluster(cluster) => cluster.url(),
+            Store::Cluster { cluster, .. } => cluster.url(),
         };
         let mut gateway = Gateway::new(id, url, &settings, &out)?;
+        if let Some(redirect) = redirects.get(i) {
+            gateway.start_in(&redirect.procs())?;
+        }
         gateway.start().await?;
         gateways.push(gateway);
     }
@@ -394,19 +425,16 @@ impl Nemesis<'_> {
         match fault.kind.as_str() {
             "kill" => self.gateways[self.node(fault)?].kill(),
             "stop" => self.gateways[self.node(fault)?].freeze(true),
-            "partition" => match &*self.store {
-                Store::Single { proxies, .. } => proxies[self.node(fault)?].pause(),
-                Store::Cluster(_) => return Err("a partition needs the one Redis server's proxies".into()),
-            },
+            "partition" => self.store.proxies()[self.node(fault)?].pause(),
             "redis_restart" => match self.store {
                 Store::Single { server, .. } => server.kill(),
-                Store::Cluster(cluster) => {
+                Store::Cluster { cluster, .. } => {
                     let pick = self.rng.next_u64() as usize % cluster.servers.len();
                     cluster.servers[pick].kill();
                 }
             },
             "redis_failover" => match &*self.store {
-                Store::Cluster(cluster) => {
+                Store::Cluster { cluster, .. } => {
                     cluster.failover(self.rng.next_u64()).await?;
                 }
                 Store::Single { .. } => return Err("a failover needs --redis-cluster".into()),
@@ -418,16 +446,13 @@ impl Nemesis<'_> {
                 }
             }
             "clock" => self.gateways[self.node(fault)?].set_clock(fault.jump_s.unwrap_or(3_600))?,
-            "delay" => match &*self.store {
-                Store::Single { proxies, .. } => proxies[self.node(fault)?].delay(fault.delay_ms.unwrap_or(100)),
-                Store::Cluster(_) => return Err("a delay needs the one Redis server's proxies".into()),
-            },
+            "delay" => self.store.proxies()[self.node(fault)?].delay(fault.delay_ms.unwrap_or(100)),
             "slow_redis" => {
                 // A pause of `delay_ms` a second, on the one server or on a Redis Cluster's
                 // servers in turn, until the fault heals.
                 let servers: Vec<std::net::SocketAddr> = match &*self.store {
                     Store::Single { server, .. } => vec![server.addr],
-                    Store::Cluster(cluster) => cluster.servers.iter().map(|s| s.addr).collect(),
+                    Store::Cluster { cluster, .. } => cluster.servers.iter().map(|s| s.addr).collect(),
                 };
                 let pause = Duration::from_millis(fault.delay_ms.unwrap_or(500));
                 let stop = CancellationToken::new();
@@ -460,14 +485,10 @@ impl Nemesis<'_> {
         match fault.kind.as_str() {
             "kill" => self.gateways[self.node(fault)?].start().await?,
             "stop" => self.gateways[self.node(fault)?].freeze(false),
-            "partition" => {
-                if let Store::Single { proxies, .. } = &*self.store {
-                    proxies[self.node(fault)?].resume();
-                }
-            }
+            "partition" => self.store.proxies()[self.node(fault)?].resume(),
             "redis_restart" => match self.store {
                 Store::Single { server, .. } => server.restart().await?,
-                Store::Cluster(cluster) => {
+                Store::Cluster { cluster, .. } => {
                     for server in &mut cluster.servers {
                         if !server.running() {
                             server.restart().await?;
@@ -482,11 +503,7 @@ impl Nemesis<'_> {
                 self.throttles[i].set(0, false)?;
             }
             "clock" => self.gateways[self.node(fault)?].set_clock(0)?,
-            "delay" => {
-                if let Store::Single { proxies, .. } = &*self.store {
-                    proxies[self.node(fault)?].delay(0);
-                }
-            }
+            "delay" => self.store.proxies()[self.node(fault)?].delay(0),
             "slow_redis" => {
                 for stop in self.stalls.drain(..) {
                     stop.cancel();

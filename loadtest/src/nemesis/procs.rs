@@ -217,6 +217,8 @@ pub struct Gateway {
     log: PathBuf,
     /// libfaketime's offset file for this process, when libfaketime is installed.
     clock: Option<(PathBuf, PathBuf)>,
+    /// The `cgroup.procs` the process starts in (its redirection to a Redis Cluster).
+    cgroup: Option<std::ffi::CString>,
     child: Option<Child>,
 }
 
@@ -237,8 +239,17 @@ impl Gateway {
             settings: settings.clone(),
             log: out.join(format!("{id}.log")),
             clock,
+            cgroup: None,
             child: None,
         })
+    }
+
+    /// Starts the process (and every restart) in the cgroup whose `cgroup.procs` this is.
+    pub fn start_in(&mut self, procs: &Path) -> Result<(), String> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(procs.as_os_str().as_bytes()).map_err(|e| format!("{e}"))?;
+        self.cgroup = Some(path);
+        Ok(())
     }
 
     /// Whether its wall clock can be made to jump.
@@ -280,6 +291,28 @@ impl Gateway {
                 .env("FAKETIME_TIMESTAMP_FILE", offset)
                 .env("FAKETIME_NO_CACHE", "1")
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        if let Some(procs) = self.cgroup.clone() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only open(2), write(2) and close(2) run, on a
+            // path built before the fork: nothing allocates or takes a lock.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // `0`: the writer itself, before its first connection.
+                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    let error = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    if written == 1 {
+                        Ok(())
+                    } else {
+                        Err(error)
+                    }
+                });
+            }
         }
         let child = cmd.spawn().map_err(|e| format!("{}: {e}", s.binary.display()))?;
         self.child = Some(child);

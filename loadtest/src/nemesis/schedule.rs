@@ -118,12 +118,9 @@ impl SplitMix64 {
     }
 }
 
-/// The kinds a run can inject: a failover needs a Redis Cluster, and a partition or a
-/// delay a proxy between each gateway and its one Redis (in a Redis Cluster, gateways
-/// follow the cluster's redirections to the servers' own addresses).
+/// The kinds a run can inject: every kind, but a failover only on a Redis Cluster.
 pub fn kinds(redis_cluster: bool) -> Vec<&'static str> {
-    let proxied = |k: &&str| !matches!(*k, "partition" | "delay");
-    KINDS.iter().copied().filter(|k| if redis_cluster { proxied(k) } else { *k != "redis_failover" }).collect()
+    KINDS.iter().copied().filter(|k| redis_cluster || *k != "redis_failover").collect()
 }
 
 /// The offline grace a seed runs with (`--offline-grace`, every node the same): none for
