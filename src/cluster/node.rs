@@ -29,6 +29,12 @@ use crate::proto::CloseReason;
 /// How often `leave` looks whether the writer has finished.
 const LEAVE_POLL: Duration = Duration::from_millis(10);
 
+/// How long every call to a Redis Cluster may fail before its connections are opened anew:
+/// a few response timeouts, so an outage costs a reopen attempt every few seconds, while a
+/// client that stays wedged after the cluster came back (one whose slot refresh hung) is
+/// replaced soon.
+const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
 // === impl Cluster ===
 
 impl Cluster {
@@ -52,7 +58,36 @@ impl Cluster {
             crate::cluster::writer::run(self.clone(), stop.clone()),
             crate::cluster::membership::run(self.clone(), stop.clone()),
             crate::cluster::inbox::run(self.clone(), stop.clone()),
+            self.reopen_when_stuck(stop.clone()),
         );
+    }
+
+    /// With a Redis Cluster: opens the connections anew whenever every call has failed for
+    /// [`REOPEN_AFTER`] (and again every [`REOPEN_AFTER`] while they still fail). The lease
+    /// and the writer call Redis at least every tick, so a failing spell is always seen.
+    async fn reopen_when_stuck(&self, stop: CancellationToken) {
+        if !self.target.is_cluster() {
+            return;
+        }
+        let mut last: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(REOPEN_AFTER / 5) => {}
+                _ = stop.cancelled() => return,
+            }
+            let down = self.health.down_for().is_some_and(|d| d >= REOPEN_AFTER);
+            if !down || last.is_some_and(|t| t.elapsed() < REOPEN_AFTER) {
+                continue;
+            }
+            last = Some(Instant::now());
+            self.metrics.redis_reopens.inc();
+            match self.store.reopen(&self.target).await {
+                Ok(()) => {
+                    tracing::warn!(after = ?REOPEN_AFTER, "every call to the Redis Cluster failed: opened new connections")
+                }
+                Err(e) => tracing::debug!(error = %e, "opening new connections to the Redis Cluster failed"),
+            }
+        }
     }
 
     /// On a clean shutdown, after every session ended: waits (up to `within`) for the

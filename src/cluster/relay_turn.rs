@@ -62,14 +62,26 @@ impl RelayTurn for SharedTurn {
     fn acknowledged(&self) -> BoxFuture<'_, Result<Acknowledged, DirectoryError>> {
         async move {
             let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
-            let (at, recorded_now, sending): (String, i64, String) =
-                self.eval(&self.cluster.scripts.turn_from, &keys, &[]).await?;
+            let seen = self.cluster.high_water();
+            let args = if seen.epoch == 0 {
+                [String::new(), String::new()]
+            } else {
+                [seen.epoch.to_string(), seen.n.to_string()]
+            };
+            let (at, recorded_now, sending, sign): (String, i64, String, String) =
+                self.eval(&self.cluster.scripts.turn_from, &keys, &args).await?;
             let after = at
                 .parse()
                 .map_err(|()| DirectoryError::Unavailable(format!("the relay's position {at:?} is no event id")))?;
             // Anything else than an id past the position is no batch to send again.
             let sending = sending.parse::<EventId>().ok().filter(|s| *s > after);
-            Ok(Acknowledged { after, recorded_now: recorded_now == 1, sending })
+            let rewound = sign == "rewound";
+            if rewound {
+                self.cluster.lost_writes("the event stream's number went back below what this node saw");
+            } else if sign == "epoch" {
+                tracing::warn!(%after, "webhook: the acknowledged position lies before the stream's current epoch; starting at its marker");
+            }
+            Ok(Acknowledged { after, recorded_now: recorded_now == 1, sending, rewound })
         }
         .boxed()
     }

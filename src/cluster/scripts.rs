@@ -38,9 +38,12 @@ local function emitter(stream, last_key, maxlen, maxbytes)
   maxlen, maxbytes = tonumber(maxlen), tonumber(maxbytes)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local last = redis.call('HMGET', last_key, 'ms', 'n', 'bytes', 'epoch', 'sized')
+  local last = redis.call('HMGET', last_key, 'ms', 'n', 'bytes', 'epoch', 'sized', 'epoch_at')
   local ms, n, bytes = tonumber(last[1] or '0'), tonumber(last[2] or '0'), tonumber(last[3] or '0')
   local epoch = last[4]
+  -- The id of the current epoch's marker: the webhook relay starts no later than it
+  -- (`TURN_FROM`).
+  local epoch_at = last[6]
   -- The sizes of the newest `sized` entries, oldest first: a list whose elements are the
   -- sizes one call added (one element a call, however many it added), each as four bytes,
   -- big-endian: packing is far cheaper than formatting numbers as text in Lua.
@@ -74,6 +77,7 @@ local function emitter(stream, last_key, maxlen, maxbytes)
     if tonumber(epoch or '0') >= fresh then fresh = tonumber(epoch) + 1 end
     epoch = string.format('%d', fresh)
     add({'t', 'epoch', 'e', epoch})
+    epoch_at = string.format('%d-%d', ms, n)
   end
   if not epoch then
     local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
@@ -192,6 +196,7 @@ local function emitter(stream, last_key, maxlen, maxbytes)
       if len == 0 or bytes < 0 then bytes = 0 end
     end
     redis.call('HSET', last_key, 'ms', ms, 'n', n, 'bytes', bytes, 'epoch', epoch, 'sized', sized)
+    if epoch_at then redis.call('HSET', last_key, 'epoch_at', epoch_at) end
   end
   return e
 end
@@ -714,17 +719,46 @@ return 1
 /// position (before the first one ever, or Redis lost it), the stream's newest id, recorded
 /// as acknowledged, and nothing in flight.
 ///
-/// KEYS: the acknowledged position, the stream's last-id hash, the batch in flight.
-/// Returns `{id, 1, ''}` when it recorded the position just now, `{id, 0, sending or ''}`
-/// otherwise.
+/// A position Redis kept through a loss of writes may lie in a history the receiver has
+/// already been told more of (nemesis seed 1 on a Redis Cluster with every kind: a failover
+/// to a replica that lagged by a minute brought back the position and the events of that
+/// minute, and the next relay sent one of them again under a new `webhook-id`). Two signs
+/// of it, and what the relay does instead:
+/// - the position lies before the current epoch's marker: the relay starts just before the
+///   marker, where the stream reports the break (`earlier_stream`);
+/// - the stream's number, in the epoch the relaying node last saw, is below the highest
+///   that node saw (the epoch not yet renewed): the relay starts at the stream's end, after
+///   a `gap` of its own, and tells its node (which reconciles).
+///
+/// KEYS: the acknowledged position, the stream's last-id hash, the batch in flight. ARGV:
+/// the epoch and the highest event number the relaying node saw (empty: none yet).
+/// Returns `{id, 1, '', ''}` when it recorded the position just now, `{id, 0, sending or
+/// '', ''}` otherwise, `{id, 0, '', 'epoch'}` or `{id, 0, '', 'rewound'}` for the two signs.
 const TURN_FROM: &str = r#"
+local function parse(id)
+  local a, b = string.match(id or '', '^(%d+)-(%d+)$')
+  if not a then return nil end
+  return tonumber(a), tonumber(b)
+end
 local at = redis.call('GET', KEYS[1])
-if at then return {at, 0, redis.call('GET', KEYS[3]) or ''} end
-local last = redis.call('HMGET', KEYS[2], 'ms', 'n')
+local last = redis.call('HMGET', KEYS[2], 'ms', 'n', 'epoch', 'epoch_at')
+if at then
+  local ams, an = parse(at)
+  local mms, mn = parse(last[4])
+  if an and an > 0 and mms and (ams < mms or (ams == mms and an < mn)) then
+    redis.call('DEL', KEYS[3])
+    return {string.format('%d-%d', mms, mn - 1), 0, '', 'epoch'}
+  end
+  if ARGV[1] ~= '' and last[3] == ARGV[1] and tonumber(last[2] or '0') < tonumber(ARGV[2]) then
+    redis.call('DEL', KEYS[3])
+    return {(last[1] or '0') .. '-' .. (last[2] or '0'), 0, '', 'rewound'}
+  end
+  return {at, 0, redis.call('GET', KEYS[3]) or '', ''}
+end
 at = (last[1] or '0') .. '-' .. (last[2] or '0')
 redis.call('SET', KEYS[1], at)
 redis.call('DEL', KEYS[3])
-return {at, 1, ''}
+return {at, 1, '', ''}
 "#;
 
 /// Records the batch the member is about to send (its last event id), only while it holds
@@ -1480,5 +1514,46 @@ mod tests {
         assert_eq!(at.len(), 6, "{at:?}");
         assert_eq!(at[0], 1000);
         assert!(at[2] >= at[1] && at[4] >= at[3] && at[3] > 1_000_000, "{at:?}");
+    }
+
+    /// Nemesis seed 1 on a Redis Cluster with every kind: a failover to a replica that
+    /// lagged by a minute brought back the relay's position and that minute's events, and
+    /// the next relay sent one of them again under a new `webhook-id`. `TURN_FROM` now
+    /// tells such a position apart: behind the epoch's marker, or the stream's number below
+    /// what the relaying node saw in its epoch.
+    #[test]
+    fn nemesis_seed_1_redis_cluster_a_position_redis_brought_back_is_not_relayed_from() {
+        use super::TURN_FROM;
+        let Some(redis) = Redis::start() else { return };
+        let from = |seen: [&str; 2]| -> Vec<String> {
+            let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
+            let mut args = vec!["EVAL", TURN_FROM, "3"];
+            args.extend(keys);
+            args.extend(seen);
+            redis.cli(&args).lines().map(String::from).collect()
+        };
+        // Four events logged (the epoch's marker is the first), the position at the third.
+        assert_eq!(emit(&redis, 3, "x", 1000, 1 << 20)[0], 4);
+        let epoch = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch"]).trim().to_string();
+        let marker = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch_at"]).trim().to_string();
+        let ms = marker.split('-').next().unwrap().to_string();
+        assert!(marker.ends_with("-1"), "{marker}");
+        redis.cli(&["SET", keys::RELAY_ACKED, &format!("{ms}-3")]);
+        redis.cli(&["SET", keys::RELAY_SENDING, &format!("{ms}-4")]);
+        // As it was: the batch in flight is sent again.
+        assert_eq!(from([&epoch, "4"]), [format!("{ms}-3"), "0".into(), format!("{ms}-4"), String::new()]);
+        // The node saw number 9 in this epoch: Redis went back; start at the stream's end.
+        let end = redis.cli(&["HGET", keys::EVENTS_LAST, "ms"]).trim().to_string();
+        assert_eq!(from([&epoch, "9"]), [format!("{end}-4"), "0".into(), String::new(), "rewound".into()]);
+        // In another epoch, the number says nothing; the position alone counts.
+        assert_eq!(from(["1", "9"])[3], "");
+        // A position before the current epoch's marker: start just before the marker.
+        redis.cli(&["HSET", keys::EVENTS_LAST, "epoch_at", &format!("{ms}-4")]);
+        assert_eq!(from(["", ""]), [format!("{ms}-3"), "0".into(), String::new(), "epoch".into()]);
+        redis.cli(&["HSET", keys::EVENTS_LAST, "epoch_at", &format!("{}-4", ms.parse::<u64>().unwrap() + 1)]);
+        assert_eq!(from(["", ""])[3], "epoch");
+        // No position at all: the stream's newest, recorded.
+        redis.cli(&["DEL", keys::RELAY_ACKED]);
+        assert_eq!(from(["", ""])[1], "1");
     }
 }

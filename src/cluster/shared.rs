@@ -378,6 +378,8 @@ pub(crate) struct Health {
     /// A call failed since the last time Redis answered: the next answer is news.
     was_down: AtomicBool,
     healthy_since: Mutex<Option<Instant>>,
+    /// When calls began to fail, while every call since has (none while Redis answers).
+    down_since: Mutex<Option<Instant>>,
     /// Set by a failure or by a sign of lost writes, taken by the writer: it reconciles.
     pub(crate) needs_reconcile: AtomicBool,
     /// Set by a sign of lost writes: the reconcile is due at once, not once Redis is
@@ -391,6 +393,8 @@ pub(crate) struct Health {
 
 impl Health {
     fn ok(&self, took: Duration, metrics: &Metrics) {
+        // An answer, however slow: the client is not stuck.
+        *self.down_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let mut since = self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner);
         if took > SLOW_CALL {
             *since = None;
@@ -416,6 +420,7 @@ impl Health {
         let trouble = error.trouble();
         metrics.redis_error(trouble.label());
         *self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.down_since.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(Instant::now);
         self.needs_reconcile.store(true, Ordering::Release);
         self.was_down.store(true, Ordering::Release);
         let before = self.trouble.swap(trouble as u8, Ordering::AcqRel);
@@ -444,6 +449,11 @@ impl Health {
     /// Whether the last call to Redis worked.
     pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// How long every call has failed, while they do.
+    pub(crate) fn down_for(&self) -> Option<Duration> {
+        self.down_since.lock().unwrap_or_else(PoisonError::into_inner).map(|t| t.elapsed())
     }
 
     /// Whether Redis has answered every call, promptly, for at least `d`.

@@ -8,7 +8,7 @@
 //! the blocking read of the inbox and the event stream, so a blocking read never delays a
 //! write.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -194,29 +194,50 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// The two connections, once made; see the module documentation.
+/// The two connections, once made (and made anew by [`Store::reopen`]); see the module
+/// documentation.
 #[derive(Clone, Default)]
 pub(crate) struct Store {
-    inner: Arc<OnceLock<(Conn, Conn)>>,
+    inner: Arc<RwLock<Option<(Conn, Conn)>>>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("connected", &self.inner.get().is_some()).finish()
+        f.debug_struct("Store").field("connected", &self.connected().is_some()).finish()
     }
 }
 
 // === impl Store ===
 
 impl Store {
-    /// The command connection, or an error before the first connect succeeded.
+    fn connected(&self) -> Option<(Conn, Conn)> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The command connection, or an error before the first connect succeeded. Taken
+    /// afresh for every call, so a call after [`Store::reopen`] uses the new one.
     pub(crate) fn conn(&self) -> Result<Conn, StoreError> {
-        self.inner.get().map(|(c, _)| c.clone()).ok_or(StoreError::NotConnected)
+        self.connected().map(|(c, _)| c).ok_or(StoreError::NotConnected)
     }
 
     /// The connection for blocking reads.
     pub(crate) fn blocking(&self) -> Result<Conn, StoreError> {
-        self.inner.get().map(|(_, c)| c.clone()).ok_or(StoreError::NotConnected)
+        self.connected().map(|(_, c)| c).ok_or(StoreError::NotConnected)
+    }
+
+    /// Opens both connections anew and puts them in place of the old ones, which end once
+    /// the calls still holding them are done. For a client that stays wedged after Redis
+    /// came back (a Redis Cluster client whose slot refresh hung after a failover seen
+    /// through a slow link: nemesis seed 1 on a Redis Cluster with every kind); an error
+    /// leaves the old connections as they were.
+    pub(crate) async fn reopen(&self, target: &RedisTarget) -> Result<(), StoreError> {
+        // Opening is bounded by the connection timeout per server, but a cluster client
+        // opens several: one bound for the whole.
+        let fresh = tokio::time::timeout(4 * RESPONSE_TIMEOUT, open(target))
+            .await
+            .map_err(|_| StoreError::Redis(past_deadline(4 * RESPONSE_TIMEOUT)))??;
+        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = Some(fresh);
+        Ok(())
     }
 
     /// Connects to `target`, trying again until it works; each failure goes to `failed`
@@ -226,7 +247,7 @@ impl Store {
         loop {
             match open(target).await {
                 Ok(conns) => {
-                    let _ = self.inner.set(conns);
+                    *self.inner.write().unwrap_or_else(PoisonError::into_inner) = Some(conns);
                     tracing::info!(redis = %target.redacted(), cluster = target.is_cluster(), "connected to Redis");
                     return;
                 }

@@ -183,6 +183,8 @@ pub struct Metrics {
     pub redis_fenced: IntCounter,
     /// Signs that Redis lost writes it had acknowledged (epoch change, applied marker behind).
     pub redis_lost_writes: IntCounter,
+    /// Times the connections to a Redis Cluster were opened anew after failing too long.
+    pub redis_reopens: IntCounter,
     /// `WAIT`s that came back with fewer replicas than `--redis-min-replicas`.
     pub redis_replica_waits: IntCounter,
     /// Sessions this node reaped from dead members, logged `node_lost`.
@@ -491,6 +493,10 @@ impl Metrics {
             "idlegate_redis_lost_writes_total",
             "signs that Redis lost acknowledged writes (stream epoch changed, applied marker behind); each reconciles",
         );
+        let redis_reopens = counter(
+            "idlegate_redis_reopens_total",
+            "times the connections to a Redis Cluster were opened anew after every call failed for a while",
+        );
         let redis_replica_waits = counter(
             "idlegate_redis_replica_waits_total",
             "WAITs answered by fewer replicas than --redis-min-replicas (the batch is retried)",
@@ -582,6 +588,7 @@ impl Metrics {
             redis_rtt,
             redis_fenced,
             redis_lost_writes,
+            redis_reopens,
             redis_replica_waits,
             redis_reaped,
         }

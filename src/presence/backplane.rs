@@ -59,6 +59,9 @@ pub(crate) struct Acknowledged {
     /// next relay sends that batch first, whole, so a receiver that took it sees it again
     /// only as a retry of the same `webhook-id`.
     pub sending: Option<EventId>,
+    /// Redis lost writes the relaying node had seen, and kept events the receiver may have
+    /// had already: `after` is the stream's end, and the receiver hears of a gap first.
+    pub rewound: bool,
 }
 
 /// One webhook relay for a whole cluster: whose turn it is to deliver the shared stream's

@@ -232,6 +232,12 @@ impl Relay {
                     tracing::warn!(after = %ack.after, "webhook: no acknowledged position in Redis; sending a gap first");
                     (ack.after, VecDeque::from([self.lost_position()]))
                 }
+                // Redis went back to an earlier state of the stream: the events it kept past
+                // the position may have reached the receiver already, under other batches.
+                Ok(ack) if ack.rewound => {
+                    tracing::warn!(after = %ack.after, "webhook: Redis lost writes of the stream; sending a gap first");
+                    (ack.after, VecDeque::from([self.lost_position()]))
+                }
                 Ok(ack) => {
                     until = ack.sending;
                     (ack.after, VecDeque::new())
