@@ -96,7 +96,9 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep_until(started + TIMEOUT.mul_f64((uid - 1) as f64 / clients as f64)).await;
         let mut framed = Framed::new(TcpStream::connect(door).await?, FrameCodec::default());
         silent_from.insert(uid, Instant::now());
-        framed.send(Frame::Login { uid, token: Default::default(), device: Default::default() }).await?;
+        framed
+            .send(Frame::Login { uid, token: Default::default(), device: Default::default(), timeout_ms: None })
+            .await?;
         held.push(framed);
     }
     // Every client goes offline within a timeout of its LOGIN; then the stragglers.

@@ -91,7 +91,9 @@ async fn main() -> anyhow::Result<()> {
         let mut sessions = Vec::with_capacity(clients);
         for uid in 1..=clients as u64 {
             let mut framed = Framed::new(TcpStream::connect(door).await?, FrameCodec::default());
-            framed.send(Frame::Login { uid, token: Default::default(), device: Default::default() }).await?;
+            framed
+                .send(Frame::Login { uid, token: Default::default(), device: Default::default(), timeout_ms: None })
+                .await?;
             sessions.push(framed);
         }
         for framed in &mut sessions {

@@ -60,7 +60,7 @@ mod webhook;
 
 pub use config::{
     default_max_connections, parse_webhook_events, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Live,
-    ProxyProtocol, RedisTarget, TlsIdentity, WebhookConfig, WebhookSecrets, DEFAULT_EVENT_LOG_BYTES,
+    ProxyProtocol, RedisTarget, TimeoutClasses, TlsIdentity, WebhookConfig, WebhookSecrets, DEFAULT_EVENT_LOG_BYTES,
     DEFAULT_EVENT_LOG_CAPACITY, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM, DEFAULT_LAST_SEEN_CAPACITY,
     DEFAULT_LAST_SEEN_TTL, DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_DEVICES,
     DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_MQTT_MAX_SUBSCRIPTIONS,

@@ -123,9 +123,23 @@ struct ServeArgs {
     /// Address of the admin HTTP endpoint (the status page at /, /healthz, /readyz, /metrics).
     #[arg(long, env = "IDLEGATE_ADMIN_LISTEN", default_value = "127.0.0.1:7071", value_parser = resolve)]
     admin_listen: SocketAddr,
-    /// Silence after which a uid goes offline; a whole multiple of --tick.
+    /// Silence after which a session goes offline, unless it asks for another timeout (LOGIN
+    /// version 5, an MQTT keepalive): the default timeout class; a whole multiple of --tick.
     #[arg(long, env = "IDLEGATE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// The shortest timeout a session may get [default: 5s, or --timeout when shorter].
+    #[arg(long, env = "IDLEGATE_MIN_TIMEOUT", value_parser = humantime::parse_duration)]
+    min_timeout: Option<Duration>,
+    /// The longest timeout a session may get [default: 30m, or --timeout when longer; at most
+    /// 100,000 ticks].
+    #[arg(long, env = "IDLEGATE_MAX_TIMEOUT", value_parser = humantime::parse_duration)]
+    max_timeout: Option<Duration>,
+    /// The timeouts sessions may get, comma-separated (each a whole multiple of --tick);
+    /// --timeout, --min-timeout and --max-timeout are always among them. A session gets the
+    /// shortest at or above what it asks for [default: from --min-timeout to --max-timeout,
+    /// each at most 25 % above the one before].
+    #[arg(long, env = "IDLEGATE_TIMEOUT_CLASSES", value_delimiter = ',', value_parser = humantime::parse_duration)]
+    timeout_classes: Vec<Duration>,
     /// Resolution of idle detection: offline comes after more than timeout - tick of silence.
     #[arg(long, env = "IDLEGATE_TICK", default_value = "1s", value_parser = humantime::parse_duration)]
     tick: Duration,
@@ -204,6 +218,11 @@ struct ServeArgs {
     /// when they take at most 1 KiB of JSON.
     #[arg(long, env = "IDLEGATE_JWT_CLAIMS_TO_EVENTS", value_delimiter = ',')]
     jwt_claims_to_events: Option<Vec<String>>,
+    /// A JWT claim (whole seconds, e.g. idle_max) that caps the timeout its session may get:
+    /// the longest timeout class at or below it. A token whose claim is not a whole number
+    /// is refused.
+    #[arg(long, env = "IDLEGATE_JWT_TIMEOUT_CAP_CLAIM")]
+    jwt_timeout_cap_claim: Option<String>,
     /// End a session when the token it logged in (or last refreshed) with expires:
     /// BYE(token_expired) within one tick, offline reason token_expired. Clients refresh
     /// with a REFRESH frame (MQTT 5: AUTH re-authentication).
@@ -405,6 +424,9 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
         if args.jwt_claims_to_events.is_some() {
             usage_error("--jwt-claims-to-events: no JWT is checked (set --jwt-key-file or --jwt-secret-file)");
         }
+        if args.jwt_timeout_cap_claim.is_some() {
+            usage_error("--jwt-timeout-cap-claim: no JWT is checked (set --jwt-key-file or --jwt-secret-file)");
+        }
         return None;
     }
     let rules = JwtRules {
@@ -420,6 +442,7 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
             .map(|c| c.trim().to_string())
             .filter(|c| !c.is_empty())
             .collect(),
+        timeout_cap_claim: args.jwt_timeout_cap_claim.clone(),
     };
     match JwtAuth::load(args.jwt_key_file.as_deref(), args.jwt_secret_file.as_deref(), rules) {
         Ok(jwt) => Some(jwt),
@@ -801,6 +824,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising the open-file limit")?;
     let mut config = Config {
         timeout: args.timeout,
+        min_timeout: args.min_timeout,
+        max_timeout: args.max_timeout,
+        timeout_classes: args.timeout_classes.clone(),
         tick: args.tick,
         login_timeout: args.login_timeout,
         max_connections: args.max_connections.unwrap_or_else(|| default_max_connections(nofile)),

@@ -132,7 +132,8 @@ impl Server {
             events = events.replicating_to(joining.replica());
         }
         let clock = Clock::new(Instant::now(), config.tick);
-        let registry = Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone());
+        let registry =
+            Registry::with_classes(config.timeout_classes(), config.max_devices, Arc::new(events), metrics.clone());
         // A cluster's graces live in Redis, where they outlive the node that began them.
         let grace = if joining.is_some() { 0 } else { config.grace_ticks() };
         let registry = registry.with_offline_grace(grace, clock);

@@ -118,8 +118,8 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
     for uid in 0..UIDS {
         let (mut x, mut y) = (nodes[0].client().await, nodes[1].client().await);
         // Both LOGINs leave before either answer is read.
-        x.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default() }).await;
-        y.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default() }).await;
+        x.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None }).await;
+        y.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None }).await;
         pairs.push((x, y));
     }
     let mut survivors = HashMap::new();
@@ -425,7 +425,8 @@ async fn simultaneous_logins_of_many_devices_never_pass_the_limit() {
     for uid in 0..UIDS {
         for (k, device) in ["d0", "d1", "d2"].iter().enumerate() {
             let mut c = nodes[k % 2].client().await;
-            c.send(Frame::Login { uid, token: bytes::Bytes::new(), device: device.parse().unwrap() }).await;
+            c.send(Frame::Login { uid, token: bytes::Bytes::new(), device: device.parse().unwrap(), timeout_ms: None })
+                .await;
             clients.push(c);
         }
     }

@@ -44,7 +44,9 @@ async fn actor(seed: u64, actor: u64, doors: Vec<SocketAddr>, apis: Vec<SocketAd
     for _ in 0..STEPS {
         let uid = rng.gen_range(0..UIDS);
         let mut client = Client::connect(doors[rng.gen_range(0..doors.len())]).await;
-        client.send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default() }).await;
+        client
+            .send(Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None })
+            .await;
         match rng.gen_range(0..6) {
             // Gone before its WELCOME could be read.
             0 => drop(client),

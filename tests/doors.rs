@@ -457,7 +457,7 @@ async fn tls_records_split_across_reads_and_frames_split_across_records_are_put_
     let mut login = bytes::BytesMut::new();
     tokio_util::codec::Encoder::encode(
         &mut idlegate_proto::FrameCodec::default(),
-        Frame::Login { uid: 77, token: Bytes::from_static(b"t"), device: Default::default() },
+        Frame::Login { uid: 77, token: Bytes::from_static(b"t"), device: Default::default(), timeout_ms: None },
         &mut login,
     )
     .unwrap();
@@ -487,7 +487,8 @@ async fn a_silent_websocket_client_whose_stack_answers_pings_stays_online() {
     let url = format!("ws://{}{}", server.ws, idlegate_proto::WS_PATH);
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut login = bytes::BytesMut::new();
-    Frame::Login { uid: 77, token: bytes::Bytes::new(), device: Default::default() }.encode(&mut login);
+    Frame::Login { uid: 77, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None }
+        .encode(&mut login);
     ws.send(Message::Binary(login.to_vec())).await.unwrap();
     assert!(matches!(ws.next().await, Some(Ok(Message::Binary(_)))), "a WELCOME");
     // Five timeouts in which the client only reads (tungstenite answers each ping).

@@ -47,7 +47,13 @@ async fn a_gateway_out_of_descriptors_answers_everyone_and_recovers() {
         .map(|i| {
             tokio::spawn(async move {
                 let mut c = Client::connect(addr).await;
-                c.send(Frame::Login { uid: 1_000 + i, token: bytes::Bytes::new(), device: Default::default() }).await;
+                c.send(Frame::Login {
+                    uid: 1_000 + i,
+                    token: bytes::Bytes::new(),
+                    device: Default::default(),
+                    timeout_ms: None,
+                })
+                .await;
                 match c.recv().await {
                     Some(Frame::Welcome { .. }) => Ok(c),
                     Some(Frame::Bye { reason: CloseReason::ServerFull, text }) => {
@@ -84,7 +90,8 @@ async fn a_gateway_out_of_descriptors_answers_everyone_and_recovers() {
     let deadline = Instant::now() + common::PATIENCE;
     loop {
         let mut c = Client::connect(addr).await;
-        c.send(Frame::Login { uid: 99_999, token: bytes::Bytes::new(), device: Default::default() }).await;
+        c.send(Frame::Login { uid: 99_999, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None })
+            .await;
         match c.recv().await {
             Some(Frame::Welcome { .. }) => break,
             _ => assert!(Instant::now() < deadline, "never served again"),

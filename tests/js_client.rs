@@ -229,8 +229,12 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     assert_eq!(js["base"], json!(idlegate_proto::BYE_CLOSE_BASE));
     assert_eq!(js["device"], json!(idlegate_proto::MAX_DEVICE_BYTES));
 
-    let login =
-        Frame::Login { uid: u64::MAX, token: Bytes::from_static(b"tok"), device: Device::parse(b"tab").unwrap() };
+    let login = Frame::Login {
+        uid: u64::MAX,
+        token: Bytes::from_static(b"tok"),
+        device: Device::parse(b"tab").unwrap(),
+        timeout_ms: None,
+    };
     assert_eq!(js["login"], json!(body(&login)));
     assert_eq!(js["ping"], json!(body(&Frame::Ping(Bytes::from_static(&[1, 2])))));
     assert_eq!(js["data"], json!(body(&Frame::Data(Bytes::from_static(b"app")))));

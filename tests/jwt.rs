@@ -61,7 +61,7 @@ async fn login(
 ) -> Result<(), String> {
     let mut client = DoorClient::connect(transport, addr, ca).await;
     let token = Bytes::copy_from_slice(token.as_bytes());
-    client.send(Frame::Login { uid: UID, token, device: Default::default() }).await;
+    client.send(Frame::Login { uid: UID, token, device: Default::default(), timeout_ms: None }).await;
     match client.recv().await {
         Got::Frame(Frame::Welcome { .. }) => Ok(()),
         Got::Frame(Frame::Bye { reason: CloseReason::AuthFailed, text, .. }) => Err(text),
@@ -175,7 +175,7 @@ async fn keys_rotated_on_sighup_take_new_logins_and_leave_live_sessions_alone() 
     .await;
     let mut live = DoorClient::connect(Transport::Tcp, gw.listen, None).await;
     let token = Bytes::copy_from_slice(tokens["RS256"].as_bytes());
-    live.send(Frame::Login { uid: UID, token, device: "live".parse().unwrap() }).await;
+    live.send(Frame::Login { uid: UID, token, device: "live".parse().unwrap(), timeout_ms: None }).await;
     assert!(matches!(live.recv().await, Got::Frame(Frame::Welcome { .. })));
     assert!(login(Transport::Tcp, gw.listen, None, &tokens["rotated"]).await.is_err(), "not yet rotated");
 

@@ -7,7 +7,7 @@
 //! retained messages, QoS 2, client-to-client routing and shared subscriptions are a
 //! broker's, and this gateway routes only the backend's pushes to clients. The keepalive
 //! statements (3.1.1's [MQTT-3.1.2-24], 5's [MQTT-3.1.2-22]) are held by
-//! `tests/mqtt.rs::mqtt_5_is_told_its_keepalive_and_a_silent_client_goes_offline_in_the_window`
+//! `tests/mqtt.rs::mqtt_5_is_held_to_its_own_keepalive_and_a_silent_client_goes_offline_within_one_and_a_half_times_it`
 //! and the ring's own tests; the will on DISCONNECT (both versions' [MQTT-3.14.4-3]) by
 //! `tests/mqtt.rs::a_will_rides_in_the_offline_event_unless_the_client_disconnects_cleanly`.
 
@@ -33,8 +33,8 @@ fn field(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// A CONNECT of protocol `name` and `level`, connect `flags` (the user name flag, 0x80, is
-/// added when `user` is given), keepalive 10 s (a 3.1.1 client cannot be told a shorter one
-/// than it asks, and one past the gateway's window is refused), client identifier `id`.
+/// added when `user` is given), keepalive 10 s (a timeout class holds it), client identifier
+/// `id`.
 fn connect_with(name: &[u8], level: u8, flags: u8, id: &str, user: Option<&str>) -> Vec<u8> {
     let mut body = field(name);
     body.push(level);

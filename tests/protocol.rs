@@ -113,6 +113,9 @@ async fn every_protocol_error_gets_its_bye_and_others_keep_being_served() {
             "first frame over the login limit",
             raw_frame(kind::LOGIN, &[0; idlegate_proto::MAX_LOGIN_FRAME_BYTES as usize]),
         ),
+        // Version 5: a timeout field of 3 bytes, and one of zero milliseconds.
+        ("short login timeout", raw_frame(kind::LOGIN, &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 2, 3])),
+        ("zero login timeout", raw_frame(kind::LOGIN, &[0, 0, 0, 0, 0, 0, 0, 1, 0, b'd', 0, 0, 0, 0, 0])),
     ];
     for (name, bytes) in cases {
         let mut c = server.client().await;
@@ -129,7 +132,7 @@ async fn every_protocol_error_gets_its_bye_and_others_keep_being_served() {
         assert_eq!(c.recv().await, None, "{name}: closed after BYE");
         bystander.ping(b"fine").await;
     }
-    assert_eq!(server.metrics.closed_count(CloseReason::ProtocolError), 10);
+    assert_eq!(server.metrics.closed_count(CloseReason::ProtocolError), 12);
     assert_eq!(server.metrics.online_users.get(), 1);
     server.shutdown().await;
 }
@@ -163,7 +166,13 @@ async fn tokens_are_checked_when_a_secret_is_set() {
     let wrong_secret = Auth::new("nope").mint(6, expiry);
     for token in [b"".as_slice(), b"garbage", expired.as_bytes(), other_uid.as_bytes(), wrong_secret.as_bytes()] {
         let mut c = server.client().await;
-        c.send(Frame::Login { uid: 6, token: Bytes::copy_from_slice(token), device: Default::default() }).await;
+        c.send(Frame::Login {
+            uid: 6,
+            token: Bytes::copy_from_slice(token),
+            device: Default::default(),
+            timeout_ms: None,
+        })
+        .await;
         c.expect_bye(CloseReason::AuthFailed).await;
     }
     good.ping(b"ok").await;
@@ -260,10 +269,21 @@ async fn frames_split_across_reads_and_large_frames_are_reassembled() {
 fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PROTOCOL.md")).unwrap();
     let examples = [
-        ("| LOGIN uid 42, no token |", Frame::Login { uid: 42, token: Bytes::new(), device: Default::default() }),
+        (
+            "| LOGIN uid 42, no token |",
+            Frame::Login { uid: 42, token: Bytes::new(), device: Default::default(), timeout_ms: None },
+        ),
         (
             "| LOGIN uid 42, no token, device `tab` |",
-            Frame::Login { uid: 42, token: Bytes::new(), device: "tab".parse().unwrap() },
+            Frame::Login { uid: 42, token: Bytes::new(), device: "tab".parse().unwrap(), timeout_ms: None },
+        ),
+        (
+            "| LOGIN uid 42, no token, device `tab`, timeout 120000 ms |",
+            Frame::Login { uid: 42, token: Bytes::new(), device: "tab".parse().unwrap(), timeout_ms: Some(120_000) },
+        ),
+        (
+            "| LOGIN uid 42, no token, default device, timeout 120000 ms |",
+            Frame::Login { uid: 42, token: Bytes::new(), device: Default::default(), timeout_ms: Some(120_000) },
         ),
         ("| PING with payload `hi` |", Frame::Ping(Bytes::from_static(b"hi"))),
         ("| DATA with payload `app` |", Frame::Data(Bytes::from_static(b"app"))),
@@ -354,10 +374,64 @@ async fn tokens_rotate_have_a_lifetime_and_refusals_say_why() {
     ];
     for (token, why) in cases {
         let mut c = server.client().await;
-        c.send(Frame::Login { uid: 3, token: bytes::Bytes::from(token), device: Default::default() }).await;
+        c.send(Frame::Login { uid: 3, token: bytes::Bytes::from(token), device: Default::default(), timeout_ms: None })
+            .await;
         let text = c.expect_bye(CloseReason::AuthFailed).await;
         assert!(text.contains(why), "{why}: {text}");
         assert!(!text.contains("new") && !text.contains("old"), "no secret in {text}");
     }
+    server.shutdown().await;
+}
+
+/// Issue 50: a LOGIN of version 5 asks for a timeout and gets its class, the shortest at or
+/// above what it asked within `--min-timeout` and `--max-timeout`, which WELCOME says; a
+/// version 4 LOGIN gets `--timeout`. Each session goes offline after its own timeout: a
+/// silent session of the shortest class expires while one of the longest, as silent, stays.
+#[tokio::test]
+async fn a_login_gets_the_timeout_class_it_asks_for_and_expires_after_its_own_timeout() {
+    let config = Config {
+        min_timeout: Some(Duration::from_millis(300)),
+        max_timeout: Some(Duration::from_secs(3)),
+        timeout_classes: vec![Duration::from_secs(1)],
+        ..short_config()
+    };
+    let tick = config.tick;
+    let mut server = TestServer::start(config).await;
+    let login = |uid: u64, timeout_ms: Option<u32>| Frame::Login {
+        uid,
+        token: Bytes::new(),
+        device: Default::default(),
+        timeout_ms,
+    };
+    // The classes: the bounds, the listed one and --timeout.
+    let cases = [
+        (None, 600),
+        (Some(1), 300),
+        (Some(300), 300),
+        (Some(301), 600),
+        (Some(601), 1_000),
+        (Some(2_000), 3_000),
+        (Some(u32::MAX), 3_000),
+    ];
+    for (uid, (asked, got)) in (1..).zip(cases) {
+        let mut c = server.client().await;
+        c.send(login(uid, asked)).await;
+        match c.recv().await {
+            Some(Frame::Welcome { timeout_ms, tick_ms: 100, .. }) => assert_eq!(timeout_ms, got, "asked {asked:?}"),
+            other => panic!("asked {asked:?}: expected WELCOME, got {other:?}"),
+        }
+    }
+    let mut short = server.client().await;
+    short.send(login(100, Some(300))).await;
+    let mut long = server.client().await;
+    long.send(login(101, Some(3_000))).await;
+    assert!(matches!(short.recv().await, Some(Frame::Welcome { timeout_ms: 300, .. })));
+    assert!(matches!(long.recv().await, Some(Frame::Welcome { timeout_ms: 3_000, .. })));
+    let since = Instant::now();
+    short.expect_bye(CloseReason::IdleTimeout).await;
+    assert!(since.elapsed() > Duration::from_millis(300) - tick, "expired after {:?}", since.elapsed());
+    // As silent, the long one is still there: its PING is answered (and it was silent for
+    // more than the short one's whole timeout).
+    long.ping(b"here").await;
     server.shutdown().await;
 }

@@ -213,12 +213,16 @@ async fn untrusted_missing_and_malformed_headers_close_the_connection() {
 
     // A real HAProxy's header, from an address the gateway does not trust.
     let mut from_stranger = Client::from_stream(connect_from("127.0.0.6", haproxy.untrusted).await);
-    from_stranger.send(Frame::Login { uid: 2, token: bytes::Bytes::new(), device: Default::default() }).await;
+    from_stranger
+        .send(Frame::Login { uid: 2, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None })
+        .await;
     assert_eq!(from_stranger.recv().await, None, "a header from an untrusted address is never believed");
 
     // The trusted balancer's address with no header.
     let mut missing = Client::from_stream(connect_from(BALANCER, server.addr).await);
-    missing.send(Frame::Login { uid: 3, token: bytes::Bytes::new(), device: Default::default() }).await;
+    missing
+        .send(Frame::Login { uid: 3, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None })
+        .await;
     assert_eq!(missing.recv().await, None);
 
     // A header that does not parse.

@@ -145,7 +145,7 @@ fn a_login_sent_during_a_stall_is_read_before_the_login_deadline_fires() {
         // The gateway freezes for three login deadlines; the LOGIN arrives in the middle.
         stall_handle.spawn(async { std::thread::sleep(3 * LOGIN_TIMEOUT) });
         tokio::time::sleep(LOGIN_TIMEOUT).await;
-        c.send(Frame::Login { uid: 7, token: bytes::Bytes::new(), device: Default::default() }).await;
+        c.send(Frame::Login { uid: 7, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None }).await;
         assert!(matches!(c.recv().await, Some(Frame::Welcome { .. })), "the LOGIN was judged late");
         c.ping(b"in").await;
         assert_eq!(metrics.closed_count(CloseReason::LoginTimeout), 0);

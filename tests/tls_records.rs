@@ -63,7 +63,10 @@ async fn every_suite_carries_frames_records_of_16_kib_key_updates_and_close_noti
         suites::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
     ] {
         let mut client = connect(&ca, door, suite).await;
-        client.send(Frame::Login { uid: 10, token: Bytes::new(), device: Default::default() }).await.unwrap();
+        client
+            .send(Frame::Login { uid: 10, token: Bytes::new(), device: Default::default(), timeout_ms: None })
+            .await
+            .unwrap();
         assert!(matches!(recv(&mut client).await, Frame::Welcome { .. }), "{suite:?}");
         ping(&mut client, Bytes::from_static(b"small")).await;
         ping(&mut client, big.clone()).await;
@@ -93,7 +96,10 @@ async fn alert_for(
     record: &[u8],
 ) -> rustls::Error {
     let mut client = connect(ca, door, suite).await;
-    client.send(Frame::Login { uid: 20, token: Bytes::new(), device: Default::default() }).await.unwrap();
+    client
+        .send(Frame::Login { uid: 20, token: Bytes::new(), device: Default::default(), timeout_ms: None })
+        .await
+        .unwrap();
     assert!(matches!(recv(&mut client).await, Frame::Welcome { .. }));
     let (mut tcp, mut tls) = client.into_inner().into_inner();
     tcp.write_all(record).await.unwrap();
@@ -114,7 +120,10 @@ async fn a_record_that_does_not_decrypt_or_is_too_long_gets_its_alert_and_others
     let (mut server, ca, _dir) = server_with(config()).await;
     let (Some(ca), Some(door)) = (ca, server.tls) else { return };
     let mut bystander = connect(&ca, door, suites::TLS13_AES_128_GCM_SHA256).await;
-    bystander.send(Frame::Login { uid: 1, token: Bytes::new(), device: Default::default() }).await.unwrap();
+    bystander
+        .send(Frame::Login { uid: 1, token: Bytes::new(), device: Default::default(), timeout_ms: None })
+        .await
+        .unwrap();
     assert!(matches!(recv(&mut bystander).await, Frame::Welcome { .. }));
     let forged: Vec<u8> = [23, 3, 3, 0, 40].into_iter().chain([0x5a; 40]).collect();
     let too_long = [23, 3, 3, 0x48, 0x01];

@@ -87,7 +87,7 @@ async fn the_rust_client_refreshes_a_20_second_token_three_times_in_one_session(
 /// Logs in on `transport` with `token`; the WELCOME's session id.
 async fn login(client: &mut DoorClient, uid: u64, token: &str) -> String {
     let token = Bytes::copy_from_slice(token.as_bytes());
-    client.send(Frame::Login { uid, token, device: Default::default() }).await;
+    client.send(Frame::Login { uid, token, device: Default::default(), timeout_ms: None }).await;
     match client.recv().await {
         Got::Frame(Frame::Welcome { session, .. }) => session,
         other => panic!("no WELCOME: {other:?}"),

@@ -84,7 +84,7 @@ impl Wire {
         match self.protocol {
             Protocol::Idlegate => {
                 let token = token.map(|t| Bytes::copy_from_slice(t.as_bytes())).unwrap_or_default();
-                self.frame(Frame::Login { uid, token, device: device.unwrap_or_default() }, out);
+                self.frame(Frame::Login { uid, token, device: device.unwrap_or_default(), timeout_ms: None }, out);
             }
             Protocol::Mqtt => {
                 let client_id = match device {

@@ -79,6 +79,9 @@ pub struct JwtRules {
     pub max_ttl: Duration,
     /// `--jwt-claims-to-events`: the claims a session's events carry, as the token had them.
     pub claims_to_events: Vec<String>,
+    /// `--jwt-timeout-cap-claim`: the claim (whole seconds) that caps the timeout its
+    /// session may get, if any.
+    pub timeout_cap_claim: Option<String>,
 }
 
 impl Default for JwtRules {
@@ -90,6 +93,7 @@ impl Default for JwtRules {
             uid_claim: DEFAULT_JWT_UID_CLAIM.into(),
             max_ttl: Duration::from_secs(crate::proto::DEFAULT_MAX_TOKEN_TTL_SECS),
             claims_to_events: Vec::new(),
+            timeout_cap_claim: None,
         }
     }
 }
@@ -133,6 +137,8 @@ pub enum JwtError {
     Critical,
     #[error("JWT claim {0} is not a NumericDate")]
     NotADate(&'static str),
+    #[error("JWT timeout cap claim {0:?} is not a whole number of seconds")]
+    BadTimeoutCap(String),
 }
 
 /// A token that verified.
@@ -145,6 +151,8 @@ pub struct VerifiedJwt {
     pub claims: Option<String>,
     /// Its claims were left out for taking more than [`MAX_EVENT_CLAIMS_BYTES`].
     pub claims_too_large: bool,
+    /// The timeout cap its `--jwt-timeout-cap-claim` says, in seconds, if it has one.
+    pub timeout_cap_s: Option<u64>,
 }
 
 /// The keys and the checks; see the module documentation.
@@ -328,8 +336,17 @@ impl JwtAuth {
             None => Err(JwtError::NoUid(claim.clone())),
             Some(named) if named != uid => Err(JwtError::UidMismatch(claim.clone())),
             Some(_) => {
+                let timeout_cap_s = match &self.rules.timeout_cap_claim {
+                    None => None,
+                    Some(name) => match claims.get(name) {
+                        None => None,
+                        // Refused, never taken as absent: a cap the identity provider meant
+                        // would otherwise be lifted.
+                        Some(v) => Some(v.as_u64().ok_or_else(|| JwtError::BadTimeoutCap(name.clone()))?),
+                    },
+                };
                 let (claims, claims_too_large) = self.event_claims(&claims);
-                Ok(VerifiedJwt { exp, claims, claims_too_large })
+                Ok(VerifiedJwt { exp, claims, claims_too_large, timeout_cap_s })
             }
         }
     }

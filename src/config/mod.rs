@@ -11,6 +11,7 @@ mod jwt_ring;
 mod live;
 mod proxy_protocol;
 mod redis_target;
+mod timeout_classes;
 mod tls;
 mod webhook;
 
@@ -23,6 +24,7 @@ pub use live::{AllowedOrigins, Live};
 pub use proxy_protocol::ProxyProtocol;
 pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
+pub use timeout_classes::{Class, TimeoutClasses, DEFAULT_MAX_TIMEOUT, DEFAULT_MIN_TIMEOUT};
 pub use tls::TlsIdentity;
 pub use webhook::{
     parse_events as parse_webhook_events, WebhookConfig, WebhookSecrets, DEFAULT_WEBHOOK_BATCH, DEFAULT_WEBHOOK_EVENTS,
@@ -107,8 +109,19 @@ pub const DEFAULT_REDIS_QUEUE_BYTES: usize = 64 * 1024 * 1024;
 /// Settings of one gateway; see `idlegate serve --help` for each.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Silence after which a uid goes offline.
+    /// Silence after which a uid goes offline: the default timeout class.
     pub timeout: Duration,
+    /// Shortest timeout a session may get (`--min-timeout`); none:
+    /// [`DEFAULT_MIN_TIMEOUT`], or `timeout` when that is shorter.
+    pub min_timeout: Option<Duration>,
+    /// Longest timeout a session may get (`--max-timeout`); none: [`DEFAULT_MAX_TIMEOUT`]
+    /// (or `timeout` when that is longer), at most what a ring of [`MAX_WINDOW_TICKS`]
+    /// holds.
+    pub max_timeout: Option<Duration>,
+    /// The timeout classes (`--timeout-classes`); empty: a set spaced by at most 25 % from
+    /// the shortest to the longest.
+    pub timeout_classes: Vec<Duration>,
+
     /// Resolution of idle detection: one ring slot.
     pub tick: Duration,
     /// Time a new connection has to send a valid LOGIN.
@@ -224,6 +237,9 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             timeout: Duration::from_secs(30),
+            min_timeout: None,
+            max_timeout: None,
+            timeout_classes: Vec::new(),
             tick: Duration::from_secs(1),
             login_timeout: Duration::from_secs(10),
             max_connections: 10_000,
@@ -298,6 +314,7 @@ impl Config {
                 format!("timeout / tick = {} slots; at most {MAX_WINDOW_TICKS}: use a longer tick", self.window()),
             ));
         }
+        self.classes()?;
         if self.login_timeout.is_zero() {
             return Err(ConfigError::new("--login-timeout", "must be longer than zero"));
         }
@@ -389,7 +406,22 @@ impl Config {
         self.max_frame_bytes as usize - 1
     }
 
-    /// Timeout in ticks: the ring's window, its slot count minus one.
+    /// The timeout classes, checked; the error names the flag at fault.
+    pub fn classes(&self) -> Result<TimeoutClasses, ConfigError> {
+        let tick = self.tick.max(Duration::from_millis(1));
+        let min = self.min_timeout.unwrap_or(DEFAULT_MIN_TIMEOUT.min(self.timeout));
+        let ring_holds = tick.saturating_mul(u32::try_from(MAX_WINDOW_TICKS).unwrap_or(u32::MAX));
+        let max = self.max_timeout.unwrap_or(DEFAULT_MAX_TIMEOUT.max(self.timeout).min(ring_holds));
+        TimeoutClasses::new(self.timeout, tick, min, max, &self.timeout_classes, MAX_WINDOW_TICKS)
+    }
+
+    /// The timeout classes of a validated config (one class, `--timeout`, for a config
+    /// [`Config::validate`] would refuse: the gateway never starts with one).
+    pub fn timeout_classes(&self) -> TimeoutClasses {
+        self.classes().unwrap_or_else(|_| TimeoutClasses::single(self.timeout, self.tick))
+    }
+
+    /// Timeout in ticks: the default class's ring window, its slot count minus one.
     pub fn window(&self) -> u64 {
         (self.timeout.as_nanos() / self.tick.as_nanos().max(1)) as u64
     }

@@ -136,6 +136,8 @@ pub struct Metrics {
     /// Events the relay read and a receiver has not acknowledged.
     pub webhook_backlog: IntGauge,
     silence: Vec<IntGauge>,
+    /// Per timeout class, shortest first: its sessions, and its sessions expired.
+    by_class: Vec<(IntGauge, IntCounter)>,
     /// Time to sweep the slots of one tick, notifications included.
     pub sweep_duration: Histogram,
     /// uids expired by one tick's sweep.
@@ -389,6 +391,27 @@ impl Metrics {
         .expect("valid gauge vec");
         reg(Box::new(silence_vec.clone()));
         let silence = (0..timeout_secs.max(1)).map(|s| silence_vec.with_label_values(&[&s.to_string()])).collect();
+        let class_sessions = IntGaugeVec::new(
+            Opts::new("idlegate_sessions_by_timeout", "sessions in the ring of each timeout class, by its timeout"),
+            &["timeout_seconds"],
+        )
+        .expect("valid gauge vec");
+        reg(Box::new(class_sessions.clone()));
+        let class_expired = IntCounterVec::new(
+            Opts::new("idlegate_expired_by_timeout_total", "sessions that went offline silent, by their timeout class"),
+            &["timeout_seconds"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(class_expired.clone()));
+        let classes = config.timeout_classes();
+        let by_class = classes
+            .iter()
+            .map(|class| {
+                // Seconds as Prometheus prefers them, fractions for a sub-second tick's.
+                let label = (classes.timeout_ms(class) as f64 / 1000.0).to_string();
+                (class_sessions.with_label_values(&[&label]), class_expired.with_label_values(&[&label]))
+            })
+            .collect();
         let sweep_duration = histogram(
             "idlegate_ring_sweep_duration_seconds",
             "time to sweep one tick's slots, notifications included",
@@ -562,6 +585,7 @@ impl Metrics {
             webhook_lag_seconds,
             webhook_backlog,
             silence,
+            by_class,
             sweep_duration,
             expired_per_sweep,
             tick_lag,
@@ -713,6 +737,25 @@ impl Metrics {
     /// Counts a backend API request by its route pattern and status code.
     pub fn api_request(&self, route: &str, code: u16) {
         self.api_requests.with_label_values(&[route, &code.to_string()]).inc();
+    }
+
+    /// Sets each timeout class's session count, shortest class first.
+    pub fn set_sessions_by_class(&self, counts: &[u64]) {
+        for ((gauge, _), &n) in self.by_class.iter().zip(counts) {
+            gauge.set(n as i64);
+        }
+    }
+
+    /// Counts a session of class `index` that went offline silent.
+    pub fn expired_in_class(&self, index: usize) {
+        if let Some((_, counter)) = self.by_class.get(index) {
+            counter.inc();
+        }
+    }
+
+    /// Timeout classes the metrics have series for.
+    pub fn class_count(&self) -> usize {
+        self.by_class.len()
     }
 
     /// Sets the silence picture: `by_age[s]` uids silent for `s` whole seconds.

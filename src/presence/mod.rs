@@ -14,6 +14,7 @@
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
 
 mod backplane;
+mod class_rings;
 mod clock;
 mod directory;
 mod event_json;

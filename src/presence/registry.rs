@@ -5,8 +5,9 @@
 //! - `others`, a `DashMap` from uid to the rest of its sessions, present only while a uid
 //!   holds more than one (`--max-devices` above 1): with one device per uid, a uid costs
 //!   what it cost before devices existed;
-//! - `rings`, [`RING_SHARDS`] rings behind their own mutexes, a uid always in the same one;
-//!   each of a uid's sessions has its own entry there, so each expires on its own.
+//! - `rings`, [`RING_SHARDS`] shards behind their own mutexes, a uid always in the same one,
+//!   each shard a ring per timeout class (`class_rings.rs`); each of a uid's sessions has its
+//!   own entry in the ring of its class, so each expires on its own, after its own timeout.
 //!
 //! Invariant: a live session is in its uid's list and in its ring together, except between
 //! the sweep that takes it out of the ring and [`Registry::finish_expired`], which then ends
@@ -42,12 +43,14 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
+use crate::config::TimeoutClasses;
 use crate::metrics::Metrics;
+use crate::presence::class_rings::ClassRings;
 use crate::presence::clock::{unix_ms, Clock};
 use crate::presence::events::EventLog;
 use crate::presence::expiries::Expiries;
 use crate::presence::grace::Graces;
-use crate::presence::ring::{Ring, Touch};
+use crate::presence::ring::Touch;
 use crate::presence::session::{Ending, Traits};
 use crate::presence::shards::{self, lock};
 use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions};
@@ -83,8 +86,8 @@ pub struct Registry {
     /// A uid's sessions after the one in `sessions`, oldest login first; only while it has
     /// more than one.
     others: DashMap<u64, Vec<Arc<Session>>, RandomState>,
-    rings: Box<[Mutex<Ring>]>,
-    window: u64,
+    rings: Box<[Mutex<ClassRings>]>,
+    classes: TimeoutClasses,
     /// Sessions a uid may hold at once (`--max-devices`).
     max_devices: usize,
     events: Arc<EventLog>,
@@ -109,20 +112,34 @@ pub struct Registry {
 // === impl Registry ===
 
 impl Registry {
-    /// An empty registry whose sessions expire `window` ticks after their last activity,
-    /// one session per uid, logging session events to `events`.
+    /// An empty registry whose sessions expire `window` ticks after their last activity
+    /// (one timeout class), one session per uid, logging session events to `events`.
     pub fn new(window: u64, events: Arc<EventLog>, metrics: Arc<Metrics>) -> Registry {
         Registry::with_devices(window, 1, events, metrics)
     }
 
     /// The same, with up to `max_devices` sessions per uid (at least 1).
     pub fn with_devices(window: u64, max_devices: usize, events: Arc<EventLog>, metrics: Arc<Metrics>) -> Registry {
+        let classes =
+            TimeoutClasses::single(std::time::Duration::from_millis(window), std::time::Duration::from_millis(1));
+        Registry::with_classes(classes, max_devices, events, metrics)
+    }
+
+    /// An empty registry with the timeout classes `classes` (a session not told its class
+    /// gets the default) and up to `max_devices` sessions per uid (at least 1).
+    pub fn with_classes(
+        classes: TimeoutClasses,
+        max_devices: usize,
+        events: Arc<EventLog>,
+        metrics: Arc<Metrics>,
+    ) -> Registry {
         let salt = std::hash::RandomState::new().hash_one(unix_ms());
+        let windows: Vec<u64> = classes.iter().map(|c| classes.window(c)).collect();
         Registry {
             sessions: DashMap::with_hasher(RandomState::default()),
             others: DashMap::with_hasher(RandomState::default()),
-            rings: (0..RING_SHARDS).map(|_| Mutex::new(Ring::new(window))).collect(),
-            window,
+            rings: (0..RING_SHARDS).map(|_| Mutex::new(ClassRings::new(&windows))).collect(),
+            classes,
             max_devices: max_devices.max(1),
             events,
             outboxes: Outboxes::default(),
@@ -215,7 +232,8 @@ impl Registry {
     /// with the `will` its offline event tells (MQTT): logged with its online event, so no
     /// ending can come between the two and lose it.
     pub(crate) fn login_as(&self, uid: u64, device: Device, now: u64, traits: Traits) -> Arc<Session> {
-        let Traits { filters_pushes, pingable, will, claims, origin } = traits;
+        let Traits { filters_pushes, pingable, will, claims, origin, class } = traits;
+        let class = class.unwrap_or(self.classes.default_class());
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let since = unix_ms();
         let held = self.sessions.entry(uid);
@@ -224,8 +242,7 @@ impl Registry {
         let mut ring = self.lock_shard_at(uid, now);
         // Ended first, before anything is filed again: the ring may give the new session
         // the entry a swept one had, and no live session may keep a handle to it.
-        let swept: Vec<usize> =
-            (0..list.len()).filter(|&i| list[i].is_live() && !ring.contains(list[i].handle(), uid)).collect();
+        let swept: Vec<usize> = (0..list.len()).filter(|&i| list[i].is_live() && !held_by(&ring, &list[i])).collect();
         let live: Vec<usize> = (0..list.len()).filter(|&i| list[i].is_live() && !swept.contains(&i)).collect();
         for (k, &i) in swept.iter().enumerate() {
             let last = live.is_empty() && k + 1 == swept.len();
@@ -235,17 +252,20 @@ impl Registry {
         let evicted = match same {
             Some(_) => None,
             None if live.len() >= self.max_devices => {
-                // The least recently active: the earliest deadline, the older login on a tie.
-                live.iter().copied().min_by_key(|&i| (ring.deadline(list[i].handle(), uid).unwrap_or(0), i))
+                // The least recently active: the earliest last touch (deadlines differ by class),
+                // the older login on a tie.
+                live.iter().copied().min_by_key(|&i| (last_heard(&ring, &list[i]).unwrap_or(0), i))
             }
             None => None,
         };
         if let Some(i) = same.or(evicted) {
-            ring.remove(list[i].handle(), uid);
+            ring.remove(list[i].class(), list[i].handle(), uid);
             list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
         }
-        let session =
-            Session::on_device(uid, device, id, since, ring.insert(uid, now)).with_claims(claims).with_origin(origin);
+        let session = Session::on_device(uid, device, id, since, ring.insert(class, uid, now))
+            .in_class(class)
+            .with_claims(claims)
+            .with_origin(origin);
         let session = if filters_pushes { session.filtering_pushes() } else { session };
         let session = Arc::new(if pingable { session.pingable() } else { session });
         drop(ring);
@@ -274,7 +294,7 @@ impl Registry {
             return Touched::Gone;
         }
         self.debug_check_held(session);
-        match ring.touch(session.handle(), session.uid(), now) {
+        match ring.touch(session.class(), session.handle(), session.uid(), now) {
             Touch::NotTracked => Touched::Gone,
             Touch::Moved | Touch::Unchanged => Touched::Alive,
         }
@@ -292,7 +312,7 @@ impl Registry {
             if session.is_live() {
                 let mut ring = self.lock_shard(uid);
                 // Only a live session's handle names its own entry (see `login`).
-                ring.remove(session.handle(), uid);
+                ring.remove(session.class(), session.handle(), uid);
                 let last = !list.iter().any(|s| s.is_live() && !Arc::ptr_eq(s, session));
                 if self.end_one(session, reason, last) {
                     session.wake();
@@ -417,23 +437,33 @@ impl Registry {
         sessions
             .into_iter()
             .filter_map(|session| {
-                let deadline = ring.deadline(session.handle(), uid)?;
-                Some(Sighting { session, last_heard_tick: deadline.saturating_sub(self.window) })
+                let last_heard_tick = last_heard(&ring, &session)?;
+                Some(Sighting { session, last_heard_tick })
             })
             .collect()
     }
 
-    /// Asks the connections of the sessions due in `ticks` ticks (silent for `window -
-    /// ticks`) to ping their clients, where their doors can (WebSocket); returns how many
-    /// it asked. Costs what it finds: one ring slot a shard.
-    pub fn nudge_due_in(&self, ticks: u64) -> usize {
+    /// Asks the connections of the sessions that just passed a third of their timeout in
+    /// silence to ping their clients, where their doors can (WebSocket): a browser answers
+    /// even from a hidden tab whose timers it throttles to once a minute. Returns how many
+    /// it asked. Costs what it finds: one ring slot a shard and class.
+    pub fn nudge_silent_third(&self) -> usize {
         let mut due = Vec::new();
         let mut asked = 0;
-        for shard in self.rings.iter() {
-            lock(shard).due_in_each(ticks, &mut due);
-            for (uid, handle) in due.drain(..) {
-                let sessions = self.sessions_of(uid, None);
-                asked += sessions.iter().filter(|s| s.handle() == handle && s.request_ping()).count();
+        for class in self.classes.iter() {
+            let window = self.classes.window(class);
+            let Some(ahead) = window.checked_sub(window / 3 + 1).filter(|&k| k >= 1) else {
+                continue;
+            };
+            for shard in self.rings.iter() {
+                lock(shard).due_in_each(class, ahead, &mut due);
+                for (uid, handle) in due.drain(..) {
+                    let sessions = self.sessions_of(uid, None);
+                    asked += sessions
+                        .iter()
+                        .filter(|s| s.class() == class && s.handle() == handle && s.request_ping())
+                        .count();
+                }
             }
         }
         asked
@@ -493,13 +523,13 @@ impl Registry {
             }
             let list = self.gather(uid, &held);
             let ring = self.lock_shard(uid);
-            let swept: Vec<&Arc<Session>> =
-                list.iter().filter(|s| s.is_live() && !ring.contains(s.handle(), uid)).collect();
-            let live_left = list.iter().any(|s| s.is_live() && ring.contains(s.handle(), uid));
+            let swept: Vec<&Arc<Session>> = list.iter().filter(|s| s.is_live() && !held_by(&ring, s)).collect();
+            let live_left = list.iter().any(|s| s.is_live() && held_by(&ring, s));
             drop(ring);
             for (k, session) in swept.iter().enumerate() {
                 let last = !live_left && k + 1 == swept.len();
                 if self.end_one(session, CloseReason::IdleTimeout, last) {
+                    self.metrics.expired_in_class(session.class().index());
                     ended.push((*session).clone());
                 }
             }
@@ -585,19 +615,28 @@ impl Registry {
         self.sessions.len()
     }
 
-    /// Sessions in the ring, and `due[k - 1]` = sessions falling due in `k` ticks, summed
-    /// over shards (`due` has `window + 1` entries). Costs O(shards x slots), never O(uids).
-    pub fn ring_picture(&self, due: &mut [u64]) -> usize {
-        due.fill(0);
-        let mut tracked = 0;
+    /// Sessions in the rings, and `by_silence[t]` = sessions silent for `t` ticks, summed
+    /// over shards and classes (longer silences in its last entry). Costs a slot read per
+    /// shard, class and entry, never a read per session.
+    pub fn ring_picture(&self, by_silence: &mut [u64]) -> usize {
+        by_silence.fill(0);
+        self.rings.iter().map(|shard| lock(shard).silence_picture(by_silence)).sum()
+    }
+
+    /// Sessions in the rings of each class, shortest class first, into `out`.
+    pub fn sessions_by_class(&self, out: &mut [u64]) {
+        out.fill(0);
         for shard in self.rings.iter() {
             let ring = lock(shard);
-            tracked += ring.len();
-            for (k, n) in due.iter_mut().enumerate() {
-                *n += ring.due_in(k as u64 + 1) as u64;
+            for (class, n) in self.classes.iter().zip(out.iter_mut()) {
+                *n += ring.len_of(class) as u64;
             }
         }
-        tracked
+    }
+
+    /// The timeout classes sessions get.
+    pub fn classes(&self) -> &TimeoutClasses {
+        &self.classes
     }
 
     /// Ends `session` for `reason`, as its uid's last live one when `last`; returns whether
@@ -700,12 +739,12 @@ impl Registry {
     #[cfg(not(debug_assertions))]
     fn debug_check_held(&self, _session: &Session) {}
 
-    fn lock_shard(&self, uid: u64) -> MutexGuard<'_, Ring> {
+    fn lock_shard(&self, uid: u64) -> MutexGuard<'_, ClassRings> {
         lock(&self.rings[shard_of(uid)])
     }
 
     /// The uid's ring shard, its cursor moved up to `now` if it trailed.
-    fn lock_shard_at(&self, uid: u64, now: u64) -> MutexGuard<'_, Ring> {
+    fn lock_shard_at(&self, uid: u64, now: u64) -> MutexGuard<'_, ClassRings> {
         let mut ring = self.lock_shard(uid);
         catch_up(&mut ring, now);
         ring
@@ -722,10 +761,20 @@ fn unreported(list: &[Arc<Session>]) -> impl Iterator<Item = &Session> {
 
 /// Advances `ring` to `to` unless it is there already: the ticker and every connection may
 /// move a shard, and whoever comes second has nothing to do.
-fn catch_up(ring: &mut Ring, to: u64) {
+fn catch_up(ring: &mut ClassRings, to: u64) {
     if to > ring.elapsed() {
         ring.advance(to);
     }
+}
+
+/// Whether `session`'s entry is still in the ring of its class (not swept).
+fn held_by(ring: &ClassRings, session: &Session) -> bool {
+    ring.contains(session.class(), session.handle(), session.uid())
+}
+
+/// The tick `session` was last heard on, if its ring still holds it.
+fn last_heard(ring: &ClassRings, session: &Session) -> Option<u64> {
+    ring.last_heard(session.class(), session.handle(), session.uid())
 }
 
 /// Ring shard of a uid.
@@ -765,6 +814,47 @@ mod tests {
         let metrics = Arc::new(Metrics::new(&config));
         let events = Arc::new(EventLog::new(1 << 20, 1 << 30, metrics.clone()));
         Registry::with_devices(window, max_devices, events, metrics)
+    }
+
+    /// A registry with the classes 5 s to 60 s at a 1 s tick (default 10 s), in ticks.
+    fn classed(max_devices: usize) -> (TimeoutClasses, Registry) {
+        let s = Duration::from_secs(1);
+        let classes = TimeoutClasses::new(10 * s, s, 5 * s, 60 * s, &[], 1_000).expect("classes");
+        let config = Config::default();
+        let metrics = Arc::new(Metrics::new(&config));
+        let events = Arc::new(EventLog::new(1 << 20, 1 << 30, metrics.clone()));
+        (classes.clone(), Registry::with_classes(classes, max_devices, events, metrics))
+    }
+
+    /// Issue 50: each session goes offline after its own class's timeout, whatever the
+    /// others' are.
+    #[test]
+    fn each_session_expires_after_its_own_class_s_timeout() {
+        let (classes, reg) = classed(1);
+        let class = |ms: u64| Traits { class: Some(classes.for_asked(ms, None)), ..Traits::default() };
+        reg.login_as(1, Device::DEFAULT, 0, class(5_000));
+        reg.login_as(2, Device::DEFAULT, 0, class(60_000));
+        reg.login(3, Device::DEFAULT, 0);
+        assert_eq!(sweep(&reg, 4), Vec::<u64>::new());
+        assert_eq!(sweep(&reg, 5), [1]);
+        assert_eq!(sweep(&reg, 9), Vec::<u64>::new());
+        assert_eq!(sweep(&reg, 10), [3], "the default class, --timeout's");
+        assert_eq!(sweep(&reg, 59), Vec::<u64>::new());
+        assert_eq!(sweep(&reg, 60), [2]);
+    }
+
+    /// Issue 50: at `--max-devices` the session evicted is the least recently heard from,
+    /// not the one due first: deadlines of different classes do not compare.
+    #[test]
+    fn the_least_recently_heard_session_is_evicted_whatever_its_class() {
+        let (classes, reg) = classed(2);
+        let class = |ms: u64| Traits { class: Some(classes.for_asked(ms, None)), ..Traits::default() };
+        let long = reg.login_as(9, "a".parse().unwrap(), 0, class(60_000));
+        reg.advance(3);
+        let short = reg.login_as(9, "b".parse().unwrap(), 3, class(5_000));
+        reg.login(9, "c".parse().unwrap(), 4);
+        assert!(!long.is_live(), "heard last on tick 0, though due on tick 60");
+        assert!(short.is_live(), "heard on tick 3, though due on tick 8");
     }
 
     /// An ending that comes right after a login (a takeover from another node, a kick)

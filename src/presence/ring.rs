@@ -145,6 +145,12 @@ impl Ring {
         }
     }
 
+    /// A ring for a timeout of `window` ticks, its cursor on tick `elapsed`: one made when
+    /// its first uid comes, beside rings that have been moving since tick 0.
+    pub fn starting_at(window: u64, elapsed: u64) -> Ring {
+        Ring { elapsed, ..Ring::new(window) }
+    }
+
     /// Timeout in ticks.
     pub fn window(&self) -> u64 {
         self.window

@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 
+use crate::config::Class;
 use crate::presence::{Handle, Will};
 use crate::proto::{CloseReason, Device, Transport};
 
@@ -80,6 +81,8 @@ pub struct Session {
     traits: u8,
     /// The door it came in by, as [`Transport::index`], or [`NO_DOOR`]. In padding too.
     door: u8,
+    /// Its timeout class: which of its shard's rings holds it. In padding too.
+    class: Class,
     /// The connection task, woken for an ending or a push. An `AtomicWaker` and a flag
     /// rather than a `Notify`: waiting on a `Notify` takes a waiter node in the waiting
     /// future (80 bytes in every open connection's task), this takes a reference.
@@ -225,6 +228,8 @@ pub(crate) struct Traits {
     pub claims: Option<Arc<Claims>>,
     /// Its door and address.
     pub origin: Origin,
+    /// Its timeout class; none: the default (`--timeout`'s).
+    pub class: Option<Class>,
 }
 
 /// A session id as the events, WELCOME and the presence answers spell it: 16 lowercase hex
@@ -278,6 +283,7 @@ impl Session {
             woken: AtomicU8::new(0),
             traits: 0,
             door: NO_DOOR,
+            class: Class::FIRST,
             waker: AtomicWaker::new(),
             data_bucket: AtomicU64::new(FRESH),
             claims: None,
@@ -363,9 +369,20 @@ impl Session {
         self.woken.fetch_and(!PING_DUE, Ordering::AcqRel) & PING_DUE != 0
     }
 
-    /// Its uid's place in the ring shard.
+    /// Its uid's place in the ring of its class.
     pub(crate) fn handle(&self) -> Handle {
         self.handle
+    }
+
+    /// Its timeout class.
+    pub fn class(&self) -> Class {
+        self.class
+    }
+
+    /// The same session, in timeout class `class`.
+    pub(crate) fn in_class(mut self, class: Class) -> Session {
+        self.class = class;
+        self
     }
 
     /// The uid this session logged in as.

@@ -50,29 +50,33 @@ pub struct Ticker {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     clock: Clock,
-    window: u64,
     /// The last tick this ticker advanced the rings to.
     elapsed: u64,
     /// Scratch buffers reused every tick, so a steady ticker does not allocate.
     expired: Vec<u64>,
-    due: Vec<u64>,
+    /// Sessions by ticks of silence, up to the default class's window (longer in the last).
+    by_silence: Vec<u64>,
+    /// Sessions of each timeout class.
+    by_class: Vec<u64>,
     by_age: Vec<i64>,
 }
 
 // === impl Ticker ===
 
 impl Ticker {
-    /// A ticker for rings of `window` ticks, keeping time with `clock`.
+    /// A ticker for rings whose default class is `window` ticks (the silence picture's
+    /// reach), keeping time with `clock`.
     pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>, clock: Clock, window: u64) -> Ticker {
         let series = metrics.silence_series();
+        let classes = registry.classes().len();
         Ticker {
             registry,
             metrics,
             clock,
-            window,
             elapsed: 0,
             expired: Vec::with_capacity(SWEEP_CHUNK),
-            due: vec![0; window as usize + 1],
+            by_silence: vec![0; window as usize + 1],
+            by_class: vec![0; classes],
             by_age: vec![0; series],
         }
     }
@@ -108,11 +112,8 @@ impl Ticker {
 
         let started = Instant::now();
         let expired = self.sweep().await;
-        // Silent for more than a third of the timeout: a WebSocket session is pinged, which a
-        // browser answers even from a hidden tab whose timers it throttles to once a minute.
-        if let Some(ahead) = self.window.checked_sub(self.window / 3 + 1).filter(|&k| k >= 1) {
-            self.registry.nudge_due_in(ahead);
-        }
+        // Silent for more than a third of its timeout: a WebSocket session is pinged.
+        self.registry.nudge_silent_third();
         self.metrics.sweep_duration.observe(started.elapsed().as_secs_f64());
         self.metrics.expired_per_sweep.observe(expired as f64);
         if expired > 0 {
@@ -181,17 +182,16 @@ impl Ticker {
 
     /// Refreshes the tracked-uids gauge and the silence picture from the slot sizes.
     fn refresh_picture(&mut self) {
-        let tracked = self.registry.ring_picture(&mut self.due);
+        let tracked = self.registry.ring_picture(&mut self.by_silence);
+        self.registry.sessions_by_class(&mut self.by_class);
+        self.metrics.set_sessions_by_class(&self.by_class);
         self.metrics.ring_tracked.set(tracked as i64);
         self.metrics.grace_users.set(self.registry.in_grace() as i64);
         self.metrics.token_expiries.set(self.registry.token_expiries() as i64);
         self.by_age.fill(0);
         let last = self.by_age.len().saturating_sub(1);
-        for (k, &n) in self.due.iter().enumerate() {
-            // Due in k + 1 ticks means touched window - (k + 1) ticks ago; the extra slot
-            // (due in window + 1, touched on the tick not yet begun) counts as silence 0.
-            let silent_ticks = self.window.saturating_sub(k as u64 + 1);
-            let age = (self.clock.whole_seconds(silent_ticks) as usize).min(last);
+        for (silent_ticks, &n) in self.by_silence.iter().enumerate() {
+            let age = (self.clock.whole_seconds(silent_ticks as u64) as usize).min(last);
             if let Some(slot) = self.by_age.get_mut(age) {
                 *slot += n as i64;
             }

@@ -10,12 +10,25 @@ use bytes::Bytes;
 use crate::presence::Will;
 use crate::proto::{Device, Frame};
 
+/// The timeout a login asks for; the machine grants a timeout class for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Asked {
+    /// Nothing: the default class (`--timeout`).
+    #[default]
+    Default,
+    /// A LOGIN's timeout field (version 5), in milliseconds.
+    Ms(u32),
+    /// An MQTT CONNECT's keepalive, in seconds (0: none).
+    KeepAlive(u16),
+}
+
 /// One unit from a client, decoded by its door.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// Log in as `uid` on `device`. A `subscriber` (an MQTT session) takes only the pushes
-    /// its subscriptions match, others every push; `will` is told in its offline event.
-    Login { uid: u64, token: Bytes, device: Device, subscriber: bool, will: Option<Box<Will>> },
+    /// Log in as `uid` on `device`, asking for `timeout`. A `subscriber` (an MQTT session)
+    /// takes only the pushes its subscriptions match, others every push; `will` is told in
+    /// its offline event.
+    Login { uid: u64, token: Bytes, device: Device, timeout: Asked, subscriber: bool, will: Option<Box<Will>> },
     /// A keepalive, answered with a PONG carrying `payload`.
     Ping(Bytes),
     /// Data for the backends, on `topic` (MQTT) or none. The payload is in a buffer of its
@@ -40,7 +53,10 @@ pub(crate) enum Command {
 impl From<Frame> for Command {
     fn from(frame: Frame) -> Command {
         match frame {
-            Frame::Login { uid, token, device } => Command::Login { uid, token, device, subscriber: false, will: None },
+            Frame::Login { uid, token, device, timeout_ms } => {
+                let timeout = timeout_ms.map_or(Asked::Default, Asked::Ms);
+                Command::Login { uid, token, device, timeout, subscriber: false, will: None }
+            }
             Frame::Ping(payload) => Command::Ping(payload),
             // Copied to a buffer of its own size: the frame's bytes live in the worker's read
             // buffer, which the log must not keep alive.

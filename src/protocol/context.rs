@@ -35,11 +35,8 @@ pub(crate) struct Rules {
     pub(crate) jwt: Option<Arc<JwtAuth>>,
     /// End sessions when their token expires (`--enforce-token-expiry`).
     pub(crate) enforce_token_expiry: bool,
-    /// For the WELCOME: how long silence lasts before expiry, and the tick.
-    pub(crate) timeout_ms: u32,
+    /// For the WELCOME: the tick (the timeout is the session's class's).
     pub(crate) tick_ms: u32,
-    /// Ticks from a session's last touch to the tick that sweeps it.
-    pub(crate) window: u64,
     /// From accept to a successful LOGIN, handshakes included (`--login-timeout`).
     pub(crate) login_timeout: Duration,
     /// The tick, in which the DATA bucket refills.
@@ -69,9 +66,7 @@ impl Rules {
             live,
             jwt: config.jwt.clone(),
             enforce_token_expiry: config.enforce_token_expiry,
-            timeout_ms: config.timeout_ms(),
             tick_ms: config.tick_ms(),
-            window: config.window(),
             login_timeout: config.login_timeout,
             tick: config.tick,
             mqtt_max_subscriptions: config.mqtt_max_subscriptions,
@@ -91,7 +86,8 @@ impl Context {
         use crate::presence::EventLog;
         let metrics = Arc::new(Metrics::new(config));
         let events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
-        let registry = Registry::with_devices(config.window(), config.max_devices, Arc::new(events), metrics.clone());
+        let registry =
+            Registry::with_classes(config.timeout_classes(), config.max_devices, Arc::new(events), metrics.clone());
         let registry = Arc::new(if config.enforce_token_expiry { registry.with_token_expiry() } else { registry });
         Arc::new(Context {
             registry,

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, JwtAuth, JwtRules};
 use crate::presence::{write_event_data, EventId, Ticker, What};
 use crate::proto::{CloseReason, Device, Frame, FrameCodec};
-use crate::protocol::command::Command;
+use crate::protocol::command::{Asked, Command};
 use crate::protocol::context::Context;
 use crate::protocol::machine::{Inputs, Machine, Wake};
 
@@ -101,7 +101,14 @@ impl Harness {
 
     fn login(&self, machine: &mut Machine, uid: u64, token: &str) -> Result<(), (CloseReason, String)> {
         let token = self.fixed.token(token);
-        let login = Command::Login { uid, token, device: Device::DEFAULT, subscriber: false, will: None };
+        let login = Command::Login {
+            uid,
+            token,
+            device: Device::DEFAULT,
+            timeout: Asked::Default,
+            subscriber: false,
+            will: None,
+        };
         machine.handle(&self.inputs, login, &mut BytesMut::new())
     }
 

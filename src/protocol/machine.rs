@@ -14,13 +14,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::config::JwtAuth;
+use crate::config::{Class, JwtAuth, TimeoutClasses};
 use crate::presence::{session_hex, unix_ms_now, Claims, Origin, Push, Session, Touched, Traits, Will};
 use crate::proto::{
     jittered_ms, kind, put_frame, retry_text, AuthError, CloseReason, Device, Frame, MAX_TOKEN_BYTES,
     REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
 };
-use crate::protocol::command::Command;
+use crate::protocol::command::{Asked, Command};
 use crate::protocol::context::Context;
 
 /// Why a connection closes: the reason its BYE carries, and the BYE's text.
@@ -121,6 +121,7 @@ struct Login<'a> {
     uid: u64,
     token: &'a [u8],
     device: Device,
+    timeout: Asked,
     subscriber: bool,
     will: Option<Box<Will>>,
 }
@@ -135,6 +136,8 @@ struct Checked {
     /// JWT. The session ends there when expiry is enforced.
     deadline_ms: Option<u64>,
     claims: Option<Arc<Claims>>,
+    /// The timeout cap its claim says (`--jwt-timeout-cap-claim`), in seconds.
+    timeout_cap_s: Option<u64>,
 }
 
 /// What a wake-up of the session means for its connection.
@@ -254,8 +257,8 @@ impl Machine {
         }
         let logged_in = matches!(self.phase, Phase::LoggedIn { .. });
         match command {
-            Command::Login { uid, token, device, subscriber, will } if !logged_in => {
-                self.login(inputs, Login { uid, token: &token, device, subscriber, will }, out)
+            Command::Login { uid, token, device, timeout, subscriber, will } if !logged_in => {
+                self.login(inputs, Login { uid, token: &token, device, timeout, subscriber, will }, out)
             }
             Command::Login { .. } => Err((CloseReason::ProtocolError, "second LOGIN".into())),
             Command::Refused(why) => Err((CloseReason::ProtocolError, why.into())),
@@ -339,6 +342,7 @@ impl Machine {
                         expires: verified.exp,
                         deadline_ms: Some(verified.exp.saturating_mul(1000).saturating_add(leeway_ms)),
                         claims: verified.claims.map(|json| Arc::new(Claims::from_json(json))),
+                        timeout_cap_s: verified.timeout_cap_s,
                     })
                 }
                 Err(e) => {
@@ -348,7 +352,9 @@ impl Machine {
                 }
             },
             (_, Some(auth)) => match auth.verify(uid, token, inputs.unix_secs()) {
-                Ok(expires) => Ok(Checked { expires, deadline_ms: Some(expires.saturating_mul(1000)), claims: None }),
+                Ok(expires) => {
+                    Ok(Checked { expires, deadline_ms: Some(expires.saturating_mul(1000)), ..Checked::default() })
+                }
                 Err(e) => {
                     tracing::debug!(uid, error = %e, "token refused");
                     // Says what to do about it (refresh, or fix the minting), never what
@@ -380,18 +386,21 @@ impl Machine {
     /// Logs in; a `subscriber` (an MQTT session) takes only the pushes its subscriptions
     /// match.
     fn login(&mut self, inputs: &impl Inputs, login: Login<'_>, out: &mut (impl Out + ?Sized)) -> Result<(), Close> {
-        let Login { uid, token, device, subscriber, will } = login;
+        let Login { uid, token, device, timeout, subscriber, will } = login;
         let checked = self.check_token(inputs, uid, token)?;
         let context = &self.context;
         let rules = &context.rules;
         let now = context.clock.tick_at(inputs.now());
         let pingable = out.pings() && rules.ws_keepalive_pings;
         let (claims, origin) = (checked.claims.clone(), inputs.origin());
-        let traits = Traits { filters_pushes: subscriber, pingable, will, claims, origin };
+        let classes = context.registry.classes();
+        let class = grant(classes, timeout, checked.timeout_cap_s.map(|s| s.saturating_mul(1000)));
+        let traits = Traits { filters_pushes: subscriber, pingable, will, claims, origin, class: Some(class) };
         let session = context.registry.login_as(uid, device, now, traits);
         self.enforce(inputs, &session, &checked);
         let id = session_hex(session.id());
-        out.frame(&Frame::Welcome { timeout_ms: rules.timeout_ms, tick_ms: rules.tick_ms, session: id });
+        let timeout_ms = u32::try_from(classes.timeout_ms(class)).unwrap_or(u32::MAX);
+        out.frame(&Frame::Welcome { timeout_ms, tick_ms: rules.tick_ms, session: id });
         self.phase = Phase::LoggedIn { session, last_tick: now };
         tracing::debug!(uid, "logged in");
         Ok(())
@@ -494,7 +503,8 @@ impl Machine {
         if let (CloseReason::IdleTimeout, Phase::LoggedIn { last_tick, .. }) = (reason, &self.phase) {
             // From the tick that swept it (window ticks after its last touch) to its BYE,
             // which goes out next.
-            let swept_at = context.clock.instant_of(last_tick + context.rules.window);
+            let window = self.session().map_or(0, |s| context.registry.classes().window(s.class()));
+            let swept_at = context.clock.instant_of(last_tick + window);
             let delay = inputs.now().saturating_duration_since(swept_at);
             context.metrics.expiry_bye_delay.observe(delay.as_secs_f64());
         }
@@ -522,6 +532,24 @@ impl Machine {
             Some(s) => tracing::debug!(uid = s.uid(), %reason, "connection closed"),
             None => tracing::debug!(%reason, "connection closed before login"),
         }
+    }
+}
+
+/// The timeout class a login gets for what it asked, under its token's cap (`cap_ms`).
+///
+/// An MQTT keepalive K gets the longest class that disconnects the client within 1.5 K and
+/// never while it keeps K; when none fits (K is 0, or outside what the classes reach, or
+/// the cap is below it) the class nearest to K, which MQTT 5 tells the client as Server
+/// Keep Alive (the door refuses such a 3.1.1 CONNECT before it gets here, unless the cap
+/// is to blame). No keepalive at all gets the longest class.
+fn grant(classes: &TimeoutClasses, asked: Asked, cap_ms: Option<u64>) -> Class {
+    match asked {
+        Asked::Default => classes.for_asked(classes.timeout_ms(classes.default_class()), cap_ms),
+        Asked::Ms(ms) => classes.for_asked(u64::from(ms), cap_ms),
+        Asked::KeepAlive(k) => classes.for_keep_alive(k, cap_ms).unwrap_or_else(|| {
+            let wanted = if k == 0 { u64::MAX } else { u64::from(k) * 1000 };
+            classes.for_asked(wanted, cap_ms)
+        }),
     }
 }
 
@@ -564,7 +592,14 @@ mod tests {
     }
 
     fn login_command(uid: u64) -> Command {
-        Command::Login { uid, token: Bytes::new(), device: Device::DEFAULT, subscriber: true, will: None }
+        Command::Login {
+            uid,
+            token: Bytes::new(),
+            device: Device::DEFAULT,
+            timeout: Asked::Default,
+            subscriber: true,
+            will: None,
+        }
     }
 
     fn machine(config: &Config) -> (Machine, Fixed) {
@@ -626,6 +661,27 @@ mod tests {
         assert_eq!(std::mem::size_of::<Machine>(), 3 * std::mem::size_of::<usize>());
     }
 
+    /// Issue 50: what a login asks for, and the class it gets.
+    #[test]
+    fn a_login_gets_the_class_of_what_it_asked_under_its_token_s_cap() {
+        let s = Duration::from_secs(1);
+        let classes = TimeoutClasses::new(30 * s, s, 5 * s, 1800 * s, &[], 100_000).expect("classes");
+        let ms = |asked: Asked, cap: Option<u64>| classes.timeout_ms(grant(&classes, asked, cap));
+        assert_eq!(ms(Asked::Default, None), 30_000);
+        assert!(ms(Asked::Default, Some(20_000)) <= 20_000);
+        assert_eq!(ms(Asked::Ms(1), None), 5_000);
+        assert_eq!(ms(Asked::Ms(30_000), None), 30_000);
+        assert_eq!(ms(Asked::Ms(u32::MAX), None), 1_800_000);
+        let k60 = ms(Asked::KeepAlive(60), None);
+        assert!(k60 > 60_000 && k60 <= 90_000, "{k60}");
+        // No keepalive: the longest class, or the longest under the cap.
+        assert_eq!(ms(Asked::KeepAlive(0), None), 1_800_000);
+        assert!(ms(Asked::KeepAlive(0), Some(300_000)) <= 300_000);
+        // Outside what the classes hold: the nearest class (MQTT 5 is told it).
+        assert_eq!(ms(Asked::KeepAlive(2), None), 5_000);
+        assert_eq!(ms(Asked::KeepAlive(3_000), None), 1_800_000);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn login_comes_first_and_once() {
         let (mut machine, inputs) = machine(&Config::default());
@@ -664,8 +720,14 @@ mod tests {
         let (mut machine, mut inputs) = machine(&config);
         let token = auth.mint(9, 1_000_100);
         inputs.unix = 1_000_101;
-        let login =
-            Command::Login { uid: 9, token: token.into(), device: Device::DEFAULT, subscriber: false, will: None };
+        let login = Command::Login {
+            uid: 9,
+            token: token.into(),
+            device: Device::DEFAULT,
+            timeout: Asked::Default,
+            subscriber: false,
+            will: None,
+        };
         let refused = machine.handle(&inputs, login, &mut BytesMut::new());
         assert_eq!(refused, Err((CloseReason::AuthFailed, "token expired".into())));
     }

@@ -8,6 +8,6 @@ mod context;
 mod expiry_tests;
 mod machine;
 
-pub(crate) use command::Command;
+pub(crate) use command::{Asked, Command};
 pub(crate) use context::{Context, Rules};
 pub(crate) use machine::{Arriving, Close, Machine, Out, System, Wake, SHED};

@@ -20,13 +20,14 @@ use bytes::{BufMut, Bytes, BytesMut};
 use mqtt5_protocol::packet::{FixedHeader, Packet, PacketType};
 use mqtt5_protocol::QoS;
 
+use crate::config::TimeoutClasses;
 use crate::presence::{Push, Will};
 use crate::proto::mqtt::{
     check_topic_filter, fixed_header, packet, put_fixed_header as put_header, put_str, put_varint, AUTH_METHOD,
 };
 use crate::proto::{CloseReason, Device, Frame};
 use crate::protocol::Close;
-use crate::protocol::Command;
+use crate::protocol::{Asked, Command};
 use crate::transport::connection::Framing;
 use crate::transport::door::Speaks;
 
@@ -105,32 +106,28 @@ mod property {
 /// seconds in decimal, as REFRESHED does on the other doors.
 const EXPIRES_PROPERTY: &str = "expires";
 
-/// What every MQTT connection of a gateway shares, built once at start.
+/// What every MQTT connection of a gateway shares, built once at start: the timeout
+/// classes a keepalive maps to.
 #[derive(Debug)]
 pub(crate) struct MqttPolicy {
-    /// MQTT 5's Server Keep Alive, in seconds: a third of the timeout, so a client that
-    /// pings a second or two late is still inside the window.
-    pub server_keep_alive: u16,
-    /// The longest keepalive a 3.1.1 client may ask for, in seconds: one that pings at most
-    /// this long after its last packet, even two seconds late, is never expired.
-    pub max_keep_alive_311: u16,
+    pub classes: TimeoutClasses,
 }
-
-/// Seconds a 3.1.1 client may ping late and still count as following its keepalive: paho
-/// pings a second after the keepalive, and a loaded machine adds another.
-const LATE_PING_SECS: u64 = 2;
 
 // === impl MqttPolicy ===
 
 impl MqttPolicy {
     pub(crate) fn new(config: &crate::config::Config) -> MqttPolicy {
-        let secs = |d: std::time::Duration| u16::try_from(d.as_secs()).unwrap_or(u16::MAX);
-        // Offline after more than timeout - tick of silence: a client pinging every k s,
-        // LATE_PING_SECS late, stays inside while k + LATE_PING_SECS < timeout - tick.
-        let window = config.timeout.saturating_sub(config.tick).as_secs();
-        MqttPolicy {
-            server_keep_alive: secs(config.timeout / 3).max(1),
-            max_keep_alive_311: u16::try_from(window.saturating_sub(LATE_PING_SECS + 1)).unwrap_or(u16::MAX),
+        MqttPolicy { classes: config.timeout_classes() }
+    }
+
+    /// MQTT 5's Server Keep Alive for a client that asked for `asked` seconds and got a
+    /// timeout of `timeout_ms`: what it asked when the timeout holds it to that
+    /// ([MQTT-3.1.2-24]), else the keepalive the timeout holds it to.
+    fn server_keep_alive(&self, asked: u16, timeout_ms: u64) -> u16 {
+        if self.classes.holds_keep_alive(asked, timeout_ms) {
+            asked
+        } else {
+            self.classes.keep_alive_for_ms(timeout_ms)
         }
     }
 }
@@ -156,6 +153,8 @@ pub(crate) struct Mqtt {
     enhanced_auth: bool,
     /// The largest packet the client takes (MQTT 5's Maximum Packet Size; unbounded else).
     client_max_packet: u32,
+    /// The CONNECT's keepalive, in seconds: CONNACK says whether it holds (MQTT 5).
+    keep_alive: u16,
     /// A QoS 1 PUBLISH's packet id, acknowledged once the machine took the DATA.
     owed_ack: Option<u16>,
     /// What is owed beyond the next PUBACK, boxed so an idle connection pays a pointer for
@@ -195,6 +194,7 @@ impl Mqtt {
             asked_session_expiry: false,
             enhanced_auth: false,
             client_max_packet: u32::MAX,
+            keep_alive: 0,
             owed_ack: None,
             owed: None,
         }
@@ -265,16 +265,21 @@ impl Mqtt {
                 return Err((CloseReason::ProtocolError, format!("CONNECT client identifier: {e}")));
             }
         };
-        if version == LEVEL_311 && !(1..=self.policy.max_keep_alive_311).contains(&connect.keep_alive) {
+        self.keep_alive = connect.keep_alive;
+        let classes = &self.policy.classes;
+        if version == LEVEL_311 && classes.for_keep_alive(connect.keep_alive, None).is_none() {
             // A 3.1.1 client cannot be told another keepalive: accepting it would expire a
-            // client that follows the spec (keepalive 0 never pings at all).
+            // client that follows the spec, or hold one longer than 1.5 times its keepalive
+            // ([MQTT-3.1.2-24]); keepalive 0 never pings at all.
+            let (lo, hi) = classes.bounds_ms();
             put_connack(out, version, code311::NOT_AUTHORIZED, &[]);
             self.answered = true;
             return Err((
                 CloseReason::ProtocolError,
                 format!(
-                    "{KEEPALIVE_REFUSAL} {} s outside 1..={} s (a client's -k or keepalive setting)",
-                    connect.keep_alive, self.policy.max_keep_alive_311
+                    "{KEEPALIVE_REFUSAL} {} s: no timeout class a tick above it and within 1.5 times it \
+                     (timeouts from {} ms to {} ms; a client's -k or keepalive setting)",
+                    connect.keep_alive, lo, hi
                 ),
             ));
         }
@@ -295,7 +300,8 @@ impl Mqtt {
         let will = connect.will.as_ref().map(|will| {
             Box::new(Will { topic: will.topic.as_str().into(), payload: Bytes::from(will.payload.clone()) })
         });
-        Ok(Command::Login { uid, token, device, subscriber: true, will })
+        let timeout = Asked::KeepAlive(connect.keep_alive);
+        Ok(Command::Login { uid, token, device, timeout, subscriber: true, will })
     }
 }
 
@@ -558,11 +564,11 @@ impl Mqtt {
     /// Appends `frame` as this version's packet.
     pub(crate) fn encode_frame(&mut self, frame: &Frame, out: &mut BytesMut) {
         match frame {
-            Frame::Welcome { session, .. } => {
+            Frame::Welcome { session, timeout_ms, .. } => {
                 let mut props = BytesMut::new();
                 if self.version == LEVEL_5 {
                     props.put_u8(property::SERVER_KEEP_ALIVE);
-                    props.put_u16(self.policy.server_keep_alive);
+                    props.put_u16(self.policy.server_keep_alive(self.keep_alive, u64::from(*timeout_ms)));
                     if self.asked_session_expiry {
                         // The session ends with its connection, whatever was asked.
                         props.put_u8(property::SESSION_EXPIRY_INTERVAL);

@@ -298,14 +298,20 @@ impl Client {
     }
 
     pub async fn login_with(&mut self, uid: u64, token: &[u8]) -> Frame {
-        self.send(Frame::Login { uid, token: bytes::Bytes::copy_from_slice(token), device: Default::default() }).await;
+        self.send(Frame::Login {
+            uid,
+            token: bytes::Bytes::copy_from_slice(token),
+            device: Default::default(),
+            timeout_ms: None,
+        })
+        .await;
         self.recv().await.expect("an answer to LOGIN")
     }
 
     /// Logs in as `uid` on `device`; returns the session id WELCOME gave.
     pub async fn login_device(&mut self, uid: u64, device: &str) -> String {
         let device = device.parse().expect("a valid device name");
-        self.send(Frame::Login { uid, token: bytes::Bytes::new(), device }).await;
+        self.send(Frame::Login { uid, token: bytes::Bytes::new(), device, timeout_ms: None }).await;
         match self.recv().await {
             Some(Frame::Welcome { session, .. }) => session,
             other => panic!("expected WELCOME, got {other:?}"),

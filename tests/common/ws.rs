@@ -124,7 +124,8 @@ impl DoorClient {
 
     /// LOGIN as `uid` (any token) and its WELCOME.
     pub async fn login(&mut self, uid: u64) {
-        self.send(Frame::Login { uid, token: Bytes::from_static(b"t"), device: Default::default() }).await;
+        self.send(Frame::Login { uid, token: Bytes::from_static(b"t"), device: Default::default(), timeout_ms: None })
+            .await;
         match self.recv().await {
             Got::Frame(Frame::Welcome { .. }) => {}
             other => panic!("expected WELCOME, got {other:?}"),

@@ -61,6 +61,7 @@ export class Client {
       url,
       uid,
       device = '',
+      timeoutMs = undefined,
       token = '',
       backoff = {},
       maxQueued = DEFAULT_MAX_QUEUED,
@@ -79,6 +80,10 @@ export class Client {
     this.url = /^wss?:\/\/[^/]+$/i.test(url) ? `${url}/v1/ws` : url;
     this.uid = toUid(uid).toString();
     this.device = checkDevice(device);
+    // The timeout asked for at LOGIN (protocol version 5): the gateway grants a class at
+    // or above it, WELCOME says which, and the keepalive is a third of that.
+    this.timeoutMs = timeoutMs;
+    encodeLogin(0, '', '', timeoutMs);
     this.token = typeof token === 'function' ? token : async () => token;
     this.backoff = backoff instanceof Backoff ? backoff : new Backoff(backoff);
     this.maxQueued = Math.max(1, maxQueued);
@@ -185,7 +190,7 @@ export class Client {
     }, this.connectTimeoutMs);
     ws.onopen = () => {
       try {
-        ws.send(encodeLogin(this.uid, token, this.device));
+        ws.send(encodeLogin(this.uid, token, this.device, this.timeoutMs));
       } catch (e) {
         this.emit('error', e);
         ws.close();

@@ -86,14 +86,25 @@ function frame(kind, payload) {
   return out;
 }
 
-/** LOGIN: the uid (u64, big-endian), the token, then 0x00 and the device name if one. */
-export function encodeLogin(uid, token = '', device = '') {
+/**
+ * LOGIN: the uid (u64, big-endian), the token, then 0x00 and the device name if one, then
+ * 0x00 and the timeout asked for in milliseconds (u32, big-endian; protocol version 5) if
+ * `timeoutMs` is given, after a possibly empty device name.
+ */
+export function encodeLogin(uid, token = '', device = '', timeoutMs = undefined) {
   const tokenBytes = encoder.encode(token);
   const deviceBytes = encoder.encode(checkDevice(device));
-  const payload = new Uint8Array(8 + tokenBytes.length + (deviceBytes.length ? 1 + deviceBytes.length : 0));
-  new DataView(payload.buffer).setBigUint64(0, toUid(uid));
+  const asks = timeoutMs !== undefined && timeoutMs !== null;
+  if (asks && !(Number.isInteger(timeoutMs) && timeoutMs >= 1 && timeoutMs <= 0xffffffff)) {
+    throw new RangeError(`timeoutMs must be a whole number of milliseconds from 1 to 2^32 - 1, not ${timeoutMs}`);
+  }
+  const named = deviceBytes.length || asks ? 1 + deviceBytes.length : 0;
+  const payload = new Uint8Array(8 + tokenBytes.length + named + (asks ? 5 : 0));
+  const view = new DataView(payload.buffer);
+  view.setBigUint64(0, toUid(uid));
   payload.set(tokenBytes, 8);
-  if (deviceBytes.length) payload.set(deviceBytes, 9 + tokenBytes.length);
+  if (named) payload.set(deviceBytes, 9 + tokenBytes.length);
+  if (asks) view.setUint32(8 + tokenBytes.length + named + 1, timeoutMs);
   return frame(KIND.LOGIN, payload);
 }
 

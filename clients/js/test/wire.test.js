@@ -25,6 +25,11 @@ test('client frames are PROTOCOL.md bodies (WebSocket messages carry no length p
   assert.equal(hex(encodeLogin(42)), '01 00 00 00 00 00 00 00 2a');
   assert.equal(hex(encodeLogin('42', '', 'tab')), '01 00 00 00 00 00 00 00 2a 00 74 61 62');
   assert.equal(hex(encodeLogin(42, '17')), '01 00 00 00 00 00 00 00 2a 31 37');
+  // Version 5: the timeout asked for, after the device or an empty name (docs/PROTOCOL.md).
+  assert.equal(hex(encodeLogin(42, '', 'tab', 120000)), '01 00 00 00 00 00 00 00 2a 00 74 61 62 00 00 01 d4 c0');
+  assert.equal(hex(encodeLogin(42, '', '', 120000)), '01 00 00 00 00 00 00 00 2a 00 00 00 01 d4 c0');
+  assert.throws(() => encodeLogin(42, '', '', 0), RangeError);
+  assert.throws(() => encodeLogin(42, '', '', 1.5), RangeError);
   assert.equal(hex(encodePing(new TextEncoder().encode('hi'))), '02 68 69');
   assert.equal(hex(encodeData('app')), '03 61 70 70');
   assert.equal(hex(encodeLogout()), '04');

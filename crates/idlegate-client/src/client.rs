@@ -252,7 +252,8 @@ impl Task {
             Err(e) => return (Ended::Lost(format!("no token: {e}")), false),
         };
         let expires = self.options.token.expiry(&token);
-        let login = Frame::Login { uid, token: Bytes::from(token), device: self.options.device.clone() };
+        let timeout_ms = self.options.timeout.map(|t| u32::try_from(t.as_millis()).unwrap_or(u32::MAX));
+        let login = Frame::Login { uid, token: Bytes::from(token), device: self.options.device.clone(), timeout_ms };
         let patience = self.options.connect_timeout;
         // The first frame, and the connection it came on (none for an upgrade refused with
         // 503, read as the BYE it stands for).

@@ -37,6 +37,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Options {
     pub(crate) uid: u64,
     pub(crate) device: Device,
+    /// The timeout asked for at LOGIN (protocol version 5); none: the gateway's default.
+    pub(crate) timeout: Option<Duration>,
     pub(crate) token: Arc<dyn TokenProvider>,
     pub(crate) backoff: Backoff,
     pub(crate) max_queued: usize,
@@ -53,6 +55,7 @@ impl Options {
         Options {
             uid,
             device: Device::DEFAULT,
+            timeout: None,
             token: Arc::new(Fixed::default()),
             backoff: Backoff::default(),
             max_queued: DEFAULT_MAX_QUEUED,
@@ -66,6 +69,17 @@ impl Options {
     /// `--max-devices 1` (its default) keeps one session per uid whatever the device.
     pub fn device(self, device: Device) -> Options {
         Options { device, ..self }
+    }
+
+    /// The timeout to ask the gateway for (protocol version 5): it grants the shortest of its
+    /// timeout classes at or above it, within its `--min-timeout` and `--max-timeout`, and
+    /// the client pings after a third of what WELCOME granted. A long one saves a phone's
+    /// battery (every ping wakes its radio); the session then goes offline that much later
+    /// after the client is gone. Default: none, the gateway's `--timeout`. A gateway older
+    /// than version 5 refuses a LOGIN that asks (BYE protocol_error).
+    pub fn timeout(self, timeout: Duration) -> Options {
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).max(1);
+        Options { timeout: Some(Duration::from_millis(u64::from(ms))), ..self }
     }
 
     /// The same token for every login.

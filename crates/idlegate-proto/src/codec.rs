@@ -25,7 +25,7 @@ pub const MAX_TOKEN_BYTES: u32 = 4096;
 /// [`MAX_TOKEN_BYTES`], then the 0x00 and a device name of up to
 /// [`crate::MAX_DEVICE_BYTES`]. Until a connection has logged in it costs at most
 /// this much, however large `--max-frame-bytes` is.
-pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + MAX_TOKEN_BYTES + 1 + crate::MAX_DEVICE_BYTES as u32;
+pub const MAX_LOGIN_FRAME_BYTES: u32 = 1 + 8 + MAX_TOKEN_BYTES + 1 + crate::MAX_DEVICE_BYTES as u32 + 1 + 4;
 
 /// Least a split frame's buffer grows by; after that it doubles with what has arrived.
 const MIN_SPLIT_GROWTH: usize = 64;
@@ -132,7 +132,7 @@ mod tests {
         let mut codec = FrameCodec::default();
         let mut wire = BytesMut::new();
         let frames = [
-            Frame::Login { uid: 7, token: Bytes::from_static(b"x"), device: Default::default() },
+            Frame::Login { uid: 7, token: Bytes::from_static(b"x"), device: Default::default(), timeout_ms: None },
             Frame::Ping(Bytes::from_static(b"ts")),
         ];
         for f in &frames {
@@ -201,7 +201,12 @@ mod tests {
         let mut wire = BytesMut::new();
         codec
             .encode(
-                &Frame::Login { uid: 1, token: Bytes::from(vec![b'x'; 512]), device: Default::default() },
+                &Frame::Login {
+                    uid: 1,
+                    token: Bytes::from(vec![b'x'; 512]),
+                    device: Default::default(),
+                    timeout_ms: None,
+                },
                 &mut wire,
             )
             .unwrap();

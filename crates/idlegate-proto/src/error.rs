@@ -28,6 +28,10 @@ pub enum FrameError {
     /// A LOGIN whose device name (after the 0x00) is not one.
     #[error("LOGIN device: {0}")]
     BadDevice(#[from] crate::DeviceError),
+    /// A LOGIN's timeout field (version 5, after a second 0x00) that is not 4 bytes, or is
+    /// zero.
+    #[error("LOGIN timeout: {0} bytes after the device's 0x00; expected a u32 of milliseconds above 0")]
+    BadLoginTimeout(usize),
     /// A BYE with no reason byte, or one this version does not define.
     #[error("BYE with reason {0:?}")]
     BadBye(Option<u8>),

@@ -10,7 +10,8 @@ use crate::{Device, FrameError};
 
 /// Frame kind bytes; client-to-gateway kinds have the high bit clear, gateway-to-client set.
 pub mod kind {
-    /// uid (u64 BE), an optional token, then optionally 0x00 and a device name.
+    /// uid (u64 BE), an optional token, then optionally 0x00 and a device name, then
+    /// optionally 0x00 and the timeout asked for (u32 BE milliseconds; version 5).
     pub const LOGIN: u8 = 0x01;
     /// Any payload; answered by PONG with the same payload.
     pub const PING: u8 = 0x02;
@@ -42,16 +43,21 @@ const WELCOME_LEN: usize = 8;
 /// Bytes of a REFRESHED payload: the expiry, unix seconds as a u64.
 const REFRESHED_LEN: usize = 8;
 
-/// Separates a LOGIN's token from its device name. Tokens are printable ASCII, so it can
-/// never be part of one, and a LOGIN without it is an old client's: the default device.
+/// Separates a LOGIN's token from its device name, and the device name from the timeout
+/// asked for. Tokens are printable ASCII and device names hold no control character, so it
+/// can never be part of either; a LOGIN without it is an old client's: the default device.
 const DEVICE_SEPARATOR: u8 = 0x00;
+
+/// Bytes of a LOGIN's timeout field: milliseconds as a u32, as WELCOME's.
+const LOGIN_TIMEOUT_LEN: usize = 4;
 
 /// One protocol frame, in either direction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    /// First frame of a session: who the client is, with auth on its token, and which of
-    /// its devices this is.
-    Login { uid: u64, token: Bytes, device: Device },
+    /// First frame of a session: who the client is, with auth on its token, which of its
+    /// devices this is, and the timeout it asks for (version 5; none: the gateway's
+    /// default). WELCOME says the timeout it got.
+    Login { uid: u64, token: Bytes, device: Device, timeout_ms: Option<u32> },
     /// Keepalive; the payload comes back in the PONG (clients put a timestamp there).
     Ping(Bytes),
     /// Application payload; activity without a reply.
@@ -89,13 +95,29 @@ impl Frame {
                     return Err(FrameError::ShortLogin(body.len()));
                 }
                 let uid = body.get_u64();
-                match body.iter().position(|&b| b == DEVICE_SEPARATOR) {
-                    None => Frame::Login { uid, token: body, device: Device::DEFAULT },
-                    Some(at) => {
-                        let device = Device::parse(&body[at + 1..]).map_err(FrameError::BadDevice)?;
-                        Frame::Login { uid, token: body.slice(..at), device }
+                let Some(at) = body.iter().position(|&b| b == DEVICE_SEPARATOR) else {
+                    return Ok(Frame::Login { uid, token: body, device: Device::DEFAULT, timeout_ms: None });
+                };
+                let rest = &body[at + 1..];
+                let (device, timeout_ms) = match rest.iter().position(|&b| b == DEVICE_SEPARATOR) {
+                    None => (Device::parse(rest).map_err(FrameError::BadDevice)?, None),
+                    Some(end) => {
+                        let field = &rest[end + 1..];
+                        let timeout = <[u8; LOGIN_TIMEOUT_LEN]>::try_from(field)
+                            .map(u32::from_be_bytes)
+                            .ok()
+                            .filter(|&ms| ms > 0)
+                            .ok_or(FrameError::BadLoginTimeout(field.len()))?;
+                        // An empty name before the timeout: the default device.
+                        let device = if end == 0 {
+                            Device::DEFAULT
+                        } else {
+                            Device::parse(&rest[..end]).map_err(FrameError::BadDevice)?
+                        };
+                        (device, Some(timeout))
                     }
-                }
+                };
+                Frame::Login { uid, token: body.slice(..at), device, timeout_ms }
             }
             kind::PING => Frame::Ping(body),
             kind::DATA => Frame::Data(body),
@@ -133,8 +155,15 @@ impl Frame {
     /// Length of the body [`Frame::encode`] writes: kind byte plus payload.
     pub fn body_len(&self) -> usize {
         1 + match self {
-            Frame::Login { token, device, .. } => {
-                UID_LEN + token.len() + if device.is_default() { 0 } else { 1 + device.len() }
+            Frame::Login { token, device, timeout_ms, .. } => {
+                let device_len = if device.is_default() { 0 } else { device.len() };
+                UID_LEN
+                    + token.len()
+                    + match timeout_ms {
+                        Some(_) => 1 + device_len + 1 + LOGIN_TIMEOUT_LEN,
+                        None if device.is_default() => 0,
+                        None => 1 + device_len,
+                    }
             }
             Frame::Ping(p) | Frame::Data(p) | Frame::Pong(p) | Frame::Push(p) | Frame::Refresh(p) => p.len(),
             Frame::Logout => 0,
@@ -148,13 +177,19 @@ impl Frame {
     pub fn encode(&self, dst: &mut BytesMut) {
         dst.reserve(self.body_len());
         match self {
-            Frame::Login { uid, token, device } => {
+            Frame::Login { uid, token, device, timeout_ms } => {
                 dst.put_u8(kind::LOGIN);
                 dst.put_u64(*uid);
                 dst.put_slice(token);
-                if !device.is_default() {
+                if !device.is_default() || timeout_ms.is_some() {
                     dst.put_u8(DEVICE_SEPARATOR);
-                    dst.put_slice(device.as_str().as_bytes());
+                    if !device.is_default() {
+                        dst.put_slice(device.as_str().as_bytes());
+                    }
+                }
+                if let Some(ms) = timeout_ms {
+                    dst.put_u8(DEVICE_SEPARATOR);
+                    dst.put_u32(*ms);
                 }
             }
             Frame::Ping(p) => {
@@ -322,11 +357,30 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips() {
-        round_trip(Frame::Login { uid: 42, token: Bytes::from_static(b"tok"), device: Device::DEFAULT });
-        round_trip(Frame::Login { uid: u64::MAX, token: Bytes::new(), device: Device::DEFAULT });
+        round_trip(Frame::Login {
+            uid: 42,
+            token: Bytes::from_static(b"tok"),
+            device: Device::DEFAULT,
+            timeout_ms: None,
+        });
+        round_trip(Frame::Login { uid: u64::MAX, token: Bytes::new(), device: Device::DEFAULT, timeout_ms: None });
         let phone = Device::parse(b"phone").unwrap();
-        round_trip(Frame::Login { uid: 7, token: Bytes::from_static(b"tok"), device: phone.clone() });
-        round_trip(Frame::Login { uid: 7, token: Bytes::new(), device: phone });
+        round_trip(Frame::Login { uid: 7, token: Bytes::from_static(b"tok"), device: phone.clone(), timeout_ms: None });
+        round_trip(Frame::Login { uid: 7, token: Bytes::new(), device: phone.clone(), timeout_ms: None });
+        // Version 5: the timeout asked for, after a device or after an empty name.
+        round_trip(Frame::Login {
+            uid: 7,
+            token: Bytes::from_static(b"tok"),
+            device: phone,
+            timeout_ms: Some(120_000),
+        });
+        round_trip(Frame::Login { uid: 7, token: Bytes::new(), device: Device::DEFAULT, timeout_ms: Some(1) });
+        round_trip(Frame::Login {
+            uid: 7,
+            token: Bytes::new(),
+            device: Device::DEFAULT,
+            timeout_ms: Some(0x0000_0100),
+        });
         round_trip(Frame::Ping(Bytes::from_static(b"\x00\x01")));
         round_trip(Frame::Data(Bytes::new()));
         round_trip(Frame::Logout);
@@ -344,9 +398,20 @@ mod tests {
     #[test]
     fn an_old_login_means_the_default_device_and_an_old_welcome_parses() {
         let old = Frame::parse(Bytes::from_static(b"\x01\x00\x00\x00\x00\x00\x00\x00\x05tok")).unwrap();
-        assert_eq!(old, Frame::Login { uid: 5, token: Bytes::from_static(b"tok"), device: Device::DEFAULT });
+        assert_eq!(
+            old,
+            Frame::Login { uid: 5, token: Bytes::from_static(b"tok"), device: Device::DEFAULT, timeout_ms: None }
+        );
         let named = Frame::parse(Bytes::from_static(b"\x01\x00\x00\x00\x00\x00\x00\x00\x05tok\x00tab")).unwrap();
-        assert_eq!(named, Frame::Login { uid: 5, token: Bytes::from_static(b"tok"), device: "tab".parse().unwrap() });
+        assert_eq!(
+            named,
+            Frame::Login {
+                uid: 5,
+                token: Bytes::from_static(b"tok"),
+                device: "tab".parse().unwrap(),
+                timeout_ms: None
+            }
+        );
         let welcome = Frame::parse(Bytes::from_static(b"\x81\x00\x00\x75\x30\x00\x00\x03\xe8")).unwrap();
         assert_eq!(welcome, Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: String::new() });
     }
@@ -379,6 +444,15 @@ mod tests {
         assert!(matches!(parse(b"\x81\x00\x00\x00\x01\x00\x00\x00\x01\xff"), FrameError::BadWelcome(9)));
         assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01tok\x00"), FrameError::BadDevice(_)));
         assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00a\x07"), FrameError::BadDevice(_)));
+        assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x01"), FrameError::BadLoginTimeout(1)));
+        assert!(matches!(
+            parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00a\x00\x00\x00\x00\x00"),
+            FrameError::BadLoginTimeout(4)
+        ));
+        assert!(matches!(
+            parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00a\x00\x00\x00\x00\x01\x02"),
+            FrameError::BadLoginTimeout(5)
+        ));
         assert!(matches!(parse(b"\x8f"), FrameError::BadBye(None)));
         assert!(matches!(parse(b"\x8f\x0b"), FrameError::BadBye(Some(11))));
         assert!(matches!(parse(b"\x84\x00\x01"), FrameError::BadRefreshed(2)));

@@ -191,7 +191,10 @@ async fn login(addr: SocketAddr, uid: u64, device: &str) -> Option<(Conn, String
     let stream = timeout(ANSWER_PATIENCE, TcpStream::connect(addr)).await.ok()?.ok()?;
     let mut conn = Framed::new(stream, FrameCodec::new(DEFAULT_MAX_FRAME_BYTES));
     let device: Device = device.parse().ok()?;
-    timeout(ANSWER_PATIENCE, conn.send(Frame::Login { uid, token: Bytes::new(), device })).await.ok()?.ok()?;
+    timeout(ANSWER_PATIENCE, conn.send(Frame::Login { uid, token: Bytes::new(), device, timeout_ms: None }))
+        .await
+        .ok()?
+        .ok()?;
     match timeout(ANSWER_PATIENCE, conn.next()).await.ok()?? {
         Ok(Frame::Welcome { session, .. }) => Some((conn, session)),
         _ => None,

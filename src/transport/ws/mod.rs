@@ -521,7 +521,14 @@ mod tests {
                 }
             }
             let device = "d".parse().unwrap();
-            let login = Command::Login { uid: 42, token: bytes::Bytes::new(), device, subscriber: true, will: None };
+            let login = Command::Login {
+                uid: 42,
+                token: bytes::Bytes::new(),
+                device,
+                timeout: crate::protocol::Asked::KeepAlive(10),
+                subscriber: true,
+                will: None,
+            };
             let ping = Command::Ping(bytes::Bytes::new());
             assert_eq!(got, [format!("{login:?}"), format!("{ping:?}")], "read {chunk} bytes at a time");
             assert!(src.is_empty() && ws.gathered == 0);
