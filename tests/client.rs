@@ -102,6 +102,33 @@ async fn every_door_logs_in_receives_a_push_and_sends_data_a_backend_sees() {
     server.shutdown().await;
 }
 
+/// Issue 50: a client that asks for a timeout of its own gets the gateway's class for it,
+/// says so in its state, and pings after a third of what it got.
+#[tokio::test]
+async fn a_client_asks_for_its_own_timeout_and_pings_at_a_third_of_what_it_got() {
+    // Classes of short_config's 100 ms tick from 600 ms up: 1.4 s is one (each at most a
+    // quarter above the one before, whole ticks), or the next above it.
+    let config = short_config();
+    let classes = config.timeout_classes();
+    let granted = classes.timeout_ms(classes.for_asked(1_400, None));
+    assert!((1_400..=1_750).contains(&granted), "{granted}");
+    let mut server = TestServer::start(config).await;
+    let options = Options::new(19).timeout(Duration::from_millis(1_400));
+    let (client, mut events) = Client::connect(&format!("tcp://{}", server.addr), options).unwrap();
+    assert_eq!(next_state(&mut events).await, State::Connecting { attempt: 0 });
+    match next_state(&mut events).await {
+        State::Online { timeout, keepalive, .. } => {
+            assert_eq!(timeout, Duration::from_millis(granted));
+            assert_eq!(keepalive, Duration::from_millis(granted) / 3);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Silent for longer than the default 600 ms timeout: its own keeps it, on its pings.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_online(&client);
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn it_pings_after_a_third_of_the_timeout_of_silence_and_data_saves_the_pings() {
     // short_config: timeout 600 ms, so a keepalive of 200 ms.

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{raw_frame, sample, short_config, TestServer};
+use common::{raw_frame, sample, short_config, Sse, TestServer};
 use idlegate::{Auth, Config};
 use idlegate_proto::{kind, CloseReason, Frame};
 use tokio::time::Instant;
@@ -421,12 +421,20 @@ async fn a_login_gets_the_timeout_class_it_asks_for_and_expires_after_its_own_ti
             other => panic!("asked {asked:?}: expected WELCOME, got {other:?}"),
         }
     }
+    let (_, mut events) = Sse::open(server.api, "/v1/events?types=online", &[]).await;
     let mut short = server.client().await;
     short.send(login(100, Some(300))).await;
     let mut long = server.client().await;
     long.send(login(101, Some(3_000))).await;
     assert!(matches!(short.recv().await, Some(Frame::Welcome { timeout_ms: 300, .. })));
     assert!(matches!(long.recv().await, Some(Frame::Welcome { timeout_ms: 3_000, .. })));
+    // The backend sees each session's timeout in its online event, and in presence.
+    assert_eq!(events.expect("online", 100).await.data["timeout_ms"], 300);
+    assert_eq!(events.expect("online", 101).await.data["timeout_ms"], 3_000);
+    let (status, body) = common::http(server.api, "GET", "/v1/presence/101", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    let presence: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(presence["sessions"][0]["timeout_ms"], 3_000, "{presence}");
     let since = Instant::now();
     short.expect_bye(CloseReason::IdleTimeout).await;
     assert!(since.elapsed() > Duration::from_millis(300) - tick, "expired after {:?}", since.elapsed());

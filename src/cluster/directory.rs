@@ -171,6 +171,7 @@ impl Directory for ClusterDirectory {
                         silent_ms: None,
                         claims: None,
                         origin: Origin::default(),
+                        timeout_ms: None,
                     })
                 };
                 match self.liveness(member).await? {
@@ -185,18 +186,21 @@ impl Directory for ClusterDirectory {
                 match ask(&self.cluster, member, "locate", vec![("uid", uid_text)]).await? {
                     Some(answer) => located.extend(String::from_utf8_lossy(&answer).lines().filter_map(|line| {
                         // After the line, a tab and the claims (or nothing), then a tab, the
-                        // door, a space and the client's address.
+                        // door, a space and the client's address, then a tab and the timeout
+                        // in ms (a node from before timeout classes sends none).
                         let mut parts = line.split('\t');
                         let line = parts.next()?;
                         let claims = parts.next().and_then(|c| Claims::parse(c.as_bytes())).map(Arc::new);
                         let origin = parts.next().map(Origin::parse).unwrap_or_default();
+                        let timeout_ms = parts.next().and_then(|t| t.parse::<u32>().ok()).filter(|&t| t > 0);
                         let mut parts = line.splitn(4, ',');
                         let session = u64::from_str_radix(parts.next()?, 16).ok()?;
                         let since_ms = parts.next()?.parse().ok()?;
                         let silent_ms = parts.next()?.parse().ok()?;
                         let device = parts.next().unwrap_or("").parse().unwrap_or_default();
                         let node = node.clone();
-                        Some(Located { node, device, session, since_ms, silent_ms: Some(silent_ms), claims, origin })
+                        let silent_ms = Some(silent_ms);
+                        Some(Located { node, device, session, since_ms, silent_ms, claims, origin, timeout_ms })
                     })),
                     // Its node holds a lease but did not answer: online by the routes,
                     // silence unknown.

@@ -217,14 +217,14 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
             };
             // One line per session; the device last, since a name may hold commas, then its
             // claims (or nothing) after a tab, which neither a device name nor compact JSON
-            // holds, then its origin after another.
+            // holds, then its origin after another, then its timeout after a third.
             let answer = cluster
                 .locate_here(uid)
                 .into_iter()
                 .map(|l| {
                     let line = format!("{:016x},{},{},{}", l.session, l.since_ms, l.silent_ms.unwrap_or(0), l.device);
                     let claims = l.claims.as_ref().map_or("", |c| c.as_json());
-                    format!("{line}\t{claims}\t{}", l.origin)
+                    format!("{line}\t{claims}\t{}\t{}", l.origin, l.timeout_ms.unwrap_or(0))
                 })
                 .collect::<Vec<_>>()
                 .join("\n");

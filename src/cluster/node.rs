@@ -250,6 +250,6 @@ impl Replicate for Forward {
 /// The change for `session`'s login (`reroute`: only its route again).
 fn login(session: &Session, first: bool, at_ms: u64, reroute: bool) -> Op {
     let (uid, since_ms, device) = (session.uid(), session.since_ms(), session.device().clone());
-    let (claims, origin) = (session.claims().cloned(), session.origin());
-    Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, reroute }
+    let (claims, origin, timeout_ms) = (session.claims().cloned(), session.origin(), session.timeout_ms());
+    Op::Online { uid, session: session.id(), device, first, since_ms, at_ms, claims, origin, timeout_ms, reroute }
 }

@@ -46,6 +46,8 @@ pub(crate) enum Op {
         claims: Option<Arc<Claims>>,
         /// Its door and client address, for its online event.
         origin: Origin,
+        /// Its timeout (its class's), in milliseconds, for its online event.
+        timeout_ms: u32,
         /// Only its route again (a session Redis holds whose route it lost): never announced
         /// again, as a login elsewhere may have ended it meanwhile.
         reroute: bool,
@@ -340,6 +342,7 @@ mod tests {
             at_ms: 0,
             claims: None,
             origin: Origin::default(),
+            timeout_ms: 30_000,
             reroute: false,
         }
     }

@@ -319,8 +319,9 @@ end
 /// shorter after a timeout whose longer send ran after all), and its changes at or below it
 /// are skipped: no change is ever applied twice. The changes:
 /// - `L uid session replaced at device`: a login; `replaced` is `<member>|<session>|<device>`
-///   the route named before (or empty); `L|<json>|<origin>` (or `L1|...`): the session's
-///   claims (`<json>`, empty for none), kept in the member's claims hash and carried by its
+///   the route named before (or empty); `L|<timeout>|<json>|<origin>` (or `L1|...`): the
+///   session's timeout in ms (its class's), carried by its online event as `tm`, its claims
+///   (`<json>`, empty for none), kept in the member's claims hash and carried by its
 ///   online and offline events as `c`, and its door and client address (`<door> <ip:port>`,
 ///   `-` for what is unknown), carried by its online event as `o`. `replaced` names the route named before: a relogin of the device elsewhere, or the oldest
 ///   session of a uid at `--max-devices` across the nodes. If that session is in its
@@ -581,9 +582,14 @@ for i = from, #ARGV, 6 do
           if held and current(om) then end_held(om, uid, f, d, held, 'kicked', at, true, true) end
         end
       end
-      -- `<claims>|<origin>`: the origin holds no '|', the claims (JSON) may.
-      local c, o = '', '- -'
+      -- `<timeout>|<claims>|<origin>`: the timeout (ms) and the origin hold no '|', the
+      -- claims (JSON) may.
+      local c, o, tm = '', '- -', ''
       if extra then
+        local first_bar = string.find(extra, '|', 1, true)
+        if first_bar then
+          tm, extra = string.sub(extra, 1, first_bar - 1), string.sub(extra, first_bar + 1)
+        end
         local at_bar = string.find(extra, '|[^|]*$')
         if at_bar then
           c, o = string.sub(extra, 1, at_bar - 1), string.sub(extra, at_bar + 1)
@@ -592,6 +598,10 @@ for i = from, #ARGV, 6 do
         end
       end
       local fields = {'t', 'online', 'uid', uid, 's', s, 'd', d, 'node', node, 'o', o}
+      if tm ~= '' and tm ~= '0' then
+        fields[#fields + 1] = 'tm'
+        fields[#fields + 1] = tm
+      end
       if c ~= '' then
         redis.call('HSET', KEYS[10], f, s .. '|' .. c)
         fields[#fields + 1] = 'c'
@@ -1298,8 +1308,8 @@ mod tests {
     #[test]
     fn a_login_never_replaces_itself() {
         let Some(redis) = Redis::start() else { return };
-        let login = ["L||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
-        let again = ["L||tcp 127.0.0.1:1", "7", S, &format!("m|{S}|"), "1001", ""];
+        let login = ["L|30000||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
+        let again = ["L|30000||tcp 127.0.0.1:1", "7", S, &format!("m|{S}|"), "1001", ""];
         assert_eq!(apply(&redis, 1, 2, 0, &[login, again]), "1");
         let kinds = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
              out[#out + 1] = e[2][2] end return out";
@@ -1314,7 +1324,7 @@ mod tests {
     #[test]
     fn a_batch_cut_after_a_longer_send_ran_applies_each_change_once() {
         let Some(redis) = Redis::start() else { return };
-        let login = ["L||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
+        let login = ["L|30000||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
         // Changes 1..=4, whose answer the writer never saw.
         assert_eq!(apply(&redis, 1, 4, 0, &[login, datum("a"), datum("b"), datum("c")]), "1");
         // Sent again as 1..=2: Redis has them.
@@ -1356,13 +1366,13 @@ mod tests {
     fn an_ended_route_orders_the_login_that_replaces_it_after_its_offline() {
         let Some(redis) = Redis::start() else { return };
         assert_eq!(route_set(&redis, "a", S, "1000", "", "1"), "");
-        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1000", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1|30000||- -", "7", S, "", "1000", ""]]), "1");
         let owner = format!("a|{S}|");
         let marked = redis.cli(&["EVAL", ROUTE_END, "1", "idlegate:route:7", &owner, "idle_timeout", "1500", "0"]);
         assert_eq!(marked.trim(), "1");
         let chain = route_set(&redis, "b", S2, "1600", "", "1");
         assert_eq!(chain, format!("=idle_timeout|1500|0|a|{S}|"));
-        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1600", ""]]), "1");
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1|30000||- -", "7", S2, &chain, "1600", ""]]), "1");
         assert_eq!(apply_as(&redis, "a", 2, 2, 1, &[["E1", "7", S, "idle_timeout", "1500", ""]]), "1");
         assert_eq!(
             events(&redis),
@@ -1391,10 +1401,10 @@ mod tests {
         let chain = route_set(&redis, "b", S2, "1100", "", "1");
         // Each member's device once, by its newest login.
         assert_eq!(chain, format!("a|{S3}|"));
-        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
-        let logins = [["L1||- -", "7", S, "", "1000", ""], ["L||- -", "7", S3, &first, "1001", ""]];
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1|30000||- -", "7", S2, &chain, "1100", ""]]), "1");
+        let logins = [["L1|30000||- -", "7", S, "", "1000", ""], ["L|30000||- -", "7", S3, &first, "1001", ""]];
         assert_eq!(apply_as(&redis, "a", 1, 2, 0, &logins), "1");
-        assert_eq!(apply_as(&redis, "a", 3, 3, 2, &[["L||- -", "7", S4, "", "1200", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 3, 3, 2, &[["L|30000||- -", "7", S4, "", "1200", ""]]), "1");
         let got = events(&redis);
         assert_eq!(
             got[1..],
@@ -1436,11 +1446,11 @@ mod tests {
         let Some(redis) = Redis::start() else { return };
         const S3: &str = "000000000000000c";
         assert_eq!(route_set(&redis, "a", S, "1000", "", "1"), "");
-        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1000", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1|30000||- -", "7", S, "", "1000", ""]]), "1");
         assert_eq!(route_set(&redis, "a", S3, "1001", "", "1"), format!("a|{S}|"));
         let chain = route_set(&redis, "b", S2, "1100", "", "1");
         assert_eq!(chain, format!("a|{S3}|"));
-        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, &chain, "1100", ""]]), "1");
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1|30000||- -", "7", S2, &chain, "1100", ""]]), "1");
         let got = events(&redis);
         assert_eq!(
             got[1..],
@@ -1475,8 +1485,8 @@ mod tests {
     fn nemesis_cluster_seed_4_a_login_ends_its_devices_session_elsewhere_without_a_route() {
         let Some(redis) = Redis::start() else { return };
         redis.cli(&["SADD", "{idlegate}:members", "a", "b"]);
-        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, "", "1000", ""]]), "1");
-        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1||- -", "7", S, "", "1100", ""]]), "1");
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1|30000||- -", "7", S2, "", "1000", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["L1|30000||- -", "7", S, "", "1100", ""]]), "1");
         let got = events(&redis);
         assert_eq!(
             got[1..],
@@ -1495,7 +1505,7 @@ mod tests {
     #[test]
     fn nemesis_seed_3_max_devices_1_a_route_set_again_never_announces() {
         let Some(redis) = Redis::start() else { return };
-        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["R||- -", "7", S, "", "1000", ""]]), "1");
+        assert_eq!(apply_as(&redis, "a", 1, 1, 0, &[["R|30000||- -", "7", S, "", "1000", ""]]), "1");
         assert_eq!(events(&redis), ["epoch - -"]);
     }
 
@@ -1504,9 +1514,9 @@ mod tests {
     #[test]
     fn a_late_session_event_is_never_stamped_before_its_uids_last_user_event() {
         let Some(redis) = Redis::start() else { return };
-        let login = ["L1||- -", "7", S, "", "1000", ""];
+        let login = ["L1|30000||- -", "7", S, "", "1000", ""];
         assert_eq!(apply_as(&redis, "a", 1, 2, 0, &[login, ["E1", "7", S, "logout", "1001", ""]]), "1");
-        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1||- -", "7", S2, "", "1002", ""]]), "1");
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1|30000||- -", "7", S2, "", "1002", ""]]), "1");
         let lua = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
              for i = 1, #e[2], 2 do if e[2][i] == 'at' then out[#out + 1] = e[2][i + 1] end end end return out";
         let at: Vec<u64> = redis.cli(&["EVAL", lua, "1", keys::EVENTS]).lines().map(|l| l.parse().unwrap()).collect();

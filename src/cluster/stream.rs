@@ -190,6 +190,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let mut claims = None;
     let mut origin = Origin::default();
     let mut superseded = false;
+    let mut timeout_ms = 0;
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -216,6 +217,8 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "o" => origin = Origin::parse(&text()),
             // A login that a login on another node had replaced before it was logged.
             "sp" => superseded = true,
+            // The session's timeout, its class's, in milliseconds.
+            "tm" => timeout_ms = text().parse().unwrap_or(0),
             _ => {}
         }
     }
@@ -224,9 +227,15 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         return Some(Entry::Epoch(id));
     }
     let what = match kind.parse::<EventKind>() {
-        Ok(EventKind::Online) => {
-            What::Online { session: session?, device: device.unwrap_or_default(), node, claims, origin, superseded }
-        }
+        Ok(EventKind::Online) => What::Online {
+            session: session?,
+            device: device.unwrap_or_default(),
+            node,
+            claims,
+            origin,
+            superseded,
+            timeout_ms,
+        },
         Ok(EventKind::Offline) => {
             let will = will_topic.map(|topic| Arc::new(Will { topic, payload: will_payload.unwrap_or_default() }));
             What::Offline { session: session?, device: device.unwrap_or_default(), reason: reason?, will, claims }
@@ -258,6 +267,7 @@ mod tests {
             ("uid".into(), bulk("42")),
             ("s".into(), bulk("00000000000000ff")),
             ("node".into(), bulk("a")),
+            ("tm".into(), bulk("90000")),
             ("at".into(), bulk("7")),
         ];
         let Some(Entry::Event(event)) = parse("5-9", online) else { panic!("an event") };
@@ -270,7 +280,8 @@ mod tests {
                 node: Some("a".into()),
                 claims: None,
                 origin: Origin::default(),
-                superseded: false
+                superseded: false,
+                timeout_ms: 90_000
             }
         );
         let lost = vec![

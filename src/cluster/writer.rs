@@ -625,17 +625,17 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
     let mut replaced = replaced.iter();
     for op in batch.ops {
         match op {
-            Op::Online { uid, session, device, first, at_ms, claims, origin, reroute, .. } => {
+            Op::Online { uid, session, device, first, at_ms, claims, origin, timeout_ms, reroute, .. } => {
                 let x = replaced.next().map(String::as_str).unwrap_or("");
                 let kind = match (reroute, first) {
                     (true, _) => "R",
                     (false, true) => "L1",
                     (false, false) => "L",
                 };
-                // Claims and origin ride in the kind's argument, after "L|", as a will does
-                // after "E|": the script's six arguments a change are full.
+                // The timeout, claims and origin ride in the kind's argument, after "L|", as a
+                // will does after "E|": the script's six arguments a change are full.
                 let claims = claims.as_ref().map_or("", |claims| claims.as_json());
-                let kind = format!("{kind}|{claims}|{origin}");
+                let kind = format!("{kind}|{timeout_ms}|{claims}|{origin}");
                 cmd.arg(kind).arg(*uid).arg(keys::session_hex(*session)).arg(x).arg(*at_ms).arg(device.as_str());
             }
             Op::Offline { uid, session, device, reason, last, will, at_ms } => {
@@ -832,7 +832,18 @@ mod tests {
 
     fn online(uid: u64) -> Op {
         let (device, claims, origin) = (Device::DEFAULT, None, Origin::default());
-        Op::Online { uid, session: uid, device, first: true, since_ms: 0, at_ms: 0, claims, origin, reroute: false }
+        Op::Online {
+            uid,
+            session: uid,
+            device,
+            first: true,
+            since_ms: 0,
+            at_ms: 0,
+            claims,
+            origin,
+            timeout_ms: 30_000,
+            reroute: false,
+        }
     }
 
     #[tokio::test(start_paused = true)]

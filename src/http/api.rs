@@ -242,6 +242,9 @@ async fn presence(State(state): State<ApiState>, Path(uid): Path<String>) -> Res
         if let Some(silent_ms) = s.silent_ms {
             one["silent_ms"] = silent_ms.into();
         }
+        if let Some(timeout_ms) = s.timeout_ms {
+            one["timeout_ms"] = timeout_ms.into();
+        }
         if let Some(door) = s.origin.door {
             one["door"] = door.label().into();
         }

@@ -106,6 +106,13 @@ pub(crate) async fn summary(
             .map(|t| (t.label().to_string(), Value::from(metrics.open_on(*t))))
             .collect::<Map<String, Value>>(),
         "silence": metrics.silence(),
+        // The timeout classes any session is in or expired from.
+        "timeout_classes": metrics
+            .classes()
+            .into_iter()
+            .filter(|&(_, sessions, expired)| sessions > 0 || expired > 0)
+            .map(|(ms, sessions, expired)| json!({ "timeout_ms": ms, "sessions": sessions, "expired": expired }))
+            .collect::<Vec<_>>(),
         "closes": closes,
         "closes_per_s": closes_per_s,
         "api_token_required": config.api_token.is_some(),

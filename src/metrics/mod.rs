@@ -136,8 +136,9 @@ pub struct Metrics {
     /// Events the relay read and a receiver has not acknowledged.
     pub webhook_backlog: IntGauge,
     silence: Vec<IntGauge>,
-    /// Per timeout class, shortest first: its sessions, and its sessions expired.
-    by_class: Vec<(IntGauge, IntCounter)>,
+    /// Per timeout class, shortest first: its timeout in ms, its sessions, and its sessions
+    /// expired.
+    by_class: Vec<(u64, IntGauge, IntCounter)>,
     /// Time to sweep the slots of one tick, notifications included.
     pub sweep_duration: Histogram,
     /// uids expired by one tick's sweep.
@@ -409,7 +410,8 @@ impl Metrics {
             .map(|class| {
                 // Seconds as Prometheus prefers them, fractions for a sub-second tick's.
                 let label = (classes.timeout_ms(class) as f64 / 1000.0).to_string();
-                (class_sessions.with_label_values(&[&label]), class_expired.with_label_values(&[&label]))
+                let ms = classes.timeout_ms(class);
+                (ms, class_sessions.with_label_values(&[&label]), class_expired.with_label_values(&[&label]))
             })
             .collect();
         let sweep_duration = histogram(
@@ -741,21 +743,22 @@ impl Metrics {
 
     /// Sets each timeout class's session count, shortest class first.
     pub fn set_sessions_by_class(&self, counts: &[u64]) {
-        for ((gauge, _), &n) in self.by_class.iter().zip(counts) {
+        for ((_, gauge, _), &n) in self.by_class.iter().zip(counts) {
             gauge.set(n as i64);
         }
     }
 
     /// Counts a session of class `index` that went offline silent.
     pub fn expired_in_class(&self, index: usize) {
-        if let Some((_, counter)) = self.by_class.get(index) {
+        if let Some((_, _, counter)) = self.by_class.get(index) {
             counter.inc();
         }
     }
 
-    /// Timeout classes the metrics have series for.
-    pub fn class_count(&self) -> usize {
-        self.by_class.len()
+    /// Each timeout class, shortest first: its timeout in ms, its sessions as last
+    /// refreshed, and its silent expiries so far.
+    pub fn classes(&self) -> Vec<(u64, i64, u64)> {
+        self.by_class.iter().map(|(ms, sessions, expired)| (*ms, sessions.get(), expired.get())).collect()
     }
 
     /// Sets the silence picture: `by_age[s]` uids silent for `s` whole seconds.

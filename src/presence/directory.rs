@@ -46,6 +46,8 @@ pub struct Located {
     pub claims: Option<Arc<Claims>>,
     /// Its door and client address, when its node said.
     pub origin: Origin,
+    /// Its timeout in milliseconds (its class's), when its node said.
+    pub timeout_ms: Option<u32>,
 }
 
 impl Located {
@@ -60,6 +62,7 @@ impl Located {
             silent_ms: Some(clock.since(sighting.last_heard_tick).as_millis() as u64),
             claims: session.claims().cloned(),
             origin: session.origin(),
+            timeout_ms: Some(session.timeout_ms()).filter(|&t| t > 0),
         }
     }
 }

@@ -17,10 +17,13 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
     let Event { uid, what, at_ms, .. } = event;
     let device = |d: &Device| Value::String(d.as_str().into());
     let _ = match what {
-        What::Online { session, device: d, node: at, claims, origin, superseded } => {
+        What::Online { session, device: d, node: at, claims, origin, superseded, timeout_ms } => {
             let at = at.as_ref().map_or_else(|| node.to_string(), |at| Value::String(at.to_string()).to_string());
             let d = device(d);
             let _ = write!(out, r#"{{"uid":{uid},"session":"{session:016x}","device":{d},"node":{at}"#);
+            if *timeout_ms > 0 {
+                let _ = write!(out, r#","timeout_ms":{timeout_ms}"#);
+            }
             write_origin(out, origin);
             write_claims(out, claims.as_deref());
             if *superseded {

@@ -136,7 +136,9 @@ pub enum What {
     /// its door and client address where known. `superseded` (in a cluster): a login on
     /// another node had taken its place before this event was logged, so it comes after that
     /// login's `online`, and its `offline` follows as soon as its node ends it; a consumer
-    /// counting a uid's devices in stream order leaves it out.
+    /// counting a uid's devices in stream order leaves it out. `timeout_ms`: the session's
+    /// timeout (its class's; 0 where unknown: an event of a node from before timeout
+    /// classes).
     Online {
         session: u64,
         device: Device,
@@ -144,6 +146,7 @@ pub enum What {
         claims: Option<Arc<Claims>>,
         origin: Origin,
         superseded: bool,
+        timeout_ms: u32,
     },
     /// A logged-in session ended (an MQTT session with a will: told here, unless it
     /// logged out), with the claims its online event carried.
@@ -287,6 +290,7 @@ impl Record for LocalLog {
                 session: session.id(),
                 device: session.device().clone(),
                 first,
+                timeout_ms: session.timeout_ms(),
                 claims: session.claims().cloned(),
                 origin: Some(session.origin())
                     .filter(|o| *o != Origin::default())
@@ -677,7 +681,8 @@ mod tests {
                 node: None,
                 claims: None,
                 origin: Origin::default(),
-                superseded: false
+                superseded: false,
+                timeout_ms: 0
             }
         );
         // Resuming between the halves of an entry gives the second half first.

@@ -47,7 +47,15 @@ pub(crate) enum Kept {
     /// An online event; `user_online` follows when `first`.
     /// Its origin is boxed and packed: 19 bytes inline would widen every kept event, and an
     /// `Origin` boxed would take a 48-byte allocation instead of 32.
-    Online { session: u64, device: Device, first: bool, claims: Option<Arc<Claims>>, origin: Option<Box<PackedOrigin>> },
+    /// Its timeout (`timeout_ms`) fits the padding beside `first`.
+    Online {
+        session: u64,
+        device: Device,
+        first: bool,
+        timeout_ms: u32,
+        claims: Option<Arc<Claims>>,
+        origin: Option<Box<PackedOrigin>>,
+    },
     /// An offline event; `user_offline` follows when `last`.
     /// An MQTT session's will rides along (boxed: most sessions have none).
     Offline {
@@ -94,13 +102,14 @@ impl Logged {
     /// The session (or data) event.
     fn event(&self, id: EventId) -> Event {
         let what = match &self.kept {
-            Kept::Online { session, device, claims, origin, .. } => What::Online {
+            Kept::Online { session, device, claims, origin, timeout_ms, .. } => What::Online {
                 session: *session,
                 device: device.clone(),
                 node: None,
                 claims: claims.clone(),
                 origin: origin.as_deref().map(|o| o.unpack()).unwrap_or_default(),
                 superseded: false,
+                timeout_ms: *timeout_ms,
             },
             Kept::Offline { session, device, reason, will, claims, .. } => {
                 let will = will.as_deref().map(|w| Arc::new(w.clone()));
@@ -274,7 +283,14 @@ mod bound {
             log.append(
                 session,
                 session,
-                Kept::Online { session, device: Device::DEFAULT, first: true, claims: claims.clone(), origin },
+                Kept::Online {
+                    session,
+                    device: Device::DEFAULT,
+                    first: true,
+                    timeout_ms: 30_000,
+                    claims: claims.clone(),
+                    origin,
+                },
             );
             let will = Some(Box::new(Will { topic: "status/gone".into(), payload: Bytes::from(vec![b'w'; 5_000]) }));
             let offline = Kept::Offline {
@@ -302,7 +318,14 @@ mod tail {
     #[test]
     fn recent_counts_events_not_entries() {
         let mut log = LocalLog::new(100, 1 << 20);
-        let online = Kept::Online { session: 1, device: Device::DEFAULT, first: true, claims: None, origin: None };
+        let online = Kept::Online {
+            session: 1,
+            device: Device::DEFAULT,
+            first: true,
+            timeout_ms: 30_000,
+            claims: None,
+            origin: None,
+        };
         log.append(1, 7, online);
         log.append(2, 7, Kept::data(Bytes::from_static(b"d"), None));
         let offline = Kept::Offline {

@@ -262,8 +262,9 @@ impl Registry {
             ring.remove(list[i].class(), list[i].handle(), uid);
             list[i].end_as(CloseReason::Kicked, Ending { last: false, evicted: evicted.is_some() });
         }
+        let timeout_ms = u32::try_from(self.classes.timeout_ms(class)).unwrap_or(u32::MAX);
         let session = Session::on_device(uid, device, id, since, ring.insert(class, uid, now))
-            .in_class(class)
+            .in_class(class, timeout_ms)
             .with_claims(claims)
             .with_origin(origin);
         let session = if filters_pushes { session.filtering_pushes() } else { session };

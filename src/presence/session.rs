@@ -83,6 +83,9 @@ pub struct Session {
     door: u8,
     /// Its timeout class: which of its shard's rings holds it. In padding too.
     class: Class,
+    /// Its class's timeout in milliseconds, as its online event and WELCOME tell it (0 for
+    /// a session made without a class: tests').
+    timeout_ms: u32,
     /// The connection task, woken for an ending or a push. An `AtomicWaker` and a flag
     /// rather than a `Notify`: waiting on a `Notify` takes a waiter node in the waiting
     /// future (80 bytes in every open connection's task), this takes a reference.
@@ -284,6 +287,7 @@ impl Session {
             traits: 0,
             door: NO_DOOR,
             class: Class::FIRST,
+            timeout_ms: 0,
             waker: AtomicWaker::new(),
             data_bucket: AtomicU64::new(FRESH),
             claims: None,
@@ -379,9 +383,15 @@ impl Session {
         self.class
     }
 
-    /// The same session, in timeout class `class`.
-    pub(crate) fn in_class(mut self, class: Class) -> Session {
+    /// Its timeout in milliseconds (its class's).
+    pub fn timeout_ms(&self) -> u32 {
+        self.timeout_ms
+    }
+
+    /// The same session, in timeout class `class` of `timeout_ms`.
+    pub(crate) fn in_class(mut self, class: Class, timeout_ms: u32) -> Session {
         self.class = class;
+        self.timeout_ms = timeout_ms;
         self
     }
 
