@@ -399,8 +399,7 @@ impl Machine {
         let session = context.registry.login_as(uid, device, now, traits);
         self.enforce(inputs, &session, &checked);
         let id = session_hex(session.id());
-        let timeout_ms = u32::try_from(classes.timeout_ms(class)).unwrap_or(u32::MAX);
-        out.frame(&Frame::Welcome { timeout_ms, tick_ms: rules.tick_ms, session: id });
+        out.frame(&Frame::Welcome { timeout_ms: session.timeout_ms(), tick_ms: rules.tick_ms, session: id });
         self.phase = Phase::LoggedIn { session, last_tick: now };
         tracing::debug!(uid, "logged in");
         Ok(())
