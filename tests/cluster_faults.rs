@@ -925,3 +925,49 @@ async fn nemesis_seed_1_a_reconcile_never_announces_a_session_taken_over() {
     within(PATIENCE, "every logout is logged", || count(&redis.events(), "offline", "logout") == 3).await;
     assert_paired(&redis.events());
 }
+
+/// Nemesis seed 9 on a Redis Cluster: after a server's restart, n2's Redis Cluster client
+/// (the `redis` crate's) stayed wedged: every call failed for 8 s while the cluster
+/// answered everyone else. The node opened its connections anew only after its calls had
+/// failed for 5 s; with a 1 s lease it had long been reaped, and it ended every session it
+/// held when it came back. A node now opens them anew once no call has answered for half
+/// its lease (two ticks at least), so that a wedged client is replaced before the lease
+/// runs out. Here every connection open when the wedge begins is held for good while new
+/// ones are carried, as the wedged client saw the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_cluster_seed_9_a_wedged_cluster_client_is_replaced_before_the_lease_runs_out() {
+    let Some(cluster) = common::redis::RedisCluster::start().await else { return };
+    let (proxies, url) = cluster.behind_proxies().await;
+    // Long enough that only a reopen well inside it keeps the node; too short for the
+    // old rule (a call fails after its 2 s timeout, then 5 s of failures).
+    let lease = Duration::from_secs(3);
+    let a = TestServer::start(Config { node_lease: lease, ..cluster_config(&url, "a") }).await;
+    wait_ready(&a).await;
+    let mut client = a.client().await;
+    assert!(matches!(client.login(1).await, Frame::Welcome { .. }));
+
+    for proxy in &proxies {
+        proxy.wedge_open();
+    }
+    // B, started after the wedge, reaches the cluster and reaps whoever lets its lease run out.
+    let b = TestServer::start(Config { node_lease: lease, ..cluster_config(&url, "b") }).await;
+    wait_ready(&b).await;
+    eventually("A opens new connections", || async {
+        a.admin_get("/metrics")
+            .await
+            .1
+            .lines()
+            .any(|l| l.starts_with("idlegate_redis_reopens_total") && !l.ends_with(" 0"))
+    })
+    .await;
+    eventually("B sees uid 1 on A", || async { presence(&b, 1).await["node"] == "a" }).await;
+    // Past the lease that was running when the wedge began, and long enough for B, stable
+    // for a lease, to have looked for dead members.
+    tokio::time::sleep(2 * lease).await;
+    client.ping(b"still here").await;
+    let events = cluster.holding_events().events();
+    assert_eq!(count(&events, "offline", "node_lost"), 0, "A was reaped: {events:?}");
+    assert_eq!(presence(&b, 1).await["node"], "a");
+    drop(client);
+    drop(proxies);
+}

@@ -8,7 +8,9 @@
 //! keeps coming, only late), `hold_replies_after` holds the server's answers from the
 //! moment a client sends given bytes (a command that runs and whose reply is lost), `resume`
 //! heals them all but the rate and the delay, and `switch` points new connections at another server and cuts the old ones (a
-//! failover behind a stable address).
+//! failover behind a stable address). `wedge_open` stops the connections open now for good
+//! and carries new ones: a client library stuck on connections it never gives up, while the
+//! server is healthy.
 //!
 //! A transparent proxy (`start_transparent`) carries each connection to where its client
 //! dialled, as an iptables `REDIRECT` found it (`SO_ORIGINAL_DST`): one gateway's way to
@@ -38,7 +40,16 @@ pub struct Proxy {
     /// Where new connections go (none: where each was dialled), and the token that cuts
     /// the open ones.
     target: Arc<Mutex<(Option<SocketAddr>, CancellationToken)>>,
+    /// The gate of the connections opened since the last `wedge_open`.
+    generation: Arc<Mutex<Generation>>,
     stop: CancellationToken,
+}
+
+/// The gate each new connection takes, and the closed gates of the wedged ones, kept so
+/// that those connections stay open (a dropped gate ends its connection).
+struct Generation {
+    current: watch::Sender<bool>,
+    wedged: Vec<watch::Sender<bool>>,
 }
 
 impl Proxy {
@@ -63,8 +74,10 @@ impl Proxy {
         let (rate, _) = watch::channel(0u64);
         let (delay, _) = watch::channel(0u64);
         let target = Arc::new(Mutex::new((target, CancellationToken::new())));
+        let generation = Arc::new(Mutex::new(Generation { current: watch::channel(false).0, wedged: Vec::new() }));
         let stop = CancellationToken::new();
         let (p, r, t, s) = (paused.clone(), replies.clone(), target.clone(), stop.clone());
+        let g = generation.clone();
         let (rd, rt, dl, tr) = (readers.clone(), rate.clone(), delay.clone(), trip.clone());
         tokio::spawn(async move {
             loop {
@@ -75,6 +88,7 @@ impl Proxy {
                 let Ok((client, _)) = accepted else { continue };
                 let (to, cut) = t.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let (paused, replies) = (p.subscribe(), r.subscribe());
+                let wedge = g.lock().unwrap_or_else(|e| e.into_inner()).current.subscribe();
                 let reader = Reader { sent_xread: Arc::new(AtomicBool::new(false)), held: rd.subscribe() };
                 let (rate, delay) = (rt.subscribe(), dl.subscribe());
                 let trip = Trip { pattern: tr.subscribe(), replies: r.clone() };
@@ -96,14 +110,14 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::select! {
-                        _ = pipe(cr, sw, vec![paused.clone()], reader.clone(), Some((rate, trip)), delay.clone()) => {}
-                        _ = pipe(sr, cw, vec![paused, replies], reader, None, delay) => {}
+                        _ = pipe(cr, sw, vec![paused.clone(), wedge.clone()], reader.clone(), Some((rate, trip)), delay.clone()) => {}
+                        _ = pipe(sr, cw, vec![paused, replies, wedge], reader, None, delay) => {}
                         _ = cut.cancelled() => {}
                     }
                 });
             }
         });
-        Ok(Proxy { addr, paused, replies, trip, readers, rate, delay, target, stop })
+        Ok(Proxy { addr, paused, replies, trip, readers, rate, delay, target, generation, stop })
     }
 
     /// `redis://` URL through the proxy.
@@ -152,6 +166,15 @@ impl Proxy {
         self.trip.send_replace(None);
         self.replies.send_replace(false);
         self.readers.send_replace(false);
+    }
+
+    /// Stops carrying bytes, both ways and for good, on every connection open now, which
+    /// stay open; connections opened later are carried. `resume` does not heal them.
+    pub fn wedge_open(&self) {
+        let mut g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::replace(&mut g.current, watch::channel(false).0);
+        old.send_replace(true);
+        g.wedged.push(old);
     }
 
     /// Sends new connections to `target` and closes every open one.

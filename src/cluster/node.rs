@@ -29,11 +29,19 @@ use crate::proto::CloseReason;
 /// How often `leave` looks whether the writer has finished.
 const LEAVE_POLL: Duration = Duration::from_millis(10);
 
-/// How long every call to a Redis Cluster may fail before its connections are opened anew:
-/// a few response timeouts, so an outage costs a reopen attempt every few seconds, while a
-/// client that stays wedged after the cluster came back (one whose slot refresh hung) is
-/// replaced soon.
-const REOPEN_AFTER: Duration = Duration::from_secs(5);
+/// The longest a Redis Cluster may leave every call unanswered before the node opens its
+/// connections anew: a few response timeouts, so an outage costs a reopen attempt every
+/// few seconds at most.
+const REOPEN_AFTER_MAX: Duration = Duration::from_secs(5);
+
+/// How long no call may get an answer before the connections are opened anew: half the
+/// lease, so that a client that stays wedged while the cluster answers everyone else (its
+/// slot refresh hung after a failover, a restart or a slow link: nemesis seeds 1 and 9 on a
+/// Redis Cluster) is replaced while the lease still holds; never under two ticks, since
+/// the lease is refreshed once a tick and one slow refresh is no wedge.
+fn reopen_after(lease: Duration, tick: Duration) -> Duration {
+    (lease / 2).max(2 * tick).min(REOPEN_AFTER_MAX)
+}
 
 // === impl Cluster ===
 
@@ -48,6 +56,7 @@ impl Cluster {
                 self.health.failed(e, &self.metrics, &redis);
             };
             self.store.connect(&self.target, failed).await;
+            self.health.opened();
             self.load_scripts().await;
         };
         tokio::select! {
@@ -62,28 +71,30 @@ impl Cluster {
         );
     }
 
-    /// With a Redis Cluster: opens the connections anew whenever every call has failed for
-    /// [`REOPEN_AFTER`] (and again every [`REOPEN_AFTER`] while they still fail). The lease
-    /// and the writer call Redis at least every tick, so a failing spell is always seen.
+    /// With a Redis Cluster: opens the connections anew whenever no call has got an answer
+    /// for [`reopen_after`] (and again as often while none does). The lease is refreshed
+    /// every tick, so there is always a call to answer; a wedged client shows as calls that
+    /// hang, long before any of them fails.
     async fn reopen_when_stuck(&self, stop: CancellationToken) {
         if !self.target.is_cluster() {
             return;
         }
+        let after = reopen_after(self.settings.lease, self.settings.tick);
         let mut last: Option<Instant> = None;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(REOPEN_AFTER / 5) => {}
+                _ = tokio::time::sleep(after / 5) => {}
                 _ = stop.cancelled() => return,
             }
-            let down = self.health.down_for().is_some_and(|d| d >= REOPEN_AFTER);
-            if !down || last.is_some_and(|t| t.elapsed() < REOPEN_AFTER) {
+            let quiet = self.health.quiet_for().is_some_and(|d| d >= after);
+            if !quiet || last.is_some_and(|t| t.elapsed() < after) {
                 continue;
             }
             last = Some(Instant::now());
             self.metrics.redis_reopens.inc();
             match self.store.reopen(&self.target).await {
                 Ok(()) => {
-                    tracing::warn!(after = ?REOPEN_AFTER, "every call to the Redis Cluster failed: opened new connections")
+                    tracing::warn!(?after, "no call to the Redis Cluster got an answer: opened new connections")
                 }
                 Err(e) => tracing::debug!(error = %e, "opening new connections to the Redis Cluster failed"),
             }

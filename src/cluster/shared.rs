@@ -378,8 +378,9 @@ pub(crate) struct Health {
     /// A call failed since the last time Redis answered: the next answer is news.
     was_down: AtomicBool,
     healthy_since: Mutex<Option<Instant>>,
-    /// When calls began to fail, while every call since has (none while Redis answers).
-    down_since: Mutex<Option<Instant>>,
+    /// When a call last got an answer (or the connections were opened): a client whose
+    /// calls hang shows here long before any of them fails.
+    answered_at: Mutex<Option<Instant>>,
     /// Set by a failure or by a sign of lost writes, taken by the writer: it reconciles.
     pub(crate) needs_reconcile: AtomicBool,
     /// Set by a sign of lost writes: the reconcile is due at once, not once Redis is
@@ -394,7 +395,7 @@ pub(crate) struct Health {
 impl Health {
     fn ok(&self, took: Duration, metrics: &Metrics) {
         // An answer, however slow: the client is not stuck.
-        *self.down_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.opened();
         let mut since = self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner);
         if took > SLOW_CALL {
             *since = None;
@@ -420,7 +421,6 @@ impl Health {
         let trouble = error.trouble();
         metrics.redis_error(trouble.label());
         *self.healthy_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        self.down_since.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(Instant::now);
         self.needs_reconcile.store(true, Ordering::Release);
         self.was_down.store(true, Ordering::Release);
         let before = self.trouble.swap(trouble as u8, Ordering::AcqRel);
@@ -451,9 +451,14 @@ impl Health {
         self.up.load(Ordering::Acquire)
     }
 
-    /// How long every call has failed, while they do.
-    pub(crate) fn down_for(&self) -> Option<Duration> {
-        self.down_since.lock().unwrap_or_else(PoisonError::into_inner).map(|t| t.elapsed())
+    /// The connections were (re)opened: the time without an answer counts from now.
+    pub(crate) fn opened(&self) {
+        *self.answered_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// How long no call has got an answer, since the connections were first opened.
+    pub(crate) fn quiet_for(&self) -> Option<Duration> {
+        self.answered_at.lock().unwrap_or_else(PoisonError::into_inner).map(|t| t.elapsed())
     }
 
     /// Whether Redis has answered every call, promptly, for at least `d`.

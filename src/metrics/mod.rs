@@ -520,7 +520,7 @@ impl Metrics {
         );
         let redis_reopens = counter(
             "idlegate_redis_reopens_total",
-            "times the connections to a Redis Cluster were opened anew after every call failed for a while",
+            "times the connections to a Redis Cluster were opened anew after no call got an answer for half the lease",
         );
         let redis_replica_waits = counter(
             "idlegate_redis_replica_waits_total",

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::proxy::Proxy;
 use super::{find_on_path, free_addr, skip_without, wait_listening, PATIENCE};
 
 /// How to install what these tests need.
@@ -209,5 +210,38 @@ impl RedisCluster {
     /// The seeds, comma-separated, as `--redis` takes them.
     pub fn url(&self) -> String {
         self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+
+    /// Puts a proxy in front of each server and has the cluster name the proxies to its
+    /// clients (`cluster-announce-port`), so that every client connection, redirections
+    /// included, goes through them; the servers' bus goes straight. Returns the proxies in
+    /// the order of `nodes`, and the seeds through them.
+    pub async fn behind_proxies(&self) -> (Vec<Proxy>, String) {
+        let mut proxies = Vec::new();
+        for node in &self.nodes {
+            let proxy = Proxy::start(node.addr).await.expect("the proxy starts");
+            let port = proxy.addr.port().to_string();
+            assert_eq!(node.cli(&["CONFIG", "SET", "cluster-announce-port", &port]).trim(), "OK");
+            proxies.push(proxy);
+        }
+        // The gossip carries each server's new port to the others.
+        let ports: Vec<String> = proxies.iter().map(|p| p.addr.port().to_string()).collect();
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        for node in &self.nodes {
+            while !ports.iter().all(|p| node.cli(&["CLUSTER", "SLOTS"]).lines().any(|l| l == p)) {
+                assert!(tokio::time::Instant::now() < deadline, "the servers never named the proxies");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let url = proxies.iter().map(Proxy::url).collect::<Vec<_>>().join(",");
+        (proxies, url)
+    }
+
+    /// The server holding the shared event stream.
+    pub fn holding_events(&self) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.cli(&["EXISTS", "{idlegate}:events"]).trim() == "1")
+            .expect("a server holds the stream")
     }
 }
