@@ -9,6 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use bytes::Bytes;
 use common::cluster::*;
 use common::redis::{assert_paired, RedisCluster, RedisServer};
 use common::*;
@@ -217,6 +218,66 @@ async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
     }
     assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).trim(), "", "the reaper removed the routes");
     // Nothing more about those uids: exactly once.
+    let extra = tokio::time::timeout(Duration::from_millis(1500), sse.next()).await;
+    assert!(extra.is_err(), "unexpected event after the reap: {extra:?}");
+}
+
+/// Issue 50: timeout classes leave the cluster's lease alone. A killed node's sessions go
+/// offline as `node_lost` at the end of its lease, whatever timeout each was granted (5 s,
+/// the default 10 s, 30 min), exactly once; a session of the longest class on a live node is
+/// left alone by the reaper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_s_sessions_of_every_class_go_offline_as_node_lost_by_its_lease() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = gateways(&redis.url(), &["a"]).await;
+    let a = &nodes[0];
+    let (mut b, listen) = node_b_process(&redis.url(), &["--timeout", "10s"]).await;
+    let (_, mut sse) = Sse::open(a.api, "/v1/events?types=online,offline", &[]).await;
+    let login = |uid: u64, timeout_ms: Option<u32>| Frame::Login {
+        uid,
+        token: Bytes::new(),
+        device: Default::default(),
+        timeout_ms,
+    };
+    let asked = [(200, Some(5_000)), (201, None), (202, Some(1_800_000))];
+    let mut on_b = Vec::new();
+    for (uid, timeout_ms) in asked {
+        let mut c = Client::connect(listen).await;
+        c.send(login(uid, timeout_ms)).await;
+        assert!(matches!(c.recv().await, Some(Frame::Welcome { .. })));
+        on_b.push(c);
+    }
+    let mut on_a = a.client().await;
+    on_a.send(login(300, Some(1_800_000))).await;
+    assert!(matches!(on_a.recv().await, Some(Frame::Welcome { .. })));
+    let mut granted = HashMap::new();
+    for _ in 0..4 {
+        let online = sse.next().await.expect("an online event");
+        assert_eq!(online.event, "online", "{online:?}");
+        granted.insert(online.data["uid"].as_u64().unwrap(), online.data["timeout_ms"].as_u64().unwrap());
+    }
+    assert_eq!(granted[&200], 5_000);
+    assert_eq!(granted[&201], 10_000);
+    assert_eq!(granted[&202], 1_800_000);
+    eventually("a sees b's uids", || async { presence(a, 202).await["node"] == "b" }).await;
+
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let killed = tokio::time::Instant::now();
+    let mut lost = Vec::new();
+    while lost.len() < 3 {
+        let event = sse.next().await.expect("an event");
+        assert_eq!((event.event.as_str(), &event.data["reason"]), ("offline", &"node_lost".into()), "{event:?}");
+        lost.push(event.data["uid"].as_u64().unwrap());
+    }
+    // Lease (1 s) plus a tick, with room for a loaded machine: before the shortest class
+    // could have run out, and long before the longest.
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(5), "node_lost after {took:?}");
+    lost.sort_unstable();
+    assert_eq!(lost, [200, 201, 202]);
+    on_a.ping(b"the reaper left me alone").await;
+    assert_eq!(presence(a, 300).await["online"], true);
     let extra = tokio::time::timeout(Duration::from_millis(1500), sse.next()).await;
     assert!(extra.is_err(), "unexpected event after the reap: {extra:?}");
 }

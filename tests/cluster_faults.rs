@@ -971,3 +971,72 @@ async fn nemesis_cluster_seed_9_a_wedged_cluster_client_is_replaced_before_the_l
     drop(client);
     drop(proxies);
 }
+
+/// Nemesis seed 6 on a Redis Cluster: presence listed a session whose `offline` the
+/// consumer had already read. A uid's route lives on another server than the stream and the
+/// sessions' hashes, and a failover of that server can lose the route's end (its mark and
+/// its deletion) while the stream keeps the `offline`: the route then names the ended
+/// session as live, and presence read by the routes (`POST /v1/presence/query` always, a
+/// lookup when the member is slow to answer) said online. Here the route is written back
+/// as that failover would leave it; presence now asks the member's hash, which the same
+/// `APPLY` that logged the `offline` emptied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_cluster_seed_6_a_route_a_failover_brought_back_never_lists_an_ended_session() {
+    let Some(cluster) = common::redis::RedisCluster::start().await else { return };
+    let nodes = gateways(&cluster.url(), &["a", "b"]).await;
+    let (_, mut sse) = Sse::open(nodes[0].api, "/v1/events?types=online,offline", &[]).await;
+    let mut client = nodes[1].client().await;
+    assert!(matches!(client.login(7).await, Frame::Welcome { .. }));
+    sse.expect("online", 7).await;
+    // The route as it stood while the session lived, read from the server holding it.
+    let key = "idlegate:route:7";
+    let holder = cluster.nodes.iter().find(|n| !n.cli(&["HGETALL", key]).starts_with("MOVED")).expect("a holder");
+    let fields: Vec<String> = holder.cli(&["HGETALL", key]).lines().map(String::from).collect();
+    assert_eq!(fields.len(), 2, "one device's route: {fields:?}");
+    let (_, answer) = api_json(&nodes[0], "POST", "/v1/presence/query", r#"{"uids":[7]}"#).await;
+    assert_eq!(answer["online"], serde_json::json!([7]), "{answer}");
+
+    client.send(Frame::Logout).await;
+    client.expect_bye(CloseReason::Logout).await;
+    assert_eq!(sse.expect("offline", 7).await.data["reason"], "logout");
+    eventually("the route is gone", || async { holder.cli(&["EXISTS", key]).trim() == "0" }).await;
+    // The failover: the route's server goes back to before the session's end.
+    assert_eq!(holder.cli(&["HSET", key, &fields[0], &fields[1]]).trim(), "1");
+
+    for gw in &nodes {
+        let (_, answer) = api_json(gw, "POST", "/v1/presence/query", r#"{"uids":[7]}"#).await;
+        assert_eq!(answer["online"], serde_json::json!([]), "{answer}");
+        assert_eq!(presence(gw, 7).await["online"], false);
+    }
+}
+
+/// Nemesis seed 9 on a Redis Cluster, run again after its mend: a node reaped a moment
+/// before (its lease renewals slow) listed sessions whose `node_lost` the consumer had
+/// already read. `REAP` takes a session out of its member's hash as it logs the `offline`;
+/// the route goes later, and the node itself holds the session until it notices. Here
+/// node A's hash loses uid 9's session as `REAP` would take it, with the route and A's
+/// registry left as they were in that moment; presence, on A and on B, goes by the hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_cluster_seed_9_a_node_reaped_a_moment_ago_lists_none_of_the_sessions_reaped() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let nodes = gateways(&redis.url(), &["a", "b"]).await;
+    let mut client = nodes[0].client().await;
+    assert!(matches!(client.login(9).await, Frame::Welcome { .. }));
+    eventually("B sees uid 9 on A", || async { presence(&nodes[1], 9).await["node"] == "a" }).await;
+    let a: Vec<String> = members(&redis).into_iter().filter(|m| m.starts_with("a#")).collect();
+    let hash = format!("{{idlegate}}:sessions:{}", a[0]);
+    for gw in &nodes {
+        let (_, answer) = api_json(gw, "POST", "/v1/presence/query", r#"{"uids":[9]}"#).await;
+        assert_eq!(answer["online"], serde_json::json!([9]), "{answer}");
+    }
+
+    assert_eq!(redis.cli(&["HDEL", &hash, "9"]).trim(), "1", "the session as REAP takes it");
+    assert_eq!(redis.keys("idlegate:route:9").len(), 1, "the route is still there");
+    for gw in &nodes {
+        let (_, answer) = api_json(gw, "POST", "/v1/presence/query", r#"{"uids":[9]}"#).await;
+        assert_eq!(answer["online"], serde_json::json!([]), "{answer}");
+        let here = presence(gw, 9).await;
+        assert_eq!(here["online"], false, "{here}");
+    }
+    client.ping(b"A still holds it").await;
+}

@@ -30,9 +30,17 @@ pub struct Args {
     /// also checks `user_online` and `user_offline`: exactly one per transition, in order.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub devices: u64,
-    /// Mean time between an active client's PINGs (each drawn with +-10 % jitter).
+    /// Mean time between an active client's PINGs (each drawn with +-10 % jitter); with
+    /// --timeouts, at most a third of the timeout each client was granted.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub ping_interval: Duration,
+    /// Timeouts the clients ask for at login (LOGIN's timeout, protocol version 5),
+    /// comma-separated: client i asks for the (i mod n)-th, so the gateway's timeout classes
+    /// run side by side. Each client is held to the window of the timeout its WELCOME
+    /// grants, and the report has a row per granted timeout. None: every client takes the
+    /// gateway's --timeout.
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
+    pub timeouts: Vec<Duration>,
     /// DATA frames per active client per second, on top of the PINGs (0 = none).
     #[arg(long, default_value_t = 0.0)]
     pub data_rate: f64,
@@ -293,6 +301,12 @@ impl Args {
         if self.mqtt_timeout.is_some_and(|t| t <= self.mqtt_tick) {
             return Err("--mqtt-timeout: must be longer than --mqtt-tick".into());
         }
+        if !self.timeouts.is_empty() && self.protocol != Protocol::Idlegate {
+            return Err("--timeouts: asked in idlegate's LOGIN; an MQTT client's is --mqtt-keepalive".into());
+        }
+        if self.timeouts.iter().any(|t| t.is_zero() || t.as_millis() > u128::from(u32::MAX)) {
+            return Err("--timeouts: each must be longer than zero and at most 49 days".into());
+        }
         if self.protocol == Protocol::Mqtt && self.mqtt_keepalive.as_secs() == 0 {
             return Err("--mqtt-keepalive: MQTT keepalives are whole seconds, at least 1s".into());
         }
@@ -302,6 +316,11 @@ impl Args {
     /// The address client `i` connects to.
     pub fn target_for(&self, i: u64) -> SocketAddr {
         self.target[(i % self.target.len() as u64) as usize]
+    }
+
+    /// The timeout client `i` asks for at login, if the run asks for any.
+    pub fn timeout_for(&self, i: u64) -> Option<Duration> {
+        (!self.timeouts.is_empty()).then(|| self.timeouts[(i % self.timeouts.len() as u64) as usize])
     }
 
     /// How many clients fall silent.

@@ -114,6 +114,8 @@ pub struct Plan {
     pub silent_at: Option<Instant>,
     /// Send one last PING at `silent_at`, so clients silent together expire in one sweep.
     pub final_ping: bool,
+    /// The timeout it asks for at login (`--timeouts`), if any.
+    pub timeout: Option<Duration>,
     /// The gateway this client connects to (and reconnects to).
     pub target: SocketAddr,
     pub source: Option<IpAddr>,
@@ -225,7 +227,7 @@ impl Client {
         let mut out = BytesMut::with_capacity(64);
 
         let token = ctx.tokens.for_uid(self.plan.uid);
-        wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
+        wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), self.plan.timeout, &mut out);
         let mut last_sent = Instant::now();
         if write_half.write_all_buf(&mut out).await.is_err() {
             self.record_close(CloseReason::Disconnect, false);
@@ -298,10 +300,17 @@ impl Client {
         self.cell().logged_in.store(true, Ordering::Relaxed);
         self.cell().online.store(true, Ordering::Relaxed);
         let _ = ctx.learned.set((timeout_d, tick));
+        stats.record_granted(timeout_d, tick);
 
         let mut rng = SmallRng::seed_from_u64(self.plan.seed);
         let now = Instant::now();
-        let mut next_ping = now + jittered(&mut rng, ctx.ping_interval);
+        // A client that asked for its own timeout keeps it as a device would: a PING at
+        // least every third of what it was granted.
+        let ping_interval = match self.plan.timeout {
+            Some(_) => ctx.ping_interval.min(timeout_d / 3),
+            None => ctx.ping_interval,
+        };
+        let mut next_ping = now + jittered(&mut rng, ping_interval);
         let mut next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
         let mut silent_at = self.plan.silent_at;
         // Under --churn each session draws how and when it ends.
@@ -404,7 +413,7 @@ impl Client {
                         next_data = ctx.data_interval.map(|d| now + jittered(&mut rng, d));
                     } else {
                         ping(&ctx, &mut wire, &mut out, &mut pings_in_flight, now);
-                        next_ping = now + jittered(&mut rng, ctx.ping_interval);
+                        next_ping = now + jittered(&mut rng, ping_interval);
                     }
                     // Taken before the write, so our silence is never shorter than the
                     // gateway's: it reads the frame only after this instant.
@@ -416,6 +425,7 @@ impl Client {
                 }
                 _ = sleep_until(missed_at.unwrap_or(next_send)), if missed_at.is_some() => {
                     stats.missed_offline.fetch_add(1, Ordering::Relaxed);
+                    stats.record_class(timeout_d, |c| c.missed += 1);
                     return Next::Done;
                 }
                 _ = ctx.settle.cancelled(), if fate.is_some() && !logging_out => {
@@ -497,7 +507,7 @@ impl Client {
         let mut frames = FramedRead::with_capacity(read_half, *wire, READ_BUFFER);
         let mut out = BytesMut::with_capacity(64);
         let token = ctx.tokens.for_uid(self.plan.uid);
-        wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), &mut out);
+        wire.login(self.plan.uid, self.plan.device.clone(), token.as_deref(), self.plan.timeout, &mut out);
         write_half.write_all_buf(&mut out).await.ok()?;
         match timeout(LOGIN_PATIENCE, frames.next()).await {
             Ok(Some(Ok(Incoming::Welcome { .. }))) => {
@@ -524,13 +534,26 @@ impl Client {
         }
         let silence = last_sent.elapsed();
         stats.record_silence(silence);
-        if silence <= timeout.saturating_sub(tick) {
-            stats.early_offline.fetch_add(1, Ordering::Relaxed);
+        let verdict = if silence <= timeout.saturating_sub(tick) {
+            &stats.early_offline
         } else if silence > timeout + LATE_TOLERANCE {
-            stats.late_offline.fetch_add(1, Ordering::Relaxed);
+            &stats.late_offline
         } else {
-            stats.expired_in_window.fetch_add(1, Ordering::Relaxed);
-        }
+            &stats.expired_in_window
+        };
+        verdict.fetch_add(1, Ordering::Relaxed);
+        stats.record_class(timeout, |c| {
+            let ms = silence.as_secs_f64() * 1e3;
+            if silence <= timeout.saturating_sub(tick) {
+                c.early += 1;
+            } else if silence > timeout + LATE_TOLERANCE {
+                c.late += 1;
+            } else {
+                c.expired_in_window += 1;
+            }
+            c.silence_min_ms = Some(c.silence_min_ms.map_or(ms, |m| m.min(ms)));
+            c.silence_max_ms = Some(c.silence_max_ms.map_or(ms, |m| m.max(ms)));
+        });
     }
 }
 

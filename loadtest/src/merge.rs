@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use hdrhistogram::Histogram;
 
 use crate::report::{Report, Sample};
-use crate::stats::{self, Histograms, Percentiles};
+use crate::stats::{self, ClassReport, Histograms, Percentiles};
 
 /// Reads the reports and merges them; the error names the file.
 pub fn merge(paths: &[PathBuf]) -> Result<Report, String> {
@@ -34,7 +34,10 @@ pub fn combine(reports: Vec<Report>) -> Result<Report, String> {
     let Some(first) = reports.first() else {
         return Err("--merge: no reports".into());
     };
-    if let Some(other) = reports.iter().find(|r| r.protocol != first.protocol || r.timeout_ms != first.timeout_ms) {
+    // With timeout classes, each process names the timeout of its own first WELCOME.
+    let differ =
+        |r: &Report| r.protocol != first.protocol || (r.classes.is_empty() && r.timeout_ms != first.timeout_ms);
+    if let Some(other) = reports.iter().find(|r| differ(r)) {
         return Err(format!(
             "--merge: the reports are of different runs ({:?} timeout {:?} ms beside {:?} timeout {:?} ms)",
             first.protocol, first.timeout_ms, other.protocol, other.timeout_ms
@@ -72,6 +75,11 @@ pub fn combine(reports: Vec<Report>) -> Result<Report, String> {
     merged.reconnect_attempts_per_100ms =
         (0..buckets).map(|i| reports.iter().filter_map(|r| r.reconnect_attempts_per_100ms.get(i)).sum()).collect();
     merged.shutdown_byes = sum(|r| r.shutdown_byes);
+    let mut classes: BTreeMap<u64, ClassReport> = BTreeMap::new();
+    for c in reports.iter().flat_map(|r| &r.classes) {
+        classes.entry(c.timeout_ms as u64).and_modify(|m| m.add(c)).or_insert_with(|| c.clone());
+    }
+    merged.classes = classes.into_values().collect();
     merged.harness_online_at_end = reports.iter().map(|r| r.harness_online_at_end).sum();
     // Processes run side by side: their rates add up, the run lasts as long as the longest.
     merged.connect_rate_per_s = reports.iter().map(|r| r.connect_rate_per_s).sum();

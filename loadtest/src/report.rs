@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::args::Protocol;
-use crate::stats::{Histograms, Percentiles};
+use crate::stats::{ClassReport, Histograms, Percentiles};
 
 /// Serde's default for a report from before `--devices`.
 fn one() -> u64 {
@@ -50,6 +50,9 @@ pub struct Report {
     pub login_ms: Percentiles,
     pub rtt_ms: Percentiles,
     pub silence_ms: Percentiles,
+    /// Per timeout granted, with `--timeouts` (by timeout, shortest first).
+    #[serde(default)]
+    pub classes: Vec<ClassReport>,
     /// Silence histogram: (bucket start ms, clients), buckets `silence_bucket_ms` wide.
     pub silence_histogram: Vec<(u64, u64)>,
     pub silence_bucket_ms: u64,
@@ -182,6 +185,7 @@ impl Report {
             login_ms: Default::default(),
             rtt_ms: Default::default(),
             silence_ms: Default::default(),
+            classes: Vec::new(),
             silence_histogram: Vec::new(),
             silence_bucket_ms: 0,
             pings_sent: 0,
@@ -350,7 +354,9 @@ impl Report {
             "clients      {} ({} silent), logged in {}, connect errors {}, {:.0} logins/s",
             self.connections, self.silent_clients, self.logins_ok, self.connect_errors, self.connect_rate_per_s
         );
-        if let (Some(t), Some(k), Some((lo, hi))) = (self.timeout_ms, self.tick_ms, self.window_ms) {
+        if self.classes.len() > 1 {
+            let _ = writeln!(s, "guarantee    per timeout class granted, in the class rows below");
+        } else if let (Some(t), Some(k), Some((lo, hi))) = (self.timeout_ms, self.tick_ms, self.window_ms) {
             let _ = writeln!(s, "guarantee    timeout {t:.0} ms, tick {k:.0} ms: offline after ({lo:.0}, {hi:.0}] ms");
         }
         let _ = writeln!(
@@ -381,6 +387,25 @@ impl Report {
             "expiry       in window {}, false {}, missed {}, early {}, late {}",
             self.expired_in_window, self.false_offline, self.missed_offline, self.early_offline, self.late_offline
         );
+        if self.classes.len() > 1 {
+            for c in &self.classes {
+                let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+                let _ = writeln!(
+                    s,
+                    "class {:>7.0} ms  window ({:.0}, {:.0}] ms: logins {}, in window {}, missed {}, early {}, late {}, silence {}..{} ms",
+                    c.timeout_ms,
+                    c.window_ms.0,
+                    c.window_ms.1,
+                    c.logins,
+                    c.expired_in_window,
+                    c.missed,
+                    c.early,
+                    c.late,
+                    ms(c.silence_min_ms),
+                    ms(c.silence_max_ms)
+                );
+            }
+        }
         if self.pushes_sent + self.pushes_offline + self.push_errors > 0 {
             let _ = writeln!(
                 s,

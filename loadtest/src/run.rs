@@ -227,7 +227,8 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         if stats.fatal().is_some() {
             break;
         }
-        let (timeout_d, tick) = ctx.learned.get().copied().unwrap_or_default();
+        // A silent client of the longest timeout granted is the last to be due.
+        let (timeout_d, tick) = stats.longest_granted().or_else(|| ctx.learned.get().copied()).unwrap_or_default();
         let active_done = now >= epoch + connect_span.max(args.duration);
         if active_done {
             push_stop.cancel();
@@ -350,6 +351,7 @@ pub async fn run(args: &Args, interrupt: impl std::future::Future<Output = ()>) 
         report.tick_ms = Some(k.as_secs_f64() * 1e3);
         report.window_ms = Some(((t.saturating_sub(k)).as_secs_f64() * 1e3, (t + LATE_TOLERANCE).as_secs_f64() * 1e3));
     }
+    report.classes = stats.classes();
     report.login_ms = stats.login();
     report.rtt_ms = stats.rtt();
     report.silence_ms = stats.silence();
@@ -412,6 +414,7 @@ fn plans(args: &Args, epoch: Instant) -> Vec<Plan> {
             silent_at: silent[i as usize]
                 .then(|| epoch + if args.silent_together { half } else { half.mul_f64(rng.gen_range(0.0..=1.0)) }),
             final_ping: args.silent_together,
+            timeout: args.timeout_for(i),
             target: args.target_for(i),
             source: args.source_ips.map(|s| s.for_client(i)),
             seed: rng.gen(),

@@ -1,6 +1,7 @@
 //! What the clients observe, shared by all of them: atomic counters for the hot events and
 //! HDR histograms behind one lock for latencies (a few thousand records a second at most).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -64,6 +65,8 @@ pub struct Stats {
     /// Every close by reason, expected or not.
     pub closes: [AtomicU64; CLOSE_KINDS],
     hists: Mutex<Hists>,
+    /// Per timeout granted (ms): its class's counts. Touched once per login and expiry.
+    classes: Mutex<BTreeMap<u64, ClassReport>>,
     /// When each reconnect attempt began, in milliseconds since the run began.
     reconnect_attempts_ms: Mutex<Vec<u64>>,
     /// The first error that makes the run meaningless (auth refused, protocol broken).
@@ -107,6 +110,41 @@ impl Percentiles {
             max: ms(h.max()),
             min: ms(h.min()),
         }
+    }
+}
+
+/// One timeout class of a run with `--timeouts`: the timeout WELCOME granted, its window,
+/// and how its silent clients were expired.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClassReport {
+    pub timeout_ms: f64,
+    pub tick_ms: f64,
+    /// Offline after more than the first and at most the second (the late tolerance on top).
+    pub window_ms: (f64, f64),
+    pub logins: u64,
+    pub expired_in_window: u64,
+    pub early: u64,
+    pub late: u64,
+    pub missed: u64,
+    /// The shortest and longest silence before an expiry, over the class's silent clients.
+    pub silence_min_ms: Option<f64>,
+    pub silence_max_ms: Option<f64>,
+}
+
+impl ClassReport {
+    /// Adds `other`'s counts (the same class, from another process of a shared run).
+    pub fn add(&mut self, other: &ClassReport) {
+        self.logins += other.logins;
+        self.expired_in_window += other.expired_in_window;
+        self.early += other.early;
+        self.late += other.late;
+        self.missed += other.missed;
+        let pick = |a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64| match (a, b) {
+            (Some(a), Some(b)) => Some(f(a, b)),
+            (a, b) => a.or(b),
+        };
+        self.silence_min_ms = pick(self.silence_min_ms, other.silence_min_ms, f64::min);
+        self.silence_max_ms = pick(self.silence_max_ms, other.silence_max_ms, f64::max);
     }
 }
 
@@ -191,6 +229,7 @@ impl Stats {
                 push_us: histogram(),
                 relogin_us: histogram(),
             }),
+            classes: Mutex::new(BTreeMap::new()),
             reconnect_attempts_ms: Mutex::new(Vec::new()),
             fatal: Mutex::new(None),
         }
@@ -256,6 +295,40 @@ impl Stats {
 
     pub fn push(&self) -> Percentiles {
         Percentiles::of(&self.hists().push_us)
+    }
+
+    /// A WELCOME granted `timeout` in steps of `tick`: one more login of that class.
+    pub fn record_granted(&self, timeout: Duration, tick: Duration) {
+        let mut classes = self.classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let class = classes.entry(timeout.as_millis() as u64).or_insert_with(|| ClassReport {
+            timeout_ms: timeout.as_secs_f64() * 1e3,
+            tick_ms: tick.as_secs_f64() * 1e3,
+            window_ms: (
+                timeout.saturating_sub(tick).as_secs_f64() * 1e3,
+                (timeout + crate::client::LATE_TOLERANCE).as_secs_f64() * 1e3,
+            ),
+            ..ClassReport::default()
+        });
+        class.logins += 1;
+    }
+
+    /// Updates the class of `timeout` (granted before, so it is there).
+    pub fn record_class(&self, timeout: Duration, update: impl FnOnce(&mut ClassReport)) {
+        let mut classes = self.classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(class) = classes.get_mut(&(timeout.as_millis() as u64)) {
+            update(class);
+        }
+    }
+
+    /// The longest timeout any WELCOME granted, and its tick.
+    pub fn longest_granted(&self) -> Option<(Duration, Duration)> {
+        let classes = self.classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        classes.last_key_value().map(|(&ms, c)| (Duration::from_millis(ms), Duration::from_secs_f64(c.tick_ms / 1e3)))
+    }
+
+    /// Every class granted, shortest timeout first.
+    pub fn classes(&self) -> Vec<ClassReport> {
+        self.classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect()
     }
 
     pub fn record_silence(&self, silence: Duration) {

@@ -80,11 +80,22 @@ impl Wire {
 
     /// The login: idlegate LOGIN (on `device`, or the default one), or MQTT CONNECT with the
     /// keepalive.
-    pub fn login(&mut self, uid: u64, device: Option<Device>, token: Option<&str>, out: &mut BytesMut) {
+    /// `timeout`: what an idlegate client asks for (LOGIN version 5); MQTT asks through its
+    /// keepalive instead.
+    pub fn login(
+        &mut self,
+        uid: u64,
+        device: Option<Device>,
+        token: Option<&str>,
+        timeout: Option<Duration>,
+        out: &mut BytesMut,
+    ) {
         match self.protocol {
             Protocol::Idlegate => {
                 let token = token.map(|t| Bytes::copy_from_slice(t.as_bytes())).unwrap_or_default();
-                self.frame(Frame::Login { uid, token, device: device.unwrap_or_default(), timeout_ms: None }, out);
+                // `Args::check` keeps a timeout within u32 milliseconds.
+                let timeout_ms = timeout.map(|t| u32::try_from(t.as_millis()).unwrap_or(u32::MAX));
+                self.frame(Frame::Login { uid, token, device: device.unwrap_or_default(), timeout_ms }, out);
             }
             Protocol::Mqtt => {
                 let client_id = match device {
@@ -258,13 +269,13 @@ mod tests {
     fn mqtt_connect_is_byte_exact() {
         let mut wire = Wire::new(Protocol::Mqtt, Duration::from_secs(10));
         let mut out = BytesMut::new();
-        wire.login(7, None, None, &mut out);
+        wire.login(7, None, None, None, &mut out);
         let mut want = vec![0x10, 25, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x82, 0, 10, 0, 10];
         want.extend_from_slice(b"loadtest-7");
         want.extend_from_slice(&[0, 1, b'7']);
         assert_eq!(&out[..], &want[..]);
         out.clear();
-        wire.login(7, None, Some("tok"), &mut out);
+        wire.login(7, None, Some("tok"), None, &mut out);
         assert_eq!(&out[9..10], &[0xC2], "a username and a password");
         assert_eq!(&out[out.len() - 5..], &[0, 3, b't', b'o', b'k']);
         out.clear();
