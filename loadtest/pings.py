@@ -102,7 +102,7 @@ class Client:
         if self.mqtt:
             assert read_exact(self.s, 2) == PINGRESP
         else:
-            assert self.recv() == bytes([PONG]) + payload
+            got = self.recv(); assert got == bytes([PONG]) + payload, got
 
 
 def main():

@@ -79,9 +79,10 @@ pub use server::{Listeners, Server};
 pub mod bench {
     /// `ring` as `jsonwebtoken`'s verifier, as the gateway installs it (`benches/jwt.rs`).
     pub use crate::config::jwt_ring_provider;
+    pub use crate::config::Class;
     pub use crate::presence::{
-        Batch, Clock, Directory, Event, EventId, EventLog, Handle, LastSeen, Local, Registry, Ring, Session, Touch,
-        What, READ_BATCH,
+        Batch, ClassRings, Clock, Directory, Event, EventId, EventLog, Handle, LastSeen, Local, Registry, Ring,
+        Session, Touch, What, READ_BATCH,
     };
 }
 

@@ -237,7 +237,7 @@ async fn a_killed_node_s_sessions_of_every_class_go_offline_as_node_lost_by_its_
         uid,
         token: Bytes::new(),
         device: Default::default(),
-        timeout_ms,
+        timeout_ms: timeout_ms.and_then(std::num::NonZeroU32::new),
     };
     let asked = [(200, Some(5_000)), (201, None), (202, Some(1_800_000))];
     let mut on_b = Vec::new();

@@ -279,11 +279,21 @@ fn the_hex_examples_in_protocol_md_are_what_the_encoder_writes() {
         ),
         (
             "| LOGIN uid 42, no token, device `tab`, timeout 120000 ms |",
-            Frame::Login { uid: 42, token: Bytes::new(), device: "tab".parse().unwrap(), timeout_ms: Some(120_000) },
+            Frame::Login {
+                uid: 42,
+                token: Bytes::new(),
+                device: "tab".parse().unwrap(),
+                timeout_ms: std::num::NonZeroU32::new(120_000),
+            },
         ),
         (
             "| LOGIN uid 42, no token, default device, timeout 120000 ms |",
-            Frame::Login { uid: 42, token: Bytes::new(), device: Default::default(), timeout_ms: Some(120_000) },
+            Frame::Login {
+                uid: 42,
+                token: Bytes::new(),
+                device: Default::default(),
+                timeout_ms: std::num::NonZeroU32::new(120_000),
+            },
         ),
         ("| PING with payload `hi` |", Frame::Ping(Bytes::from_static(b"hi"))),
         ("| DATA with payload `app` |", Frame::Data(Bytes::from_static(b"app"))),
@@ -401,7 +411,7 @@ async fn a_login_gets_the_timeout_class_it_asks_for_and_expires_after_its_own_ti
         uid,
         token: Bytes::new(),
         device: Default::default(),
-        timeout_ms,
+        timeout_ms: timeout_ms.and_then(std::num::NonZeroU32::new),
     };
     // The classes: the bounds, the listed one and --timeout.
     let cases = [

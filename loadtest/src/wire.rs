@@ -94,7 +94,8 @@ impl Wire {
             Protocol::Idlegate => {
                 let token = token.map(|t| Bytes::copy_from_slice(t.as_bytes())).unwrap_or_default();
                 // `Args::check` keeps a timeout within u32 milliseconds.
-                let timeout_ms = timeout.map(|t| u32::try_from(t.as_millis()).unwrap_or(u32::MAX));
+                let timeout_ms =
+                    timeout.and_then(|t| std::num::NonZeroU32::new(u32::try_from(t.as_millis()).unwrap_or(u32::MAX)));
                 self.frame(Frame::Login { uid, token, device: device.unwrap_or_default(), timeout_ms }, out);
             }
             Protocol::Mqtt => {

@@ -409,9 +409,18 @@ impl Config {
     /// The timeout classes, checked; the error names the flag at fault.
     pub fn classes(&self) -> Result<TimeoutClasses, ConfigError> {
         let tick = self.tick.max(Duration::from_millis(1));
-        let min = self.min_timeout.unwrap_or(DEFAULT_MIN_TIMEOUT.min(self.timeout));
+        // The defaults fit any tick: rounded to whole ticks (a `--tick 10s` gateway's least
+        // timeout is 10 s, not the 5 s no ring of it can hold), within what the ring holds.
+        let whole_ticks = |d: Duration, up: bool| -> Duration {
+            let (n, t) = (d.as_nanos(), tick.as_nanos());
+            let ticks = if up { n.div_ceil(t) } else { n / t }.max(1);
+            tick.saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX))
+        };
+        let min = self.min_timeout.unwrap_or_else(|| whole_ticks(DEFAULT_MIN_TIMEOUT, true).min(self.timeout));
         let ring_holds = tick.saturating_mul(u32::try_from(MAX_WINDOW_TICKS).unwrap_or(u32::MAX));
-        let max = self.max_timeout.unwrap_or(DEFAULT_MAX_TIMEOUT.max(self.timeout).min(ring_holds));
+        let max = self
+            .max_timeout
+            .unwrap_or_else(|| whole_ticks(DEFAULT_MAX_TIMEOUT, false).max(self.timeout).min(ring_holds));
         TimeoutClasses::new(self.timeout, tick, min, max, &self.timeout_classes, MAX_WINDOW_TICKS)
     }
 
@@ -467,6 +476,21 @@ mod tests {
     fn defaults_are_valid_and_give_31_slots() {
         assert_eq!(with(|_| {}), Ok(()));
         assert_eq!(Config::default().window() + 1, 31);
+    }
+
+    /// The default bounds of the timeout classes fit any tick: a `--tick 10s` or `--tick
+    /// 2s` gateway starts without naming `--min-timeout` (a 5 s default is no multiple of
+    /// either), its least class a whole number of ticks.
+    #[test]
+    fn the_default_timeout_bounds_fit_any_tick() {
+        for (tick, timeout, least) in [(10, 600, 10), (2, 46, 6), (7, 7, 7), (1, 30, 5)] {
+            let c =
+                Config { tick: Duration::from_secs(tick), timeout: Duration::from_secs(timeout), ..Config::default() };
+            assert_eq!(c.validate(), Ok(()), "--tick {tick}s --timeout {timeout}s");
+            let classes = c.classes().unwrap();
+            assert_eq!(classes.bounds_ms().0, least * 1000, "--tick {tick}s");
+            assert!(classes.bounds_ms().1 <= 30 * 60 * 1000, "--tick {tick}s");
+        }
     }
 
     #[test]

@@ -31,6 +31,13 @@ impl ClassRings {
         ClassRings { windows: windows.into(), rings: windows.iter().map(|_| None).collect(), elapsed: 0 }
     }
 
+    /// Makes `class`'s ring now rather than with its first session: the default class's, so
+    /// a gateway's first logins do not each allocate a shard's ring.
+    pub fn prepare(&mut self, class: Class) {
+        let (window, elapsed) = (self.windows[class.index()], self.elapsed);
+        self.rings[class.index()].get_or_insert_with(|| Ring::starting_at(window, elapsed));
+    }
+
     /// The last tick the cursor reached.
     pub fn elapsed(&self) -> u64 {
         self.elapsed

@@ -32,6 +32,7 @@ mod subscriptions;
 mod ticker;
 
 pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn, StoreTrouble};
+pub use class_rings::ClassRings;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};

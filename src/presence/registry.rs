@@ -138,7 +138,14 @@ impl Registry {
         Registry {
             sessions: DashMap::with_hasher(RandomState::default()),
             others: DashMap::with_hasher(RandomState::default()),
-            rings: (0..RING_SHARDS).map(|_| Mutex::new(ClassRings::new(&windows))).collect(),
+            rings: (0..RING_SHARDS)
+                .map(|_| {
+                    // The default class's ring from the start: most sessions use it.
+                    let mut rings = ClassRings::new(&windows);
+                    rings.prepare(classes.default_class());
+                    Mutex::new(rings)
+                })
+                .collect(),
             classes,
             max_devices: max_devices.max(1),
             events,

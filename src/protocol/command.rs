@@ -54,7 +54,7 @@ impl From<Frame> for Command {
     fn from(frame: Frame) -> Command {
         match frame {
             Frame::Login { uid, token, device, timeout_ms } => {
-                let timeout = timeout_ms.map_or(Asked::Default, Asked::Ms);
+                let timeout = timeout_ms.map_or(Asked::Default, |ms| Asked::Ms(ms.get()));
                 Command::Login { uid, token, device, timeout, subscriber: false, will: None }
             }
             Frame::Ping(payload) => Command::Ping(payload),

@@ -252,7 +252,11 @@ impl Task {
             Err(e) => return (Ended::Lost(format!("no token: {e}")), false),
         };
         let expires = self.options.token.expiry(&token);
-        let timeout_ms = self.options.timeout.map(|t| u32::try_from(t.as_millis()).unwrap_or(u32::MAX));
+        // At least 1 ms: the wire has no zero timeout (the gateway grants its least class).
+        let timeout_ms = self
+            .options
+            .timeout
+            .and_then(|t| std::num::NonZeroU32::new(u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)));
         let login = Frame::Login { uid, token: Bytes::from(token), device: self.options.device.clone(), timeout_ms };
         let patience = self.options.connect_timeout;
         // The first frame, and the connection it came on (none for an upgrade refused with

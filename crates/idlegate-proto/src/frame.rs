@@ -4,6 +4,8 @@
 //! payload) and [`Frame::encode`] writes one; `codec` adds the framing around them. See
 //! docs/PROTOCOL.md for the byte layout with examples.
 
+use std::num::NonZeroU32;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::{Device, FrameError};
@@ -57,7 +59,7 @@ pub enum Frame {
     /// First frame of a session: who the client is, with auth on its token, which of its
     /// devices this is, and the timeout it asks for (version 5; none: the gateway's
     /// default). WELCOME says the timeout it got.
-    Login { uid: u64, token: Bytes, device: Device, timeout_ms: Option<u32> },
+    Login { uid: u64, token: Bytes, device: Device, timeout_ms: Option<NonZeroU32> },
     /// Keepalive; the payload comes back in the PONG (clients put a timestamp there).
     Ping(Bytes),
     /// Application payload; activity without a reply.
@@ -106,7 +108,7 @@ impl Frame {
                         let timeout = <[u8; LOGIN_TIMEOUT_LEN]>::try_from(field)
                             .map(u32::from_be_bytes)
                             .ok()
-                            .filter(|&ms| ms > 0)
+                            .and_then(NonZeroU32::new)
                             .ok_or(FrameError::BadLoginTimeout(field.len()))?;
                         // An empty name before the timeout: the default device.
                         let device = if end == 0 {
@@ -189,7 +191,7 @@ impl Frame {
                 }
                 if let Some(ms) = timeout_ms {
                     dst.put_u8(DEVICE_SEPARATOR);
-                    dst.put_u32(*ms);
+                    dst.put_u32(ms.get());
                 }
             }
             Frame::Ping(p) => {
@@ -372,14 +374,19 @@ mod tests {
             uid: 7,
             token: Bytes::from_static(b"tok"),
             device: phone,
-            timeout_ms: Some(120_000),
+            timeout_ms: NonZeroU32::new(120_000),
         });
-        round_trip(Frame::Login { uid: 7, token: Bytes::new(), device: Device::DEFAULT, timeout_ms: Some(1) });
         round_trip(Frame::Login {
             uid: 7,
             token: Bytes::new(),
             device: Device::DEFAULT,
-            timeout_ms: Some(0x0000_0100),
+            timeout_ms: NonZeroU32::new(1),
+        });
+        round_trip(Frame::Login {
+            uid: 7,
+            token: Bytes::new(),
+            device: Device::DEFAULT,
+            timeout_ms: NonZeroU32::new(0x0000_0100),
         });
         round_trip(Frame::Ping(Bytes::from_static(b"\x00\x01")));
         round_trip(Frame::Data(Bytes::new()));
