@@ -196,22 +196,7 @@ async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
         sse.expect("user_online", uid).await;
     }
     eventually("a sees b's uids", || async { presence(a, 104).await["node"] == "b" }).await;
-    b.kill().unwrap();
-    b.wait().unwrap();
-    let killed = tokio::time::Instant::now();
-    let mut lost = Vec::new();
-    while lost.len() < 5 {
-        let event = sse.next().await.expect("an event");
-        assert_eq!((event.event.as_str(), &event.data["reason"]), ("offline", &"node_lost".into()), "{event:?}");
-        let uid = event.data["uid"].as_u64().unwrap();
-        let user = sse.expect("user_offline", uid).await;
-        assert_eq!(user.data["reason"], "node_lost");
-        lost.push(uid);
-    }
-    // Lease (1 s) plus a tick, with room for a loaded machine; not a speed assertion.
-    let took = killed.elapsed();
-    assert!(took < Duration::from_secs(5), "node_lost after {took:?}");
-    lost.sort_unstable();
+    let lost = kill_and_collect_node_lost(&mut b, &mut sse, 5, true).await;
     assert_eq!(lost, (100..105).collect::<Vec<_>>());
     for uid in 100..105 {
         assert_eq!(presence(a, uid).await["online"], false);
@@ -220,6 +205,36 @@ async fn a_killed_node_s_uids_go_offline_as_node_lost_once_within_the_lease() {
     // Nothing more about those uids: exactly once.
     let extra = tokio::time::timeout(Duration::from_millis(1500), sse.next()).await;
     assert!(extra.is_err(), "unexpected event after the reap: {extra:?}");
+}
+
+/// Kills node `b` and reads the `n` `offline` events (`node_lost`) that follow on `sse`,
+/// with each one's `user_offline` when `user_events`; they must come within 5 s (the 1 s
+/// lease plus a tick, with room for a loaded machine; not a speed assertion). Returns
+/// their uids, sorted.
+async fn kill_and_collect_node_lost(
+    b: &mut std::process::Child,
+    sse: &mut Sse,
+    n: usize,
+    user_events: bool,
+) -> Vec<u64> {
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let killed = tokio::time::Instant::now();
+    let mut lost = Vec::new();
+    while lost.len() < n {
+        let event = sse.next().await.expect("an event");
+        assert_eq!((event.event.as_str(), &event.data["reason"]), ("offline", &"node_lost".into()), "{event:?}");
+        let uid = event.data["uid"].as_u64().unwrap();
+        if user_events {
+            let user = sse.expect("user_offline", uid).await;
+            assert_eq!(user.data["reason"], "node_lost");
+        }
+        lost.push(uid);
+    }
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(5), "node_lost after {took:?}");
+    lost.sort_unstable();
+    lost
 }
 
 /// Issue 50: timeout classes leave the cluster's lease alone. A killed node's sessions go
@@ -261,20 +276,9 @@ async fn a_killed_node_s_sessions_of_every_class_go_offline_as_node_lost_by_its_
     assert_eq!(granted[&202], 1_800_000);
     eventually("a sees b's uids", || async { presence(a, 202).await["node"] == "b" }).await;
 
-    b.kill().unwrap();
-    b.wait().unwrap();
-    let killed = tokio::time::Instant::now();
-    let mut lost = Vec::new();
-    while lost.len() < 3 {
-        let event = sse.next().await.expect("an event");
-        assert_eq!((event.event.as_str(), &event.data["reason"]), ("offline", &"node_lost".into()), "{event:?}");
-        lost.push(event.data["uid"].as_u64().unwrap());
-    }
-    // Lease (1 s) plus a tick, with room for a loaded machine: before the shortest class
-    // could have run out, and long before the longest.
-    let took = killed.elapsed();
-    assert!(took < Duration::from_secs(5), "node_lost after {took:?}");
-    lost.sort_unstable();
+    // Within the lease and a tick, with room: before the shortest class (5 s) could have run
+    // out, and long before the longest.
+    let lost = kill_and_collect_node_lost(&mut b, &mut sse, 3, false).await;
     assert_eq!(lost, [200, 201, 202]);
     on_a.ping(b"the reaper left me alone").await;
     assert_eq!(presence(a, 300).await["online"], true);
