@@ -108,7 +108,6 @@ impl ClassRings {
     }
 
     /// True when no ring tracks a uid.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
