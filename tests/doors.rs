@@ -506,3 +506,56 @@ async fn a_silent_websocket_client_whose_stack_answers_pings_stays_online() {
     ws.close(None).await.unwrap();
     server.shutdown().await;
 }
+
+/// Issue 50: the timeout classes at their edges, on every door. A LOGIN asking for less
+/// than `--min-timeout` gets it, one asking for a class exactly gets it, one just above gets
+/// the next, one above `--max-timeout` gets that; a session of the shortest class then
+/// expires on each door without WebSocket pings while one of the longest, as silent, stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_door_grants_the_timeout_classes_at_their_edges() {
+    // short_config's timeout 600 ms and tick 100 ms: classes of 300, 600, 1,000 and 3,000 ms.
+    let config = Config {
+        min_timeout: Some(Duration::from_millis(300)),
+        max_timeout: Some(Duration::from_secs(3)),
+        timeout_classes: vec![Duration::from_secs(1)],
+        ..long_login()
+    };
+    let (mut server, ca, _dir) = server_with(config).await;
+    let login = |uid: u64, asked: u32| Frame::Login {
+        uid,
+        token: Bytes::from_static(b"t"),
+        device: Default::default(),
+        timeout_ms: std::num::NonZeroU32::new(asked),
+    };
+    let mut uid = 400;
+    for (transport, addr) in doors(&server) {
+        for (asked, got) in [(1, 300), (300, 300), (301, 600), (1_000, 1_000), (3_001, 3_000)] {
+            uid += 1;
+            let mut client = DoorClient::connect(transport, addr, ca.as_ref()).await;
+            client.send(login(uid, asked)).await;
+            match client.recv().await {
+                Got::Frame(Frame::Welcome { timeout_ms, .. }) => {
+                    assert_eq!(timeout_ms, got, "{transport}: asked {asked} ms")
+                }
+                other => panic!("{transport}: asked {asked} ms, expected WELCOME, got {other:?}"),
+            }
+        }
+        if is_ws(transport) {
+            // A WebSocket client's stack answers the gateway's pings, which keeps a silent
+            // session online by design (the test below): the grants above are the check.
+            continue;
+        }
+        let (mut short, mut long) = (
+            DoorClient::connect(transport, addr, ca.as_ref()).await,
+            DoorClient::connect(transport, addr, ca.as_ref()).await,
+        );
+        short.send(login(uid + 1000, 300)).await;
+        long.send(login(uid + 2000, 3_000)).await;
+        assert!(matches!(short.recv().await, Got::Frame(Frame::Welcome { timeout_ms: 300, .. })), "{transport}");
+        assert!(matches!(long.recv().await, Got::Frame(Frame::Welcome { timeout_ms: 3_000, .. })), "{transport}");
+        expect_bye(&mut short, transport, CloseReason::IdleTimeout).await;
+        long.send(Frame::Ping(Bytes::from_static(b"still"))).await;
+        assert_eq!(long.recv().await, Got::Frame(Frame::Pong(Bytes::from_static(b"still"))), "{transport}");
+    }
+    server.shutdown().await;
+}

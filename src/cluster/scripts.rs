@@ -737,8 +737,12 @@ return 1
 /// - the position lies before the current epoch's marker: the relay starts just before the
 ///   marker, where the stream reports the break (`earlier_stream`);
 /// - the stream's number, in the epoch the relaying node last saw, is below the highest
-///   that node saw (the epoch not yet renewed): the relay starts at the stream's end, after
-///   a `gap` of its own, and tells its node (which reconciles).
+///   that node saw (the epoch not yet renewed), or the stream's epoch is older than the one
+///   that node saw (Redis went back past a renewal: nemesis seed 1 on a Redis Cluster, at
+///   the commit that mended seeds 6 and 9, where a relay that had been stopped took the
+///   turn from a replica two minutes behind): the relay starts at the stream's end, after
+///   a `gap` of its own, and tells its node (which reconciles). Epochs are Redis's clock
+///   at their renewal, each above the last, so an older one is a smaller number.
 ///
 /// KEYS: the acknowledged position, the stream's last-id hash, the batch in flight. ARGV:
 /// the epoch and the highest event number the relaying node saw (empty: none yet).
@@ -759,7 +763,9 @@ if at then
     redis.call('DEL', KEYS[3])
     return {string.format('%d-%d', mms, mn - 1), 0, '', 'epoch'}
   end
-  if ARGV[1] ~= '' and last[3] == ARGV[1] and tonumber(last[2] or '0') < tonumber(ARGV[2]) then
+  local theirs, known = tonumber(last[3] or '0') or 0, tonumber(ARGV[1]) or 0
+  local behind = last[3] == ARGV[1] and tonumber(last[2] or '0') < tonumber(ARGV[2])
+  if ARGV[1] ~= '' and (behind or theirs < known) then
     redis.call('DEL', KEYS[3])
     return {(last[1] or '0') .. '-' .. (last[2] or '0'), 0, '', 'rewound'}
   end
@@ -1526,6 +1532,35 @@ mod tests {
         assert!(at[2] >= at[1] && at[4] >= at[3] && at[3] > 1_000_000, "{at:?}");
     }
 
+    /// Nemesis seed 1 on a Redis Cluster, run again at the commit that mended seeds 6 and 9:
+    /// a server restarted, the replica promoted in its place was two minutes behind, past
+    /// an epoch renewal, and a node that had been stopped took the relay's turn from the
+    /// position Redis brought back before anyone renewed the epoch; it sent three events
+    /// again under a new `webhook-id`. The node's own epoch was newer than the stream's,
+    /// which `TURN_FROM` did not look at; now an older epoch in Redis is a rewind.
+    #[test]
+    fn nemesis_seed_1_redis_cluster_again_a_stream_older_than_the_relay_saw_is_not_relayed_from() {
+        use super::TURN_FROM;
+        let Some(redis) = Redis::start() else { return };
+        let from = |seen: [&str; 2]| -> Vec<String> {
+            let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
+            let mut args = vec!["EVAL", TURN_FROM, "3"];
+            args.extend(keys);
+            args.extend(seen);
+            redis.cli(&args).lines().map(String::from).collect()
+        };
+        assert_eq!(emit(&redis, 3, "x", 1000, 1 << 20)[0], 4);
+        let epoch: u64 = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch"]).trim().parse().unwrap();
+        let ms = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch_at"]).trim().split('-').next().unwrap().to_string();
+        redis.cli(&["SET", keys::RELAY_ACKED, &format!("{ms}-2")]);
+        let end = redis.cli(&["HGET", keys::EVENTS_LAST, "ms"]).trim().to_string();
+        // The node saw this epoch, with a number below the stream's: the position holds.
+        assert_eq!(from([&epoch.to_string(), "1"]), [format!("{ms}-2"), "0".into(), String::new(), String::new()]);
+        // The node saw a later epoch, which Redis lost: the stream's end, after a gap.
+        let later = (epoch + 1).to_string();
+        assert_eq!(from([&later, "1"]), [format!("{end}-4"), "0".into(), String::new(), "rewound".into()]);
+    }
+
     /// Nemesis seed 1 on a Redis Cluster with every kind: a failover to a replica that
     /// lagged by a minute brought back the relay's position and that minute's events, and
     /// the next relay sent one of them again under a new `webhook-id`. `TURN_FROM` now
@@ -1555,7 +1590,8 @@ mod tests {
         // The node saw number 9 in this epoch: Redis went back; start at the stream's end.
         let end = redis.cli(&["HGET", keys::EVENTS_LAST, "ms"]).trim().to_string();
         assert_eq!(from([&epoch, "9"]), [format!("{end}-4"), "0".into(), String::new(), "rewound".into()]);
-        // In another epoch, the number says nothing; the position alone counts.
+        // In a newer epoch than the node saw, the number says nothing; the position alone
+        // counts.
         assert_eq!(from(["1", "9"])[3], "");
         // A position before the current epoch's marker: start just before the marker.
         redis.cli(&["HSET", keys::EVENTS_LAST, "epoch_at", &format!("{ms}-4")]);
