@@ -127,11 +127,12 @@ struct ServeArgs {
     /// version 5, an MQTT keepalive): the default timeout class; a whole multiple of --tick.
     #[arg(long, env = "IDLEGATE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     timeout: Duration,
-    /// The shortest timeout a session may get [default: 5s, or --timeout when shorter].
+    /// The shortest timeout a session may get [default: 5s rounded up to whole ticks, or
+    /// --timeout when shorter].
     #[arg(long, env = "IDLEGATE_MIN_TIMEOUT", value_parser = humantime::parse_duration)]
     min_timeout: Option<Duration>,
-    /// The longest timeout a session may get [default: 30m, or --timeout when longer; at most
-    /// 100,000 ticks].
+    /// The longest timeout a session may get [default: 30m rounded down to whole ticks, or
+    /// --timeout when longer; at most 100,000 ticks].
     #[arg(long, env = "IDLEGATE_MAX_TIMEOUT", value_parser = humantime::parse_duration)]
     max_timeout: Option<Duration>,
     /// The timeouts sessions may get, comma-separated (each a whole multiple of --tick);
