@@ -300,7 +300,7 @@ impl Client {
         self.cell().logged_in.store(true, Ordering::Relaxed);
         self.cell().online.store(true, Ordering::Relaxed);
         let _ = ctx.learned.set((timeout_d, tick));
-        stats.record_granted(timeout_d, tick);
+        stats.record_granted(timeout_d, tick, LATE_TOLERANCE);
 
         let mut rng = SmallRng::seed_from_u64(self.plan.seed);
         let now = Instant::now();

@@ -297,16 +297,14 @@ impl Stats {
         Percentiles::of(&self.hists().push_us)
     }
 
-    /// A WELCOME granted `timeout` in steps of `tick`: one more login of that class.
-    pub fn record_granted(&self, timeout: Duration, tick: Duration) {
+    /// A WELCOME granted `timeout` in steps of `tick`: one more login of that class, whose
+    /// expiries count as late past `timeout + late`.
+    pub fn record_granted(&self, timeout: Duration, tick: Duration, late: Duration) {
         let mut classes = self.classes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let class = classes.entry(timeout.as_millis() as u64).or_insert_with(|| ClassReport {
             timeout_ms: timeout.as_secs_f64() * 1e3,
             tick_ms: tick.as_secs_f64() * 1e3,
-            window_ms: (
-                timeout.saturating_sub(tick).as_secs_f64() * 1e3,
-                (timeout + crate::client::LATE_TOLERANCE).as_secs_f64() * 1e3,
-            ),
+            window_ms: (timeout.saturating_sub(tick).as_secs_f64() * 1e3, (timeout + late).as_secs_f64() * 1e3),
             ..ClassReport::default()
         });
         class.logins += 1;
