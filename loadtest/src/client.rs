@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use crate::door::{Conn, Door};
 pub use crate::fleet::connect;
 use crate::fleet::{Cell, Fleet, Reconnect};
 use crate::payload::parse_push;
-use crate::stats::Stats;
+use crate::stats::{ClassReport, Stats};
 use crate::tokens::Tokens;
 use crate::wire::{Incoming, Wire};
 
@@ -534,23 +534,19 @@ impl Client {
         }
         let silence = last_sent.elapsed();
         stats.record_silence(silence);
-        let verdict = if silence <= timeout.saturating_sub(tick) {
-            &stats.early_offline
+        // The run's counter and the class's, judged once: early, late or in the window.
+        let (total, class): (&AtomicU64, fn(&mut ClassReport) -> &mut u64) = if silence <= timeout.saturating_sub(tick)
+        {
+            (&stats.early_offline, |c| &mut c.early)
         } else if silence > timeout + LATE_TOLERANCE {
-            &stats.late_offline
+            (&stats.late_offline, |c| &mut c.late)
         } else {
-            &stats.expired_in_window
+            (&stats.expired_in_window, |c| &mut c.expired_in_window)
         };
-        verdict.fetch_add(1, Ordering::Relaxed);
+        total.fetch_add(1, Ordering::Relaxed);
         stats.record_class(timeout, |c| {
             let ms = silence.as_secs_f64() * 1e3;
-            if silence <= timeout.saturating_sub(tick) {
-                c.early += 1;
-            } else if silence > timeout + LATE_TOLERANCE {
-                c.late += 1;
-            } else {
-                c.expired_in_window += 1;
-            }
+            *class(c) += 1;
             c.silence_min_ms = Some(c.silence_min_ms.map_or(ms, |m| m.min(ms)));
             c.silence_max_ms = Some(c.silence_max_ms.map_or(ms, |m| m.max(ms)));
         });

@@ -1532,6 +1532,16 @@ mod tests {
         assert!(at[2] >= at[1] && at[4] >= at[3] && at[3] > 1_000_000, "{at:?}");
     }
 
+    /// `TURN_FROM`'s answer, as lines, for a relaying node that saw `seen` (its epoch and
+    /// highest event number).
+    fn turn_from(redis: &Redis, seen: [&str; 2]) -> Vec<String> {
+        let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
+        let mut args = vec!["EVAL", super::TURN_FROM, "3"];
+        args.extend(keys);
+        args.extend(seen);
+        redis.cli(&args).lines().map(String::from).collect()
+    }
+
     /// Nemesis seed 1 on a Redis Cluster, run again at the commit that mended seeds 6 and 9:
     /// a server restarted, the replica promoted in its place was two minutes behind, past
     /// an epoch renewal, and a node that had been stopped took the relay's turn from the
@@ -1540,15 +1550,8 @@ mod tests {
     /// which `TURN_FROM` did not look at; now an older epoch in Redis is a rewind.
     #[test]
     fn nemesis_seed_1_redis_cluster_again_a_stream_older_than_the_relay_saw_is_not_relayed_from() {
-        use super::TURN_FROM;
         let Some(redis) = Redis::start() else { return };
-        let from = |seen: [&str; 2]| -> Vec<String> {
-            let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
-            let mut args = vec!["EVAL", TURN_FROM, "3"];
-            args.extend(keys);
-            args.extend(seen);
-            redis.cli(&args).lines().map(String::from).collect()
-        };
+        let from = |seen: [&str; 2]| turn_from(&redis, seen);
         assert_eq!(emit(&redis, 3, "x", 1000, 1 << 20)[0], 4);
         let epoch: u64 = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch"]).trim().parse().unwrap();
         let ms = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch_at"]).trim().split('-').next().unwrap().to_string();
@@ -1568,15 +1571,8 @@ mod tests {
     /// what the relaying node saw in its epoch.
     #[test]
     fn nemesis_seed_1_redis_cluster_a_position_redis_brought_back_is_not_relayed_from() {
-        use super::TURN_FROM;
         let Some(redis) = Redis::start() else { return };
-        let from = |seen: [&str; 2]| -> Vec<String> {
-            let keys = [keys::RELAY_ACKED, keys::EVENTS_LAST, keys::RELAY_SENDING];
-            let mut args = vec!["EVAL", TURN_FROM, "3"];
-            args.extend(keys);
-            args.extend(seen);
-            redis.cli(&args).lines().map(String::from).collect()
-        };
+        let from = |seen: [&str; 2]| turn_from(&redis, seen);
         // Four events logged (the epoch's marker is the first), the position at the third.
         assert_eq!(emit(&redis, 3, "x", 1000, 1 << 20)[0], 4);
         let epoch = redis.cli(&["HGET", keys::EVENTS_LAST, "epoch"]).trim().to_string();
