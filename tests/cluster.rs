@@ -506,10 +506,11 @@ async fn simultaneous_logins_of_many_devices_never_pass_the_limit() {
         })
         .await;
     }
-    eventually("Redis counts two sessions per uid", || async {
-        let counts = redis.cli(&["HVALS", "{idlegate}:users"]);
-        counts.lines().filter(|l| !l.is_empty()).count() == UIDS as usize
-            && counts.lines().all(|l| l.is_empty() || l == "2")
+    // The users hash lists each uid's sessions, one a line.
+    eventually("Redis lists two sessions per uid", || async {
+        redis.cli(&["HLEN", "{idlegate}:users"]).trim() == UIDS.to_string()
+            && (0..UIDS)
+                .all(|uid| redis.cli(&["HGET", "{idlegate}:users", &uid.to_string()]).trim().lines().count() == 2)
     })
     .await;
     let mut users: HashMap<u64, u32> = HashMap::new();

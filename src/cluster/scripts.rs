@@ -264,6 +264,56 @@ local function take_claims(key, f, s)
   return take_kept(key, f, s)
 end
 
+-- A session's field in its member's hash: the uid, then `/device` for a named device.
+local function field(uid, d)
+  if d == '' then return uid end
+  return uid .. '/' .. d
+end
+
+-- The users hash: uid -> the uid's sessions across every member, in the order their
+-- `online`s were logged, one a line: `<epoch>|<member>|<session>|<device>`, the epoch the
+-- `online` was logged in, and `!` before one whose `online` said it was superseded. What
+-- decides a uid's user events (none left: it is offline), and what `APPLY` bounds by
+-- `--max-devices` in stream order. Read through `held`, which drops any entry its member's
+-- hash no longer holds, so the list can never keep a uid online that holds nothing (a
+-- count could drift for good).
+local function held(users, uid)
+  local v = redis.call('HGET', users, uid)
+  local list, pruned = {}, false
+  if not v then return list end
+  for e in string.gmatch(v, '[^\n]+') do
+    local sp, ep, m, s, d = string.match(e, '^(!?)([^|]*)|([^|]*)|([^|]*)|(.*)$')
+    if m and redis.call('HGET', '{idlegate}:sessions:' .. m, field(uid, d)) == s then
+      list[#list + 1] = {m = m, s = s, d = d, sp = sp == '!', epoch = ep, line = e}
+    else
+      pruned = true
+    end
+  end
+  if pruned then
+    local lines = {}
+    for _, h in ipairs(list) do lines[#lines + 1] = h.line end
+    if #lines == 0 then redis.call('HDEL', users, uid) else redis.call('HSET', users, uid, table.concat(lines, '\n')) end
+  end
+  return list
+end
+
+-- Lists session s of member m (already in m's hash), announced in `epoch`, last; returns
+-- how many the uid holds.
+local function held_add(users, uid, epoch, m, s, d, sp)
+  local lines = {}
+  for _, h in ipairs(held(users, uid)) do lines[#lines + 1] = h.line end
+  local line = epoch .. '|' .. m .. '|' .. s .. '|' .. d
+  if sp then line = '!' .. line end
+  lines[#lines + 1] = line
+  redis.call('HSET', users, uid, table.concat(lines, '\n'))
+  return #lines
+end
+
+-- How many sessions the uid holds, once a session left its member's hash.
+local function held_count(users, uid)
+  return #held(users, uid)
+end
+
 -- Removes session s (field f of member m) without an event, if m's hash still holds it:
 -- a session whose end Redis lost in a failover after its offline was logged (and perhaps
 -- read). Its offline went out once; a second would break exactly-once, and the consumer
@@ -274,7 +324,7 @@ local function forget(users, m, uid, f, s)
   redis.call('HDEL', key, f)
   take_kept('{idlegate}:wills:' .. m, f, s)
   take_kept('{idlegate}:claims:' .. m, f, s)
-  if redis.call('HINCRBY', users, uid, -1) <= 0 then redis.call('HDEL', users, uid) end
+  held(users, uid)
   return true
 end
 
@@ -311,7 +361,7 @@ end
 /// it (0 for none), stream cap, stream byte cap, data events dropped before this batch, the
 /// offline grace in ms (0: none), `--last-seen-ttl` in ms, the number of the batch's first
 /// change, the stream epoch the node knows (empty for none) and the highest event number it
-/// saw in that epoch, then six per change (the last is the device name, empty for the
+/// saw in that epoch, `--max-devices`, then six per change (the last is the device name, empty for the
 /// default device).
 ///
 /// The applied marker holds the member's highest change number applied. A batch whose last
@@ -399,8 +449,8 @@ end
 redis.call('SET', KEYS[4], last)
 -- The first change not applied yet: all of them, unless a longer batch from the same
 -- first number ran after its sender gave up on it.
-local from = 13
-if applied >= first then from = 13 + 6 * (applied - first + 1) end
+local from = 14
+if applied >= first then from = 14 + 6 * (applied - first + 1) end
 -- `uid:session` of sessions whose data events this batch dropped (no longer held: taken
 -- over meanwhile), kept for a retry's answer.
 local dropped = {}
@@ -435,15 +485,7 @@ if applied < first then ev.skip(tonumber(ARGV[7])) end
 local me, node = ARGV[1], ARGV[2]
 local grace_ms = tonumber(ARGV[8])
 local seen_ms = tonumber(ARGV[9])
-local function field(uid, d)
-  if d == '' then return uid end
-  return uid .. '/' .. d
-end
-local function count(uid, by)
-  local n = redis.call('HINCRBY', KEYS[6], uid, by)
-  if n <= 0 then redis.call('HDEL', KEYS[6], uid) end
-  return n
-end
+local max_devices = tonumber(ARGV[13])
 -- uid -> {reason, at} of a user_offline owed by an ending that made room for a login,
 -- settled by that login or logged when the batch ends; `owed_order` keeps them in order.
 local owed, owed_order = {}, {}
@@ -460,7 +502,7 @@ local function end_held(m, uid, pf, pd, s, r, eat, will, kick)
   local c = take_claims('{idlegate}:claims:' .. m, pf, s)
   if not will then wt, wp = nil, nil end
   emit_offline(ev, uid, s, pd, r, eat, wt, wp, c)
-  if count(uid, -1) <= 0 then owe(uid, r, eat) end
+  if held_count(KEYS[6], uid) <= 0 then owe(uid, r, eat) end
   if kick then
     redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', s)
   end
@@ -569,19 +611,36 @@ for i = from, #ARGV, 6 do
     -- uid's devices in stream order leaves it out (the one overlap `--max-devices` allows).
     if kind == 'L' and redis.call('HGET', KEYS[1], f) ~= s then
       redis.call('HSET', KEYS[1], f, s)
-      local n = count(uid, 1)
       local superseded = superseded_mark(f, s) or x == '!'
-      -- One session a device across the cluster, whatever the routes say: a login the
-      -- route let through ends any session another member holds on its device. The route's
-      -- chain names such a session, unless Redis lost the route (a Redis Cluster server
-      -- restarted empty: nemesis seed 4 on a Redis Cluster showed the device online twice).
+      -- The uid's bound in stream order, whatever the routes say. The routes make room
+      -- before a login is welcomed, and the chain above ends what they named; but Redis can
+      -- lose a route without a gap in the stream (a Redis Cluster server that holds routes,
+      -- not the control slot, restarted empty), and then a login finds nothing to replace.
+      -- So a login ends any session another member holds on its device (nemesis seed 4 on a
+      -- Redis Cluster: the device online twice), then the uid's oldest sessions until it
+      -- holds no more than `--max-devices` (seed 4 at `--max-devices 1`: 32 moments over the
+      -- bound), each as kicked, before its own `online`. Superseded logins are left out, as
+      -- a consumer leaves them out. A session is ended here only if its member's hash is
+      -- current, or its `online` was logged in this epoch: one from before lost writes
+      -- is its own node's to settle (see above), and a consumer counts only what came
+      -- after the gap.
       if not superseded then
-        for _, om in ipairs(redis.call('SMEMBERS', '{idlegate}:members')) do
-          local okey = '{idlegate}:sessions:' .. om
-          local held = om ~= me and redis.call('HGET', okey, f)
-          if held and current(om) then end_held(om, uid, f, d, held, 'kicked', at, true, true) end
+        local room = {}
+        for _, h in ipairs(held(KEYS[6], uid)) do
+          if h.m == me or current(h.m) or h.epoch == ev.epoch() then
+            if h.d == d and h.m ~= me then
+              end_held(h.m, uid, f, d, h.s, 'kicked', at, true, true)
+            elseif not h.sp then
+              room[#room + 1] = h
+            end
+          end
+        end
+        for i = 1, #room + 1 - max_devices do
+          local h = room[i]
+          end_held(h.m, uid, field(uid, h.d), h.d, h.s, 'kicked', at, true, true)
         end
       end
+      local n = held_add(KEYS[6], uid, ev.epoch(), me, s, d, superseded)
       -- `<timeout>|<claims>|<origin>`: the timeout (ms) and the origin hold no '|', the
       -- claims (JSON) may.
       local c, o, tm = '', '- -', ''
@@ -627,7 +686,7 @@ for i = from, #ARGV, 6 do
     superseded_mark(f, s)
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
-      local n = count(uid, -1)
+      local n = held_count(KEYS[6], uid)
       -- The node says whether the will goes out (not after a clean DISCONNECT); the kept
       -- copy goes either way.
       take_will(KEYS[7], f, s)
@@ -672,7 +731,7 @@ end
 for _, uid in ipairs(owed_order) do
   local o = owed[uid]
   owed[uid] = nil
-  if o and tonumber(redis.call('HGET', KEYS[6], uid) or '0') <= 0 then
+  if o and held_count(KEYS[6], uid) <= 0 then
     user_gone(ev, KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms, seen_ms)
   end
 end
@@ -705,7 +764,7 @@ for _, uid in ipairs(due) do
   local r, at = string.match(why, '^([^|]*)|(%d+)$')
   -- A uid with a session again came back without a login taking it out (only if Redis
   -- lost writes between the two): it never went offline.
-  if tonumber(redis.call('HGET', KEYS[5], uid) or '0') <= 0 then
+  if held_count(KEYS[5], uid) <= 0 then
     local stamp = ev.user_stamp(uid)
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or stamp, 'at', stamp)
     released = released + 1
@@ -867,8 +926,7 @@ for i = 1, #found, 2 do
     uid = uid or found[i]
     local wt, wp = take_will(KEYS[6], found[i], found[i + 1])
     local c = take_claims(KEYS[9], found[i], found[i + 1])
-    local n = redis.call('HINCRBY', KEYS[5], uid, -1)
-    if n <= 0 then redis.call('HDEL', KEYS[5], uid) end
+    local n = held_count(KEYS[5], uid)
     if stale then
       silent = silent + 1
     else
@@ -1227,8 +1285,21 @@ mod tests {
         apply_as(redis, "m", first, last, prev, changes)
     }
 
-    /// `APPLY` for `member`, as [`apply`].
+    /// `APPLY` for `member`, as [`apply`], at `--max-devices 1`.
     fn apply_as(redis: &Redis, member: &str, first: u64, last: u64, prev: u64, changes: &[[&str; 6]]) -> String {
+        apply_bounded(redis, member, "1", [first, last, prev], changes)
+    }
+
+    /// `APPLY` for `member` at `--max-devices max_devices`; `numbers` are the batch's first
+    /// and last change and the member's batch before it, as [`apply`]'s.
+    fn apply_bounded(
+        redis: &Redis,
+        member: &str,
+        max_devices: &str,
+        numbers: [u64; 3],
+        changes: &[[&str; 6]],
+    ) -> String {
+        let [first, last, prev] = numbers;
         let script = format!("{EMIT}\n{APPLY}");
         let keys = [
             keys::sessions(member),
@@ -1246,7 +1317,7 @@ mod tests {
         let (first, last, prev) = (first.to_string(), last.to_string(), prev.to_string());
         let mut args: Vec<&str> = vec!["EVAL", &script, "11"];
         args.extend(keys.iter().map(String::as_str));
-        args.extend([member, "n", &last, &prev, "1000", "1000000", "0", "0", "60000", &first, "", "0"]);
+        args.extend([member, "n", &last, &prev, "1000", "1000000", "0", "0", "60000", &first, "", "0", max_devices]);
         args.extend(changes.iter().flatten());
         redis.cli(&args).lines().next().unwrap_or("").to_string()
     }
@@ -1420,6 +1491,9 @@ mod tests {
                 format!("online {S} - sp"),
                 format!("offline {S} kicked"),
                 format!("online {S3} - sp"),
+                // S4's route (given here as naming nothing) would have named S2; `APPLY`
+                // ends a device's session elsewhere all the same.
+                format!("offline {S2} kicked"),
                 format!("online {S4} -"),
             ]
         );
@@ -1503,6 +1577,66 @@ mod tests {
                 format!("online {S} -")
             ]
         );
+    }
+
+    /// Nemesis seed 4 on a Redis Cluster at `--max-devices 1`: a server that held routes
+    /// (not the control slot) restarted empty, and logins of uids whose routes were lost
+    /// found nothing to replace: 32 moments over the bound in stream order, where no gap
+    /// told the consumer of a loss. `APPLY` now bounds the uid by the sessions the control
+    /// slot lists for it, oldest out first, whatever the route said; a superseded login
+    /// counts for none, as for a consumer; the last session's end is still the uid's
+    /// `user_offline`.
+    #[test]
+    fn nemesis_cluster_seed_4_max_devices_2_a_login_whose_route_was_lost_keeps_the_bound() {
+        let Some(redis) = Redis::start() else { return };
+        const S3: &str = "000000000000000c";
+        const S4: &str = "000000000000000d";
+        let login = |member: &str, s: &'static str, x: &'static str, at: &'static str, device: &'static str| {
+            let prev = redis.cli(&["GET", &keys::applied(member)]).trim().parse::<u64>().unwrap_or(0);
+            let change = [if prev == 0 { "L1|30000||- -" } else { "L|30000||- -" }, "7", s, x, at, device];
+            apply_bounded(&redis, member, "2", [prev + 1, prev + 1, prev], &[change])
+        };
+        assert_eq!(login("b", S2, "", "1000", "phone"), "1");
+        assert_eq!(login("a", S, "", "1100", "desk"), "1");
+        // The route, lost, named nothing: the oldest of the uid's places makes room.
+        assert_eq!(login("c", S3, "", "1200", "tablet"), "1");
+        // Superseded before it got here: announced, and left out of the count.
+        assert_eq!(login("b", S4, "!", "1300", "watch"), "1");
+        let got = events(&redis);
+        assert_eq!(
+            got[1..],
+            [
+                format!("online {S2} -"),
+                "user_online - -".into(),
+                format!("online {S} -"),
+                format!("offline {S2} kicked"),
+                format!("online {S3} -"),
+                format!("online {S4} - sp"),
+            ]
+        );
+        // b's node is told to close the session it still holds.
+        let inbox = redis.cli(&["XRANGE", "{idlegate}:inbox:b", "-", "+"]);
+        assert!(inbox.contains("kick") && inbox.contains(S2), "{inbox}");
+        // The uid's last session ends: its user_offline, once.
+        let end = |member: &str, s: &'static str, device: &'static str, user: bool| {
+            let prev = redis.cli(&["GET", &keys::applied(member)]).trim().parse::<u64>().unwrap();
+            let change = [if user { "E1" } else { "E" }, "7", s, "logout", "1400", device];
+            apply_bounded(&redis, member, "2", [prev + 1, prev + 1, prev], &[change])
+        };
+        assert_eq!(end("b", S4, "watch", false), "1");
+        assert_eq!(end("a", S, "desk", false), "1");
+        assert_eq!(end("c", S3, "tablet", true), "1");
+        let got = events(&redis);
+        assert_eq!(
+            got[got.len() - 4..],
+            [
+                format!("offline {S4} logout"),
+                format!("offline {S} logout"),
+                format!("offline {S3} logout"),
+                "user_offline - logout".to_string(),
+            ]
+        );
+        assert_eq!(redis.cli(&["HLEN", keys::USERS]).trim(), "0");
     }
 
     /// Nemesis seed 3 at `--max-devices 1`: a reconcile pointed a lost route back at a

@@ -621,7 +621,7 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
     cmd.arg(cluster.settings.last_seen_ttl.as_millis() as u64);
     cmd.arg(batch.first);
     let seen = cluster.high_water();
-    cmd.arg(seen.epoch_arg()).arg(seen.n);
+    cmd.arg(seen.epoch_arg()).arg(seen.n).arg(cluster.settings.max_devices);
     let mut replaced = replaced.iter();
     for op in batch.ops {
         match op {
