@@ -362,6 +362,128 @@ pub fn check_bound(verdict: &mut Verdict, file: &'static str, events: &[Value], 
     verdict.violations.sort_by_key(|v| v.line);
 }
 
+/// Fault kinds during which promise 4 asks for no progress: the receiver is not healthy, or
+/// no relay can reach Redis. Every other kind touches one node, and the turn must pass to
+/// another within a turn.
+const WEBHOOK_UNHEALTHY: [&str; 4] = ["slow_receiver", "redis_restart", "redis_failover", "slow_redis"];
+
+/// Issue 49, promise 4: webhooks make progress. Whenever the receiver is healthy and Redis
+/// answers, and an event waits that the receiver has not taken, the receiver's position
+/// (the furthest event it took) advances within two turns of the later of the event's
+/// logging and the last advance, or the spell's start (`webhook_stalled`, once for each
+/// healthy spell). A backlog may take longer to drain: progress is what is promised. A turn is
+/// the longer of the relay turn's lease (three quarters of `--node-lease`) and the relay's
+/// longest wait between tries (`--webhook-max-backoff`). `events` is the stream as the
+/// consumer read it (its ids are Redis's unix ms), `requests` the receiver's log, whose
+/// `done_unix_ms` places its run times on the same clock. A `slow_receiver` spell lasts
+/// until the last request it received has ended. Runs recorded before these settings and
+/// fields existed are not judged.
+pub fn check_webhook_progress(verdict: &mut Verdict, events: &[Value], requests: &[Value], schedule: &Value) {
+    let settings = &schedule["settings"];
+    let (Some(lease), Some(backoff), Some(duration)) = (
+        settings["node_lease_ms"].as_u64(),
+        settings["webhook_max_backoff_ms"].as_u64(),
+        settings["duration_ms"].as_u64(),
+    ) else {
+        return;
+    };
+    let Some(offset) =
+        requests.iter().find_map(|r| Some(r["done_unix_ms"].as_u64()? as i64 - r["done_ms"].as_u64()? as i64))
+    else {
+        return;
+    };
+    let bound = 2 * (lease * 3 / 4).max(backoff);
+    // The spells without health, in run ms, merged.
+    let mut sick: Vec<(u64, u64)> = schedule["faults"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|f| f["kind"].as_str().is_some_and(|k| WEBHOOK_UNHEALTHY.contains(&k)))
+        .filter_map(|f| {
+            let (at, end) = (f["at_ms"].as_u64()?, f["at_ms"].as_u64()? + f["for_ms"].as_u64()?);
+            let carried = if f["kind"] == "slow_receiver" {
+                let during = requests.iter().filter(|r| r["at_ms"].as_u64().is_some_and(|a| (at..end).contains(&a)));
+                during.filter_map(|r| r["done_ms"].as_u64()).max().unwrap_or(end)
+            } else {
+                end
+            };
+            Some((at, end.max(carried)))
+        })
+        .collect();
+    sick.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in sick {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    // The healthy spells between them, up to the run's end.
+    let mut healthy = Vec::new();
+    let mut from = 0;
+    for &(a, b) in &merged {
+        if a > from {
+            healthy.push((from, a));
+        }
+        from = from.max(b);
+    }
+    if duration > from {
+        healthy.push((from, duration));
+    }
+    // When the receiver's position advanced, in order, and to where.
+    let mut taken: Vec<(u64, (u64, u64))> = requests
+        .iter()
+        .filter(|r| r["answer"] == "taken")
+        .filter_map(|r| Some((r["done_ms"].as_u64()?, id_key(r["last"].as_str()?)?)))
+        .collect();
+    taken.sort_unstable();
+    let mut advances: Vec<(u64, (u64, u64))> = Vec::with_capacity(taken.len());
+    for (done, last) in taken {
+        if advances.last().is_none_or(|&(_, through)| last > through) {
+            advances.push((done, last));
+        }
+    }
+    // The stream's events in order, each with when it was logged in run ms.
+    let logged: Vec<(usize, (u64, u64), u64)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e["uid"].is_null())
+        .filter_map(|(line, e)| {
+            let key = id_key(e["id"].as_str()?)?;
+            Some((line, key, (key.0 as i64 - offset).max(0) as u64))
+        })
+        .collect();
+    for &(start, end) in &healthy {
+        // The position at each advance in the spell, from the one it began with.
+        let before = advances.partition_point(|&(done, _)| done <= start);
+        let mut at = start;
+        let mut through = before.checked_sub(1).map(|i| advances[i].1);
+        let within = advances[before..].iter().take_while(|&&(done, _)| done <= end);
+        for &(next, reached) in within.chain(std::iter::once(&(end, (u64::MAX, u64::MAX)))) {
+            // The first event the receiver had not taken by `at`, pending from when it was
+            // logged (or from `at`): the position must move within two turns of that.
+            let first = logged.partition_point(|&(_, key, _)| through.is_some_and(|t| key <= t));
+            if let Some(&(line, _, when)) = logged.get(first) {
+                let pending = when.max(at);
+                if pending + bound < next {
+                    let moved =
+                        if next == end { "not again in the spell".to_string() } else { format!("at {next} ms") };
+                    let detail = format!(
+                        "the receiver's position stayed at {} from {at} ms with event {} pending from {pending} ms; it moved {moved}, more than two turns ({bound} ms) later",
+                        through.map_or("the start".to_string(), |(ms, n)| format!("{ms}-{n}")),
+                        events[line]["id"],
+                    );
+                    verdict.violations.push(Violation { kind: "webhook_stalled", file: EVENTS, line, detail });
+                    break;
+                }
+            }
+            at = next;
+            through = Some(through.map_or(reached, |t| t.max(reached)));
+        }
+    }
+}
+
 /// An event id `<ms>-<n>` as numbers (ids of `start` and `gap` entries are not: `None`).
 fn id_key(id: &str) -> Option<(u64, u64)> {
     let (ms, n) = id.split_once('-')?;
@@ -555,7 +677,11 @@ pub fn run(args: &VerdictArgs) -> Result<bool, String> {
         // The receiver's request log, beside its events.
         let log = path.with_file_name(REQUESTS);
         if log.exists() {
-            check_webhook_timeline(&mut verdict, &hooked_events, &read_lines(&log)?);
+            let requests = read_lines(&log)?;
+            check_webhook_timeline(&mut verdict, &hooked_events, &requests);
+            if !args.running {
+                check_webhook_progress(&mut verdict, &events, &requests, &schedule);
+            }
         }
         verdict.violations.sort_by_key(|v| v.line);
     }
@@ -707,6 +833,50 @@ mod tests {
         ]);
         // The online at 600 came after a user event at 2200: stamped before it, too.
         assert_eq!(kinds(&check(&events, &[], false)), ["session_event_back_in_time", "user_event_back_in_time"]);
+    }
+
+    #[test]
+    fn webhooks_are_held_to_progress_within_two_turns_while_healthy() {
+        // The run's clock starts at unix ms 1,000,000; a turn is 1 s (the backoff), two are 2 s.
+        let schedule = serde_json::json!({
+            "settings": {"node_lease_ms": 1000, "webhook_max_backoff_ms": 1000, "duration_ms": 60_000},
+            "faults": [
+                {"kind": "slow_receiver", "at_ms": 10_000, "for_ms": 5_000},
+                {"kind": "kill", "target": "n1", "at_ms": 30_000, "for_ms": 2_000},
+            ]
+        });
+        let event = |ms: u64, n: u64| serde_json::json!({"id": format!("{}-{n}", 1_000_000 + ms), "type": "online", "uid": 1, "session": "a"});
+        let taken = |at: u64, done: u64, last: &serde_json::Value| {
+            let last = last["id"].as_str().unwrap();
+            serde_json::json!({"at_ms": at, "done_ms": done, "done_unix_ms": 1_000_000 + done, "webhook_id": last, "first": last, "last": last, "answer": "taken"})
+        };
+        let judge = |events: &[Value], requests: &[Value]| {
+            let mut verdict = Verdict::default();
+            check_webhook_progress(&mut verdict, events, requests, &schedule);
+            kinds(&verdict)
+        };
+        let (a, b, c, d) = (event(1_000, 1), event(9_000, 2), event(20_000, 3), event(31_000, 4));
+        // Each taken in time; b, logged as the receiver fell ill, taken 2 s after it healed,
+        // the request it was held in having ended at 16 s; d taken across a node's kill.
+        let on_time = [
+            taken(1_000, 2_900, &a),
+            serde_json::json!({"at_ms": 14_000, "done_ms": 16_000, "done_unix_ms": 1_016_000, "answer": "never"}),
+            taken(17_000, 17_900, &b),
+            taken(20_000, 21_000, &c),
+            taken(32_000, 32_900, &d),
+        ];
+        let all = [a.clone(), b.clone(), c.clone(), d.clone()];
+        assert!(judge(&all, &on_time).is_empty(), "{:?}", judge(&all, &on_time));
+        // c taken 2.5 s after it was logged, the receiver healthy: stalled (once a spell).
+        let late = [taken(1_000, 2_900, &a), taken(17_000, 17_900, &b), taken(22_000, 22_500, &c)];
+        assert_eq!(judge(&all, &late), ["webhook_stalled"]);
+        // d never taken.
+        let never = [taken(1_000, 2_900, &a), taken(17_000, 17_900, &b), taken(20_000, 21_000, &c)];
+        assert_eq!(judge(&all, &never), ["webhook_stalled"]);
+        // b taken 2 s after the receiver healed, as the request the spell had received ended.
+        let slow =
+            [taken(1_000, 2_900, &a), taken(17_000, 18_100, &b), taken(20_000, 21_000, &c), taken(31_000, 32_000, &d)];
+        assert_eq!(judge(&all, &slow), ["webhook_stalled"]);
     }
 
     #[test]

@@ -192,6 +192,7 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
         redis_cluster: args.redis_cluster,
         max_devices: args.max_devices,
         webhook: None,
+        webhook_max_backoff: webhook_max_backoff(args.node_lease),
         offline_grace: Duration::from_millis(schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64)),
     };
     // The stalls' cgroups before the gateways: dropped after them, once they are empty.
@@ -376,6 +377,14 @@ pub async fn run(args: &NemesisArgs) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// The gateways' `--webhook-max-backoff`: the node lease, so that a relay's longest wait is
+/// as long as a turn and promise 4's "two turns" is as tight as a cluster can keep (with
+/// the default minute a healed receiver could wait a minute, and the check would hold
+/// nothing over a four-minute run). The floor is the flag's own.
+fn webhook_max_backoff(node_lease: Duration) -> Duration {
+    node_lease.max(Duration::from_millis(100))
+}
+
 /// `schedule.json`: the faults, the seed, and the gateways' settings the checker allows for.
 fn schedule_json(schedule: &Schedule, args: &NemesisArgs) -> serde_json::Value {
     serde_json::json!({
@@ -391,6 +400,7 @@ fn schedule_json(schedule: &Schedule, args: &NemesisArgs) -> serde_json::Value {
             "offline_grace_ms": schedule::offline_grace_ms(args.seed, args.tick.as_millis() as u64),
             "redis_cluster": args.redis_cluster,
             "max_devices": args.max_devices,
+            "webhook_max_backoff_ms": webhook_max_backoff(args.node_lease).as_millis() as u64,
         }
     })
 }

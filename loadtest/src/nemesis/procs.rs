@@ -201,6 +201,9 @@ pub struct GatewaySettings {
     pub max_devices: u64,
     /// `--webhook-url` and `--webhook-secret-file`, when the run receives webhooks.
     pub webhook: Option<(String, PathBuf)>,
+    /// `--webhook-max-backoff`: the relay's longest wait between tries, one of the two
+    /// lengths of a turn in promise 4 (progress within two turns).
+    pub webhook_max_backoff: Duration,
     /// `--offline-grace` (none when zero).
     pub offline_grace: Duration,
 }
@@ -281,6 +284,7 @@ impl Gateway {
         }
         if let Some((url, secret)) = &s.webhook {
             cmd.args(["--webhook-url", url]).arg("--webhook-secret-file").arg(secret);
+            cmd.args(["--webhook-max-backoff", &humantime::format_duration(s.webhook_max_backoff).to_string()]);
         }
         if !s.offline_grace.is_zero() {
             cmd.args(["--offline-grace", &humantime::format_duration(s.offline_grace).to_string()]);

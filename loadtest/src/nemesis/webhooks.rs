@@ -14,8 +14,9 @@
 //! Every request is also written to `webhook-requests.jsonl` as it ends: when it came and
 //! ended (ms since the run's start), its `webhook-id`, the ids of its first and last events
 //! and how many it held, and how it was answered (`taken`, `error`, `cut`, `never`, or
-//! `dropped` when the relay gave up first). The checker judges that timeline (issue 49,
-//! promise 4).
+//! `dropped` when the relay gave up first), with its end by the wall clock too
+//! (`done_unix_ms`, for weighing it against the stream's ids). The checker judges that
+//! timeline (issue 49, promise 4).
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -106,6 +107,9 @@ impl Drop for Request {
         let line = serde_json::json!({
             "at_ms": self.at_ms,
             "done_ms": self.health.now_ms(),
+            // The same moment by the wall clock: the stream's ids are Redis's unix ms, and
+            // the progress check (promise 4) weighs the two against each other.
+            "done_unix_ms": unix_ms(),
             "webhook_id": self.id,
             "first": self.first,
             "last": self.last,
@@ -115,6 +119,11 @@ impl Drop for Request {
         let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(received.requests, "{line}");
     }
+}
+
+/// Now, in unix ms, by the machine's clock (Redis's, on the same machine).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Serves on a loopback port until `stop`; answers its address and the events' open
