@@ -14,6 +14,8 @@
 # DATA frames, both caps far) and `bytes` (the same at a cap of 1 MiB). Needs redis-server
 # and redis-cli; loopback only; under a minute per binary.
 #
+# CASES="below count" runs only those cases (all four by default).
+#
 # INSTRUCTIONS=1 runs redis-server under valgrind's callgrind, counting only the measured
 # part, and adds its instructions per event: a count that repeats exactly, where Redis's
 # own timings (wall clock, on a shared machine) cannot tell 10 % apart. Several minutes.
@@ -135,8 +137,13 @@ for pair in "$@"; do
   label=${pair%%=*}
   bin=${pair#*=}
   # Below both caps, then at the count cap; 16 KiB DATA below both caps, then at the byte cap.
-  run_case "$label" "$bin" below 1000000 1073741824
-  run_case "$label" "$bin" count 1000 1073741824
-  run_case "$label" "$bin" data 1000000 1073741824
-  run_case "$label" "$bin" bytes 1000000 1048576
+  for case in ${CASES:-below count data bytes}; do
+    case $case in
+      below) run_case "$label" "$bin" below 1000000 1073741824 ;;
+      count) run_case "$label" "$bin" count 1000 1073741824 ;;
+      data) run_case "$label" "$bin" data 1000000 1073741824 ;;
+      bytes) run_case "$label" "$bin" bytes 1000000 1048576 ;;
+      *) echo "unknown case $case" >&2; exit 2 ;;
+    esac
+  done
 done | tee "$out/summary.txt"

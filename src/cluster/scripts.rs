@@ -274,44 +274,70 @@ end
 -- `online`s were logged, one a line: `<epoch>|<member>|<session>|<device>`, the epoch the
 -- `online` was logged in, and `!` before one whose `online` said it was superseded. What
 -- decides a uid's user events (none left: it is offline), and what `APPLY` bounds by
--- `--max-devices` in stream order. Read through `held`, which drops any entry its member's
--- hash no longer holds, so the list can never keep a uid online that holds nothing (a
--- count could drift for good).
-local function held(users, uid)
+-- `--max-devices` in stream order. Every script that takes a session out of its member's
+-- hash takes it off the list (`held_remove`); a login reads the list through `held`, which
+-- also drops any entry its member's hash no longer holds, so the list can never keep a uid
+-- online that holds nothing.
+local function held_lines(users, uid)
+  local lines = {}
   local v = redis.call('HGET', users, uid)
-  local list, pruned = {}, false
-  if not v then return list end
-  for e in string.gmatch(v, '[^\n]+') do
+  if v then
+    for e in string.gmatch(v, '[^\n]+') do lines[#lines + 1] = e end
+  end
+  return lines
+end
+
+local function held_put(users, uid, lines)
+  if #lines == 0 then
+    redis.call('HDEL', users, uid)
+  else
+    redis.call('HSET', users, uid, table.concat(lines, '\n'))
+  end
+  return #lines
+end
+
+-- The uid's sessions, each checked against its member's hash: what a login bounds.
+local function held(users, uid)
+  local lines = held_lines(users, uid)
+  local list, kept = {}, {}
+  for _, e in ipairs(lines) do
     local sp, ep, m, s, d = string.match(e, '^(!?)([^|]*)|([^|]*)|([^|]*)|(.*)$')
     if m and redis.call('HGET', '{idlegate}:sessions:' .. m, field(uid, d)) == s then
-      list[#list + 1] = {m = m, s = s, d = d, sp = sp == '!', epoch = ep, line = e}
-    else
-      pruned = true
+      list[#list + 1] = {m = m, s = s, d = d, sp = sp == '!', epoch = ep}
+      kept[#kept + 1] = e
     end
   end
-  if pruned then
-    local lines = {}
-    for _, h in ipairs(list) do lines[#lines + 1] = h.line end
-    if #lines == 0 then redis.call('HDEL', users, uid) else redis.call('HSET', users, uid, table.concat(lines, '\n')) end
-  end
+  if #kept < #lines then held_put(users, uid, kept) end
   return list
 end
 
 -- Lists session s of member m (already in m's hash), announced in `epoch`, last; returns
 -- how many the uid holds.
 local function held_add(users, uid, epoch, m, s, d, sp)
-  local lines = {}
-  for _, h in ipairs(held(users, uid)) do lines[#lines + 1] = h.line end
+  local lines = held_lines(users, uid)
   local line = epoch .. '|' .. m .. '|' .. s .. '|' .. d
   if sp then line = '!' .. line end
   lines[#lines + 1] = line
-  redis.call('HSET', users, uid, table.concat(lines, '\n'))
-  return #lines
+  return held_put(users, uid, lines)
 end
 
--- How many sessions the uid holds, once a session left its member's hash.
+-- Takes session s of member m off the uid's list; returns how many the uid holds.
+local function held_remove(users, uid, m, s)
+  local lines, kept = held_lines(users, uid), {}
+  local mark = '|' .. m .. '|' .. s .. '|'
+  for _, e in ipairs(lines) do
+    if not string.find(e, mark, 1, true) then kept[#kept + 1] = e end
+  end
+  if #kept == #lines then return #lines end
+  return held_put(users, uid, kept)
+end
+
+-- How many sessions the uid holds.
 local function held_count(users, uid)
-  return #held(users, uid)
+  local v = redis.call('HGET', users, uid)
+  if not v then return 0 end
+  local _, breaks = string.gsub(v, '\n', '')
+  return breaks + 1
 end
 
 -- Removes session s (field f of member m) without an event, if m's hash still holds it:
@@ -324,7 +350,7 @@ local function forget(users, m, uid, f, s)
   redis.call('HDEL', key, f)
   take_kept('{idlegate}:wills:' .. m, f, s)
   take_kept('{idlegate}:claims:' .. m, f, s)
-  held(users, uid)
+  held_remove(users, uid, m, s)
   return true
 end
 
@@ -502,7 +528,7 @@ local function end_held(m, uid, pf, pd, s, r, eat, will, kick)
   local c = take_claims('{idlegate}:claims:' .. m, pf, s)
   if not will then wt, wp = nil, nil end
   emit_offline(ev, uid, s, pd, r, eat, wt, wp, c)
-  if held_count(KEYS[6], uid) <= 0 then owe(uid, r, eat) end
+  if held_remove(KEYS[6], uid, m, s) <= 0 then owe(uid, r, eat) end
   if kick then
     redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', s)
   end
@@ -609,7 +635,11 @@ for i = from, #ARGV, 6 do
     -- once its node, told through its inbox (or by `!`), ends it. Such a login's `online`
     -- carries `sp`: it came after the login that superseded it, and a consumer counting a
     -- uid's devices in stream order leaves it out (the one overlap `--max-devices` allows).
-    if kind == 'L' and redis.call('HGET', KEYS[1], f) ~= s then
+    local before = (kind == 'L') and redis.call('HGET', KEYS[1], f)
+    if kind == 'L' and before ~= s then
+      -- An older session of this member on the device, never ended here, is overwritten
+      -- without an event (as it always was); it leaves the uid's list with it.
+      if before then held_remove(KEYS[6], uid, me, before) end
       redis.call('HSET', KEYS[1], f, s)
       local superseded = superseded_mark(f, s) or x == '!'
       -- The uid's bound in stream order, whatever the routes say. The routes make room
@@ -686,7 +716,7 @@ for i = from, #ARGV, 6 do
     superseded_mark(f, s)
     if redis.call('HGET', KEYS[1], f) == s then
       redis.call('HDEL', KEYS[1], f)
-      local n = held_count(KEYS[6], uid)
+      local n = held_remove(KEYS[6], uid, me, s)
       -- The node says whether the will goes out (not after a clean DISCONNECT); the kept
       -- copy goes either way.
       take_will(KEYS[7], f, s)
@@ -920,13 +950,14 @@ if known ~= '' and known == ev.epoch() and ev.n() < tonumber(ARGV[9]) then ev.re
 local verified = redis.call('GET', KEYS[10])
 local stale = verified and verified ~= ev.epoch() and verified ~= 'w' .. ev.epoch()
 local reaped, silent = 0, 0
+local member = string.sub(KEYS[1], #'{idlegate}:sessions:' + 1)
 for i = 1, #found, 2 do
   if redis.call('HDEL', KEYS[1], found[i]) == 1 then
     local uid, d = string.match(found[i], '^(%d+)/?(.*)$')
     uid = uid or found[i]
     local wt, wp = take_will(KEYS[6], found[i], found[i + 1])
     local c = take_claims(KEYS[9], found[i], found[i + 1])
-    local n = held_count(KEYS[5], uid)
+    local n = held_remove(KEYS[5], uid, member, found[i + 1])
     if stale then
       silent = silent + 1
     else
