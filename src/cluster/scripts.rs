@@ -296,7 +296,8 @@ local function held_put(users, uid, lines)
   return #lines
 end
 
--- The uid's sessions, each checked against its member's hash: what a login bounds.
+-- The uid's sessions, each checked against its member's hash: what a login bounds. Also
+-- returns the list's lines as kept.
 local function held(users, uid)
   local lines = held_lines(users, uid)
   local list, kept = {}, {}
@@ -308,13 +309,13 @@ local function held(users, uid)
     end
   end
   if #kept < #lines then held_put(users, uid, kept) end
-  return list
+  return list, kept
 end
 
--- Lists session s of member m (already in m's hash), announced in `epoch`, last; returns
--- how many the uid holds.
-local function held_add(users, uid, epoch, m, s, d, sp)
-  local lines = held_lines(users, uid)
+-- Lists session s of member m (already in m's hash), announced in `epoch`, last, after
+-- `lines` (the list as it stands, read again if nil); returns how many the uid holds.
+local function held_add(users, uid, epoch, m, s, d, sp, lines)
+  lines = lines or held_lines(users, uid)
   local line = epoch .. '|' .. m .. '|' .. s .. '|' .. d
   if sp then line = '!' .. line end
   lines[#lines + 1] = line
@@ -654,12 +655,17 @@ for i = from, #ARGV, 6 do
       -- current, or its `online` was logged in this epoch: one from before lost writes
       -- is its own node's to settle (see above), and a consumer counts only what came
       -- after the gap.
+      -- The list as it stands when this login ended nothing here (most logins), so it is
+      -- read once.
+      local lines = nil
       if not superseded then
-        local room = {}
-        for _, h in ipairs(held(KEYS[6], uid)) do
+        local list, kept = held(KEYS[6], uid)
+        local room, ended = {}, false
+        for _, h in ipairs(list) do
           if h.m == me or current(h.m) or h.epoch == ev.epoch() then
             if h.d == d and h.m ~= me then
               end_held(h.m, uid, f, d, h.s, 'kicked', at, true, true)
+              ended = true
             elseif not h.sp then
               room[#room + 1] = h
             end
@@ -668,9 +674,11 @@ for i = from, #ARGV, 6 do
         for i = 1, #room + 1 - max_devices do
           local h = room[i]
           end_held(h.m, uid, field(uid, h.d), h.d, h.s, 'kicked', at, true, true)
+          ended = true
         end
+        if not ended then lines = kept end
       end
-      local n = held_add(KEYS[6], uid, ev.epoch(), me, s, d, superseded)
+      local n = held_add(KEYS[6], uid, ev.epoch(), me, s, d, superseded, lines)
       -- `<timeout>|<claims>|<origin>`: the timeout (ms) and the origin hold no '|', the
       -- claims (JSON) may.
       local c, o, tm = '', '- -', ''
