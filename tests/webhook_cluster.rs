@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::process::GatewayProcess;
+use common::proxy::Proxy;
 use common::redis::RedisServer;
 use common::webhook::{delivered, ready, secrets, Receiver};
 use common::Client;
@@ -330,4 +331,48 @@ async fn a_batch_in_flight_when_its_relay_dies_goes_again_whole_under_its_id() {
     assert_eq!(again["body"], in_flight["body"]);
     // Then it relays on.
     relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 2).await;
+}
+
+/// Issue 49, promise 4: the relaying node's link to Redis turns slow (every byte 400 ms late
+/// each way, so no renewal of its turn is answered within half the turn, and it stops
+/// relaying), while another node's clients churn. Its renewals still reach Redis, late:
+/// they must not keep the turn from the nodes that could relay. The other node takes the
+/// turn and the receiver's position moves on while the link stays slow; once it heals,
+/// nothing was lost, repeated under a new id, or reordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_link_to_redis_turns_slow_lets_another_node_relay() {
+    if !ready() {
+        return;
+    }
+    let Some(redis) = RedisServer::start().await else { return };
+    let relay = Relaying::start(&redis).await;
+    let mut relay = relay;
+    let links = [Proxy::start(redis.addr).await.unwrap(), Proxy::start(redis.addr).await.unwrap()];
+    let mut nodes = Vec::new();
+    for (name, link) in ["a", "b"].into_iter().zip(&links) {
+        nodes.push(node(name, &link.url(), &relay.url, &relay.secret_file, &["--node-lease", LEASE]).await);
+    }
+    let mut first = Client::connect(nodes[0].listen).await;
+    first.login(1).await;
+    let mut requests = relay.receiver.until(|e| e["type"] == "user_online" && e["uid"] == 1).await;
+    let relaying = sender(&requests[0]);
+    let (slow, other) = if relaying == "a" { (0, 1) } else { (1, 0) };
+    links[slow].delay(400);
+    let stop = Arc::new(AtomicBool::new(false));
+    let churning = tokio::spawn(churn(vec![nodes[other].listen], 1_000, stop.clone()));
+    // Without the mend, the slow node's late renewals kept the turn: no request came again
+    // while the link stayed slow (the receiver's wait, PATIENCE, ran out).
+    loop {
+        let request = relay.receiver.next().await;
+        let taken_elsewhere = request["acknowledged"] == true && sender(&request) != relaying;
+        requests.push(request);
+        if taken_elsewhere {
+            break;
+        }
+    }
+    links[slow].delay(0);
+    stop.store(true, Ordering::Relaxed);
+    let last = churning.await.unwrap() - 1;
+    requests.extend(relay.receiver.until(|e| e["type"] == "user_offline" && e["uid"] == last).await);
+    assert_complete_and_ordered(&requests, &stream_events(&redis));
 }

@@ -4,27 +4,45 @@
 //! change, so a member whose turn ran out (paused, cut off) can neither renew it nor move
 //! the position.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::Script;
+use tokio::time::Instant;
 
 use crate::cluster::keys;
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{Acknowledged, DirectoryError, EventId, RelayTurn};
 
+/// How much of a renewal's TTL it may spend on its way to Redis before Redis refuses it: a
+/// quarter, half of the round trip within which the relay confirms a renewal (half the
+/// TTL), so a renewal the relay cannot confirm on a link slow both ways never holds the
+/// turn either.
+const LATE_SHARE: u32 = 4;
+
 /// The turn of this node's cluster.
 #[derive(Debug)]
 pub(crate) struct SharedTurn {
     cluster: Arc<Cluster>,
+    /// Redis's clock as this node last heard it: when the answer came, and Redis's unix ms
+    /// as it answered. The renewal's deadline is set by it, never by this node's own wall
+    /// clock (which may be far off): an answer that came late only makes it earlier, as
+    /// Redis's time has moved on since.
+    heard: Mutex<Option<(Instant, u64)>>,
 }
 
 impl SharedTurn {
     pub(crate) fn new(cluster: Arc<Cluster>) -> SharedTurn {
-        SharedTurn { cluster }
+        SharedTurn { cluster, heard: Mutex::new(None) }
+    }
+
+    /// The deadline for a renewal of `ttl` sent now, by Redis's clock (0: none yet).
+    fn deadline(&self, ttl: Duration) -> u64 {
+        let heard = *self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.map_or(0, |(at, redis_ms)| redis_ms + (at.elapsed() + ttl / LATE_SHARE).as_millis() as u64)
     }
 
     /// Runs `script` on the control slot with `keys` and `args`.
@@ -52,9 +70,18 @@ impl SharedTurn {
 impl RelayTurn for SharedTurn {
     fn hold(&self, ttl: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>> {
         async move {
-            let args = [self.cluster.member().to_string(), ttl.as_millis().to_string()];
-            let held: i64 = self.eval(&self.cluster.scripts.turn_hold, &[keys::RELAY_TURN], &args).await?;
-            Ok(held == 1)
+            let deadline = self.deadline(ttl);
+            let args = [self.cluster.member().to_string(), ttl.as_millis().to_string(), deadline.to_string()];
+            let (held, redis_ms): (i64, u64) =
+                self.eval(&self.cluster.scripts.turn_hold, &[keys::RELAY_TURN], &args).await?;
+            *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), redis_ms));
+            match held {
+                1 => Ok(true),
+                0 => Ok(false),
+                _ => Err(DirectoryError::Unavailable(
+                    "the relay turn's renewal reached Redis past its deadline (a slow link)".into(),
+                )),
+            }
         }
         .boxed()
     }

@@ -812,14 +812,25 @@ ev.save()
 return {#due, ev.epoch()}
 "#;
 
-/// Takes the webhook relay's turn if nobody holds it, or keeps it for this member.
+/// Takes the webhook relay's turn if nobody holds it, or keeps it for this member, unless
+/// the request reached Redis past its deadline: a relay whose link to Redis turned slow
+/// confirms no renewal and stops relaying, but its renewals still arrive, late, and each
+/// would hold the turn for another TTL, keeping it from every node that could relay (issue
+/// 49, promise 4: a delay on the relaying node's link stopped the webhooks while it lasted).
 ///
-/// KEYS: the turn. ARGV: member, TTL in ms. Returns 1 while the member holds it.
+/// KEYS: the turn. ARGV: member, TTL in ms, the deadline by Redis's clock in unix ms (0:
+/// none, for a node that has not heard Redis's clock yet). Returns `{1 while the member
+/// holds it, 0 if another does, -1 if too late; Redis's clock in unix ms}`, from which the
+/// node sets its next deadline.
 const TURN_HOLD: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[3] or '0')
+if deadline > 0 and now > deadline then return {-1, now} end
 local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
+if holder and holder ~= ARGV[1] then return {0, now} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
+return {1, now}
 "#;
 
 /// The relay's acknowledged position and the batch in flight past it; when there is no

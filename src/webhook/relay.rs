@@ -14,7 +14,8 @@
 //! turn drops the request before the turn can run out, so one batch is never in flight
 //! from two nodes at once. Between a renewal and the request's next byte a pause can still
 //! slip in: the check refuses an answer that took longer than half the turn, which leaves
-//! that window at microseconds.
+//! that window at microseconds. A renewal that reaches the store late (a slow link) is
+//! refused there, so a relay that cannot confirm its turn never keeps it from the others.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
