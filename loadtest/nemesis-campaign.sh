@@ -7,22 +7,30 @@
 #
 # Each seed's files go to OUT/seed-N (schedule.json, events.jsonl, presence.jsonl,
 # clients.jsonl, verdict.json, the gateways' logs); OUT/summary.md is the table, rebuilt from
-# every OUT/seed-*/verdict.json. NEMESIS_ARGS adds flags (for example --redis-cluster).
+# every OUT/seed-*/verdict.json. NEMESIS_ARGS adds flags (for example --redis-cluster). Each
+# seed's `commit` names the commit its binaries were built from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$1 duration=$2
 shift 2
 cargo build -q --release --bin idlegate
 cargo build -q --release -p loadtest --bin loadtest
+# The binaries the whole campaign runs, apart from target/ (a build meanwhile changes
+# nothing), and the commit they were built from, kept with each seed's files.
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+cp target/release/idlegate target/release/loadtest "$bin/"
+commit=$(git describe --always --dirty)
 mkdir -p "$out"
 for seed in "$@"; do
   dir="$out/seed-$seed"
   rm -rf "$dir"
   status=0
   # shellcheck disable=SC2086
-  target/release/loadtest nemesis --gateway target/release/idlegate --seed "$seed" --duration "$duration" \
+  "$bin/loadtest" nemesis --gateway "$bin/idlegate" --seed "$seed" --duration "$duration" \
     --out "$dir" ${NEMESIS_ARGS:-} >"$dir.log" 2>&1 || status=$?
   mv "$dir.log" "$dir/run.log"
+  echo "$commit" >"$dir/commit"
   echo "seed $seed: exit $status"
 done
 python3 - "$out" <<'PY'
