@@ -35,7 +35,8 @@
 //!     Redis, a backplane;
 //!   - `http/`: what servers and operators use over HTTP (`api`, `admin`, `status`, the
 //!     bounded `listener`), reaching the gateway through `state` only;
-//!   - `webhook/`: the events POSTed to a backend's URL, signed, in order (`relay`, `sign`).
+//!   - `webhook/`: the events POSTed to a backend's URL, signed, in order (`relay`, `sign`);
+//!   - `jwks/`: the JWT keys fetched from the identity provider's URL (`fetch`, `refresh`).
 //! - `transport/`: the doors, declared once (`door`): accepting (`accept`, `admission`,
 //!   one `guard` per connection, `refusal`), and driving a connection (`drive`) through the
 //!   machine over a `connection` generic over a layer (`tcp`, `tls` with its `records`) and
@@ -50,6 +51,7 @@ mod config;
 mod descriptors;
 mod error;
 mod http;
+mod jwks;
 mod metrics;
 mod presence;
 use idlegate_proto as proto;
@@ -59,13 +61,14 @@ mod transport;
 mod webhook;
 
 pub use config::{
-    default_max_connections, parse_webhook_events, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Live,
-    ProxyProtocol, RedisTarget, TimeoutClasses, TlsIdentity, WebhookConfig, WebhookSecrets, DEFAULT_EVENT_LOG_BYTES,
-    DEFAULT_EVENT_LOG_CAPACITY, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM, DEFAULT_LAST_SEEN_CAPACITY,
-    DEFAULT_LAST_SEEN_TTL, DEFAULT_MAX_DATA_BURST, DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_DEVICES,
-    DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP, DEFAULT_MQTT_MAX_SUBSCRIPTIONS,
-    DEFAULT_MQTT_PUSH_TOPIC, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES, DEFAULT_WEBHOOK_BATCH,
-    DEFAULT_WEBHOOK_EVENTS, DEFAULT_WEBHOOK_LINGER, DEFAULT_WEBHOOK_MAX_BACKOFF, DEFAULT_WEBHOOK_TIMEOUT, FD_HEADROOM,
+    default_max_connections, parse_jwks_refresh, parse_webhook_events, Config, ConfigFile, FlagSpec, JwksConfig,
+    JwksSource, JwtAuth, JwtRules, KeysStatus, Live, ProxyProtocol, RedisTarget, TimeoutClasses, TlsIdentity,
+    WebhookConfig, WebhookSecrets, DEFAULT_EVENT_LOG_BYTES, DEFAULT_EVENT_LOG_CAPACITY, DEFAULT_JWT_LEEWAY,
+    DEFAULT_JWT_UID_CLAIM, DEFAULT_LAST_SEEN_CAPACITY, DEFAULT_LAST_SEEN_TTL, DEFAULT_MAX_DATA_BURST,
+    DEFAULT_MAX_DATA_RATE, DEFAULT_MAX_DEVICES, DEFAULT_MAX_PENDING_LOGINS, DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_MQTT_MAX_SUBSCRIPTIONS, DEFAULT_MQTT_PUSH_TOPIC, DEFAULT_NODE_LEASE, DEFAULT_REDIS_QUEUE_BYTES,
+    DEFAULT_WEBHOOK_BATCH, DEFAULT_WEBHOOK_EVENTS, DEFAULT_WEBHOOK_LINGER, DEFAULT_WEBHOOK_MAX_BACKOFF,
+    DEFAULT_WEBHOOK_TIMEOUT, FD_HEADROOM,
 };
 pub use error::ConfigError;
 pub use metrics::Metrics;

@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use idlegate::{
-    default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwtAuth, JwtRules, Listeners, ProxyProtocol,
-    RedisTarget, Server, TlsIdentity, WebhookConfig,
+    default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwksConfig, JwksSource, JwtAuth, JwtRules, Listeners,
+    ProxyProtocol, RedisTarget, Server, TlsIdentity, WebhookConfig,
 };
 use idlegate_proto::unix_now;
 use std::sync::Arc;
@@ -201,6 +201,39 @@ struct ServeArgs {
     /// HS256/HS384/HS512 secrets for JWTs, one a line. Read again on SIGHUP.
     #[arg(long, env = "IDLEGATE_JWT_SECRET_FILE")]
     jwt_secret_file: Option<std::path::PathBuf>,
+    /// The identity provider's JWKS document (https), fetched at start and kept fresh: its
+    /// Cache-Control max-age (or Expires) within --jwt-jwks-refresh, and again when a token
+    /// names an unknown kid (at most once per --jwt-jwks-min-interval). A failed fetch keeps
+    /// the keys in use. May sit beside --jwt-key-file and --jwt-secret-file.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_URL")]
+    jwt_jwks_url: Option<String>,
+    /// The OpenID Connect issuer (https): its /.well-known/openid-configuration names the
+    /// JWKS document (fetched as --jwt-jwks-url's) and the iss its tokens must carry.
+    #[arg(long, env = "IDLEGATE_JWT_ISSUER_URL")]
+    jwt_issuer_url: Option<String>,
+    /// Start even when the keys by URL cannot be fetched at start (exit 2 otherwise); JWT
+    /// logins are refused until they arrive.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_OPTIONAL")]
+    jwt_jwks_optional: bool,
+    /// How long keys by URL are kept, `<shortest>,<longest>`: the provider's max-age (or
+    /// Expires), kept within these.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_REFRESH", default_value = "5m,1h", value_parser = idlegate::parse_jwks_refresh)]
+    jwt_jwks_refresh: (Duration, Duration),
+    /// The most often tokens naming unknown kids make the keys by URL be fetched again
+    /// (cluster-wide in a cluster): clients cannot make the gateway hammer the provider.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_MIN_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    jwt_jwks_min_interval: Duration,
+    /// One fetch's deadline (discovery and keys each); the keys are at most 1 MiB.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    jwt_jwks_timeout: Duration,
+    /// Allow http:// for --jwt-jwks-url and --jwt-issuer-url: for tests on loopback only,
+    /// as anyone on the path could hand the gateway their keys.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_ALLOW_HTTP")]
+    jwt_jwks_allow_http: bool,
+    /// A private CA (PEM) the identity provider's certificate may chain to, besides the
+    /// system's roots.
+    #[arg(long, env = "IDLEGATE_JWT_JWKS_CA_FILE")]
+    jwt_jwks_ca_file: Option<std::path::PathBuf>,
     /// Clock skew forgiven when checking a JWT's exp, nbf and iat.
     #[arg(long, env = "IDLEGATE_JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration)]
     jwt_leeway: Duration,
@@ -419,20 +452,31 @@ fn allowed_origins(args: &ServeArgs) -> Option<Vec<String>> {
     Some(list.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect())
 }
 
-/// The JWT keys and checks, from --jwt-key-file and --jwt-secret-file.
+/// The JWT keys and checks, from --jwt-key-file, --jwt-secret-file and the keys by URL.
 fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
-    if args.jwt_key_file.is_none() && args.jwt_secret_file.is_none() {
+    let by_url = args.jwt_jwks_url.is_some() || args.jwt_issuer_url.is_some();
+    if args.jwt_key_file.is_none() && args.jwt_secret_file.is_none() && !by_url {
+        const SET: &str = "set --jwt-key-file, --jwt-secret-file, --jwt-jwks-url or --jwt-issuer-url";
         if args.jwt_claims_to_events.is_some() {
-            usage_error("--jwt-claims-to-events: no JWT is checked (set --jwt-key-file or --jwt-secret-file)");
+            usage_error(format!("--jwt-claims-to-events: no JWT is checked ({SET})"));
         }
         if args.jwt_timeout_cap_claim.is_some() {
-            usage_error("--jwt-timeout-cap-claim: no JWT is checked (set --jwt-key-file or --jwt-secret-file)");
+            usage_error(format!("--jwt-timeout-cap-claim: no JWT is checked ({SET})"));
         }
         return None;
     }
+    // An issuer found by discovery is the `iss` its tokens must carry (the discovery
+    // document must name that same issuer, checked at the fetch).
+    let issuer = match (&args.jwt_issuer, &args.jwt_issuer_url) {
+        (Some(iss), Some(url)) if iss != url => {
+            usage_error(format!("--jwt-issuer: {iss:?} is not --jwt-issuer-url {url:?}, whose tokens carry that iss"))
+        }
+        (Some(iss), _) => Some(iss.clone()),
+        (None, url) => url.clone(),
+    };
     let rules = JwtRules {
         leeway: args.jwt_leeway,
-        issuer: args.jwt_issuer.clone(),
+        issuer,
         audience: args.jwt_audience.clone(),
         uid_claim: args.jwt_uid_claim.clone(),
         max_ttl: args.max_token_ttl,
@@ -445,10 +489,28 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
             .collect(),
         timeout_cap_claim: args.jwt_timeout_cap_claim.clone(),
     };
-    match JwtAuth::load(args.jwt_key_file.as_deref(), args.jwt_secret_file.as_deref(), rules) {
+    match JwtAuth::load_with(args.jwt_key_file.as_deref(), args.jwt_secret_file.as_deref(), by_url, rules) {
         Ok(jwt) => Some(jwt),
         Err(e) => usage_error(e),
     }
+}
+
+/// The JWT keys by URL, from --jwt-jwks-url or --jwt-issuer-url and the --jwt-jwks-* bounds.
+fn jwks(args: &ServeArgs) -> Option<JwksConfig> {
+    let source = match (&args.jwt_jwks_url, &args.jwt_issuer_url) {
+        (Some(url), None) => JwksSource::Url(url.clone()),
+        (None, Some(issuer)) => JwksSource::Issuer(issuer.clone()),
+        (Some(_), Some(_)) => usage_error("--jwt-jwks-url: not beside --jwt-issuer-url, whose discovery names the URL"),
+        (None, None) => return None,
+    };
+    let mut config = JwksConfig::new(source);
+    config.optional = args.jwt_jwks_optional;
+    (config.refresh_min, config.refresh_max) = args.jwt_jwks_refresh;
+    config.min_interval = args.jwt_jwks_min_interval;
+    config.timeout = args.jwt_jwks_timeout;
+    config.allow_http = args.jwt_jwks_allow_http;
+    config.ca_file = args.jwt_jwks_ca_file.clone();
+    Some(config)
 }
 
 fn main() -> ExitCode {
@@ -839,6 +901,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_data_burst: args.max_data_burst,
         auth: auth(&args),
         jwt: jwt(&args),
+        jwks: jwks(&args),
         enforce_token_expiry: args.enforce_token_expiry,
         drain_timeout: args.drain_timeout,
         offline_grace: args.offline_grace,
@@ -982,7 +1045,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             admin: Some(admin),
             api: Some(api),
         };
+        let jwks_optional = config.jwks.as_ref().is_some_and(|jwks| jwks.optional);
         let server = Server::new(config);
+        // The keys by URL before any client is served: without them every JWT login would
+        // be refused, so a gateway that cannot get them says so and stops (exit 2), unless
+        // told to start anyway.
+        match server.fetch_jwt_keys().await {
+            Ok(Some(keys)) => tracing::info!(keys, "JWT keys fetched"),
+            Ok(None) => {}
+            Err(e) if jwks_optional => {
+                tracing::warn!(error = %e, "no JWT keys yet (--jwt-jwks-optional): JWT logins are refused until they arrive")
+            }
+            Err(e) => usage_error(format!("{e} (--jwt-jwks-optional starts without them)")),
+        }
         #[cfg(unix)]
         tokio::spawn(reload_config_on_sighup(server.live(), server.metrics()));
         server.run(listeners, shutdown_signal()).await.context("serving")

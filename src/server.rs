@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::{Joining, Settings};
 use crate::config::{Config, JwtAuth, Live, TlsIdentity, WebhookSecrets};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
+use crate::jwks::Refresher;
 use crate::metrics::Metrics;
 use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, StoreTrouble, Ticker};
 use crate::proto::{CloseReason, Transport};
@@ -95,6 +96,8 @@ pub struct Server {
     shutdown: CancellationToken,
     /// Set if the ticker died: nobody goes offline any more, and `/healthz` says so.
     expiry_stopped: Arc<AtomicBool>,
+    /// The fetcher of the JWT keys by URL, once built ([`Server::fetch_jwt_keys`], or `run`).
+    jwks: OnceLock<Arc<Refresher>>,
 }
 
 // === impl Server ===
@@ -160,6 +163,30 @@ impl Server {
             directory,
             shutdown: CancellationToken::new(),
             expiry_stopped: Arc::new(AtomicBool::new(false)),
+            jwks: OnceLock::new(),
+        }
+    }
+
+    /// The fetcher of the JWT keys by URL (`--jwt-jwks-url`, `--jwt-issuer-url`), built on
+    /// first use; `None` without keys by URL.
+    fn jwks(&self) -> Result<Option<Arc<Refresher>>, String> {
+        let (Some(config), Some(jwt)) = (&self.config.jwks, &self.config.jwt) else { return Ok(None) };
+        if let Some(built) = self.jwks.get() {
+            return Ok(Some(built.clone()));
+        }
+        let shared = self.backplane.clone().map(|b| b.shared_keys());
+        let built = Refresher::new(config.clone(), jwt.clone(), self.metrics.clone(), shared, &self.config.node_id)
+            .map_err(|e| format!("--jwt-jwks-ca-file: {e}"))?;
+        Ok(Some(self.jwks.get_or_init(|| built).clone()))
+    }
+
+    /// Fetches the JWT keys by URL once, before serving: how many keys are in use after, or
+    /// why none could be fetched, the flag named (`idlegate serve` exits 2 on it unless
+    /// `--jwt-jwks-optional`; `run` keeps trying either way). `Ok(None)` without keys by URL.
+    pub async fn fetch_jwt_keys(&self) -> Result<Option<usize>, String> {
+        match self.jwks()? {
+            Some(jwks) => jwks.first().await.map(Some),
+            None => Ok(None),
         }
     }
 
@@ -227,6 +254,9 @@ impl Server {
         }
         if let Some(api) = api {
             tasks.push(tokio::spawn(serve_api(api, http, background.clone())));
+        }
+        if let Some(jwks) = self.jwks().map_err(io::Error::other)? {
+            tasks.push(tokio::spawn(jwks.run(background.clone())));
         }
         let webhook_secrets = self.config.webhook.as_ref().map(|w| w.secrets.clone());
         if self.config.tls.is_some() || self.config.jwt.is_some() || webhook_secrets.is_some() {

@@ -56,6 +56,15 @@ pub(crate) const RELAY_SENDING: &str = "{idlegate}:webhook:sending";
 /// Set of members that have announced themselves and not yet left or been reaped.
 pub(crate) const MEMBERS: &str = "{idlegate}:members";
 
+/// Hash `url`, `document`, `fetched_ms`: the JWKS document a node fetched last by URL
+/// (`--jwt-jwks-url`), which every node may take instead of fetching it again. Outside the
+/// control slot: up to 1 MiB that no login's script needs.
+pub(crate) const JWKS: &str = "idlegate:jwks";
+
+/// Present while an unknown `kid`'s refetch of the JWKS document was taken by a node, for
+/// `--jwt-jwks-min-interval`: one such fetch per interval, cluster-wide.
+pub(crate) const JWKS_REFETCH: &str = "idlegate:jwks:refetch";
+
 /// The route of `uid`.
 pub(crate) fn route(uid: u64) -> String {
     format!("idlegate:route:{uid}")

@@ -20,9 +20,10 @@ use crate::cluster::keys;
 use crate::cluster::queue::{Op, Queue};
 use crate::cluster::relay_turn::SharedTurn;
 use crate::cluster::shared::{Cluster, Settings};
+use crate::cluster::shared_keys::ClusterKeys;
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
-use crate::presence::{Backplane, Clock, Directory, Registry, RelayTurn, Replicate, StoreTrouble};
+use crate::presence::{Backplane, Clock, Directory, Registry, RelayTurn, Replicate, SharedKeys, StoreTrouble};
 use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
@@ -198,6 +199,10 @@ impl Backplane for Cluster {
 
     fn relay_turn(self: Arc<Self>) -> Arc<dyn RelayTurn> {
         Arc::new(SharedTurn::new(self))
+    }
+
+    fn shared_keys(self: Arc<Self>) -> Arc<dyn SharedKeys> {
+        Arc::new(ClusterKeys::new(self))
     }
 }
 

@@ -11,10 +11,14 @@
 //! the uid claim, which must name the LOGIN's uid.
 //!
 //! Keys are read at start (a bad file is a configuration error naming its flag) and again
-//! on SIGHUP ([`JwtAuth::reload`]): on any error the keys in use stay.
+//! on SIGHUP ([`JwtAuth::reload`]): on any error the keys in use stay. Keys fetched from
+//! the identity provider's URL (`jwks/`, `--jwt-jwks-url`) sit beside the files' and are
+//! judged by the same rules ([`JwtAuth::take_jwks`]); a failed fetch keeps the last good
+//! set. A token naming a `kid` no key has tells the fetcher ([`JwtAuth::on_unknown_kid`]),
+//! which decides whether to fetch again.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, KeyOperations, PublicKeyUse};
@@ -139,6 +143,8 @@ pub enum JwtError {
     NotADate(&'static str),
     #[error("JWT timeout cap claim {0:?} is not a whole number of seconds")]
     BadTimeoutCap(String),
+    #[error("JWT keys not fetched yet (--jwt-jwks-optional)")]
+    NoKeys,
 }
 
 /// A token that verified.
@@ -155,12 +161,42 @@ pub struct VerifiedJwt {
     pub timeout_cap_s: Option<u64>,
 }
 
+/// Where the keys in use came from and how the last fetch of the URL's went, for the
+/// status page and `/status.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeysStatus {
+    /// Keys and secrets in use, from every source.
+    pub keys: usize,
+    /// Of them, read from `--jwt-key-file` and `--jwt-secret-file`.
+    pub file_keys: usize,
+    /// The JWKS document's URL, when keys are fetched (after discovery, the one the issuer
+    /// named).
+    pub url: Option<String>,
+    /// When the keys of the URL in use were fetched, unix ms (`None`: not yet).
+    pub fetched_unix_ms: Option<u64>,
+    /// When a fetch was last tried, unix ms.
+    pub tried_unix_ms: Option<u64>,
+    /// Why the last fetch failed, if it did (cleared by a good one).
+    pub last_error: Option<String>,
+}
+
 /// The keys and the checks; see the module documentation.
 pub struct JwtAuth {
     key_file: Option<PathBuf>,
     secret_file: Option<PathBuf>,
     rules: JwtRules,
+    /// Every key in use: the files', then the URL's; rebuilt whenever either changes.
     keys: RwLock<Arc<Vec<Key>>>,
+    files: RwLock<Arc<Vec<Key>>>,
+    /// Keys by URL, when `--jwt-jwks-url` or `--jwt-issuer-url` is set.
+    remote: Option<Remote>,
+}
+
+/// The URL's keys, how their fetching goes, and who to tell of an unknown `kid`.
+struct Remote {
+    keys: RwLock<Arc<Vec<Key>>>,
+    status: Mutex<KeysStatus>,
+    unknown_kid: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for JwtAuth {
@@ -183,23 +219,116 @@ impl JwtAuth {
         secret_file: Option<&Path>,
         rules: JwtRules,
     ) -> Result<Arc<JwtAuth>, ConfigError> {
+        JwtAuth::load_with(key_file, secret_file, false, rules)
+    }
+
+    /// As [`JwtAuth::load`], and with `by_url` keys fetched from the identity provider too
+    /// (given by [`JwtAuth::take_jwks`]): then the files are optional, and until the first
+    /// fetch the files' keys (perhaps none) are all there is.
+    pub fn load_with(
+        key_file: Option<&Path>,
+        secret_file: Option<&Path>,
+        by_url: bool,
+        rules: JwtRules,
+    ) -> Result<Arc<JwtAuth>, ConfigError> {
         crate::config::jwt_ring::install();
-        let keys = read_keys(key_file, secret_file)?;
+        let files = if by_url && key_file.is_none() && secret_file.is_none() {
+            Vec::new()
+        } else {
+            read_keys(key_file, secret_file)?
+        };
+        let files = Arc::new(files);
+        let remote = by_url.then(|| Remote {
+            keys: RwLock::new(Arc::new(Vec::new())),
+            status: Mutex::new(KeysStatus::default()),
+            unknown_kid: OnceLock::new(),
+        });
         Ok(Arc::new(JwtAuth {
             key_file: key_file.map(Path::to_path_buf),
             secret_file: secret_file.map(Path::to_path_buf),
             rules,
-            keys: RwLock::new(Arc::new(keys)),
+            keys: RwLock::new(files.clone()),
+            files: RwLock::new(files),
+            remote,
         }))
     }
 
     /// Reads the files again; on any error the keys in use stay. Returns how many keys are
-    /// in use now.
+    /// in use now. Without files (keys by URL alone) there is nothing to read.
     pub fn reload(&self) -> Result<usize, ConfigError> {
-        let fresh = read_keys(self.key_file.as_deref(), self.secret_file.as_deref())?;
-        let n = fresh.len();
-        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh);
+        if self.key_file.is_some() || self.secret_file.is_some() {
+            let fresh = read_keys(self.key_file.as_deref(), self.secret_file.as_deref())?;
+            *self.files.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh);
+            self.combine();
+        }
+        Ok(self.key_count())
+    }
+
+    /// The keys in use, rebuilt from the files' and the URL's.
+    fn combine(&self) {
+        let files = self.files.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut all: Vec<Key> = files.as_ref().clone();
+        if let Some(remote) = &self.remote {
+            all.extend(remote.keys.read().unwrap_or_else(PoisonError::into_inner).iter().cloned());
+        }
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(all);
+    }
+
+    /// Takes the keys of a JWKS document fetched from `url` at `now_ms` (unix), judged as a
+    /// key file's are: the set in use is replaced only by a valid one. Returns how many
+    /// keys it holds, or why it was refused (the keys in use stay).
+    pub fn take_jwks(&self, url: &str, text: &str, now_ms: u64) -> Result<usize, String> {
+        let Some(remote) = &self.remote else { return Err("no keys by URL are configured".into()) };
+        let keys = jwks(text)?;
+        let n = keys.len();
+        *remote.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(keys);
+        self.combine();
+        let mut status = remote.status.lock().unwrap_or_else(PoisonError::into_inner);
+        status.url = Some(url.to_string());
+        status.fetched_unix_ms = Some(now_ms);
+        status.tried_unix_ms = Some(now_ms);
+        status.last_error = None;
         Ok(n)
+    }
+
+    /// Records a fetch that failed at `now_ms` (unix) for `why`; the keys in use stay.
+    pub fn fetch_failed(&self, url: Option<&str>, why: &str, now_ms: u64) {
+        if let Some(remote) = &self.remote {
+            let mut status = remote.status.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(url) = url {
+                status.url = Some(url.to_string());
+            }
+            status.tried_unix_ms = Some(now_ms);
+            status.last_error = Some(why.to_string());
+        }
+    }
+
+    /// When the URL's keys in use were fetched, unix ms; `None` before the first fetch (or
+    /// without keys by URL).
+    pub fn fetched_unix_ms(&self) -> Option<u64> {
+        let remote = self.remote.as_ref()?;
+        remote.status.lock().unwrap_or_else(PoisonError::into_inner).fetched_unix_ms
+    }
+
+    /// Calls `hook` whenever a token names a `kid` no key has (keys by URL only): the
+    /// fetcher's cue, which it rate-limits. Set once.
+    pub fn on_unknown_kid(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        if let Some(remote) = &self.remote {
+            let _ = remote.unknown_kid.set(hook);
+        }
+    }
+
+    /// Where the keys came from and how fetching them goes.
+    pub fn status(&self) -> KeysStatus {
+        let keys = self.key_count();
+        let file_keys = self.files.read().unwrap_or_else(PoisonError::into_inner).len();
+        let mut status = match &self.remote {
+            Some(remote) => remote.status.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            None => KeysStatus::default(),
+        };
+        status.keys = keys;
+        status.file_keys = file_keys;
+        status
     }
 
     /// Keys and secrets in use.
@@ -235,14 +364,25 @@ impl JwtAuth {
         }
         let alg = header.alg;
         let keys = self.keys.read().unwrap_or_else(PoisonError::into_inner).clone();
+        if keys.is_empty() {
+            // Keys by URL, none fetched yet (`--jwt-jwks-optional`): the fetcher is trying.
+            self.unknown_kid();
+            return Err(JwtError::NoKeys);
+        }
         let fitting: Vec<&Key> = keys.iter().filter(|k| k.algorithms.contains(&alg)).collect();
         if fitting.is_empty() {
+            // A provider that rotated to a key of another type: its `kid` is new too.
+            if header.kid.as_ref().is_some_and(|kid| !keys.iter().any(|k| k.kid.as_ref() == Some(kid))) {
+                self.unknown_kid();
+            }
             return Err(JwtError::Algorithm(format!("{alg:?} fits no configured key")));
         }
         let candidates: Vec<&Key> = match &header.kid {
             Some(kid) => {
                 let named: Vec<&Key> = keys.iter().filter(|k| k.kid.as_deref() == Some(kid)).collect();
                 if named.is_empty() {
+                    // Perhaps a key the provider has published since the last fetch.
+                    self.unknown_kid();
                     return Err(JwtError::UnknownKid);
                 }
                 named.into_iter().filter(|k| k.algorithms.contains(&alg)).collect()
@@ -348,6 +488,13 @@ impl JwtAuth {
                 let (claims, claims_too_large) = self.event_claims(&claims);
                 Ok(VerifiedJwt { exp, claims, claims_too_large, timeout_cap_s })
             }
+        }
+    }
+
+    /// Tells the fetcher of a `kid` (or a first key) it does not have.
+    fn unknown_kid(&self) {
+        if let Some(hook) = self.remote.as_ref().and_then(|r| r.unknown_kid.get()) {
+            hook();
         }
     }
 

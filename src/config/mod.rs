@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use crate::proto::Auth;
 mod file;
+mod jwks;
 mod jwt;
 mod jwt_ring;
 mod live;
+pub(crate) mod outbound;
 mod proxy_protocol;
 mod redis_target;
 mod timeout_classes;
@@ -18,7 +20,8 @@ mod webhook;
 use crate::error::ConfigError;
 use crate::proto::DEFAULT_MAX_FRAME_BYTES;
 pub use file::{ConfigFile, FlagSpec};
-pub use jwt::{JwtAuth, JwtRules, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM};
+pub use jwks::{parse_refresh as parse_jwks_refresh, JwksConfig, JwksSource};
+pub use jwt::{JwtAuth, JwtRules, KeysStatus, DEFAULT_JWT_LEEWAY, DEFAULT_JWT_UID_CLAIM};
 pub use jwt_ring::provider as jwt_ring_provider;
 pub use live::{AllowedOrigins, Live};
 pub use proxy_protocol::ProxyProtocol;
@@ -150,6 +153,9 @@ pub struct Config {
     /// JWT logins (`--jwt-key-file`, `--jwt-secret-file`): a token in a JWT's compact form
     /// is checked here, any other by `auth`. With neither, any token is accepted.
     pub jwt: Option<Arc<JwtAuth>>,
+    /// JWT keys fetched from the identity provider (`--jwt-jwks-url`, `--jwt-issuer-url`),
+    /// into `jwt` (which must then be built with keys by URL: [`JwtAuth::load_with`]).
+    pub jwks: Option<JwksConfig>,
     /// End a session when the token it logged in (or last refreshed) with expires
     /// (`--enforce-token-expiry`): BYE(token_expired) within a tick of it. Off, a token is
     /// checked at login only.
@@ -251,6 +257,7 @@ impl Default for Config {
             max_data_burst: DEFAULT_MAX_DATA_BURST,
             auth: None,
             jwt: None,
+            jwks: None,
             enforce_token_expiry: false,
             drain_timeout: Duration::from_secs(5),
             node_id: "idlegate".into(),
@@ -286,6 +293,12 @@ impl Config {
         let whole_ms = |d: Duration| d.as_nanos().is_multiple_of(1_000_000);
         if let Some(webhook) = &self.webhook {
             webhook.validate()?;
+        }
+        if let Some(jwks) = &self.jwks {
+            jwks.validate()?;
+            if self.jwt.is_none() {
+                return Err(ConfigError::new(jwks.source.flag(), "set, but no JWT is checked with its keys"));
+            }
         }
         if let Err(e) = crate::proto::mqtt::check_topic_name(&self.mqtt_push_topic) {
             return Err(ConfigError::new("--mqtt-push-topic", e.to_string()));

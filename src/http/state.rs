@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, TlsIdentity};
+use crate::config::{Config, JwtAuth, TlsIdentity};
 use crate::metrics::Metrics;
 use crate::presence::{Clock, Directory, StoreTrouble};
 
@@ -63,6 +63,8 @@ pub(crate) struct Settings {
     pub(crate) api_tls: bool,
     /// Whether a webhook relay runs (`--webhook-url`): the status page shows its lag.
     pub(crate) webhook: bool,
+    /// The JWT keys, whose sources and freshness the status page shows.
+    pub(crate) jwt: Option<Arc<JwtAuth>>,
     /// The bearer token the API and the event stream require (`--api-token`).
     pub(crate) api_token: Option<String>,
     pub(crate) max_push_bytes: usize,
@@ -98,6 +100,7 @@ impl Settings {
             admin_tls: config.admin_tls,
             api_tls: config.api_tls,
             webhook: config.webhook.is_some(),
+            jwt: config.jwt.clone(),
             api_token: config.api_token.clone(),
             max_push_bytes: config.max_push_bytes(),
             push_topic: Arc::from(config.mqtt_push_topic.as_str()),

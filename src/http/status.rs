@@ -20,7 +20,9 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
+use crate::config::KeysStatus;
 use crate::http::state::State as Shared;
+use crate::presence::unix_ms_now;
 use crate::proto::{CloseReason, Transport};
 
 /// The window close rates are averaged over: what `rate(...[10s])` over `/metrics` shows.
@@ -62,6 +64,25 @@ const PAGE: &str = include_str!("status.html");
 /// `GET /`: the page.
 pub(crate) async fn page() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, "no-cache")], Html(PAGE))
+}
+
+/// The `jwt` object of `/status.json`.
+fn jwt_status(status: &KeysStatus) -> Value {
+    let source = match (status.file_keys > 0, status.url.is_some()) {
+        (true, true) => "file+url",
+        (false, true) => "url",
+        _ => "file",
+    };
+    let now = unix_ms_now();
+    json!({
+        "keys": status.keys,
+        "source": source,
+        "url": status.url,
+        "fetched_unix_ms": status.fetched_unix_ms,
+        "fetched_age_ms": status.fetched_unix_ms.map(|at| now.saturating_sub(at)),
+        "tried_unix_ms": status.tried_unix_ms,
+        "last_error": status.last_error,
+    })
 }
 
 /// `GET /status.json`: what the page shows, read off the metrics.
@@ -118,6 +139,8 @@ pub(crate) async fn summary(
         "api_token_required": config.api_token.is_some(),
         // The age of the oldest event no webhook receiver acknowledged yet; null without one.
         "webhook_lag_ms": config.webhook.then(|| (metrics.webhook_lag_seconds.get() * 1000.0).round() as u64),
+        // The JWT keys in use, where from, and how fetching them by URL goes; null without JWT.
+        "jwt": config.jwt.as_ref().map(|jwt| jwt_status(&jwt.status())),
         "nodes": nodes,
     }))
 }

@@ -100,6 +100,14 @@ pub struct Metrics {
     pub jwt_reloads_ok: IntCounter,
     pub jwt_reloads_error: IntCounter,
     pub jwt_keys: IntGauge,
+    /// Fetches of the JWT keys by URL (`--jwt-jwks-url`, `--jwt-issuer-url`), by what asked
+    /// for them and how they ended; see [`Metrics::jwks_fetch`].
+    jwks_fetches: IntCounterVec,
+    /// Fetches an unknown `kid` asked for that `--jwt-jwks-min-interval` held back.
+    pub jwks_refetches_limited: IntCounter,
+    /// Keys in use from the URL, and when they were fetched (unix seconds; 0 before).
+    pub jwks_keys: IntGauge,
+    pub jwks_fetched_seconds: IntGauge,
     /// REFRESH frames (and MQTT 5 re-authentications), by result.
     pub refreshes_ok: IntCounter,
     pub refreshes_refused: IntCounter,
@@ -197,6 +205,12 @@ pub struct Metrics {
 // === impl Metrics ===
 
 impl Metrics {
+    /// Counts one fetch of the JWT keys by URL: `trigger` is what asked for it, `result`
+    /// `ok` or why it failed.
+    pub fn jwks_fetch(&self, trigger: &str, result: &str) {
+        self.jwks_fetches.with_label_values(&[trigger, result]).inc();
+    }
+
     /// Metrics for a gateway running with `config`: one silence series per whole second of
     /// its timeout, and its limits exported so alerts can compare against them.
     pub fn new(config: &Config) -> Metrics {
@@ -282,6 +296,25 @@ impl Metrics {
         let jwt_reloads_error = jwt_reloads_vec.with_label_values(&["error"]);
         reg(Box::new(jwt_reloads_vec));
         let jwt_keys = gauge("idlegate_jwt_keys", "JWT verification keys and secrets in use");
+        let jwks_fetches = IntCounterVec::new(
+            Opts::new(
+                "idlegate_jwt_jwks_fetches_total",
+                "fetches of the JWT keys by URL, by trigger (start, scheduled, unknown_kid, shared: taken from another node through Redis) and result (ok, or why it failed: status, too_large, timeout, tls, connect, redirect, invalid, discovery); a failure keeps the keys in use",
+            ),
+            &["trigger", "result"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(jwks_fetches.clone()));
+        let jwks_refetches_limited = counter(
+            "idlegate_jwt_jwks_refetches_limited_total",
+            "fetches of the JWT keys that tokens naming an unknown kid asked for, held back by --jwt-jwks-min-interval",
+        );
+        let jwks_keys =
+            gauge("idlegate_jwt_jwks_keys", "JWT verification keys in use from --jwt-jwks-url (or the issuer's)");
+        let jwks_fetched_seconds = gauge(
+            "idlegate_jwt_jwks_fetched_timestamp_seconds",
+            "when the JWT keys in use from the URL were fetched, unix seconds (0: not yet)",
+        );
         let refreshes_vec = IntCounterVec::new(
             Opts::new(
                 "idlegate_token_refreshes_total",
@@ -568,6 +601,10 @@ impl Metrics {
             jwt_reloads_ok,
             jwt_reloads_error,
             jwt_keys,
+            jwks_fetches,
+            jwks_refetches_limited,
+            jwks_keys,
+            jwks_fetched_seconds,
             refreshes_ok,
             refreshes_refused,
             token_expiries,

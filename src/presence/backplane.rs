@@ -32,6 +32,26 @@ pub(crate) trait Backplane: Send + Sync + Debug {
 
     /// The webhook relay's turn: one node at a time relays the shared stream.
     fn relay_turn(self: Arc<Self>) -> Arc<dyn RelayTurn>;
+
+    /// The JWT keys fetched by URL, shared: one fetch an unknown `kid` asks for serves the
+    /// whole cluster.
+    fn shared_keys(self: Arc<Self>) -> Arc<dyn SharedKeys>;
+}
+
+/// A JWKS document the cluster's nodes share: the last one any node fetched from the
+/// identity provider, and the one refetch per interval that unknown `kid`s may ask for,
+/// cluster-wide, so that tokens sent to every node cannot multiply the provider's load.
+pub(crate) trait SharedKeys: Send + Sync + Debug {
+    /// The document a node published last for `url`, and when it was fetched (unix ms).
+    fn latest(&self, url: &str) -> BoxFuture<'_, Result<Option<(String, u64)>, DirectoryError>>;
+
+    /// Publishes the document of `url` fetched at `fetched_ms` (unix), unless one fetched
+    /// later is there already.
+    fn publish(&self, url: &str, document: &str, fetched_ms: u64) -> BoxFuture<'_, Result<(), DirectoryError>>;
+
+    /// Takes the cluster's one refetch for `interval`: false if a node took it less than
+    /// `interval` ago.
+    fn claim_refetch(&self, interval: Duration) -> BoxFuture<'_, Result<bool, DirectoryError>>;
 }
 
 /// Why a cluster's store cannot be used now.

@@ -31,7 +31,7 @@ mod shards;
 mod subscriptions;
 mod ticker;
 
-pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn, StoreTrouble};
+pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn, SharedKeys, StoreTrouble};
 pub use class_rings::ClassRings;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;

@@ -27,6 +27,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
+use crate::config::outbound::{self, Failure, OutboundError};
 use crate::config::WebhookConfig;
 use crate::metrics::{Metrics, WebhookResult};
 use crate::presence::{unix_ms_now, write_event_data, Batch, Directory, EventId, RelayTurn};
@@ -169,22 +170,13 @@ impl Relay {
         node: &str,
     ) -> Result<Relay, WebhookError> {
         let user_agent = format!("idlegate/{} (node {node})", env!("CARGO_PKG_VERSION"));
-        let mut builder = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .user_agent(user_agent)
-            .redirect(reqwest::redirect::Policy::none());
-        if let Some(path) = &config.ca_file {
-            let pem = std::fs::read(path).map_err(|e| WebhookError::CaFile(format!("{}: {e}", path.display())))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| WebhookError::CaFile(format!("{}: {e}", path.display())))?;
-            if certs.is_empty() {
-                return Err(WebhookError::CaFile(format!("{}: no certificate", path.display())));
-            }
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        let client = builder.build().map_err(|e| WebhookError::Client(e.to_string()))?;
+        let redirect = reqwest::redirect::Policy::none();
+        let client = outbound::client(config.timeout, user_agent, config.ca_file.as_deref(), redirect, true).map_err(
+            |e| match e {
+                OutboundError::CaFile(why) => WebhookError::CaFile(why),
+                OutboundError::Client(why) => WebhookError::Client(why),
+            },
+        )?;
         let node = Value::String(node.to_string()).to_string();
         // Alone, followed from now, before any door opens: the first login's events are
         // the relay's too. A cluster's relay follows from the acknowledged position once it
@@ -453,7 +445,7 @@ impl Relay {
                 }
                 Err(e) => {
                     let result = classify(&e);
-                    self.failed(&why(e));
+                    self.failed(&outbound::describe(e));
                     result
                 }
             };
@@ -503,42 +495,11 @@ impl Relay {
     }
 }
 
-/// What went wrong with a request, for the log: the error's whole chain (the refused
-/// connection, the certificate rustls did not trust, the timeout), without the URL, which
-/// may carry credentials.
-fn why(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut why = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(error) = source {
-        let text = error.to_string();
-        if !why.ends_with(&text) {
-            why.push_str(": ");
-            why.push_str(&text);
-        }
-        source = error.source();
-    }
-    why
-}
-
 /// Which result a failed request counts as.
 fn classify(e: &reqwest::Error) -> WebhookResult {
-    if e.is_timeout() {
-        return WebhookResult::Timeout;
+    match outbound::failure(e) {
+        Failure::Timeout => WebhookResult::Timeout,
+        Failure::Tls => WebhookResult::Tls,
+        Failure::Connect => WebhookResult::Connect,
     }
-    // rustls's errors (a certificate not trusted, a handshake refused) are somewhere in the
-    // chain of a connect error.
-    let mut source: Option<&dyn std::error::Error> = Some(e);
-    while let Some(error) = source {
-        if error.is::<rustls::Error>() {
-            return WebhookResult::Tls;
-        }
-        // An io::Error's `source` skips the error it wraps (hyper-rustls wraps rustls's
-        // error in two of them): the walk goes into the wrapped one instead.
-        source = match error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
-            Some(wrapped) => Some(wrapped as &dyn std::error::Error),
-            None => error.source(),
-        };
-    }
-    WebhookResult::Connect
 }
