@@ -63,7 +63,7 @@ async fn presence_query_and_online_answer_for_the_uids_logged_in() {
     assert_eq!(get(&server, "/v1/presence/43").await, (200, json!({"uid": 43, "online": false, "sessions": []})));
 
     let answer = post(&server, "/v1/presence/query", &json!({"uids": [42, 43, 42]})).await;
-    assert_eq!(answer, (200, json!({"online": [42, 42], "offline": [43]})));
+    assert_eq!(answer, (200, json!({"online": [42, 42], "offline": [43], "last_seen_ms": {}})));
     // The connection without a LOGIN counts as a connection, not as online.
     for _ in 0..100 {
         if get(&server, "/v1/online").await.1["connections"] == json!(2) {
@@ -569,7 +569,7 @@ async fn uids_may_be_strings_for_javascript_and_come_back_as_strings() {
     let mut c = server.client().await;
     c.login(big).await;
     let asked = json!({"uids": [big.to_string(), "42"]});
-    let want = json!({"online": [big.to_string()], "offline": ["42"]});
+    let want = json!({"online": [big.to_string()], "offline": ["42"], "last_seen_ms": {}});
     assert_eq!(post(&server, "/v1/presence/query", &asked).await, (200, want));
     let (status, body) = post(&server, "/v1/presence/query", &json!({"uids": ["4x"]})).await;
     assert_error((status, body), 400, "uids[0]");

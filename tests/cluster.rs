@@ -29,7 +29,7 @@ async fn cross_node_checks(url: &str) {
     assert_eq!(here["online"], true);
     assert!(here["silent_ms"].as_u64().is_some(), "{here}");
     let (_, query) = api_json(b, "POST", "/v1/presence/query", r#"{"uids":[42,43]}"#).await;
-    assert_eq!(query, serde_json::json!({"online": [42], "offline": [43]}));
+    assert_eq!(query, serde_json::json!({"online": [42], "offline": [43], "last_seen_ms": {}}));
     let (_, online) = api_json(c, "GET", "/v1/online", "").await;
     assert_eq!(online["online"], 1, "{online}");
     assert_eq!(online["local"]["node"], "c");

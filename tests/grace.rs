@@ -63,7 +63,7 @@ async fn alone_a_uid_in_its_grace_is_online_without_sessions_and_its_user_offlin
     let ended = offline.data["at_ms"].as_u64().unwrap();
     assert!(until >= ended + 900 && until <= ended + 1_100, "until {until}, ended {ended}");
     let query = api_json(&server, "POST", "/v1/presence/query", r#"{"uids":[5,6]}"#).await;
-    assert_eq!(query, (200, json!({"online": [5], "offline": [6]})));
+    assert_eq!(query, (200, json!({"online": [5], "offline": [6], "last_seen_ms": {}})));
     let online = api_json(&server, "GET", "/v1/online", "").await.1;
     assert_eq!(online["online"], 1, "{online}");
 

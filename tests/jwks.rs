@@ -350,3 +350,59 @@ async fn keys_that_cannot_be_fetched_at_start_stop_the_gateway_unless_optional()
     })
     .await;
 }
+
+/// In a cluster, unknown kids sent to every node cause at most one fetch per interval for
+/// the whole cluster: the node that takes the refetch publishes the set through Redis, and
+/// the others take it from there (`trigger="shared"`) instead of asking the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_unknown_kids_cause_one_fetch_per_interval_for_all_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tokens) = mint(dir.path()) else { return };
+    let Some(random) = python("random_kids.py", &[&UID.to_string(), "2000"]) else { return };
+    let random: Vec<String> = serde_json::from_value(random).unwrap();
+    let Some(redis) = common::redis::RedisServer::start().await else { return };
+    let (provider, url) = Provider::start(read(dir.path(), "jwks.json")).await;
+    let interval = Duration::from_secs(1);
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let config = by_url(&url, Duration::from_secs(3600), interval);
+        let config =
+            Config { jwt: config.jwt, jwks: config.jwks, ..common::cluster::cluster_config(&redis.url(), name) };
+        let gw = TestServer::start(config).await;
+        common::cluster::wait_ready(&gw).await;
+        eventually("the keys are fetched", || async { gw.metrics.jwks_keys.get() == 4 }).await;
+        nodes.push(gw);
+    }
+    // The provider rotates; then unknown kids (and the new key's token) on every node.
+    provider.set(read(dir.path(), "rotated.json"));
+    tokio::time::sleep(interval).await;
+    let before = provider.fetches();
+    let started = tokio::time::Instant::now();
+    let doors: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let mut senders = Vec::new();
+    for (i, chunk) in random.chunks(random.len() / 12).enumerate() {
+        let (chunk, door) = (chunk.to_vec(), doors[i % doors.len()]);
+        senders.push(tokio::spawn(async move {
+            for token in chunk {
+                let _ = login_at(door, &token).await;
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let took = started.elapsed();
+    let fetches = provider.fetches() - before;
+    let allowed = (took.as_millis() / interval.as_millis()) as u64 + 1;
+    println!("2,000 unknown kids over three nodes in {took:?}: {fetches} fetches (at most {allowed} allowed)");
+    assert!(fetches <= allowed, "{fetches} fetches in {took:?} at one per {interval:?}, cluster-wide");
+    // Every node logs the new key in, most of them without fetching it themselves.
+    for gw in &nodes {
+        eventually("the new key logs in on every node", || async { login(gw, &tokens["rotated"]).await.is_ok() }).await;
+    }
+    let mut shared = 0;
+    for gw in &nodes {
+        shared += fetched(gw, "shared", "ok").await;
+    }
+    assert!(shared >= 1, "a node took the set another fetched");
+}

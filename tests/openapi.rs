@@ -90,11 +90,16 @@ async fn every_documented_operation_answers_as_documented() {
 
     let q = "/v1/presence/query";
     let (_, answer) = checker.call(&server, "POST", q, q, r#"{"uids":[42,"43"]}"#, true).await;
-    assert_eq!(answer, json!({"online": ["42"], "offline": ["43"]}));
+    assert_eq!(answer, json!({"online": ["42"], "offline": ["43"], "last_seen_ms": {}}));
     checker.call(&server, "POST", q, q, r#"{"uids":"all"}"#, true).await;
     checker.call(&server, "POST", q, q, "not json", true).await;
 
     checker.call(&server, "GET", "/v1/online", "/v1/online", "", true).await;
+    let o = "/v1/online/uids";
+    let (_, page) = checker.call(&server, "GET", o, "/v1/online/uids?limit=1", "", true).await;
+    let next = format!("/v1/online/uids?limit=1&cursor={}", page["cursor"].as_str().unwrap_or_default());
+    checker.call(&server, "GET", o, &next, "", true).await;
+    checker.call(&server, "GET", o, "/v1/online/uids?cursor=nonsense", "", true).await;
 
     let push = "/v1/push";
     let (_, pushed) = checker.call(&server, "POST", push, push, r#"{"uids":[42,43],"payload":"aGk="}"#, true).await;

@@ -25,9 +25,14 @@ use crate::cluster::membership::{liveness, nodes, Liveness};
 use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{
-    Batch, Claims, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount, Origin, Push, Reach,
+    decode_cursor, encode_cursor, Batch, Claims, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount,
+    Origin, Push, Reach, UidPage,
 };
 use crate::proto::Device;
+
+/// The smallest `COUNT` a page's `HSCAN` asks for: a page of a few uids still walks the
+/// hash in steps worth a round trip.
+const MIN_SCAN_COUNT: usize = 100;
 
 impl From<StoreError> for DirectoryError {
     fn from(e: StoreError) -> DirectoryError {
@@ -284,6 +289,90 @@ impl Directory for ClusterDirectory {
                 .call(1, |mut conn| async move { Ok(redis::cmd("GET").arg(key).query_async(&mut conn).await?) })
                 .await?;
             Ok(at)
+        }
+        .boxed()
+    }
+
+    fn last_seen_of<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<Option<u64>>, DirectoryError>> {
+        async move {
+            // One pipeline, the keys spread over the cluster's shards.
+            let cmds = uids.iter().map(|&uid| redis::Cmd::get(keys::last_seen(uid))).collect();
+            let answers = self.cluster.send_all(cmds).await?;
+            Ok(answers.into_iter().map(|v| redis::from_redis_value::<Option<u64>>(v).ok().flatten()).collect())
+        }
+        .boxed()
+    }
+
+    fn online_uids<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<UidPage, DirectoryError>> {
+        async move {
+            let bad = || DirectoryError::BadCursor("not one this gateway handed out");
+            // A cursor: the scan's `as_of`, the users hash's scan cursor (`done` once it came
+            // back to 0), and the uids the last `HSCAN` gave past the page, handed out first.
+            let (as_of, mut scan, mut done, mut rest) = match cursor {
+                None => {
+                    // Read before the scan begins: every change the scan may miss is after it.
+                    let mut cmd = redis::cmd("HMGET");
+                    cmd.arg(keys::EVENTS_LAST).arg("ms").arg("n");
+                    let answer = self.cluster.send_control(vec![cmd]).await?;
+                    let (ms, n): (Option<u64>, Option<u64>) =
+                        answer.into_iter().next().map_or(Ok((None, None)), redis::from_redis_value).unwrap_or_default();
+                    (EventId { ms: ms.unwrap_or(0), seq: n.unwrap_or(0) }, 0u64, false, Vec::new())
+                }
+                Some(cursor) => {
+                    let f = decode_cursor(cursor, 4)?;
+                    let as_of: EventId = f[0].parse().map_err(|()| bad())?;
+                    let scan: u64 = f[1].parse().map_err(|_| bad())?;
+                    let done = match f[2].as_str() {
+                        "0" => false,
+                        "1" => true,
+                        _ => return Err(bad()),
+                    };
+                    let rest: Vec<u64> = if f[3].is_empty() {
+                        Vec::new()
+                    } else {
+                        f[3].split(',').map(|u| u.parse().map_err(|_| bad())).collect::<Result<_, _>>()?
+                    };
+                    (as_of, scan, done, rest)
+                }
+            };
+            let take = rest.len().min(limit);
+            let mut uids: Vec<u64> = rest.drain(..take).collect();
+            // The users hash holds a field for every uid online as a user (its offline grace
+            // included), kept by the scripts that log the stream: `HSCAN` hands out every
+            // field present during the whole scan at least once.
+            while uids.len() < limit && !done {
+                let count = (limit - uids.len()).max(MIN_SCAN_COUNT);
+                let mut cmd = redis::cmd("HSCAN");
+                cmd.arg(keys::USERS).arg(scan).arg("COUNT").arg(count);
+                let answer = self.cluster.send_control(vec![cmd]).await?;
+                let (next, fields): (u64, Vec<String>) = answer
+                    .into_iter()
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()
+                    .map_err(|e| DirectoryError::Unavailable(e.to_string()))?
+                    .unwrap_or_default();
+                // Field, value, field, value: the values (a uid's sessions) are not needed
+                // (`NOVALUES` is Redis 7.4's).
+                for uid in fields.iter().step_by(2).filter_map(|f| f.parse::<u64>().ok()) {
+                    if uids.len() < limit {
+                        uids.push(uid);
+                    } else {
+                        rest.push(uid);
+                    }
+                }
+                scan = next;
+                done = next == 0;
+            }
+            let cursor = (!done || !rest.is_empty()).then(|| {
+                let rest: Vec<String> = rest.iter().map(u64::to_string).collect();
+                encode_cursor(&[as_of.to_string(), scan.to_string(), u8::from(done).to_string(), rest.join(",")])
+            });
+            Ok(UidPage { uids, cursor, as_of })
         }
         .boxed()
     }

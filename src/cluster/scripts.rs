@@ -235,10 +235,14 @@ end
 -- on this one.
 local CHOSEN = {logout = true, kicked = true, token_expired = true}
 local seen = {}
-local function user_gone(ev, gk, wk, uid, r, at, grace_ms, seen_ms)
+-- What the users hash (uk) holds for a uid in its offline grace: no session, yet online as a
+-- user, so a scan of the hash (`GET /v1/online/uids`) lists it (see `held` below).
+local GRACE_MARK = 'g'
+local function user_gone(ev, uk, gk, wk, uid, r, at, grace_ms, seen_ms)
   if grace_ms > 0 and not CHOSEN[r] then
     redis.call('ZADD', gk, ev.now() + grace_ms, uid)
     redis.call('HSET', wk, uid, r .. '|' .. at)
+    redis.call('HSET', uk, uid, GRACE_MARK)
   else
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'e', at, 'at', ev.user_stamp(uid))
   end
@@ -277,11 +281,12 @@ end
 -- `--max-devices` in stream order. Every script that takes a session out of its member's
 -- hash takes it off the list (`held_remove`); a login reads the list through `held`, which
 -- also drops any entry its member's hash no longer holds, so the list can never keep a uid
--- online that holds nothing.
+-- online that holds nothing. A uid in its offline grace holds `GRACE_MARK` instead of a
+-- list: so every uid online as a user has a field, which a scan of the hash relies on.
 local function held_lines(users, uid)
   local lines = {}
   local v = redis.call('HGET', users, uid)
-  if v then
+  if v and v ~= GRACE_MARK then
     for e in string.gmatch(v, '[^\n]+') do lines[#lines + 1] = e end
   end
   return lines
@@ -336,7 +341,7 @@ end
 -- How many sessions the uid holds.
 local function held_count(users, uid)
   local v = redis.call('HGET', users, uid)
-  if not v then return 0 end
+  if not v or v == GRACE_MARK then return 0 end
   local _, breaks = string.gsub(v, '\n', '')
   return breaks + 1
 end
@@ -738,7 +743,7 @@ for i = from, #ARGV, 6 do
       if n <= 0 then
         if user then
           owed[uid] = nil
-          user_gone(ev, KEYS[8], KEYS[9], uid, x, at, grace_ms, seen_ms)
+          user_gone(ev, KEYS[6], KEYS[8], KEYS[9], uid, x, at, grace_ms, seen_ms)
         else
           owe(uid, x, at)
         end
@@ -770,7 +775,7 @@ for _, uid in ipairs(owed_order) do
   local o = owed[uid]
   owed[uid] = nil
   if o and held_count(KEYS[6], uid) <= 0 then
-    user_gone(ev, KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms, seen_ms)
+    user_gone(ev, KEYS[6], KEYS[8], KEYS[9], uid, o[1], o[2], grace_ms, seen_ms)
   end
 end
 ev.save()
@@ -803,6 +808,7 @@ for _, uid in ipairs(due) do
   -- A uid with a session again came back without a login taking it out (only if Redis
   -- lost writes between the two): it never went offline.
   if held_count(KEYS[5], uid) <= 0 then
+    if redis.call('HGET', KEYS[5], uid) == GRACE_MARK then redis.call('HDEL', KEYS[5], uid) end
     local stamp = ev.user_stamp(uid)
     ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or stamp, 'at', stamp)
     released = released + 1
@@ -982,7 +988,7 @@ for i = 1, #found, 2 do
     else
       emit_offline(ev, uid, found[i + 1], d or '', 'node_lost', ARGV[5], wt, wp, c)
       if n <= 0 then
-        user_gone(ev, KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
+        user_gone(ev, KEYS[5], KEYS[7], KEYS[8], uid, 'node_lost', ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
       end
     end
     redis.call('HSET', KEYS[4], found[i], found[i + 1])

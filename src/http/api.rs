@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -77,7 +77,11 @@ impl IntoResponse for ApiError {
 
 impl From<DirectoryError> for ApiError {
     fn from(e: DirectoryError) -> ApiError {
-        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() }
+        let status = match e {
+            DirectoryError::BadCursor(_) => StatusCode::BAD_REQUEST,
+            DirectoryError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError { status, message: e.to_string() }
     }
 }
 
@@ -103,6 +107,12 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Canc
     }
 }
 
+/// Uids on a page of `GET /v1/online/uids` unless the request says: a few KiB of JSON.
+const DEFAULT_UID_PAGE: usize = 1_000;
+
+/// Most uids on a page: about 200 KiB of JSON, a bounded answer however many are online.
+const MAX_UID_PAGE: usize = 10_000;
+
 #[derive(Clone)]
 struct ApiState {
     shared: Arc<Shared>,
@@ -112,10 +122,11 @@ struct ApiState {
 /// Every route with the status it answers when all goes well, and the two catch-alls: their
 /// request counters exist at 0 from the start, so a dashboard's `rate()` shows 0, not "no
 /// data", on a gateway whose API has not been called yet.
-const COUNTED: [(&str, u16); 9] = [
+const COUNTED: [(&str, u16); 10] = [
     ("/v1/presence/{uid}", 200),
     ("/v1/presence/query", 200),
     ("/v1/online", 200),
+    ("/v1/online/uids", 200),
     ("/v1/push", 200),
     ("/v1/sessions/{uid}", 204),
     ("/v1/events", 200),
@@ -133,6 +144,7 @@ fn router(shared: Arc<Shared>, stop: CancellationToken) -> Router {
         .route("/v1/presence/{uid}", get(presence))
         .route("/v1/presence/query", post(presence_query))
         .route("/v1/online", get(online))
+        .route("/v1/online/uids", get(online_uids))
         .route("/v1/push", post(push))
         .route("/v1/sessions/{uid}", delete(kick))
         .route("/v1/events", get(events))
@@ -269,7 +281,36 @@ async fn presence_query(
     let (uids, form) = uid_list(&body)?;
     let online = state.shared.directory.query(&uids).await?;
     let (on, off) = split_by(uids, online);
-    Ok(Json(json!({ "online": form.render(on), "offline": form.render(off) })))
+    // When each offline uid was last online, for those remembered (`--last-seen-capacity`,
+    // `--last-seen-ttl`), keyed by the uid in decimal.
+    let seen = state.shared.directory.last_seen_of(&off).await?;
+    let last_seen: serde_json::Map<String, Value> =
+        off.iter().zip(seen).filter_map(|(uid, at)| Some((uid.to_string(), Value::from(at?)))).collect();
+    Ok(Json(json!({ "online": form.render(on), "offline": form.render(off), "last_seen_ms": last_seen })))
+}
+
+/// `GET /v1/online/uids?cursor=<opaque>&limit=<n>`: one page of the uids online (their
+/// offline grace included), at most `limit` (1 to 10,000; 1,000 by default), and the next
+/// page's cursor (null after the last). Every uid online during the whole scan is on some
+/// page; `as_of` (the same on every page) is the newest event when the scan began, and a
+/// backend that applies the stream's user events after it to the scan's uids has the exact
+/// picture (docs/API.md, "Catching up after a gap").
+async fn online_uids(State(state): State<ApiState>, RawQuery(query): RawQuery) -> Result<Json<Value>, ApiError> {
+    let (mut cursor, mut limit) = (None, DEFAULT_UID_PAGE);
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match &*key {
+            "cursor" => cursor = Some(value.into_owned()),
+            "limit" => {
+                limit =
+                    value.parse().ok().filter(|n| (1..=MAX_UID_PAGE).contains(n)).ok_or_else(|| {
+                        ApiError::bad_request(format!("limit: a whole number from 1 to {MAX_UID_PAGE}"))
+                    })?
+            }
+            other => return Err(ApiError::bad_request(format!("{other}: not a parameter of this route"))),
+        }
+    }
+    let page = state.shared.directory.online_uids(cursor.as_deref(), limit).await?;
+    Ok(Json(json!({ "uids": page.uids, "cursor": page.cursor, "as_of": page.as_of.to_string() })))
 }
 
 /// `GET /v1/online`: the cluster's totals (this node's alone when it runs alone), this

@@ -26,6 +26,42 @@ pub enum DirectoryError {
     /// that lives outside this process (the cluster's) can fail this way.
     #[error("presence store unavailable: {0}")]
     Unavailable(String),
+    /// A page cursor this directory did not hand out (or from another kind of directory).
+    #[error("cursor: {0}")]
+    BadCursor(&'static str),
+}
+
+/// One page of the uids online (`GET /v1/online/uids`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UidPage {
+    pub uids: Vec<u64>,
+    /// The next page's cursor; `None` after the last.
+    pub cursor: Option<String>,
+    /// The newest event when the scan began (the same on every page): replaying the stream
+    /// after it onto the scan's uids gives the exact picture.
+    pub as_of: EventId,
+}
+
+/// A page cursor's text: `fields` joined, versioned, base64url. Opaque to clients, who
+/// hand it back as they got it.
+pub(crate) fn encode_cursor(fields: &[String]) -> String {
+    use base64::Engine;
+    let text = format!("1.{}", fields.join("."));
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+}
+
+/// The fields of a cursor made by [`encode_cursor`]: exactly `n` of them.
+pub(crate) fn decode_cursor(cursor: &str, n: usize) -> Result<Vec<String>, DirectoryError> {
+    use base64::Engine;
+    let bad = DirectoryError::BadCursor("not one this gateway handed out");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad)?;
+    let text = String::from_utf8(bytes).map_err(|_| DirectoryError::BadCursor("not one this gateway handed out"))?;
+    let mut fields: Vec<String> = text.split('.').map(str::to_string).collect();
+    if fields.first().map(String::as_str) != Some("1") || fields.len() != n + 1 {
+        return Err(DirectoryError::BadCursor("not one this gateway handed out"));
+    }
+    fields.remove(0);
+    Ok(fields)
 }
 
 /// Where one session of an online uid is.
@@ -100,6 +136,26 @@ pub trait Directory: Send + Sync + std::fmt::Debug {
     /// How many are online: `online` counts uids in their offline grace, `connections`
     /// does not.
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>>;
+    /// One page of the uids online (their offline grace included), at most `limit`, from
+    /// `cursor` (the first page without one). Every uid online during the whole scan is on
+    /// some page; one that came or went during it may be on one or not, and the stream after
+    /// the page's `as_of` says which.
+    fn online_uids<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<UidPage, DirectoryError>>;
+    /// [`Directory::last_seen`] of each of `uids`.
+    fn last_seen_of<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<Option<u64>>, DirectoryError>> {
+        async move {
+            let mut out = Vec::with_capacity(uids.len());
+            for &uid in uids {
+                out.push(self.last_seen(uid).await?);
+            }
+            Ok(out)
+        }
+        .boxed()
+    }
     /// Hands `push` to every session of each uid that takes it (only the one on `device`
     /// when given; an MQTT session only on a topic it subscribed to); for each uid, whom it
     /// reached.
@@ -167,6 +223,31 @@ impl Directory for Local {
             .map(|&uid| self.registry.is_online(uid) || self.registry.grace_until_ms(uid).is_some())
             .collect();
         async move { Ok(online) }.boxed()
+    }
+
+    fn online_uids<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<UidPage, DirectoryError>> {
+        // A cursor: the scan's `as_of`, and the last uid handed out (pages go by uid).
+        let start = match cursor {
+            None => Ok((self.events.last_id(), None)),
+            Some(cursor) => decode_cursor(cursor, 2).and_then(|f| {
+                let as_of = f[0].parse().map_err(|()| DirectoryError::BadCursor("not one this gateway handed out"))?;
+                let after = f[1].parse().map_err(|_| DirectoryError::BadCursor("not one this gateway handed out"))?;
+                Ok((as_of, Some(after)))
+            }),
+        };
+        let page = start.map(|(as_of, after): (EventId, Option<u64>)| {
+            let uids = self.registry.online_uids(after, limit);
+            let cursor = match uids.last() {
+                Some(last) if uids.len() == limit => Some(encode_cursor(&[as_of.to_string(), last.to_string()])),
+                _ => None,
+            };
+            UidPage { uids, cursor, as_of }
+        });
+        async move { page }.boxed()
     }
 
     fn online(&self) -> BoxFuture<'_, Result<OnlineCount, DirectoryError>> {

@@ -18,7 +18,7 @@
 //! the node that ended the session.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
@@ -53,6 +53,8 @@ pub(crate) struct Graces {
     /// The grace in milliseconds, for `until_ms`.
     grace_ms: u64,
     held: AtomicUsize,
+    /// Moves into and out of a grace, ever ([`Graces::moves`]).
+    moves: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -73,6 +75,7 @@ impl Graces {
             clock,
             grace_ms: clock.ticks(ticks).as_millis() as u64,
             held: AtomicUsize::new(0),
+            moves: AtomicU64::new(0),
         }
     }
 
@@ -87,6 +90,7 @@ impl Graces {
             shard.ring.advance(now);
         }
         let handle = shard.ring.insert(uid, now);
+        self.moves.fetch_add(1, Ordering::Release);
         let held = Held { handle, reason, ended_ms, until_ms: ended_ms + self.grace_ms };
         if let Some(earlier) = shard.held.insert(uid, held) {
             // Not reachable: a uid in grace has no session to end. Keep the ring in step.
@@ -139,6 +143,7 @@ impl Graces {
         }
         shard.held.remove(&uid);
         self.held.fetch_sub(1, Ordering::Relaxed);
+        self.moves.fetch_add(1, Ordering::Release);
         Some(held)
     }
 
@@ -150,7 +155,15 @@ impl Graces {
         let held = shard.held.remove(&uid)?;
         shard.ring.remove(held.handle, uid);
         self.held.fetch_sub(1, Ordering::Relaxed);
+        self.moves.fetch_add(1, Ordering::Release);
         Some(held)
+    }
+
+    /// How many times a uid came into a grace or left one, ever: a reader of both the
+    /// sessions and the graces that sees it unchanged across its reads saw no uid move
+    /// between the two (`Registry::online_uids`).
+    pub(crate) fn moves(&self) -> u64 {
+        self.moves.load(Ordering::Acquire)
     }
 
     /// Every uid in its grace now.

@@ -35,7 +35,8 @@ pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn, SharedKeys, Store
 pub use class_rings::ClassRings;
 pub(crate) use clock::unix_ms as unix_ms_now;
 pub use clock::Clock;
-pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount};
+pub(crate) use directory::{decode_cursor, encode_cursor};
+pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount, UidPage};
 pub use event_json::write_data as write_event_data;
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
 pub use last_seen::LastSeen;

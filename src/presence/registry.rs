@@ -109,6 +109,12 @@ pub struct Registry {
     fail_sweeps: std::sync::atomic::AtomicBool,
 }
 
+/// How often a page of online uids is read again when uids moved between a session and an
+/// offline grace while it was read: each read costs a pass over the uids, and a move needs a
+/// login or an ending of that very uid during the pass, so more than a few in a row means
+/// a storm of them, and the last read is answered.
+const ONLINE_PAGE_READS: usize = 8;
+
 // === impl Registry ===
 
 impl Registry {
@@ -410,6 +416,46 @@ impl Registry {
     /// Takes the pushes queued for `session`, for its connection to write.
     pub fn take_pushes(&self, session: &Session) -> Vec<Push> {
         self.outboxes.take(session)
+    }
+
+    /// Up to `limit` uids online as users (a live session, or in their offline grace), the
+    /// smallest above `after`, in order: one page of `GET /v1/online/uids`. A uid online
+    /// while the page is read is on it if it is in its range: the page is read again when a
+    /// uid moved between a session and a grace meanwhile (every such move holds the uid's
+    /// entry and counts in [`Graces::moves`]), up to [`ONLINE_PAGE_READS`] times.
+    pub fn online_uids(&self, after: Option<u64>, limit: usize) -> Vec<u64> {
+        let mut page = Vec::new();
+        for _ in 0..ONLINE_PAGE_READS {
+            let moves = self.graces.as_ref().map(Graces::moves);
+            let mut smallest = std::collections::BinaryHeap::with_capacity(limit + 1);
+            let mut consider = |uid: u64| {
+                if after.is_none_or(|after| uid > after) {
+                    smallest.push(uid);
+                    if smallest.len() > limit {
+                        smallest.pop();
+                    }
+                }
+            };
+            if let Some(graces) = &self.graces {
+                graces.uids().into_iter().for_each(&mut consider);
+            }
+            for lead in self.sessions.iter() {
+                // Read without `is_online`: a second look into this map while its shard is
+                // read-locked could wait behind a writer that waits on this reader.
+                let live = lead.value().is_live()
+                    || (self.max_devices > 1
+                        && self.others.get(lead.key()).is_some_and(|rest| rest.iter().any(|s| s.is_live())));
+                if live {
+                    consider(*lead.key());
+                }
+            }
+            page = smallest.into_sorted_vec();
+            page.dedup();
+            if self.graces.as_ref().map(Graces::moves) == moves {
+                break;
+            }
+        }
+        page
     }
 
     /// Whether `uid` has a live session.
