@@ -9,8 +9,11 @@
 //! which the gateway installs as `jsonwebtoken`'s verifier, then the claims); and
 //! `signature`, the signature alone by each of two providers side by side: the crate's
 //! pure-Rust one (`rust_crypto`) and the one the gateway installs (`gateway`: `ring` for
-//! RSA and ECDSA, the pure-Rust one for EdDSA and HS, where it is as fast or faster). `cargo bench --bench jwt` (needs python3 with pyjwt and
-//! cryptography: `python3 -m pip install pyjwt cryptography`).
+//! RSA and ECDSA, the pure-Rust one for EdDSA and HS, where it is as fast or faster). A
+//! third, `keys_by_url`, sets a login checked with a key of `--jwt-key-file` beside one
+//! checked with the same key fetched by URL (`--jwt-jwks-url`), and what taking a fetched
+//! set costs (parsing it and swapping it in). `cargo bench --bench jwt` (needs python3 with
+//! pyjwt and cryptography: `python3 -m pip install pyjwt cryptography`).
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -82,6 +85,33 @@ fn bench(c: &mut Criterion) {
             group.bench_function(format!("{alg}/{name}"), |b| b.iter(|| black_box(check()).unwrap()));
         }
     }
+    group.finish();
+
+    // A key by URL against the same key from a file: the same check on the same token.
+    let document = std::fs::read_to_string(dir.path().join("jwks.json")).unwrap();
+    let rules = JwtRules {
+        issuer: Some("https://idp.example".into()),
+        audience: Some("idlegate".into()),
+        ..JwtRules::default()
+    };
+    let by_file = JwtAuth::load(Some(&dir.path().join("jwks.json")), None, rules.clone()).unwrap();
+    let by_url = JwtAuth::load_with(None, None, true, rules).unwrap();
+    let url = "https://idp.example/jwks";
+    assert_eq!(by_url.take_jwks(url, &document, now * 1000), Ok(4));
+    let mut group = c.benchmark_group("keys_by_url");
+    for alg in ["RS256", "ES256"] {
+        let token = tokens[alg].as_bytes();
+        for (name, jwt) in [("file key", &by_file), ("URL key", &by_url)] {
+            assert!(jwt.verify(UID, token, now).is_ok(), "{alg} with a {name}");
+            group.bench_function(format!("{alg}/{name}"), |b| {
+                b.iter(|| jwt.verify(black_box(UID), black_box(token), now).unwrap())
+            });
+        }
+    }
+    // A refresh once fetched: the four keys parsed, checked and swapped in.
+    group.bench_function("take a fetched set of 4 keys", |b| {
+        b.iter(|| by_url.take_jwks(url, black_box(&document), now * 1000).unwrap())
+    });
     group.finish();
 }
 
