@@ -61,6 +61,8 @@ struct Provider {
     cache_control: Mutex<Option<String>>,
     /// How long it takes to answer.
     delay: Mutex<Duration>,
+    /// Where `/moved` redirects to.
+    moved_to: Mutex<String>,
     fetches: AtomicU64,
     answering: AtomicU64,
 }
@@ -71,7 +73,10 @@ impl Provider {
         let provider = Arc::new(Provider { document: Mutex::new(document), ..Provider::default() });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/jwks", listener.local_addr().unwrap());
-        let app = axum::Router::new().route("/jwks", axum::routing::get(serve)).with_state(provider.clone());
+        let app = axum::Router::new()
+            .route("/jwks", axum::routing::get(serve))
+            .route("/moved", axum::routing::get(moved))
+            .with_state(provider.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         (provider, url)
     }
@@ -94,6 +99,11 @@ async fn serve(State(provider): State<Arc<Provider>>) -> impl IntoResponse {
     let document = provider.document.lock().unwrap().clone();
     let cache = provider.cache_control.lock().unwrap().clone().unwrap_or_else(|| "no-cache".into());
     ([(header::CONTENT_TYPE, "application/json".to_string()), (header::CACHE_CONTROL, cache)], document)
+}
+
+async fn moved(State(provider): State<Arc<Provider>>) -> impl IntoResponse {
+    let to = provider.moved_to.lock().unwrap().clone();
+    (axum::http::StatusCode::FOUND, [(header::LOCATION, to)])
 }
 
 fn rules() -> JwtRules {
@@ -405,4 +415,26 @@ async fn in_a_cluster_unknown_kids_cause_one_fetch_per_interval_for_all_nodes() 
         shared += fetched(gw, "shared", "ok").await;
     }
     assert!(shared >= 1, "a node took the set another fetched");
+}
+
+/// A redirect is followed within the URL's origin only: one to the same host and port is
+/// taken, one to another port (another origin, here another provider serving the same
+/// keys) is refused and counted as `redirect`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_followed_only_within_the_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tokens) = mint(dir.path()) else { return };
+    let (provider, url) = Provider::start(read(dir.path(), "jwks.json")).await;
+    let (_elsewhere, elsewhere) = Provider::start(read(dir.path(), "jwks.json")).await;
+    let moved = url.replace("/jwks", "/moved");
+    *provider.moved_to.lock().unwrap() = "/jwks".into();
+    let within = TestServer::start(by_url(&moved, Duration::from_secs(3600), Duration::from_secs(30))).await;
+    eventually("the keys are fetched through the redirect", || async { within.metrics.jwks_keys.get() == 4 }).await;
+    assert_eq!(login(&within, &tokens["RS256"]).await, Ok(()));
+    *provider.moved_to.lock().unwrap() = elsewhere;
+    let away = TestServer::start(by_url(&moved, Duration::from_secs(3600), Duration::from_secs(30))).await;
+    eventually("the redirect away is refused", || async { fetched(&away, "start", "redirect").await == 1 }).await;
+    assert_eq!(away.metrics.jwks_keys.get(), 0);
+    let refused = login(&away, &tokens["RS256"]).await.unwrap_err();
+    assert!(refused.contains("not fetched yet"), "{refused}");
 }
