@@ -18,11 +18,12 @@ bound was one shorter). Needs redis-server, redis-cli, valgrind, callgrind_contr
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from gateway_process import free_port
 
 MEMBER = "bench#00000001"
 
@@ -75,14 +76,6 @@ def workload(name, sha, bounded):
             batch([("L1|30000||- -" if d == 0 else "L|30000||- -", uid, ss[d], "", 1000, f"d{d}") for d in range(3)])
             batch([("E1" if d == 2 else "E", uid, ss[d], "logout", 1001, f"d{d}") for d in range(3)])
     return b"".join(out), n
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def measure(script, bounded, name):

@@ -23,7 +23,7 @@ use common::tls::{doors, server_with};
 use common::ws::{DoorClient, Got};
 use common::{skip_without, TestServer};
 use idlegate::{Config, JwtAuth, JwtRules};
-use idlegate_proto::{CloseReason, Frame, Transport};
+use idlegate_proto::{Frame, Transport};
 
 const INSTALL: &str = "python3 -m pip install pyjwt cryptography paho-mqtt";
 const UID: u64 = 42;
@@ -52,22 +52,14 @@ fn config(keys: &Path, secret: Option<&Path>) -> Config {
     Config { jwt: Some(JwtAuth::load(Some(keys), secret, rules()).unwrap()), ..Config::default() }
 }
 
-/// Logs in with `token` on `transport`: `Ok` for a WELCOME, else the BYE's text.
+/// Logs in as [`UID`] with `token` on `transport`.
 async fn login(
     transport: Transport,
     addr: std::net::SocketAddr,
     ca: Option<&common::tls::TestCa>,
     token: &str,
 ) -> Result<(), String> {
-    let mut client = DoorClient::connect(transport, addr, ca).await;
-    let token = Bytes::copy_from_slice(token.as_bytes());
-    client.send(Frame::Login { uid: UID, token, device: Default::default(), timeout_ms: None }).await;
-    match client.recv().await {
-        Got::Frame(Frame::Welcome { .. }) => Ok(()),
-        Got::Frame(Frame::Bye { reason: CloseReason::AuthFailed, text, .. }) => Err(text),
-        Got::Close(4000..=4999, text) => Err(format!("close: {text}")),
-        other => Err(format!("{other:?}")),
-    }
+    common::ws::token_login(transport, addr, ca, UID, token).await
 }
 
 /// What each refused token's BYE must say.

@@ -18,13 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::cluster::eventually;
 use common::tls::{doors, server_with, TestCa};
-use common::ws::{DoorClient, Got};
 use common::{find_on_path, skip_without, TestServer};
 use idlegate::{Config, JwksConfig, JwksSource, JwtAuth, JwtRules};
-use idlegate_proto::{CloseReason, Frame, Transport};
+use idlegate_proto::Transport;
 
 const INSTALL: &str =
     "apt-get install nodejs npm openssl && (cd tests/data/oidc && npm ci) && python3 -m pip install paho-mqtt";
@@ -98,22 +96,14 @@ fn kid(token: &str) -> String {
     serde_json::from_slice::<serde_json::Value>(&head).unwrap()["kid"].as_str().unwrap().to_string()
 }
 
-/// Logs in with `token` on `transport`: `Ok` for a WELCOME, else what the refusal said.
+/// Logs in as [`UID`] with `token` on `transport`.
 async fn login(
     transport: Transport,
     addr: std::net::SocketAddr,
     ca: Option<&TestCa>,
     token: &str,
 ) -> Result<(), String> {
-    let mut client = DoorClient::connect(transport, addr, ca).await;
-    let token = Bytes::copy_from_slice(token.as_bytes());
-    client.send(Frame::Login { uid: UID, token, device: Default::default(), timeout_ms: None }).await;
-    match client.recv().await {
-        Got::Frame(Frame::Welcome { .. }) => Ok(()),
-        Got::Frame(Frame::Bye { reason: CloseReason::AuthFailed, text, .. }) => Err(text),
-        Got::Close(4000..=4999, text) => Err(format!("close: {text}")),
-        other => Err(format!("{other:?}")),
-    }
+    common::ws::token_login(transport, addr, ca, UID, token).await
 }
 
 /// CONNECT over MQTT `version` (3 or 5) with `token` as the password, by paho: `rc <code>`.

@@ -132,3 +132,23 @@ impl DoorClient {
         }
     }
 }
+
+/// Logs `uid` in with `token` on `transport`: `Ok` for a WELCOME, else what the refusal said
+/// (a BYE(auth_failed)'s text, or a WebSocket close's).
+pub async fn token_login(
+    transport: Transport,
+    addr: SocketAddr,
+    ca: Option<&TestCa>,
+    uid: u64,
+    token: &str,
+) -> Result<(), String> {
+    let mut client = DoorClient::connect(transport, addr, ca).await;
+    let token = Bytes::copy_from_slice(token.as_bytes());
+    client.send(Frame::Login { uid, token, device: Default::default(), timeout_ms: None }).await;
+    match client.recv().await {
+        Got::Frame(Frame::Welcome { .. }) => Ok(()),
+        Got::Frame(Frame::Bye { reason: idlegate_proto::CloseReason::AuthFailed, text, .. }) => Err(text),
+        Got::Close(4000..=4999, text) => Err(format!("close: {text}")),
+        other => Err(format!("{other:?}")),
+    }
+}
