@@ -268,6 +268,7 @@ async fn an_oversized_or_broken_set_is_refused_and_the_keys_stay() {
     let (_, status) = gw.admin_get("/status.json").await;
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert!(status["jwt"]["last_error"].as_str().is_some_and(|e| e.contains("not a JWKS document")), "{status}");
+    assert_eq!(gw.metrics.jwks_last_fetch_ok.get(), 0);
     assert_eq!(status["jwt"]["keys"], 4);
 }
 

@@ -249,12 +249,14 @@ impl Refresher {
     fn took(&self, n: usize, at: u64) {
         self.metrics.jwks_keys.set(n as i64);
         self.metrics.jwks_fetched_seconds.set((at / 1000) as i64);
+        self.metrics.jwks_last_fetch_ok.set(1);
         self.metrics.jwt_keys.set(self.auth.key_count() as i64);
     }
 
     /// Logs, counts and records a failed fetch; returns it.
     fn failed(&self, trigger: Trigger, url: Option<&str>, e: FetchError, now: u64) -> FetchError {
         self.metrics.jwks_fetch(trigger.label(), e.reason());
+        self.metrics.jwks_last_fetch_ok.set(0);
         self.auth.fetch_failed(url, &e.to_string(), now);
         tracing::warn!(error = %e, trigger = trigger.label(), "jwks: fetching the keys failed; the keys in use stay");
         e

@@ -108,6 +108,9 @@ pub struct Metrics {
     /// Keys in use from the URL, and when they were fetched (unix seconds; 0 before).
     pub jwks_keys: IntGauge,
     pub jwks_fetched_seconds: IntGauge,
+    /// Whether the last fetch of the keys by URL worked (1) or failed (0; why is in the
+    /// fetches' `result` and in `/status.json`).
+    pub jwks_last_fetch_ok: IntGauge,
     /// REFRESH frames (and MQTT 5 re-authentications), by result.
     pub refreshes_ok: IntCounter,
     pub refreshes_refused: IntCounter,
@@ -314,6 +317,10 @@ impl Metrics {
         let jwks_fetched_seconds = gauge(
             "idlegate_jwt_jwks_fetched_timestamp_seconds",
             "when the JWT keys in use from the URL were fetched, unix seconds (0: not yet)",
+        );
+        let jwks_last_fetch_ok = gauge(
+            "idlegate_jwt_jwks_last_fetch_ok",
+            "1 if the last fetch of the JWT keys by URL worked, 0 if it failed (the keys in use stay; /status.json says why)",
         );
         let refreshes_vec = IntCounterVec::new(
             Opts::new(
@@ -605,6 +612,7 @@ impl Metrics {
             jwks_refetches_limited,
             jwks_keys,
             jwks_fetched_seconds,
+            jwks_last_fetch_ok,
             refreshes_ok,
             refreshes_refused,
             token_expiries,
