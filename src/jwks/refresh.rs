@@ -114,7 +114,7 @@ impl Refresher {
         };
         // When the provider was last asked (the start's fetch counts), for the unknown-`kid`
         // limit, and when the cluster's document was last read for one.
-        let mut asked = Some(Instant::now());
+        let mut asked = Instant::now();
         let mut checked: Option<Instant> = None;
         loop {
             let trigger = tokio::select! {
@@ -123,7 +123,7 @@ impl Refresher {
                 _ = self.wake.notified() => Trigger::UnknownKid,
             };
             if trigger == Trigger::UnknownKid {
-                if asked.is_some_and(|at| at.elapsed() < self.config.min_interval) {
+                if asked.elapsed() < self.config.min_interval {
                     self.metrics.jwks_refetches_limited.inc();
                     continue;
                 }
@@ -148,7 +148,7 @@ impl Refresher {
                     }
                 }
             }
-            asked = Some(Instant::now());
+            asked = Instant::now();
             next = Instant::now()
                 + match self.refresh(trigger).await {
                     Ok(fresh_for) => fresh_for,
