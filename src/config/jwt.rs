@@ -264,14 +264,16 @@ impl JwtAuth {
         Ok(self.key_count())
     }
 
-    /// The keys in use, rebuilt from the files' and the URL's.
+    /// The keys in use, rebuilt from the files' and the URL's. Read under the lock it
+    /// writes, so a SIGHUP reload and a fetch landing together both end up in the set: the
+    /// later rebuild reads what the earlier one wrote.
     fn combine(&self) {
-        let files = self.files.read().unwrap_or_else(PoisonError::into_inner).clone();
-        let mut all: Vec<Key> = files.as_ref().clone();
+        let mut keys = self.keys.write().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<Key> = self.files.read().unwrap_or_else(PoisonError::into_inner).as_ref().clone();
         if let Some(remote) = &self.remote {
             all.extend(remote.keys.read().unwrap_or_else(PoisonError::into_inner).iter().cloned());
         }
-        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(all);
+        *keys = Arc::new(all);
     }
 
     /// Takes the keys of a JWKS document fetched from `url` at `now_ms` (unix), judged as a
