@@ -926,6 +926,52 @@ async fn nemesis_seed_1_a_reconcile_never_announces_a_session_taken_over() {
     assert_paired(&redis.events());
 }
 
+/// Nemesis seed 2 on a Redis Cluster at `--max-devices 2`: an outage held a node's batch,
+/// and logins kept coming and queued behind it; when the batch landed it showed lost writes,
+/// and the node reconciled before taking the queued logins. Redis lacked them, so the
+/// reconcile announced them again, behind their own `online`s; in between, a later login of
+/// the same uid on the same node took one's place: `online`, `offline` (kicked), `online`
+/// again. A login still queued is not lost, and is not announced again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_cluster_seed_2_max_devices_2_a_reconcile_never_announces_a_login_still_queued() {
+    let Some(redis) = RedisServer::start().await else { return };
+    let proxy = Proxy::start(redis.addr).await.unwrap();
+    let config =
+        |url: &str, node| Config { node_lease: Duration::from_secs(60), max_devices: 2, ..cluster_config(url, node) };
+    let a = TestServer::start(config(&proxy.url(), "a")).await;
+    wait_ready(&a).await;
+    let b = TestServer::start(config(&redis.url(), "b")).await;
+    wait_ready(&b).await;
+    let mut first = a.client().await;
+    assert!(matches!(first.login(2).await, Frame::Welcome { .. }));
+    within(PATIENCE, "a's first login is logged", || redis.events().iter().any(|e| e.uid == 2)).await;
+    // The outage: a's next batch (uid 3's login) is held, and uid 1's logins queue behind it.
+    proxy.pause();
+    let mut held = a.client().await;
+    assert!(matches!(held.login(3).await, Frame::Welcome { .. }));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut older = a.client().await;
+    let older_session = older.login_device(1, "d2").await;
+    let mut elsewhere = b.client().await;
+    elsewhere.login_device(1, "d1").await;
+    within(PATIENCE, "b's login is logged", || redis.events().iter().any(|e| e.uid == 1)).await;
+    let mut newer = a.client().await;
+    let newer_session = newer.login_device(1, "d0").await;
+    // Redis lost a's acknowledged writes (as a failover to a lagging replica does): the held
+    // batch finds a's applied marker behind, and a reconciles before taking the rest.
+    let member = members(&redis).into_iter().find(|m| m.starts_with("a#")).expect("a is a member");
+    redis.cli(&["DEL", &format!("{{idlegate}}:applied:{member}")]);
+    proxy.resume();
+    within(PATIENCE, "the newer login is logged", || redis.events().iter().any(|e| e.session == newer_session)).await;
+    // The older session (the uid's oldest place, taken by the newer login): announced once,
+    // ended once, kicked.
+    older.expect_bye(CloseReason::Kicked).await;
+    let events = redis.events();
+    let of_older: Vec<&str> = events.iter().filter(|e| e.session == older_session).map(|e| e.kind.as_str()).collect();
+    assert_eq!(of_older, ["online", "offline"], "{events:#?}");
+    drop((first, held, elsewhere, newer));
+}
+
 /// Nemesis seed 9 on a Redis Cluster: after a server's restart, n2's Redis Cluster client
 /// (the `redis` crate's) stayed wedged: every call failed for 8 s while the cluster
 /// answered everyone else. The node opened its connections anew only after its calls had

@@ -220,6 +220,17 @@ impl Queue {
         Taken { ops, dropped: std::mem::take(&mut inner.dropped), through, lost: std::mem::take(&mut inner.lost) }
     }
 
+    /// The sessions whose login waits here, not yet taken into a batch: Redis has not got
+    /// them yet, and will.
+    pub(crate) fn queued_logins(&self) -> HashSet<u64> {
+        let inner = self.lock();
+        let logins = inner.ops.iter().filter_map(|op| match op {
+            Op::Online { session, reroute: false, .. } => Some(*session),
+            _ => None,
+        });
+        logins.collect()
+    }
+
     /// Changes waiting now.
     pub(crate) fn len(&self) -> usize {
         self.lock().ops.len()
