@@ -205,7 +205,8 @@ async fn ten_thousand_unknown_kids_cause_at_most_one_fetch_per_interval() {
     let Some(random) = python("random_kids.py", &[&UID.to_string(), "10000"]) else { return };
     let random: Vec<String> = serde_json::from_value(random).unwrap();
     let (provider, url) = Provider::start(read(dir.path(), "jwks.json")).await;
-    let interval = Duration::from_secs(1);
+    // Short, so that the logins span several intervals.
+    let interval = Duration::from_millis(250);
     let gw = TestServer::start(by_url(&url, Duration::from_secs(3600), interval)).await;
     eventually("the keys are fetched", || async { gw.metrics.jwks_keys.get() == 4 }).await;
     let before = provider.fetches();
