@@ -63,9 +63,16 @@ impl From<Frame> for Command {
             Frame::Data(payload) => Command::Data { payload: Bytes::copy_from_slice(&payload), topic: None },
             Frame::Logout => Command::Logout,
             Frame::Refresh(token) => Command::Refresh(token),
-            Frame::Welcome { .. } | Frame::Pong(_) | Frame::Push(_) | Frame::Refreshed { .. } | Frame::Bye { .. } => {
-                Command::Refused("gateway-to-client frame kind sent by a client")
+            // WIP (issue 52, branch issue-52): the machine does not serve watch lists yet.
+            Frame::Watch(_) | Frame::Unwatch(_) | Frame::Status(_) => {
+                Command::Refused("watch lists are not served yet")
             }
+            Frame::Welcome { .. }
+            | Frame::Pong(_)
+            | Frame::Push(_)
+            | Frame::Refreshed { .. }
+            | Frame::Bye { .. }
+            | Frame::Presence { .. } => Command::Refused("gateway-to-client frame kind sent by a client"),
         }
     }
 }

@@ -35,6 +35,15 @@ pub enum FrameError {
     /// A BYE with no reason byte, or one this version does not define.
     #[error("BYE with reason {0:?}")]
     BadBye(Option<u8>),
+    /// A WATCH or UNWATCH whose payload is not a whole, non-empty list of 8-byte uids.
+    #[error("{0} payload of {1} bytes: expected one or more uids of 8 bytes each")]
+    BadUidList(&'static str, usize),
+    /// A STATUS whose text is not UTF-8.
+    #[error("STATUS text is not UTF-8")]
+    BadStatus,
+    /// A PRESENCE that does not hold what its header says.
+    #[error("PRESENCE malformed: {0}")]
+    BadPresence(&'static str),
     /// The socket failed or closed in the middle of a frame.
     #[error(transparent)]
     Io(#[from] io::Error),

@@ -24,6 +24,13 @@ pub mod kind {
     /// A new token for the logged-in uid, replacing the LOGIN's before it expires
     /// (version 4).
     pub const REFRESH: u8 = 0x05;
+    /// uids (u64 BE each, one or more) added to the session's watch list; answered by a
+    /// PRESENCE snapshot of them (version 5).
+    pub const WATCH: u8 = 0x06;
+    /// uids (u64 BE each, one or more) taken off the session's watch list (version 5).
+    pub const UNWATCH: u8 = 0x07;
+    /// The user's status, UTF-8 (empty: none), which its watchers see (version 5).
+    pub const STATUS: u8 = 0x08;
     /// `timeout_ms` (u32 BE), `tick_ms` (u32 BE), then the session id in ASCII.
     pub const WELCOME: u8 = 0x81;
     /// The PING's payload.
@@ -32,6 +39,12 @@ pub mod kind {
     pub const PUSH: u8 = 0x83;
     /// The REFRESH was taken: the new token's expiry, unix seconds (u64 BE).
     pub const REFRESHED: u8 = 0x84;
+    /// Watched uids' presence: what the entries are (u8: a change, a snapshot answering a
+    /// WATCH, a resync of the whole list), their count (u16 BE), then each entry: uid (u64),
+    /// state (u8: 0 offline, 1 online), at_ms (u64), the status's length (u8) and the
+    /// status (UTF-8), and for an offline entry last_seen_ms (u64, 0 when unknown)
+    /// (version 5).
+    pub const PRESENCE: u8 = 0x85;
     /// A reason byte and optional UTF-8 text; the gateway closes after it.
     pub const BYE: u8 = 0x8F;
 }
@@ -52,6 +65,48 @@ const DEVICE_SEPARATOR: u8 = 0x00;
 
 /// Bytes of a LOGIN's timeout field: milliseconds as a u32, as WELCOME's.
 const LOGIN_TIMEOUT_LEN: usize = 4;
+
+/// Bytes of one uid in a WATCH or UNWATCH.
+const WATCH_UID_LEN: usize = 8;
+
+/// Bytes of a PRESENCE's header: what the entries are (u8), and how many (u16).
+const PRESENCE_HEADER_LEN: usize = 3;
+
+/// Bytes of a PRESENCE entry's fixed part: uid (u64), state (u8), at_ms (u64), and the
+/// status's length (u8).
+const PRESENCE_ENTRY_LEN: usize = 8 + 1 + 8 + 1;
+
+/// Bytes of an offline entry's last_seen_ms.
+const LAST_SEEN_LEN: usize = 8;
+
+/// Longest status a PRESENCE entry can carry: its length is one byte. The gateway's own
+/// bound (`--max-status-bytes`) is at most this.
+pub const MAX_STATUS_WIRE_BYTES: usize = u8::MAX as usize;
+
+/// What a PRESENCE's entries are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PresenceKind {
+    /// Changes of watched uids, in the order of the event stream.
+    Change = 0,
+    /// The current state of each uid a WATCH added, before any change of them.
+    Snapshot = 1,
+    /// The current state of the whole watch list: the session fell behind (or the stream
+    /// broke), and what it missed is replaced by this, never skipped in silence.
+    Resync = 2,
+}
+
+/// One watched uid's presence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PresenceEntry {
+    pub uid: u64,
+    pub online: bool,
+    /// When this state began (unix ms): the user event's time.
+    pub at_ms: u64,
+    /// The user's status (empty: none), at most [`MAX_STATUS_WIRE_BYTES`].
+    pub status: String,
+    /// For an offline uid, when it was last online (unix ms), if known.
+    pub last_seen_ms: Option<u64>,
+}
 
 /// One protocol frame, in either direction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +135,64 @@ pub enum Frame {
     Refreshed { expires: u64 },
     /// The gateway's last frame on a connection.
     Bye { reason: CloseReason, text: String },
+    /// uids to add to the session's watch list (version 5).
+    Watch(Vec<u64>),
+    /// uids to take off the session's watch list (version 5).
+    Unwatch(Vec<u64>),
+    /// The user's status (version 5); empty clears it.
+    Status(String),
+    /// Watched uids' presence (version 5).
+    Presence { kind: PresenceKind, entries: Vec<PresenceEntry> },
+}
+
+/// The uids of a WATCH or UNWATCH payload.
+fn uid_list(name: &'static str, body: &Bytes) -> Result<Vec<u64>, FrameError> {
+    if body.is_empty() || !body.len().is_multiple_of(WATCH_UID_LEN) {
+        return Err(FrameError::BadUidList(name, body.len()));
+    }
+    Ok(body.chunks_exact(WATCH_UID_LEN).map(|c| u64::from_be_bytes(c.try_into().expect("8 bytes"))).collect())
+}
+
+/// A PRESENCE payload's entries.
+fn presence(mut body: Bytes) -> Result<Frame, FrameError> {
+    let bad = FrameError::BadPresence;
+    if body.len() < PRESENCE_HEADER_LEN {
+        return Err(bad("shorter than its header"));
+    }
+    let kind = match body.get_u8() {
+        0 => PresenceKind::Change,
+        1 => PresenceKind::Snapshot,
+        2 => PresenceKind::Resync,
+        _ => return Err(bad("unknown kind")),
+    };
+    let count = body.get_u16() as usize;
+    // Each entry takes its fixed part at least: a count the body cannot hold is refused
+    // before anything is allocated for it.
+    if count * PRESENCE_ENTRY_LEN > body.len() {
+        return Err(bad("fewer bytes than its count of entries"));
+    }
+    let mut entries = Vec::with_capacity(count);
+    for _ in 0..count {
+        if body.len() < PRESENCE_ENTRY_LEN {
+            return Err(bad("an entry cut short"));
+        }
+        let (uid, state, at_ms, len) = (body.get_u64(), body.get_u8(), body.get_u64(), body.get_u8() as usize);
+        let online = match state {
+            0 => false,
+            1 => true,
+            _ => return Err(bad("an entry's state is neither 0 nor 1")),
+        };
+        if body.len() < len + if online { 0 } else { LAST_SEEN_LEN } {
+            return Err(bad("an entry cut short"));
+        }
+        let status = String::from_utf8(body.split_to(len).to_vec()).map_err(|_| bad("a status is not UTF-8"))?;
+        let last_seen_ms = if online { None } else { Some(body.get_u64()).filter(|&ms| ms > 0) };
+        entries.push(PresenceEntry { uid, online, at_ms, status, last_seen_ms });
+    }
+    if !body.is_empty() {
+        return Err(bad("bytes after its last entry"));
+    }
+    Ok(Frame::Presence { kind, entries })
 }
 
 // === impl Frame ===
@@ -141,6 +254,10 @@ impl Frame {
                 }
                 Frame::Refreshed { expires: body.get_u64() }
             }
+            kind::WATCH => Frame::Watch(uid_list("WATCH", &body)?),
+            kind::UNWATCH => Frame::Unwatch(uid_list("UNWATCH", &body)?),
+            kind::STATUS => Frame::Status(String::from_utf8(body.to_vec()).map_err(|_| FrameError::BadStatus)?),
+            kind::PRESENCE => presence(body)?,
             kind::BYE => {
                 if body.is_empty() {
                     return Err(FrameError::BadBye(None));
@@ -172,6 +289,15 @@ impl Frame {
             Frame::Refreshed { .. } => REFRESHED_LEN,
             Frame::Welcome { session, .. } => WELCOME_LEN + session.len(),
             Frame::Bye { text, .. } => 1 + text.len(),
+            Frame::Watch(uids) | Frame::Unwatch(uids) => WATCH_UID_LEN * uids.len(),
+            Frame::Status(text) => text.len(),
+            Frame::Presence { entries, .. } => {
+                PRESENCE_HEADER_LEN
+                    + entries
+                        .iter()
+                        .map(|e| PRESENCE_ENTRY_LEN + e.status.len() + if e.online { 0 } else { LAST_SEEN_LEN })
+                        .sum::<usize>()
+            }
         }
     }
 
@@ -230,6 +356,31 @@ impl Frame {
                 // Disconnect never reaches the wire; 0 keeps encode total anyway.
                 dst.put_u8(reason.wire_code().unwrap_or(0));
                 dst.put_slice(text.as_bytes());
+            }
+            Frame::Watch(uids) | Frame::Unwatch(uids) => {
+                dst.put_u8(if matches!(self, Frame::Watch(_)) { kind::WATCH } else { kind::UNWATCH });
+                uids.iter().for_each(|&uid| dst.put_u64(uid));
+            }
+            Frame::Status(text) => {
+                dst.put_u8(kind::STATUS);
+                dst.put_slice(text.as_bytes());
+            }
+            Frame::Presence { kind: what, entries } => {
+                debug_assert!(entries.len() <= u16::MAX as usize, "a PRESENCE holds at most 65,535 entries");
+                dst.put_u8(kind::PRESENCE);
+                dst.put_u8(*what as u8);
+                dst.put_u16(entries.len() as u16);
+                for e in entries {
+                    debug_assert!(e.status.len() <= MAX_STATUS_WIRE_BYTES, "a status longer than its length byte");
+                    dst.put_u64(e.uid);
+                    dst.put_u8(u8::from(e.online));
+                    dst.put_u64(e.at_ms);
+                    dst.put_u8(e.status.len() as u8);
+                    dst.put_slice(e.status.as_bytes());
+                    if !e.online {
+                        dst.put_u64(e.last_seen_ms.unwrap_or(0));
+                    }
+                }
             }
         }
     }
@@ -400,6 +551,57 @@ mod tests {
         for reason in CloseReason::ALL.into_iter().filter(|r| r.wire_code().is_some()) {
             round_trip(Frame::Bye { reason, text: "why".into() });
         }
+        // Version 5: watch lists, status and presence.
+        round_trip(Frame::Watch(vec![1, u64::MAX]));
+        round_trip(Frame::Unwatch(vec![7]));
+        round_trip(Frame::Status("away: back at 3 ☕".into()));
+        round_trip(Frame::Status(String::new()));
+        let online =
+            PresenceEntry { uid: 7, online: true, at_ms: 1_795_000_000_000, status: "busy".into(), last_seen_ms: None };
+        let offline = PresenceEntry {
+            uid: 8,
+            online: false,
+            at_ms: 1_795_000_001_000,
+            status: String::new(),
+            last_seen_ms: Some(1_795_000_000_999),
+        };
+        let never = PresenceEntry { uid: 9, online: false, at_ms: 0, status: String::new(), last_seen_ms: None };
+        for kind in [PresenceKind::Change, PresenceKind::Snapshot, PresenceKind::Resync] {
+            round_trip(Frame::Presence { kind, entries: vec![online.clone(), offline.clone(), never.clone()] });
+            round_trip(Frame::Presence { kind, entries: Vec::new() });
+        }
+    }
+
+    /// The bytes of docs/PROTOCOL.md's examples, and every malformed shape refused.
+    #[test]
+    fn watch_status_and_presence_frames_have_their_documented_bytes() {
+        let mut buf = BytesMut::new();
+        Frame::Watch(vec![7, 8]).encode(&mut buf);
+        assert_eq!(&buf[..], b"\x06\0\0\0\0\0\0\0\x07\0\0\0\0\0\0\0\x08");
+        let mut buf = BytesMut::new();
+        let entry = PresenceEntry { uid: 7, online: false, at_ms: 2, status: "hi".into(), last_seen_ms: Some(1) };
+        Frame::Presence { kind: PresenceKind::Snapshot, entries: vec![entry] }.encode(&mut buf);
+        let want: &[u8] = &[
+            0x85, 1, 0, 1, // PRESENCE, a snapshot, one entry
+            0, 0, 0, 0, 0, 0, 0, 7, 0, // uid 7, offline
+            0, 0, 0, 0, 0, 0, 0, 2, 2, b'h', b'i', // at_ms 2, status "hi"
+            0, 0, 0, 0, 0, 0, 0, 1, // last seen at 1
+        ];
+        assert_eq!(&buf[..], want);
+        let parse = |bytes: &'static [u8]| Frame::parse(Bytes::from_static(bytes)).unwrap_err();
+        assert!(matches!(parse(b"\x06"), FrameError::BadUidList("WATCH", 0)));
+        assert!(matches!(parse(b"\x07\0\0\0"), FrameError::BadUidList("UNWATCH", 3)));
+        assert!(matches!(parse(b"\x08\xff"), FrameError::BadStatus));
+        assert!(matches!(parse(b"\x85\x00"), FrameError::BadPresence(_)));
+        assert!(matches!(parse(b"\x85\x03\0\0"), FrameError::BadPresence("unknown kind")));
+        // A count of 65,535 entries in a few bytes: refused before allocating for it.
+        assert!(matches!(parse(b"\x85\x00\xff\xff"), FrameError::BadPresence(_)));
+        let cut: &'static [u8] = &[0x85, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7, 1, 0, 0, 0, 0, 0, 0, 0, 2, 5, b'h'];
+        assert!(matches!(parse(cut), FrameError::BadPresence("an entry cut short")));
+        let state: &'static [u8] = &[0x85, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7, 2, 0, 0, 0, 0, 0, 0, 0, 2, 0];
+        assert!(matches!(parse(state), FrameError::BadPresence(_)));
+        let extra: &'static [u8] = &[0x85, 0, 0, 0, 9];
+        assert!(matches!(parse(extra), FrameError::BadPresence("bytes after its last entry")));
     }
 
     #[test]
@@ -446,7 +648,7 @@ mod tests {
         let parse = |b: &'static [u8]| Frame::parse(Bytes::from_static(b)).unwrap_err();
         assert!(matches!(parse(b""), FrameError::Empty));
         assert!(matches!(parse(b"\x01\x00\x00"), FrameError::ShortLogin(2)));
-        assert!(matches!(parse(b"\x07"), FrameError::UnknownKind(7)));
+        assert!(matches!(parse(b"\x09"), FrameError::UnknownKind(9)));
         assert!(matches!(parse(b"\x81\x00"), FrameError::BadWelcome(1)));
         assert!(matches!(parse(b"\x81\x00\x00\x00\x01\x00\x00\x00\x01\xff"), FrameError::BadWelcome(9)));
         assert!(matches!(parse(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01tok\x00"), FrameError::BadDevice(_)));

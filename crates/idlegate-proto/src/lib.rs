@@ -45,7 +45,7 @@ pub use device::{Device, DeviceError, MAX_DEVICE_BYTES};
 pub use door::{BYE_CLOSE_BASE, TLS_ALPN, WS_PATH};
 pub use error::{AuthError, FrameError};
 pub use event::{EventKind, UnknownEventKind};
-pub use frame::{kind, CloseReason, Frame};
+pub use frame::{kind, CloseReason, Frame, PresenceEntry, PresenceKind, MAX_STATUS_WIRE_BYTES};
 pub use retry::{
     jittered_ms, retry_hint, retry_text, REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, RETRY_HINT, SHUTDOWN_RETRY_BASE,
     SHUTDOWN_RETRY_SPREAD,
