@@ -9,7 +9,7 @@ use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use idlegate::{
     default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwksConfig, JwksSource, JwtAuth, JwtRules, Listeners,
-    ProxyProtocol, RedisTarget, Server, TlsIdentity, WebhookConfig,
+    ProxyProtocol, RedisTarget, Server, TlsIdentity, WatchConfig, WatchPolicy, WebhookConfig,
 };
 use idlegate_proto::unix_now;
 use std::sync::Arc;
@@ -257,6 +257,29 @@ struct ServeArgs {
     /// is refused.
     #[arg(long, env = "IDLEGATE_JWT_TIMEOUT_CAP_CLAIM")]
     jwt_timeout_cap_claim: Option<String>,
+    /// A JWT claim (an array of uids, e.g. contacts) listing whom its session may watch
+    /// under --watch-policy listed, beside the backend's lists (PUT /v1/watchlists/{uid}).
+    /// A token whose claim is not such an array is refused.
+    #[arg(long, env = "IDLEGATE_JWT_WATCH_CLAIM")]
+    jwt_watch_claim: Option<String>,
+    /// Who may watch whom (WATCH frames, MQTT presence topics): listed (only the uids the
+    /// backend listed for the user, or its token's --jwt-watch-claim lists; any other reads
+    /// as a uid that never logged in), open (anyone), or none (WATCH, UNWATCH and STATUS
+    /// refused) [default: listed; none with --redis, where watch lists are not served yet].
+    #[arg(long, env = "IDLEGATE_WATCH_POLICY")]
+    watch_policy: Option<idlegate::WatchPolicy>,
+    /// uids one session may watch at once, and one backend list may hold.
+    #[arg(long, env = "IDLEGATE_MAX_WATCH", default_value_t = idlegate::DEFAULT_MAX_WATCH)]
+    max_watch: usize,
+    /// Watch entries (uids on sessions' watch lists, summed) this node holds at most; the
+    /// backend's lists count against the same number again. A WATCH past it is refused
+    /// with BYE(server_full).
+    #[arg(long, env = "IDLEGATE_MAX_WATCH_ENTRIES", default_value_t = idlegate::DEFAULT_MAX_WATCH_ENTRIES)]
+    max_watch_entries: usize,
+    /// Longest status a STATUS frame (or MQTT PUBLISH to --mqtt-status-topic) may set, in
+    /// UTF-8 bytes; at most 255.
+    #[arg(long, env = "IDLEGATE_MAX_STATUS_BYTES", default_value_t = idlegate::DEFAULT_MAX_STATUS_BYTES)]
+    max_status_bytes: usize,
     /// End a session when the token it logged in (or last refreshed) with expires:
     /// BYE(token_expired) within one tick, offline reason token_expired. Clients refresh
     /// with a REFRESH frame (MQTT 5: AUTH re-authentication).
@@ -463,6 +486,9 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
         if args.jwt_timeout_cap_claim.is_some() {
             usage_error(format!("--jwt-timeout-cap-claim: no JWT is checked ({SET})"));
         }
+        if args.jwt_watch_claim.is_some() {
+            usage_error(format!("--jwt-watch-claim: no JWT is checked ({SET})"));
+        }
         return None;
     }
     // An issuer found by discovery is the `iss` its tokens must carry (the discovery
@@ -488,6 +514,7 @@ fn jwt(args: &ServeArgs) -> Option<Arc<JwtAuth>> {
             .filter(|c| !c.is_empty())
             .collect(),
         timeout_cap_claim: args.jwt_timeout_cap_claim.clone(),
+        watch_claim: args.jwt_watch_claim.clone(),
     };
     match JwtAuth::load_with(args.jwt_key_file.as_deref(), args.jwt_secret_file.as_deref(), by_url, rules) {
         Ok(jwt) => Some(jwt),
@@ -939,6 +966,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ws_keepalive_pings: args.ws_keepalive_pings,
         tls_record_limit: args.tls_record_limit,
         webhook: webhook(&args),
+        watch: WatchConfig {
+            policy: args.watch_policy.unwrap_or(if args.redis.is_some() {
+                WatchPolicy::None
+            } else {
+                WatchPolicy::Listed
+            }),
+            max_watch: args.max_watch,
+            max_entries: args.max_watch_entries,
+            max_status_bytes: args.max_status_bytes,
+            ..WatchConfig::default()
+        },
     };
     if let Err(e) = config.validate() {
         usage_error(e);

@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -28,7 +28,9 @@ use crate::config::{Config, JwtAuth, Live, TlsIdentity, WebhookSecrets};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::jwks::Refresher;
 use crate::metrics::Metrics;
-use crate::presence::{Backplane, Clock, Directory, EventLog, Local, Registry, StoreTrouble, Ticker};
+use crate::presence::{
+    Backplane, Clock, Directory, EventLog, FanOut, Local, Registry, StoreTrouble, Ticker, WatchLists, Watches,
+};
 use crate::proto::{CloseReason, Transport};
 use crate::protocol::{self, Rules};
 use crate::transport::Doors;
@@ -98,6 +100,11 @@ pub struct Server {
     expiry_stopped: Arc<AtomicBool>,
     /// The fetcher of the JWT keys by URL, once built ([`Server::fetch_jwt_keys`], or `run`).
     jwks: OnceLock<Arc<Refresher>>,
+    /// Watch lists: the fan-out's handle, the task until `run` starts it, and whom each
+    /// user may watch.
+    watches: Arc<Watches>,
+    fan_out: Mutex<Option<FanOut>>,
+    watch_lists: Arc<WatchLists>,
 }
 
 // === impl Server ===
@@ -153,8 +160,20 @@ impl Server {
                 metrics.connections_open.clone(),
             )),
         };
+        let watch = &config.watch;
+        let (watches, fan_out) = Watches::new(
+            watch.max_watch,
+            watch.max_entries,
+            config.max_queued_bytes(),
+            directory.clone(),
+            metrics.clone(),
+        );
+        let watch_lists = Arc::new(WatchLists::new(watch.max_watch, watch.max_entries));
         Server {
             live: Arc::new(Live::new(&config)),
+            watches,
+            fan_out: Mutex::new(Some(fan_out)),
+            watch_lists,
             config,
             metrics,
             registry,
@@ -209,6 +228,8 @@ impl Server {
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
             rules: Rules::new(&self.config, self.live.clone()),
+            watches: self.watches.clone(),
+            watch_lists: self.watch_lists.clone(),
         })
     }
 
@@ -229,6 +250,8 @@ impl Server {
             settings: http::Settings::new(&self.config),
             clock: self.clock,
             stream_budget: Arc::new(Semaphore::new(EVENT_STREAMS_BYTES)),
+            watches: self.watches.clone(),
+            watch_lists: self.watch_lists.clone(),
         })
     }
 
@@ -245,6 +268,10 @@ impl Server {
         let ticker = Ticker::new(self.registry.clone(), self.metrics.clone(), self.clock, self.config.window());
         let ticker = tokio::spawn(ticker.run(background.clone()));
         let mut tasks = Vec::new();
+        let fan_out = self.fan_out.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(fan_out) = fan_out {
+            tasks.push(tokio::spawn(fan_out.run(background.clone())));
+        }
         if let Some(backplane) = &self.backplane {
             tasks.push(tokio::spawn(backplane.clone().run(background.clone())));
         }

@@ -32,7 +32,7 @@ async fn next_state_within(events: &mut Events, patience: Duration) -> State {
     loop {
         match timeout(patience, events.recv()).await.expect("a state change in time").expect("the client runs") {
             Event::State(state) => return state,
-            Event::Push(_) | Event::Refreshed { .. } => {}
+            Event::Push(_) | Event::Refreshed { .. } | Event::Presence { .. } => {}
         }
     }
 }
@@ -57,7 +57,7 @@ async fn next_push(events: &mut Events) -> Bytes {
     loop {
         match timeout(PATIENCE, events.recv()).await.expect("a push in time").expect("the client runs") {
             Event::Push(payload) => return payload,
-            Event::State(_) | Event::Refreshed { .. } => {}
+            Event::State(_) | Event::Refreshed { .. } | Event::Presence { .. } => {}
         }
     }
 }
@@ -332,7 +332,7 @@ async fn an_application_far_behind_ends_its_session_as_a_slow_consumer() {
         match timeout(PATIENCE, events.recv()).await.expect("an event").expect("the client runs") {
             Event::Push(_) => pushes += 1,
             Event::State(state) => break state,
-            Event::Refreshed { .. } => {}
+            Event::Refreshed { .. } | Event::Presence { .. } => {}
         }
     };
     match state {

@@ -64,7 +64,7 @@ async fn the_rust_client_refreshes_a_20_second_token_three_times_in_one_session(
             Event::State(State::Connecting { .. }) => {}
             Event::State(other) => panic!("the session ended: {other:?}"),
             Event::Refreshed { expires } => refreshed.push(expires),
-            Event::Push(_) => {}
+            Event::Push(_) | Event::Presence { .. } => {}
         }
     }
     assert_eq!(sessions.len(), 1, "one session: {sessions:?}");

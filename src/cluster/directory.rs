@@ -26,7 +26,7 @@ use crate::cluster::shared::Cluster;
 use crate::cluster::store::StoreError;
 use crate::presence::{
     decode_cursor, encode_cursor, Batch, Claims, Directory, DirectoryError, EventId, Located, NodeCount, OnlineCount,
-    Origin, Push, Reach, UidPage,
+    Origin, Push, Reach, UidPage, UserState,
 };
 use crate::proto::Device;
 
@@ -529,6 +529,12 @@ impl Directory for ClusterDirectory {
 
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {
         crate::cluster::stream::follow(self.cluster.clone(), after)
+    }
+
+    fn presence_of<'a>(&'a self, _uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<(UserState, EventId)>, DirectoryError>> {
+        // The configuration refuses a watch policy in a cluster (`config/watch.rs`): no
+        // fan-out asks this of a cluster yet.
+        async { Err(DirectoryError::Unavailable("watch lists are served by a gateway alone so far".into())) }.boxed()
     }
 }
 

@@ -256,6 +256,13 @@ impl Replicate for Forward {
         self.enqueue(Op::Will { uid, session: id, device, will, at_ms });
     }
 
+    fn status(&self, session: &Session, _status: &Arc<str>, _at_ms: u64) {
+        // The configuration refuses a watch policy in a cluster (`config/watch.rs`), so no
+        // session here can set a status: the cluster's stream does not carry it yet.
+        debug_assert!(false, "a status set in a cluster");
+        tracing::error!(uid = session.uid(), "a status set in a cluster was dropped");
+    }
+
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) -> u64 {
         let device = session.device().clone();
         let (uid, id, payload) = (session.uid(), session.id(), payload.clone());

@@ -243,6 +243,12 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         Ok(EventKind::UserOnline) => What::UserOnline,
         Ok(EventKind::UserOffline) => What::UserOffline { reason: reason?, ended_ms: ended_ms.unwrap_or(at_ms) },
         Ok(EventKind::Data) => What::Data { payload: payload.unwrap_or_default(), topic },
+        // Not written to a cluster's stream yet (the configuration refuses watch lists in
+        // a cluster); a newer node's would be skipped as an unknown kind is.
+        Ok(EventKind::Status) => {
+            tracing::warn!(id = %id, "skipping a status entry of the shared stream");
+            return None;
+        }
         Err(e) => {
             // A newer node's kind this one does not know: skipped, and said.
             tracing::warn!(id = %id, error = %e, "skipping an entry of the shared stream");

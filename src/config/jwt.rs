@@ -86,6 +86,9 @@ pub struct JwtRules {
     /// `--jwt-timeout-cap-claim`: the claim (whole seconds) that caps the timeout its
     /// session may get, if any.
     pub timeout_cap_claim: Option<String>,
+    /// `--jwt-watch-claim`: the claim (an array of uids) that lists whom its session may
+    /// watch under `--watch-policy listed`, if any.
+    pub watch_claim: Option<String>,
 }
 
 impl Default for JwtRules {
@@ -98,6 +101,7 @@ impl Default for JwtRules {
             max_ttl: Duration::from_secs(crate::proto::DEFAULT_MAX_TOKEN_TTL_SECS),
             claims_to_events: Vec::new(),
             timeout_cap_claim: None,
+            watch_claim: None,
         }
     }
 }
@@ -143,6 +147,10 @@ pub enum JwtError {
     NotADate(&'static str),
     #[error("JWT timeout cap claim {0:?} is not a whole number of seconds")]
     BadTimeoutCap(String),
+    /// The `--jwt-watch-claim` claim is not an array of uids (numbers, or strings of
+    /// digits).
+    #[error("JWT watch claim {0:?} is not an array of uids")]
+    BadWatchClaim(String),
     #[error("JWT keys not fetched yet (--jwt-jwks-optional)")]
     NoKeys,
 }
@@ -159,6 +167,8 @@ pub struct VerifiedJwt {
     pub claims_too_large: bool,
     /// The timeout cap its `--jwt-timeout-cap-claim` says, in seconds, if it has one.
     pub timeout_cap_s: Option<u64>,
+    /// The uids its `--jwt-watch-claim` lists, sorted, if it has the claim.
+    pub watch: Option<Vec<u64>>,
 }
 
 /// Where the keys in use came from and how the last fetch of the URL's went, for the
@@ -487,8 +497,17 @@ impl JwtAuth {
                         Some(v) => Some(v.as_u64().ok_or_else(|| JwtError::BadTimeoutCap(name.clone()))?),
                     },
                 };
+                let watch = match &self.rules.watch_claim {
+                    None => None,
+                    Some(name) => match claims.get(name) {
+                        None => None,
+                        // Refused, never taken as absent or in part: a list the identity
+                        // provider meant would otherwise differ from what is enforced.
+                        Some(v) => Some(uid_list(v).ok_or_else(|| JwtError::BadWatchClaim(name.clone()))?),
+                    },
+                };
                 let (claims, claims_too_large) = self.event_claims(&claims);
-                Ok(VerifiedJwt { exp, claims, claims_too_large, timeout_cap_s })
+                Ok(VerifiedJwt { exp, claims, claims_too_large, timeout_cap_s, watch })
             }
         }
     }
@@ -521,6 +540,23 @@ impl JwtAuth {
 }
 
 /// Every key of the two files.
+/// A JSON array of uids (numbers, or strings of digits, as the uid claim may be), sorted and
+/// without repeats; `None` if it is anything else.
+fn uid_list(value: &Value) -> Option<Vec<u64>> {
+    let mut uids = value
+        .as_array()?
+        .iter()
+        .map(|v| match v {
+            Value::Number(n) => n.as_u64(),
+            Value::String(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text.parse().ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    uids.sort_unstable();
+    uids.dedup();
+    Some(uids)
+}
+
 fn read_keys(key_file: Option<&Path>, secret_file: Option<&Path>) -> Result<Vec<Key>, ConfigError> {
     let mut keys = Vec::new();
     if let Some(path) = key_file {

@@ -15,6 +15,7 @@ mod proxy_protocol;
 mod redis_target;
 mod timeout_classes;
 mod tls;
+mod watch;
 mod webhook;
 
 use crate::error::ConfigError;
@@ -29,6 +30,10 @@ pub use redis_target::RedisTarget;
 pub(crate) use redis_target::FORBIDDEN_IN_NODE_ID;
 pub use timeout_classes::{Class, TimeoutClasses, DEFAULT_MAX_TIMEOUT, DEFAULT_MIN_TIMEOUT};
 pub use tls::TlsIdentity;
+pub use watch::{
+    WatchConfig, WatchPolicy, DEFAULT_MAX_STATUS_BYTES, DEFAULT_MAX_WATCH, DEFAULT_MAX_WATCH_ENTRIES,
+    DEFAULT_MQTT_PRESENCE_TOPIC, DEFAULT_MQTT_STATUS_TOPIC,
+};
 pub use webhook::{
     parse_events as parse_webhook_events, WebhookConfig, WebhookSecrets, DEFAULT_WEBHOOK_BATCH, DEFAULT_WEBHOOK_EVENTS,
     DEFAULT_WEBHOOK_LINGER, DEFAULT_WEBHOOK_MAX_BACKOFF, DEFAULT_WEBHOOK_TIMEOUT,
@@ -218,6 +223,8 @@ pub struct Config {
     pub last_seen_capacity: usize,
     /// How long a cluster's Redis keeps a uid's last-seen time (`--last-seen-ttl`).
     pub last_seen_ttl: Duration,
+    /// Watch lists and status (`--watch-policy` and its bounds).
+    pub watch: WatchConfig,
 }
 
 /// Default `--last-seen-capacity`: a million uids, about 35 MB (`presence/last_seen.rs`).
@@ -281,6 +288,7 @@ impl Default for Config {
             offline_grace: Duration::ZERO,
             last_seen_capacity: DEFAULT_LAST_SEEN_CAPACITY,
             last_seen_ttl: DEFAULT_LAST_SEEN_TTL,
+            watch: WatchConfig::default(),
         }
     }
 }
@@ -294,6 +302,7 @@ impl Config {
         if let Some(webhook) = &self.webhook {
             webhook.validate()?;
         }
+        self.watch.validate(self.redis.is_some())?;
         if let Some(jwks) = &self.jwks {
             jwks.validate()?;
             if self.jwt.is_none() {

@@ -28,7 +28,7 @@ pub const DEFAULT_WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_WEBHOOK_MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Default `--webhook-events`.
-pub const DEFAULT_WEBHOOK_EVENTS: &str = "online,offline,user_online,user_offline";
+pub const DEFAULT_WEBHOOK_EVENTS: &str = "online,offline,user_online,user_offline,status";
 
 /// The prefix of a Standard Webhooks secret.
 const SECRET_PREFIX: &str = "whsec_";

@@ -1,4 +1,5 @@
-//! The backend API: presence, push, kicks and the event stream, as JSON over HTTP.
+//! The backend API: presence, push, kicks, the event stream and the watch lists, as JSON
+//! over HTTP.
 //!
 //! Every handler returns `Result<_, ApiError>`, and every error is the same JSON shape,
 //! `{"error": "..."}`, naming the field or limit at fault (as axum's error-handling example
@@ -31,10 +32,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::WatchPolicy;
 use crate::http::listener::{Bounded, API_CONNECTIONS, HTTP_IDLE};
 use crate::http::state::{State as Shared, EVENT_STREAMS_BYTES};
 use crate::presence::{
-    session_hex, write_event_data, Batch, DirectoryError, Event, EventId, Located, NodeCount, Push, What,
+    session_hex, write_event_data, Batch, DirectoryError, Event, EventId, ListError, Located, NodeCount, Push, What,
 };
 use crate::proto::mqtt::check_topic_name;
 use crate::proto::{Device, EventKind};
@@ -122,7 +124,7 @@ struct ApiState {
 /// Every route with the status it answers when all goes well, and the two catch-alls: their
 /// request counters exist at 0 from the start, so a dashboard's `rate()` shows 0, not "no
 /// data", on a gateway whose API has not been called yet.
-const COUNTED: [(&str, u16); 10] = [
+const COUNTED: [(&str, u16); 11] = [
     ("/v1/presence/{uid}", 200),
     ("/v1/presence/query", 200),
     ("/v1/online", 200),
@@ -130,6 +132,7 @@ const COUNTED: [(&str, u16); 10] = [
     ("/v1/push", 200),
     ("/v1/sessions/{uid}", 204),
     ("/v1/events", 200),
+    ("/v1/watchlists/{uid}", 200),
     ("/v1/openapi.json", 200),
     ("unauthorized", 401),
     ("unmatched", 404),
@@ -148,6 +151,7 @@ fn router(shared: Arc<Shared>, stop: CancellationToken) -> Router {
         .route("/v1/push", post(push))
         .route("/v1/sessions/{uid}", delete(kick))
         .route("/v1/events", get(events))
+        .route("/v1/watchlists/{uid}", get(get_watchlist).put(put_watchlist).delete(delete_watchlist))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), count_request))
         .fallback(no_route)
@@ -407,6 +411,59 @@ async fn kick(
         (0, None) => Err(ApiError::not_found(format!("uid {uid} is offline"))),
         (0, Some(device)) => Err(ApiError::not_found(format!("uid {uid} has no session on device {device:?}"))),
         _ => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+/// `PUT /v1/watchlists/{uid}` with `{"uids": [...]}`: whom `uid`'s sessions may watch under
+/// `--watch-policy listed`, replacing the list it had. Its sessions that watch a uid the new
+/// list leaves out (and their tokens' claims do not list) stop watching it, and are told it
+/// as a uid that never logged in. Answers the list as kept: sorted, without repeats.
+async fn put_watchlist(
+    State(state): State<ApiState>,
+    Path(uid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let uid = parse_uid("uid", &uid)?;
+    let body = json_body(&body?)?;
+    let (uids, form) = uid_list(&body)?;
+    let shared = &state.shared;
+    let list = shared.watch_lists.put(uid, uids).map_err(|e| match e {
+        ListError::TooLong { .. } => ApiError::bad_request(format!("uids: {e}")),
+        ListError::NodeFull { .. } => ApiError { status: StatusCode::INSUFFICIENT_STORAGE, message: e.to_string() },
+    })?;
+    shared.metrics.watchlist_entries.set(shared.watch_lists.entries() as i64);
+    revoke_unlisted(shared, uid);
+    Ok(Json(json!({ "uid": uid, "uids": form.render(list.to_vec()) })))
+}
+
+/// `GET /v1/watchlists/{uid}`: the list its backend put, or 404.
+async fn get_watchlist(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<Json<Value>, ApiError> {
+    let uid = parse_uid("uid", &uid)?;
+    match state.shared.watch_lists.get(uid) {
+        Some(list) => Ok(Json(json!({ "uid": uid, "uids": list.to_vec() }))),
+        None => Err(ApiError::not_found(format!("uid {uid} has no watch list"))),
+    }
+}
+
+/// `DELETE /v1/watchlists/{uid}`: drops the list (its sessions stop watching what only it
+/// allowed), or 404.
+async fn delete_watchlist(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<StatusCode, ApiError> {
+    let uid = parse_uid("uid", &uid)?;
+    let shared = &state.shared;
+    if !shared.watch_lists.delete(uid) {
+        return Err(ApiError::not_found(format!("uid {uid} has no watch list")));
+    }
+    shared.metrics.watchlist_entries.set(shared.watch_lists.entries() as i64);
+    revoke_unlisted(shared, uid);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `uid`'s sessions stop watching what the lists no longer allow, under `listed` (under
+/// `open` anyone may watch anyone, and under `none` nobody watches).
+fn revoke_unlisted(shared: &Arc<Shared>, uid: u64) {
+    if shared.settings.watch_policy == WatchPolicy::Listed {
+        let lists = shared.watch_lists.clone();
+        shared.watches.revoke(uid, Arc::new(move |session, watched| lists.allows(uid, session, watched)));
     }
 }
 

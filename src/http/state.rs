@@ -9,9 +9,9 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, JwtAuth, TlsIdentity};
+use crate::config::{Config, JwtAuth, TlsIdentity, WatchPolicy};
 use crate::metrics::Metrics;
-use crate::presence::{Clock, Directory, StoreTrouble};
+use crate::presence::{Clock, Directory, StoreTrouble, WatchLists, Watches};
 
 /// Most bytes of event-stream chunks all consumers together hold: 64 consumers' worth of
 /// the largest chunk. Past it, consumers take turns instead of adding memory.
@@ -31,6 +31,10 @@ pub(crate) struct State {
     /// permits of one byte: a consumer whose next chunk does not fit waits (it is behind,
     /// not lost), so slow consumers together hold at most [`EVENT_STREAMS_BYTES`].
     pub(crate) stream_budget: Arc<Semaphore>,
+    /// The backend's watch lists (`/v1/watchlists`), and the fan-out, which a list that
+    /// shrinks revokes watches through.
+    pub(crate) watches: Arc<Watches>,
+    pub(crate) watch_lists: Arc<WatchLists>,
 }
 
 /// What liveness and readiness answer from.
@@ -74,6 +78,8 @@ pub(crate) struct Settings {
     pub(crate) tick_ms: u32,
     pub(crate) max_connections: usize,
     pub(crate) max_devices: usize,
+    /// Who may watch whom (`--watch-policy`): a backend's list only counts under `listed`.
+    pub(crate) watch_policy: WatchPolicy,
 }
 
 // === impl Health ===
@@ -108,6 +114,7 @@ impl Settings {
             tick_ms: config.tick_ms(),
             max_connections: config.max_connections,
             max_devices: config.max_devices,
+            watch_policy: config.watch.policy,
         }
     }
 }

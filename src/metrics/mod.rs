@@ -176,6 +176,19 @@ pub struct Metrics {
     pub event_log_bytes: IntGauge,
     /// Consumers following the event stream now.
     pub event_consumers: IntGauge,
+    /// Watch entries (uids on sessions' watch lists, summed), uids watched, and uids on
+    /// backends' lists, now.
+    pub watch_entries: IntGauge,
+    pub watched_uids: IntGauge,
+    pub watchlist_entries: IntGauge,
+    /// PRESENCE entries owed to watchers: changes, snapshots answering WATCHes, resyncs.
+    pub presence_changes: IntCounter,
+    pub presence_snapshots: IntCounter,
+    pub presence_resyncs: IntCounter,
+    /// WATCHes refused for a bound: per session (`--max-watch`), per node
+    /// (`--max-watch-entries`).
+    pub watch_refused_session: IntCounter,
+    pub watch_refused_node: IntCounter,
     api_requests: IntCounterVec,
     api_latency: prometheus::HistogramVec,
     /// 1 while Redis answers (cluster mode; 0 alone or while unreachable).
@@ -508,6 +521,34 @@ impl Metrics {
             "bytes the in-memory event log's events carry (payloads, topics, wills, claims), which --event-log-bytes bounds",
         );
         let event_consumers = gauge("idlegate_event_consumers", "consumers following /v1/events now");
+        let watch_entries = gauge("idlegate_watch_entries", "uids on sessions' watch lists, summed over sessions");
+        let watched_uids = gauge("idlegate_watched_uids", "uids at least one session of this node watches");
+        let watchlist_entries =
+            gauge("idlegate_watchlist_entries", "uids on the backend's watch lists (PUT /v1/watchlists), summed");
+        let presence_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_presence_entries_total",
+                "PRESENCE entries owed to watchers, by kind: change (a transition of a watched uid), snapshot \
+                 (answering a WATCH) or resync (a watcher's whole list, after it fell behind or the stream broke)",
+            ),
+            &["kind"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(presence_vec.clone()));
+        let presence_changes = presence_vec.with_label_values(&["change"]);
+        let presence_snapshots = presence_vec.with_label_values(&["snapshot"]);
+        let presence_resyncs = presence_vec.with_label_values(&["resync"]);
+        let watch_refused_vec = IntCounterVec::new(
+            Opts::new(
+                "idlegate_watch_refused_total",
+                "WATCHes refused, by bound: session (--max-watch) or node (--max-watch-entries)",
+            ),
+            &["bound"],
+        )
+        .expect("valid counter vec");
+        reg(Box::new(watch_refused_vec.clone()));
+        let watch_refused_session = watch_refused_vec.with_label_values(&["session"]);
+        let watch_refused_node = watch_refused_vec.with_label_values(&["node"]);
         let api_requests = IntCounterVec::new(
             Opts::new("idlegate_api_requests_total", "backend API requests, by route and status code"),
             &["route", "code"],
@@ -647,6 +688,14 @@ impl Metrics {
             event_log_events,
             event_log_bytes,
             event_consumers,
+            watch_entries,
+            watched_uids,
+            watchlist_entries,
+            presence_changes,
+            presence_snapshots,
+            presence_resyncs,
+            watch_refused_session,
+            watch_refused_node,
             api_requests,
             api_latency,
             redis_up,

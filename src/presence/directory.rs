@@ -16,6 +16,7 @@ use crate::presence::clock::Clock;
 use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
 use crate::presence::registry::Sighting;
+use crate::presence::watch::UserState;
 use crate::presence::{Claims, Origin, Push, Reach};
 use crate::proto::Device;
 
@@ -173,6 +174,10 @@ pub trait Directory: Send + Sync + std::fmt::Debug {
     /// The position `n` events before the newest (or before the oldest still held): following
     /// from it gives the last `n` events, then the live tail.
     fn recent(&self, n: usize) -> BoxFuture<'_, Result<EventId, DirectoryError>>;
+    /// Each of `uids`' presence as a watcher is told it, with the position of the stream it
+    /// is exact at: no event of the uid up to it is missing from it, none after it is in it
+    /// (see [`Registry::user_state`]).
+    fn presence_of<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<(UserState, EventId)>, DirectoryError>>;
 }
 
 /// The directory of a gateway that runs alone.
@@ -283,5 +288,10 @@ impl Directory for Local {
 
     fn follow(&self, after: Option<EventId>) -> BoxStream<'static, Batch> {
         self.events.follow(after).boxed()
+    }
+
+    fn presence_of<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<(UserState, EventId)>, DirectoryError>> {
+        let states = uids.iter().map(|&uid| self.registry.user_state(uid)).collect();
+        async move { Ok(states) }.boxed()
     }
 }

@@ -47,6 +47,10 @@ pub fn write_data(out: &mut String, event: &Event, node: &str) {
         What::UserOffline { reason, ended_ms } => {
             write!(out, r#"{{"uid":{uid},"reason":"{reason}","ended_ms":{ended_ms},"at_ms":{at_ms}}}"#)
         }
+        What::Status { status } => {
+            // Any UTF-8 a client chose: escaped as JSON.
+            write!(out, r#"{{"uid":{uid},"status":{},"at_ms":{at_ms}}}"#, Value::from(status.as_ref()))
+        }
         What::Data { payload, topic } => {
             let _ = write!(out, r#"{{"uid":{uid},"payload":""#);
             BASE64.encode_string(payload, out);

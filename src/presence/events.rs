@@ -112,6 +112,8 @@ pub trait Replicate: Send + Sync + std::fmt::Debug {
     fn durable_through(&self) -> u64;
     /// A live MQTT session's will, for an ending this node may not live to log.
     fn will(&self, session: &Session, will: &Will, at_ms: u64);
+    /// A live session's user set its status (empty: cleared it).
+    fn status(&self, session: &Session, status: &Arc<str>, at_ms: u64);
     /// A live session the store holds, whose route it lost: pointed at it again, never
     /// announced again (a login elsewhere may have ended it meanwhile).
     fn reroute(&self, session: &Session, at_ms: u64);
@@ -158,6 +160,10 @@ pub enum What {
     UserOffline { reason: CloseReason, ended_ms: u64 },
     /// The client sent a DATA frame with this payload (an MQTT PUBLISH: on this topic).
     Data { payload: Bytes, topic: Option<Arc<str>> },
+    /// The user set its status to this text (empty: cleared it). A status lasts until it is
+    /// set again or the user goes offline: a `user_offline` clears it without an event of
+    /// its own.
+    Status { status: Arc<str> },
 }
 
 // === impl What ===
@@ -171,6 +177,7 @@ impl What {
             What::UserOnline => EventKind::UserOnline,
             What::UserOffline { .. } => EventKind::UserOffline,
             What::Data { .. } => EventKind::Data,
+            What::Status { .. } => EventKind::Status,
         }
     }
 
@@ -183,6 +190,7 @@ impl What {
     pub fn payload_len(&self) -> usize {
         match self {
             What::Data { payload, topic } => payload.len() + topic.as_ref().map_or(0, |t| t.len()),
+            What::Status { status } => status.len(),
             _ => 0,
         }
     }
@@ -244,6 +252,10 @@ pub struct EventLog {
 struct Ordered {
     record: Box<dyn Record>,
     wills: std::collections::HashMap<u64, Box<Will>>,
+    /// Each online user's status, where it set one: changed with its status event, and
+    /// cleared with its `user_offline`, so a snapshot read under this lock agrees with the
+    /// log's position.
+    statuses: std::collections::HashMap<u64, Arc<str>>,
 }
 
 /// Where the ordering lock puts each session change, in order and under the lock: this
@@ -261,6 +273,8 @@ trait Record: Send + std::fmt::Debug {
     /// A live session's DATA (an MQTT PUBLISH: on `topic`); returns the position it is
     /// durable at (0: at once).
     fn data(&mut self, at_ms: u64, session: &Session, payload: Bytes, topic: Option<&str>) -> u64;
+    /// A live session's user set its status (empty: cleared it).
+    fn status(&mut self, at_ms: u64, session: &Session, status: &Arc<str>);
     /// A uid's offline grace ran out: its `user_offline`, for the session that ended at
     /// `ended_ms`. Only this process's own log holds graces (a cluster's are in its store).
     fn grace_over(&mut self, _at_ms: u64, _uid: u64, _reason: CloseReason, _ended_ms: u64) {
@@ -314,6 +328,10 @@ impl Record for LocalLog {
         self.append(at_ms, uid, Kept::UserOffline { reason, ended_ms });
     }
 
+    fn status(&mut self, at_ms: u64, session: &Session, status: &Arc<str>) {
+        self.append(at_ms, session.uid(), Kept::Status { status: status.clone() });
+    }
+
     fn local(&self) -> Option<&LocalLog> {
         Some(self)
     }
@@ -340,6 +358,10 @@ impl Record for Replicated {
         self.0.data(session, &payload, topic, at_ms)
     }
 
+    fn status(&mut self, at_ms: u64, session: &Session, status: &Arc<str>) {
+        self.0.status(session, status, at_ms);
+    }
+
     fn reassert(&mut self, at_ms: u64, session: &Session) -> bool {
         // Redis lost it: with one session per uid across the cluster, the uid has none
         // there, so the announcement is its `user_online` too.
@@ -360,7 +382,7 @@ impl EventLog {
     pub fn new(capacity: usize, max_bytes: usize, metrics: Arc<Metrics>) -> EventLog {
         let record = Box::new(LocalLog::new(capacity, max_bytes));
         EventLog {
-            inner: Mutex::new(Ordered { record, wills: Default::default() }),
+            inner: Mutex::new(Ordered { record, wills: Default::default(), statuses: Default::default() }),
             appended: Notify::new(),
             consumers: AtomicUsize::new(0),
             boot_ms: unix_ms(),
@@ -453,6 +475,26 @@ impl EventLog {
         Some(position)
     }
 
+    /// Records a status event: `session`'s user set its status to `status` (empty: cleared
+    /// it); dropped, returning false, if the session has ended. The caller holds the uid's
+    /// entry in the registry, where the status is kept, so the two change in one order.
+    pub(crate) fn status(&self, session: &Session, status: &Arc<str>) -> bool {
+        let at_ms = unix_ms();
+        let mut inner = self.lock();
+        if !session.is_live() {
+            return false;
+        }
+        inner.record.status(at_ms, session, status);
+        if status.is_empty() {
+            inner.statuses.remove(&session.uid());
+        } else {
+            inner.statuses.insert(session.uid(), status.clone());
+        }
+        self.metrics.event(EventKind::Status);
+        self.recorded(inner);
+        true
+    }
+
     /// Records the `user_offline` of `uid`, whose offline grace ran out: its last session
     /// ended at `ended_ms` for `reason`. The caller holds the uid's entry in the registry,
     /// which logged that session's offline event before.
@@ -460,6 +502,7 @@ impl EventLog {
         let at_ms = unix_ms();
         let mut inner = self.lock();
         inner.record.grace_over(at_ms, uid, reason, ended_ms);
+        inner.statuses.remove(&uid);
         self.metrics.event(EventKind::UserOffline);
         self.recorded(inner);
         self.saw(uid, ended_ms);
@@ -505,6 +548,20 @@ impl EventLog {
     pub fn recent(&self, n: usize) -> EventId {
         let seq = self.lock().record.local().map_or(1, |local| local.recent(n));
         self.id(seq)
+    }
+
+    /// The newest event's id and `uid`'s status (empty: none), read together: what a
+    /// snapshot of the uid tells is as of that position.
+    pub(crate) fn status_at(&self, uid: u64) -> (EventId, Arc<str>) {
+        let inner = self.lock();
+        let seq = inner.record.local().map_or(1, LocalLog::last_seq);
+        let status = inner.statuses.get(&uid).cloned().unwrap_or_else(|| Arc::from(""));
+        (self.id(seq), status)
+    }
+
+    /// Users with a status now.
+    pub fn statuses(&self) -> usize {
+        self.lock().statuses.len()
     }
 
     /// The id after the newest event, so a consumer starting "from now" begins after it.
@@ -581,6 +638,7 @@ impl EventLog {
         inner.record.offline(at_ms, session, reason, last, will);
         self.metrics.event(EventKind::Offline);
         if last {
+            inner.statuses.remove(&session.uid());
             self.metrics.event(EventKind::UserOffline);
             self.saw(session.uid(), at_ms);
         }

@@ -74,6 +74,8 @@ pub(crate) enum Kept {
     /// A `user_offline` of its own, not folded into an offline event: the uid's offline
     /// grace ran out; its last session ended at `ended_ms`.
     UserOffline { reason: CloseReason, ended_ms: u64 },
+    /// The user set its status (empty: cleared).
+    Status { status: Arc<str> },
 }
 
 impl Kept {
@@ -122,6 +124,7 @@ impl Logged {
                 What::Data { payload: bytes.slice(at..), topic }
             }
             Kept::UserOffline { reason, ended_ms } => What::UserOffline { reason: *reason, ended_ms: *ended_ms },
+            Kept::Status { status } => What::Status { status: status.clone() },
         };
         Event { id, at_ms: self.at_ms, uid: self.uid, what }
     }
@@ -156,6 +159,7 @@ impl Logged {
                 claims(c) + will.as_ref().map_or(0, |w| std::mem::size_of::<Will>() + w.topic.len() + w.payload.len())
             }
             Kept::UserOffline { .. } => 0,
+            Kept::Status { status } => status.len(),
         }
     }
 }

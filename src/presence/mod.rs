@@ -12,6 +12,9 @@
 //! session's token expires on, when that is enforced; `shards` places a uid on a lock;
 //! `directory` answers presence questions for the backend API, whether from this process or
 //! a cluster; `backplane` is what a cluster's shared store is to the composition root.
+//! Watch lists: `watch` is the pure index of who watches whom here, `owed` the PRESENCE
+//! entries waiting for each watcher, `fanout` the task that feeds the index the stream and
+//! the sessions' requests, and `watch_lists` whom each user may watch.
 
 mod backplane;
 mod class_rings;
@@ -20,16 +23,20 @@ mod directory;
 mod event_json;
 mod events;
 mod expiries;
+mod fanout;
 mod grace;
 mod last_seen;
 mod local_log;
 mod outbox;
+mod owed;
 mod registry;
 mod ring;
 mod session;
 mod shards;
 mod subscriptions;
 mod ticker;
+mod watch;
+mod watch_lists;
 
 pub(crate) use backplane::{Acknowledged, Backplane, RelayTurn, SharedKeys, StoreTrouble};
 pub use class_rings::ClassRings;
@@ -39,6 +46,7 @@ pub(crate) use directory::{decode_cursor, encode_cursor};
 pub use directory::{Directory, DirectoryError, Local, Located, NodeCount, OnlineCount, UidPage};
 pub use event_json::write_data as write_event_data;
 pub use events::{within_batch_budget, Batch, Event, EventId, EventLog, Replicate, What, Will, READ_BATCH};
+pub use fanout::{FanOut, WatchRefused, Watches};
 pub use last_seen::LastSeen;
 #[cfg(test)]
 pub(crate) use local_log::kept_online_event_bytes;
@@ -50,3 +58,5 @@ pub(crate) use session::Traits;
 pub use session::{session_hex, Claims, Origin, Session};
 pub use subscriptions::Subscriptions;
 pub use ticker::Ticker;
+pub use watch::UserState;
+pub use watch_lists::{ListError, WatchLists};

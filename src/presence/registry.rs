@@ -47,12 +47,13 @@ use crate::config::TimeoutClasses;
 use crate::metrics::Metrics;
 use crate::presence::class_rings::ClassRings;
 use crate::presence::clock::{unix_ms, Clock};
-use crate::presence::events::EventLog;
+use crate::presence::events::{EventId, EventLog};
 use crate::presence::expiries::Expiries;
 use crate::presence::grace::Graces;
 use crate::presence::ring::Touch;
 use crate::presence::session::{Ending, Traits};
 use crate::presence::shards::{self, lock};
+use crate::presence::watch::UserState;
 use crate::presence::{Outboxes, Push, Pushed, Reach, Session, Subscriptions};
 use crate::proto::{CloseReason, Device};
 
@@ -413,6 +414,14 @@ impl Registry {
         leads.chain(rest).filter(|s| s.is_live()).collect()
     }
 
+    /// Sets the status of `session`'s user (empty: clears it) and logs its status event;
+    /// false, and nothing changes, if the session has ended.
+    pub fn set_status(&self, session: &Session, status: Arc<str>) -> bool {
+        // Under the uid's entry, as every change a snapshot of it reads.
+        let _held = self.sessions.entry(session.uid());
+        self.events.status(session, &status)
+    }
+
     /// Takes the pushes queued for `session`, for its connection to write.
     pub fn take_pushes(&self, session: &Session) -> Vec<Push> {
         self.outboxes.take(session)
@@ -651,6 +660,32 @@ impl Registry {
             }
         }
         logged
+    }
+
+    /// `uid`'s presence as a watcher is told it, and the event log's position it is exact
+    /// at: read holding the uid's entry, which every login, ending and grace of the uid
+    /// holds while it logs, so no event of the uid up to that position is missing from it
+    /// and none after it is in it. (An expiry's `offline` is logged just after its entry is
+    /// let go: the state already reads offline, and the event, which changes nothing, is
+    /// skipped by the watch index.)
+    ///
+    /// An online user's `at_ms` is its oldest live session's login (in its offline grace,
+    /// when its last session ended): the `user_online` itself is not kept.
+    pub fn user_state(&self, uid: u64) -> (UserState, EventId) {
+        let held = self.sessions.entry(uid);
+        let since = self.gather(uid, &held).iter().filter(|s| s.is_live()).map(|s| s.since_ms()).min();
+        let grace = self.graces.as_ref().and_then(|graces| graces.of(uid));
+        let (position, status) = self.events.status_at(uid);
+        drop(held);
+        let state = match (since, grace) {
+            (Some(at_ms), _) => UserState { online: true, at_ms, status, last_seen_ms: None },
+            (None, Some(grace)) => UserState { online: true, at_ms: grace.ended_ms, status, last_seen_ms: None },
+            (None, None) => {
+                let last_seen_ms = self.events.last_seen(uid);
+                UserState { online: false, at_ms: last_seen_ms.unwrap_or(0), status: Arc::from(""), last_seen_ms }
+            }
+        };
+        (state, position)
     }
 
     /// When `uid`'s offline grace ends (unix ms), while it is in one: it has no session,
@@ -1174,7 +1209,7 @@ mod tests {
                         proptest::prop_assert!(replaced, "the uid's last session ended with no user_offline: {:?}", e);
                     }
                 }
-                What::UserOnline | What::UserOffline { .. } | What::Data { .. } => {}
+                What::UserOnline | What::UserOffline { .. } | What::Data { .. } | What::Status { .. } => {}
             }
         }
         for uid in 0..3 {

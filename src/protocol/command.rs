@@ -43,6 +43,13 @@ pub(crate) enum Command {
     Subscribe { filters: Vec<String>, max_packet: u32 },
     /// MQTT UNSUBSCRIBE.
     Unsubscribe(Vec<String>),
+    /// uids to add to the session's watch list (a WATCH frame; an MQTT SUBSCRIBE to a
+    /// presence topic).
+    Watch(Vec<u64>),
+    /// uids to take off the session's watch list.
+    Unwatch(Vec<u64>),
+    /// The user's status (empty: none).
+    Status(String),
     /// Not a frame but shows the client is there (a WebSocket ping or pong).
     Activity,
     /// Something a client must not send (a gateway-to-client frame kind), with why.
@@ -63,10 +70,9 @@ impl From<Frame> for Command {
             Frame::Data(payload) => Command::Data { payload: Bytes::copy_from_slice(&payload), topic: None },
             Frame::Logout => Command::Logout,
             Frame::Refresh(token) => Command::Refresh(token),
-            // WIP (issue 52, branch issue-52): the machine does not serve watch lists yet.
-            Frame::Watch(_) | Frame::Unwatch(_) | Frame::Status(_) => {
-                Command::Refused("watch lists are not served yet")
-            }
+            Frame::Watch(uids) => Command::Watch(uids),
+            Frame::Unwatch(uids) => Command::Unwatch(uids),
+            Frame::Status(text) => Command::Status(text),
             Frame::Welcome { .. }
             | Frame::Pong(_)
             | Frame::Push(_)

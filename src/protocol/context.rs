@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, JwtAuth, Live};
+use crate::config::{Config, JwtAuth, Live, WatchPolicy};
 use crate::metrics::Metrics;
-use crate::presence::{data_bucket, Clock, Registry};
+use crate::presence::{data_bucket, Clock, Registry, WatchLists, Watches};
 
 /// The protocol's view of the gateway; see the module documentation.
 #[derive(Debug)]
@@ -23,6 +23,9 @@ pub(crate) struct Context {
     /// Cancelled when shutdown begins: connections send BYE(shutdown).
     pub(crate) shutdown: CancellationToken,
     pub(crate) rules: Rules,
+    /// Watch lists: the fan-out's handle, and whom each user may watch.
+    pub(crate) watches: Arc<Watches>,
+    pub(crate) watch_lists: Arc<WatchLists>,
 }
 
 /// The configuration as the machine applies it.
@@ -47,6 +50,10 @@ pub(crate) struct Rules {
     pub(crate) max_devices: usize,
     /// Whether WebSocket sessions silent for a third of the timeout are pinged.
     pub(crate) ws_keepalive_pings: bool,
+    /// Who may watch whom (`--watch-policy`).
+    pub(crate) watch_policy: WatchPolicy,
+    /// Longest status, in bytes (`--max-status-bytes`).
+    pub(crate) max_status_bytes: usize,
 }
 
 // === impl Rules ===
@@ -72,6 +79,8 @@ impl Rules {
             mqtt_max_subscriptions: config.mqtt_max_subscriptions,
             max_devices: config.max_devices,
             ws_keepalive_pings: config.ws_keepalive_pings,
+            watch_policy: config.watch.policy,
+            max_status_bytes: config.watch.max_status_bytes,
         }
     }
 }
@@ -80,21 +89,35 @@ impl Rules {
 
 impl Context {
     /// A context alone (a registry with a local event log, a clock starting now), for the
-    /// machine's and the doors' unit tests.
+    /// machine's and the doors' unit tests. Its watch lists' fan-out does not run: WATCHes
+    /// are counted and never answered.
     #[cfg(test)]
     pub(crate) fn for_test(config: &Config) -> Arc<Context> {
-        use crate::presence::EventLog;
+        use crate::presence::{EventLog, Local};
         let metrics = Arc::new(Metrics::new(config));
         let events = EventLog::new(config.event_log_capacity, config.event_log_bytes, metrics.clone());
         let registry =
             Registry::with_classes(config.timeout_classes(), config.max_devices, Arc::new(events), metrics.clone());
         let registry = Arc::new(if config.enforce_token_expiry { registry.with_token_expiry() } else { registry });
+        let clock = Clock::new(tokio::time::Instant::now(), config.tick);
+        let directory = Arc::new(Local::new(
+            registry.clone(),
+            clock,
+            config.node_id.clone(),
+            config.max_queued_bytes(),
+            metrics.connections_open.clone(),
+        ));
+        let watch = &config.watch;
+        let (watches, _fan_out) =
+            Watches::new(watch.max_watch, watch.max_entries, config.max_queued_bytes(), directory, metrics.clone());
         Arc::new(Context {
             registry,
-            clock: Clock::new(tokio::time::Instant::now(), config.tick),
+            clock,
             metrics,
             shutdown: CancellationToken::new(),
             rules: Rules::new(config, Arc::new(Live::new(config))),
+            watches,
+            watch_lists: Arc::new(WatchLists::new(watch.max_watch, watch.max_entries)),
         })
     }
 }

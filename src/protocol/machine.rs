@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::config::{Class, JwtAuth, TimeoutClasses};
-use crate::presence::{session_hex, unix_ms_now, Claims, Origin, Push, Session, Touched, Traits, Will};
+use crate::config::{Class, JwtAuth, TimeoutClasses, WatchPolicy};
+use crate::presence::{session_hex, unix_ms_now, Claims, Origin, Push, Session, Touched, Traits, WatchRefused, Will};
 use crate::proto::{
     jittered_ms, kind, put_frame, retry_text, AuthError, CloseReason, Device, Frame, MAX_TOKEN_BYTES,
     REFUSED_RETRY_BASE, REFUSED_RETRY_SPREAD, SHUTDOWN_RETRY_BASE, SHUTDOWN_RETRY_SPREAD,
@@ -138,6 +138,8 @@ struct Checked {
     claims: Option<Arc<Claims>>,
     /// The timeout cap its claim says (`--jwt-timeout-cap-claim`), in seconds.
     timeout_cap_s: Option<u64>,
+    /// The uids its claim lets the session watch (`--jwt-watch-claim`).
+    watch: Option<Vec<u64>>,
 }
 
 /// What a wake-up of the session means for its connection.
@@ -145,9 +147,10 @@ struct Checked {
 pub(crate) enum Wake {
     /// Someone ended the session (an expiry, a kick, shutdown): close with this reason.
     End(CloseReason),
-    /// Pushes to send, (`ping`) a ping for a client silent for a third of the timeout, and
-    /// the position through which its data is durable, for acknowledgements it owes.
-    Push { pushes: Vec<Push>, ping: bool, durable: u64 },
+    /// Pushes to send, PRESENCE frames owed to a watcher, (`ping`) a ping for a client
+    /// silent for a third of the timeout, and the position through which its data is
+    /// durable, for acknowledgements it owes.
+    Push { pushes: Vec<Push>, presence: Vec<Frame>, ping: bool, durable: u64 },
 }
 
 /// Where a connection is in the protocol. Two words: the logged-in variant's session
@@ -230,6 +233,7 @@ impl Machine {
             Some(reason) => Wake::End(reason),
             None => Wake::Push {
                 pushes: self.context.registry.take_pushes(session),
+                presence: self.context.watches.take(session),
                 ping: session.take_ping(),
                 durable: self.context.registry.events().durable_through(),
             },
@@ -275,7 +279,81 @@ impl Machine {
             Command::Refresh(token) => self.refresh(inputs, &token, out),
             Command::Subscribe { filters, max_packet } => self.subscriptions(inputs, &filters, Some(max_packet), out),
             Command::Unsubscribe(filters) => self.subscriptions(inputs, &filters, None, out),
+            Command::Watch(uids) => self.watch(inputs, uids, true),
+            Command::Unwatch(uids) => self.watch(inputs, uids, false),
+            Command::Status(text) => self.status(inputs, text),
         }
+    }
+
+    /// A WATCH (`add`) or UNWATCH of `uids`: activity, counted against `--max-data-rate` as
+    /// a DATA is (each changes state the gateway keeps, and a WATCH is answered with a
+    /// snapshot). Under `--watch-policy listed` a uid the session may not watch is answered
+    /// as a uid that never logged in, and never watched. The snapshot comes with a later
+    /// wake-up; a WATCH past `--max-watch` or `--max-watch-entries` closes the connection,
+    /// with the bound in its BYE.
+    fn watch(&mut self, inputs: &impl Inputs, mut uids: Vec<u64>, add: bool) -> Result<(), Close> {
+        let now = self.activity(inputs)?;
+        let frame = if add { "WATCH" } else { "UNWATCH" };
+        self.watching_allowed(frame)?;
+        self.data_allowed(now).map_err(|(reason, text)| (reason, text.replacen("DATA", frame, 1)))?;
+        let Some(session) = self.session().cloned() else { return Ok(()) };
+        uids.sort_unstable();
+        uids.dedup();
+        let context = &self.context;
+        if !add {
+            context.watches.unwatch(&session, uids);
+            return Ok(());
+        }
+        let (allowed, hidden) = match context.rules.watch_policy {
+            WatchPolicy::Listed => {
+                let lists = &context.watch_lists;
+                uids.into_iter().partition(|&uid| lists.allows(session.uid(), session.id(), uid))
+            }
+            _ => (uids, Vec::new()),
+        };
+        context.watches.watch(&session, allowed, hidden).map_err(|refused| {
+            let reason = match refused {
+                WatchRefused::Session { .. } => {
+                    context.metrics.watch_refused_session.inc();
+                    CloseReason::ProtocolError
+                }
+                WatchRefused::Node { .. } => {
+                    context.metrics.watch_refused_node.inc();
+                    CloseReason::ServerFull
+                }
+            };
+            (reason, refused.to_string())
+        })
+    }
+
+    /// A STATUS: activity, counted against `--max-data-rate`; the user's status becomes
+    /// `text` (empty: none), at most `--max-status-bytes`, and its status event is logged.
+    fn status(&mut self, inputs: &impl Inputs, text: String) -> Result<(), Close> {
+        let now = self.activity(inputs)?;
+        self.watching_allowed("STATUS")?;
+        self.data_allowed(now).map_err(|(reason, text)| (reason, text.replacen("DATA", "STATUS", 1)))?;
+        let max = self.context.rules.max_status_bytes;
+        if text.len() > max {
+            let why = format!("STATUS of {} bytes; at most {max} (--max-status-bytes)", text.len());
+            return Err((CloseReason::ProtocolError, why));
+        }
+        let Some(session) = self.session() else { return Ok(()) };
+        if !self.context.registry.set_status(session, Arc::from(text)) {
+            // Ended since the tick's touch (a kick, a takeover): its status never counted.
+            return Err((session.end_reason().unwrap_or(CloseReason::Kicked), String::new()));
+        }
+        Ok(())
+    }
+
+    /// Refuses `frame` (WATCH, UNWATCH, STATUS) under `--watch-policy none`.
+    fn watching_allowed(&self, frame: &str) -> Result<(), Close> {
+        if self.context.rules.watch_policy == WatchPolicy::None {
+            return Err((
+                CloseReason::ProtocolError,
+                format!("{frame} refused: watch lists are off (--watch-policy none)"),
+            ));
+        }
+        Ok(())
     }
 
     /// An MQTT SUBSCRIBE (with the largest packet its client takes) or UNSUBSCRIBE (`None`):
@@ -343,6 +421,7 @@ impl Machine {
                         deadline_ms: Some(verified.exp.saturating_mul(1000).saturating_add(leeway_ms)),
                         claims: verified.claims.map(|json| Arc::new(Claims::from_json(json))),
                         timeout_cap_s: verified.timeout_cap_s,
+                        watch: verified.watch,
                     })
                 }
                 Err(e) => {
@@ -398,6 +477,9 @@ impl Machine {
         let traits = Traits { filters_pushes: subscriber, pingable, will, claims, origin, class: Some(class) };
         let session = context.registry.login_as(uid, device, now, traits);
         self.enforce(inputs, &session, &checked);
+        if let Some(watch) = checked.watch {
+            context.watch_lists.claim(session.id(), watch);
+        }
         let id = session_hex(session.id());
         out.frame(&Frame::Welcome { timeout_ms: session.timeout_ms(), tick_ms: rules.tick_ms, session: id });
         self.phase = Phase::LoggedIn { session, last_tick: now };
@@ -495,6 +577,8 @@ impl Machine {
                 // a kick but before its wake-up would otherwise leave its filters behind.
                 context.registry.subscriptions().forget(session.id());
                 context.registry.forget_expiry(session);
+                context.watches.closed(session);
+                context.watch_lists.closed(session.id());
                 context.registry.leave(session, reason)
             }
             None => reason,

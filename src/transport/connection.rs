@@ -94,6 +94,12 @@ pub(crate) trait Framing {
         self.encode(&Frame::Push(push.payload.clone()), out);
     }
 
+    /// Appends a PRESENCE frame a watcher is owed: as it is, or (MQTT) as a PUBLISH per
+    /// entry on its uid's presence topic.
+    fn encode_presence(&mut self, frame: &Frame, out: &mut BytesMut) {
+        self.encode(frame, out);
+    }
+
     /// The unit decoded last was taken by the protocol machine: appends what the door says
     /// to that (an MQTT PUBACK, once the DATA is in the event log).
     fn accepted(&mut self, _out: &mut BytesMut) {}
@@ -172,6 +178,11 @@ struct Leftover {
     unsent: BytesMut,
 }
 
+/// The close of a client that left more than `max_queued` bytes unread.
+fn slow(max_queued: usize) -> Close {
+    (CloseReason::SlowConsumer, format!("more than {max_queued} bytes of replies unread"))
+}
+
 fn split(leftover: &mut Leftover) -> &mut BytesMut {
     &mut leftover.split
 }
@@ -236,19 +247,28 @@ impl<L: Layer, F: Framing> Connection<L, F> {
         })
     }
 
-    /// Queues `pushes` after the replies already waiting and writes what the socket takes.
-    pub(crate) fn send(&mut self, pushes: &[Push]) -> Result<(), Close> {
+    /// Queues `pushes`, then the PRESENCE frames a watcher is owed (`presence`), after the
+    /// replies already waiting, and writes what the socket takes.
+    pub(crate) fn send(&mut self, pushes: &[Push], presence: &[Frame]) -> Result<(), Close> {
         let max_queued = max_queued_bytes(self.framing.max_frame_bytes());
         self.write_with(|conn, plain, wire| {
+            // Unsent replies stay under the bound, the outbox holds at most the bound of
+            // encoded pushes, and a watcher is owed at most the bound of changes (past it, a
+            // resync of its list): output past twice the bound is a client that does not
+            // read, closed as a slow consumer; encoding the rest would only grow the buffer
+            // about to be dropped.
+            let lagging = |plain: &BytesMut, wire: &BytesMut| plain.len() + wire.len() > 2 * max_queued;
             for push in pushes {
-                // Unsent replies stay under the bound, and the outbox holds at most the
-                // bound of encoded pushes: output past twice the bound is a client that does
-                // not read, closed as a slow consumer; encoding the rest would only grow the
-                // buffer about to be dropped.
-                if plain.len() + wire.len() > 2 * max_queued {
-                    return Err((CloseReason::SlowConsumer, format!("more than {max_queued} bytes of replies unread")));
+                if lagging(plain, wire) {
+                    return Err(slow(max_queued));
                 }
                 conn.framing.encode_push(push, plain);
+            }
+            for frame in presence {
+                if lagging(plain, wire) {
+                    return Err(slow(max_queued));
+                }
+                conn.framing.encode_presence(frame, plain);
             }
             Ok(())
         })
@@ -331,7 +351,7 @@ impl<L: Layer, F: Framing> Connection<L, F> {
         // Derived from the frame limit, not stored: every open connection would carry it.
         let max_queued = max_queued_bytes(self.framing.max_frame_bytes());
         if queued > max_queued {
-            return Err((CloseReason::SlowConsumer, format!("more than {max_queued} bytes of replies unread")));
+            return Err(slow(max_queued));
         }
         result
     }

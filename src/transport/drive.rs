@@ -208,8 +208,8 @@ fn logged_in<L: Layer, F: Framing>(
         if machine.session().is_some_and(|session| session.poll_woken(cx).is_ready()) {
             let step = match machine.on_wake() {
                 Some(Wake::End(reason)) => Err((reason, String::new())),
-                Some(Wake::Push { pushes, ping, durable }) => conn
-                    .send(&pushes)
+                Some(Wake::Push { pushes, presence, ping, durable }) => conn
+                    .send(&pushes, &presence)
                     .and_then(|()| if ping { conn.ping() } else { Ok(()) })
                     .and_then(|()| conn.release(durable)),
                 None => Ok(()),

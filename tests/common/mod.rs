@@ -17,6 +17,7 @@ pub mod raw_tls;
 pub mod redis;
 pub mod tls;
 pub mod tls_configs;
+pub mod watch_checker;
 pub mod webhook;
 pub mod ws;
 

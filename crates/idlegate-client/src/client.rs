@@ -1,7 +1,7 @@
 //! The client: a handle the application sends with, an event stream it reads, and one
 //! background task that holds the connection, keeps it alive and brings it back.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -41,6 +41,9 @@ const EVENT_BACKLOG: usize = 1024;
 /// How long a logout or close waits for the gateway's goodbye before dropping the socket.
 const GOODBYE_PATIENCE: Duration = Duration::from_secs(2);
 
+/// uids in one WATCH or UNWATCH frame: 8 KiB, far under any gateway's frame limit.
+const UIDS_PER_FRAME: usize = 1024;
+
 /// A connected (or connecting) client; cheap to clone. The connection lives in a task of
 /// its own; dropping every clone ends it.
 #[derive(Debug, Clone)]
@@ -62,6 +65,9 @@ enum Control {
     Logout,
     Reconnect,
     Close,
+    Watch(Vec<u64>),
+    Unwatch(Vec<u64>),
+    Status(String),
 }
 
 /// How a connection ended.
@@ -102,6 +108,8 @@ impl Client {
             events: events_tx,
             backlog: VecDeque::new(),
             state: state_tx,
+            watching: BTreeSet::new(),
+            status: None,
         };
         tokio::spawn(task.run());
         Ok((Client { data: data_tx, control: control_tx, state: state_rx }, Events { rx: events_rx }))
@@ -140,6 +148,25 @@ impl Client {
         let _ = self.control.send(Control::Close);
     }
 
+    /// Watches `uids` too: the gateway answers with a snapshot of them, then each change, as
+    /// [`Event::Presence`]. The client keeps the list and watches it again on every
+    /// connection (a fresh snapshot each time). Which uids a user may watch is the
+    /// gateway's policy: one it may not reads as a uid that never logged in.
+    pub fn watch(&self, uids: impl IntoIterator<Item = u64>) {
+        let _ = self.control.send(Control::Watch(uids.into_iter().collect()));
+    }
+
+    /// Stops watching `uids`.
+    pub fn unwatch(&self, uids: impl IntoIterator<Item = u64>) {
+        let _ = self.control.send(Control::Unwatch(uids.into_iter().collect()));
+    }
+
+    /// Sets the user's status, which its watchers see (empty: none); set again on every
+    /// connection. A status lasts while the user is online.
+    pub fn set_status(&self, status: impl Into<String>) {
+        let _ = self.control.send(Control::Status(status.into()));
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         self.state.borrow().clone()
@@ -169,6 +196,14 @@ impl futures_core::Stream for Events {
     }
 }
 
+/// Sends `uids` as WATCH or UNWATCH frames (`frame`) of at most [`UIDS_PER_FRAME`] each.
+async fn send_uids(conn: &mut Conn, uids: &[u64], frame: fn(Vec<u64>) -> Frame) -> std::io::Result<()> {
+    for chunk in uids.chunks(UIDS_PER_FRAME) {
+        conn.send(frame(chunk.to_vec())).await?;
+    }
+    Ok(())
+}
+
 /// When to refresh a token that expires at `expires` (unix seconds), if known.
 fn refresh_instant(expires: Option<u64>) -> Option<Instant> {
     let now_ms = std::time::SystemTime::now()
@@ -188,6 +223,9 @@ struct Task {
     /// Events the application's channel had no room for, oldest first.
     backlog: VecDeque<Event>,
     state: watch::Sender<State>,
+    /// The uids the application watches, and the status it set: sent on every connection.
+    watching: BTreeSet<u64>,
+    status: Option<String>,
 }
 
 // === impl Task ===
@@ -293,6 +331,16 @@ impl Task {
     /// expires at `expires`, unix seconds, when known) ahead of its expiry.
     async fn online(&mut self, conn: &mut Conn, keepalive: Duration, expires: Option<u64>) -> Ended {
         let mut ping_at = Instant::now() + keepalive;
+        // What the application watches and its status, again on this connection.
+        let watching: Vec<u64> = self.watching.iter().copied().collect();
+        if let Err(e) = send_uids(conn, &watching, Frame::Watch).await {
+            return Ended::Lost(format!("send failed: {e}"));
+        }
+        if let Some(status) = self.status.clone() {
+            if let Err(e) = conn.send(Frame::Status(status)).await {
+                return Ended::Lost(format!("send failed: {e}"));
+            }
+        }
         // When to ask the provider for the next token, and the answer being awaited.
         let mut refresh_at = refresh_instant(expires);
         let mut fetching: Option<TokenFuture> = None;
@@ -313,6 +361,24 @@ impl Task {
                 }
                 control = self.control.recv() => match control {
                     Some(Control::Reconnect) => {}
+                    Some(Control::Watch(uids)) => {
+                        let new: Vec<u64> = uids.into_iter().filter(|&uid| self.watching.insert(uid)).collect();
+                        if let Err(e) = send_uids(conn, &new, Frame::Watch).await {
+                            return Ended::Lost(format!("send failed: {e}"));
+                        }
+                    }
+                    Some(Control::Unwatch(uids)) => {
+                        let gone: Vec<u64> = uids.into_iter().filter(|uid| self.watching.remove(uid)).collect();
+                        if let Err(e) = send_uids(conn, &gone, Frame::Unwatch).await {
+                            return Ended::Lost(format!("send failed: {e}"));
+                        }
+                    }
+                    Some(Control::Status(status)) => {
+                        self.status = Some(status.clone());
+                        if let Err(e) = conn.send(Frame::Status(status)).await {
+                            return Ended::Lost(format!("send failed: {e}"));
+                        }
+                    }
                     Some(Control::Logout) => {
                         let _ = conn.send(Frame::Logout).await;
                         // The gateway answers BYE(logout) and closes; wait for it, briefly.
@@ -361,6 +427,7 @@ impl Task {
                         refresh_at = refresh_instant(Some(expires).filter(|&e| e > 0));
                         self.emit(Event::Refreshed { expires });
                     }
+                    Ok(Frame::Presence { kind, entries }) => self.emit(Event::Presence { kind, entries }),
                     Ok(Frame::Bye { reason, text }) => return Ended::Bye { reason, text },
                     Ok(other) => return Ended::Lost(format!("the gateway sent {other:?}")),
                     Err(text) => return Ended::Lost(text),
@@ -395,14 +462,15 @@ impl Task {
                         permit.send(event);
                     }
                 }
-                control = self.control.recv() => return match control {
-                    Some(Control::Reconnect) => true,
+                control = self.control.recv() => match control {
+                    Some(Control::Reconnect) => return true,
                     Some(Control::Logout) => {
                         let text = String::new();
                         self.set(State::Offline { reason: CloseReason::Logout, text, retry_in: None });
-                        self.wait_for_reconnect().await
+                        return self.wait_for_reconnect().await;
                     }
-                    Some(Control::Close) | None => false,
+                    Some(Control::Close) | None => return false,
+                    Some(other) => self.keep(other),
                 },
             }
         }
@@ -422,8 +490,21 @@ impl Task {
                     Some(Control::Reconnect) => return true,
                     Some(Control::Logout) => {}
                     Some(Control::Close) | None => return false,
+                    Some(other) => self.keep(other),
                 },
             }
+        }
+    }
+
+    /// A watch, unwatch or status asked for while offline: kept for the next connection.
+    fn keep(&mut self, control: Control) {
+        match control {
+            Control::Watch(uids) => self.watching.extend(uids),
+            Control::Unwatch(uids) => uids.iter().for_each(|uid| {
+                self.watching.remove(uid);
+            }),
+            Control::Status(status) => self.status = Some(status),
+            Control::Logout | Control::Reconnect | Control::Close => {}
         }
     }
 

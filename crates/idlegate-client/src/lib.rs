@@ -16,6 +16,9 @@
 //!   device) unless [`Options::reconnect_after_kick`] says so; [`Client::reconnect`] asks.
 //! - **While offline**, DATA waits in a bounded queue ([`Options::max_queued`]); past it,
 //!   [`Client::try_send`] hands the message back.
+//! - **Presence of others** ([`Client::watch`], [`Client::unwatch`]) and the user's own
+//!   status ([`Client::set_status`]) are kept by the client and sent again on every
+//!   connection, so each reconnect brings a fresh snapshot ([`Event::Presence`]).
 //!
 //! ```no_run
 //! use idlegate_client::{Client, Event, Options, State};
@@ -31,6 +34,11 @@
 //!         Event::State(State::Connecting { attempt }) => println!("connecting, attempt {attempt}"),
 //!         Event::Push(payload) => println!("push: {payload:?}"),
 //!         Event::Refreshed { expires } => println!("token refreshed, good until {expires}"),
+//!         Event::Presence { entries, .. } => {
+//!             for e in entries {
+//!                 println!("uid {} is {}", e.uid, if e.online { "online" } else { "offline" });
+//!             }
+//!         }
 //!     }
 //! }
 //! # Ok(())
@@ -57,7 +65,7 @@ pub use conn::MAX_INCOMING_FRAME_BYTES;
 pub use endpoint::{Endpoint, EndpointError};
 pub use error::{ClientError, SendError};
 pub use idlegate_proto as proto;
-pub use idlegate_proto::{CloseReason, Device};
+pub use idlegate_proto::{CloseReason, Device, PresenceEntry, PresenceKind};
 pub use options::{Options, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_QUEUED};
 pub use state::{Event, State};
 pub use token::{read_expiry, TokenError, TokenFuture, TokenProvider, MIN_REFRESH_INTERVAL, MIN_REFRESH_LEAD};

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idlegate_proto::CloseReason;
+use idlegate_proto::{CloseReason, PresenceEntry, PresenceKind};
 
 /// Where the client's connection stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,4 +31,9 @@ pub enum Event {
     /// The gateway took a refreshed token (REFRESHED): the session goes on, now until
     /// `expires` (unix seconds; 0 when the gateway holds no expiry for it).
     Refreshed { expires: u64 },
+    /// Watched uids' presence (PRESENCE): a snapshot answering a watch (after every
+    /// reconnect too, for the whole list), each change in the order of the gateway's event
+    /// stream, or a resync of the whole list after the client fell behind. Applying the
+    /// entries in order, each replacing what was known of its uid, gives the current view.
+    Presence { kind: PresenceKind, entries: Vec<PresenceEntry> },
 }

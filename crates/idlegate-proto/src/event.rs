@@ -15,19 +15,28 @@ pub enum EventKind {
     UserOffline,
     /// A session sent a DATA frame (an MQTT PUBLISH).
     Data,
+    /// A user set its status (a STATUS frame, an MQTT PUBLISH to the status topic), or
+    /// cleared it.
+    Status,
 }
 
 /// A name that is no [`EventKind`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown event type {0:?}; expected one of online, offline, user_online, user_offline, data")]
+#[error("unknown event type {0:?}; expected one of online, offline, user_online, user_offline, data, status")]
 pub struct UnknownEventKind(pub String);
 
 // === impl EventKind ===
 
 impl EventKind {
     /// Every kind, in the order metrics and `?types=` list them.
-    pub const ALL: [EventKind; 5] =
-        [EventKind::Online, EventKind::Offline, EventKind::UserOnline, EventKind::UserOffline, EventKind::Data];
+    pub const ALL: [EventKind; 6] = [
+        EventKind::Online,
+        EventKind::Offline,
+        EventKind::UserOnline,
+        EventKind::UserOffline,
+        EventKind::Data,
+        EventKind::Status,
+    ];
 
     /// Its name on the wire.
     pub fn name(self) -> &'static str {
@@ -37,6 +46,7 @@ impl EventKind {
             EventKind::UserOnline => "user_online",
             EventKind::UserOffline => "user_offline",
             EventKind::Data => "data",
+            EventKind::Status => "status",
         }
     }
 

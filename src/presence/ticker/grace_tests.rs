@@ -309,7 +309,7 @@ proptest::proptest! {
                     proptest::prop_assert_eq!(*n, 0, "user_offline with a session: {:?}", e);
                     *on = false;
                 }
-                What::Data { .. } => {}
+                What::Data { .. } | What::Status { .. } => {}
             }
         }
         for uid in 0..3u64 {
