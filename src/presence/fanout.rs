@@ -46,6 +46,9 @@ pub enum WatchRefused {
     /// This node's watch entries would pass `--max-watch-entries`.
     #[error("WATCH refused: this node holds its most watch entries, {max} (--max-watch-entries)")]
     Node { max: usize },
+    /// Watch lists are off (`--watch-policy none`).
+    #[error("WATCH refused: watch lists are off (--watch-policy none)")]
+    Off,
 }
 
 /// What a connection (or the API) asks of the fan-out.

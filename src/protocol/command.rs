@@ -39,10 +39,11 @@ pub(crate) enum Command {
     /// A new token for the session's uid (a REFRESH frame; MQTT 5's re-authentication).
     Refresh(Bytes),
     /// MQTT SUBSCRIBE: topic filters, from a client that takes packets of up to
-    /// `max_packet` bytes.
-    Subscribe { filters: Vec<String>, max_packet: u32 },
-    /// MQTT UNSUBSCRIBE.
-    Unsubscribe(Vec<String>),
+    /// `max_packet` bytes, and the uids whose presence topics it named (`watch`), whose
+    /// outcomes follow the filters'.
+    Subscribe { filters: Vec<String>, max_packet: u32, watch: Vec<u64> },
+    /// MQTT UNSUBSCRIBE: topic filters, and the uids whose presence topics it named.
+    Unsubscribe { filters: Vec<String>, unwatch: Vec<u64> },
     /// uids to add to the session's watch list (a WATCH frame; an MQTT SUBSCRIBE to a
     /// presence topic).
     Watch(Vec<u64>),

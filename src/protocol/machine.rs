@@ -277,8 +277,10 @@ impl Machine {
             Command::Data { payload, topic } => self.data(inputs, payload, topic.as_deref(), out),
             Command::Logout => Err((CloseReason::Logout, String::new())),
             Command::Refresh(token) => self.refresh(inputs, &token, out),
-            Command::Subscribe { filters, max_packet } => self.subscriptions(inputs, &filters, Some(max_packet), out),
-            Command::Unsubscribe(filters) => self.subscriptions(inputs, &filters, None, out),
+            Command::Subscribe { filters, max_packet, watch } => {
+                self.subscriptions(inputs, &filters, Some(max_packet), watch, out)
+            }
+            Command::Unsubscribe { filters, unwatch } => self.subscriptions(inputs, &filters, None, unwatch, out),
             Command::Watch(uids) => self.watch(inputs, uids, true),
             Command::Unwatch(uids) => self.watch(inputs, uids, false),
             Command::Status(text) => self.status(inputs, text),
@@ -297,30 +299,16 @@ impl Machine {
         self.watching_allowed(frame)?;
         self.data_allowed(now).map_err(|(reason, text)| (reason, text.replacen("DATA", frame, 1)))?;
         let Some(session) = self.session().cloned() else { return Ok(()) };
-        uids.sort_unstable();
-        uids.dedup();
-        let context = &self.context;
         if !add {
-            context.watches.unwatch(&session, uids);
+            uids.sort_unstable();
+            uids.dedup();
+            self.context.watches.unwatch(&session, uids);
             return Ok(());
         }
-        let (allowed, hidden) = match context.rules.watch_policy {
-            WatchPolicy::Listed => {
-                let lists = &context.watch_lists;
-                uids.into_iter().partition(|&uid| lists.allows(session.uid(), session.id(), uid))
-            }
-            _ => (uids, Vec::new()),
-        };
-        context.watches.watch(&session, allowed, hidden).map_err(|refused| {
+        self.watch_for(&session, uids).map_err(|refused| {
             let reason = match refused {
-                WatchRefused::Session { .. } => {
-                    context.metrics.watch_refused_session.inc();
-                    CloseReason::ProtocolError
-                }
-                WatchRefused::Node { .. } => {
-                    context.metrics.watch_refused_node.inc();
-                    CloseReason::ServerFull
-                }
+                WatchRefused::Node { .. } => CloseReason::ServerFull,
+                WatchRefused::Session { .. } | WatchRefused::Off => CloseReason::ProtocolError,
             };
             (reason, refused.to_string())
         })
@@ -359,27 +347,61 @@ impl Machine {
     /// An MQTT SUBSCRIBE (with the largest packet its client takes) or UNSUBSCRIBE (`None`):
     /// activity, counted against the session's `--max-data-rate` as a DATA is (each changes
     /// state the gateway keeps), and the session's topic filters change, at most
-    /// `--mqtt-max-subscriptions` of them; a SUBSCRIBE's outcome goes to `out`, filter by
-    /// filter.
+    /// `--mqtt-max-subscriptions` of them. The uids of the presence topics it named (`uids`)
+    /// are watched or unwatched as a WATCH or UNWATCH would, except that a refusal (a policy
+    /// of none, a bound) refuses their filters instead of closing. A SUBSCRIBE's outcome
+    /// goes to `out`, filter by filter, the presence topics' last.
     fn subscriptions(
         &mut self,
         inputs: &impl Inputs,
         filters: &[String],
         subscribe: Option<u32>,
+        mut uids: Vec<u64>,
         out: &mut (impl Out + ?Sized),
     ) -> Result<(), Close> {
         let now = self.activity(inputs)?;
         self.data_allowed(now)?;
-        if let Some(session) = self.session() {
-            let subscriptions = self.context.registry.subscriptions();
-            if let Some(max_packet) = subscribe {
-                let max = self.context.rules.mqtt_max_subscriptions;
-                out.subscribed(&subscriptions.subscribe(session.id(), filters, max, max_packet));
-            } else {
-                subscriptions.unsubscribe(session.id(), filters);
+        let Some(session) = self.session().cloned() else { return Ok(()) };
+        let context = &self.context;
+        let subscriptions = context.registry.subscriptions();
+        let Some(max_packet) = subscribe else {
+            subscriptions.unsubscribe(session.id(), filters);
+            if !uids.is_empty() && context.rules.watch_policy != WatchPolicy::None {
+                uids.sort_unstable();
+                uids.dedup();
+                context.watches.unwatch(&session, uids);
             }
+            return Ok(());
+        };
+        let max = context.rules.mqtt_max_subscriptions;
+        let mut granted = subscriptions.subscribe(session.id(), filters, max, max_packet);
+        if !uids.is_empty() {
+            let (n, watched) = (uids.len(), self.watch_for(&session, uids));
+            granted.extend(std::iter::repeat_n(watched.is_ok(), n));
         }
+        out.subscribed(&granted);
         Ok(())
+    }
+
+    /// Adds `uids` to `session`'s watch list under the policy: uids it may not watch are
+    /// answered as uids that never logged in. Counted when refused.
+    fn watch_for(&self, session: &Arc<Session>, mut uids: Vec<u64>) -> Result<(), WatchRefused> {
+        let context = &self.context;
+        uids.sort_unstable();
+        uids.dedup();
+        let (allowed, hidden) = match context.rules.watch_policy {
+            WatchPolicy::None => return Err(WatchRefused::Off),
+            WatchPolicy::Listed => {
+                let lists = &context.watch_lists;
+                uids.into_iter().partition(|&uid| lists.allows(session.uid(), session.id(), uid))
+            }
+            WatchPolicy::Open => (uids, Vec::new()),
+        };
+        context.watches.watch(session, allowed, hidden).inspect_err(|refused| match refused {
+            WatchRefused::Session { .. } => context.metrics.watch_refused_session.inc(),
+            WatchRefused::Node { .. } => context.metrics.watch_refused_node.inc(),
+            WatchRefused::Off => {}
+        })
     }
 
     /// A DATA of the logged-in session: activity, the rate, the event log. A DATA the log

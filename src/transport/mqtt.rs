@@ -25,7 +25,7 @@ use crate::presence::{Push, Will};
 use crate::proto::mqtt::{
     check_topic_filter, fixed_header, packet, put_fixed_header as put_header, put_str, put_varint, AUTH_METHOD,
 };
-use crate::proto::{CloseReason, Device, Frame};
+use crate::proto::{CloseReason, Device, Frame, PresenceEntry, PresenceKind};
 use crate::protocol::Close;
 use crate::protocol::{Asked, Command};
 use crate::transport::connection::Framing;
@@ -78,6 +78,8 @@ mod code5 {
     pub const QUOTA_EXCEEDED: u8 = 0x97;
     pub const QOS_NOT_SUPPORTED: u8 = 0x9B;
     pub const TOPIC_NAME_INVALID: u8 = 0x90;
+    /// DISCONNECT: a status PUBLISH whose payload is not UTF-8.
+    pub const PAYLOAD_FORMAT_INVALID: u8 = 0x99;
     pub const TOPIC_ALIAS_INVALID: u8 = 0x94;
     pub const PACKET_TOO_LARGE: u8 = 0x95;
     /// SUBACK: the filter is not a valid topic filter.
@@ -107,17 +109,35 @@ mod property {
 const EXPIRES_PROPERTY: &str = "expires";
 
 /// What every MQTT connection of a gateway shares, built once at start: the timeout
-/// classes a keepalive maps to.
+/// classes a keepalive maps to, and the topics of watch lists and status.
 #[derive(Debug)]
 pub(crate) struct MqttPolicy {
     pub classes: TimeoutClasses,
+    /// `--mqtt-presence-topic` and a `/`: SUBSCRIBE to it and a uid watches the uid.
+    presence_prefix: String,
+    /// `--mqtt-status-topic`: a PUBLISH to it sets the user's status.
+    status_topic: String,
 }
 
 // === impl MqttPolicy ===
 
 impl MqttPolicy {
     pub(crate) fn new(config: &crate::config::Config) -> MqttPolicy {
-        MqttPolicy { classes: config.timeout_classes() }
+        MqttPolicy {
+            classes: config.timeout_classes(),
+            presence_prefix: format!("{}/", config.watch.mqtt_presence_topic),
+            status_topic: config.watch.mqtt_status_topic.clone(),
+        }
+    }
+
+    /// The uid whose presence `filter` names (`<--mqtt-presence-topic>/<uid>`), if it names
+    /// one.
+    fn presence_uid(&self, filter: &str) -> Option<u64> {
+        let uid = filter.strip_prefix(&self.presence_prefix)?;
+        // Decimal as the uid is written everywhere: no sign, no leading zero, no wildcard.
+        let canonical =
+            !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit()) && (uid == "0" || !uid.starts_with('0'));
+        canonical.then(|| uid.parse().ok()).flatten()
     }
 
     /// MQTT 5's Server Keep Alive for a client that asked for `asked` seconds and got a
@@ -321,6 +341,13 @@ impl Framing for Mqtt {
         self.encode_frame(frame, out);
     }
 
+    fn encode_presence(&mut self, frame: &Frame, out: &mut BytesMut) {
+        let Frame::Presence { kind, entries } = frame else { return self.encode_frame(frame, out) };
+        for entry in entries {
+            self.publish_presence(*kind, entry, out);
+        }
+    }
+
     fn encode_push(&mut self, push: &Push, out: &mut BytesMut) {
         self.publish(&push.topic, &push.payload, out);
     }
@@ -415,6 +442,14 @@ impl Mqtt {
                     if qos == QoS::AtLeastOnce {
                         self.owed_ack = publish.packet_id;
                     }
+                    if publish.topic_name == self.policy.status_topic {
+                        return match String::from_utf8(publish.payload.to_vec()) {
+                            Ok(status) => Ok(Some(Command::Status(status))),
+                            Err(_) => {
+                                Err(self.refuse(out, code5::PAYLOAD_FORMAT_INVALID, "a status that is not UTF-8"))
+                            }
+                        };
+                    }
                     let topic = std::sync::Arc::from(publish.topic_name.as_str());
                     Ok(Some(Command::Data { payload: Bytes::from(publish.payload), topic: Some(topic) }))
                 }
@@ -427,7 +462,15 @@ impl Mqtt {
                     decided: Vec::new(),
                 };
                 let mut valid = Vec::with_capacity(subscribe.filters.len());
+                // Presence topics are decided after the push filters: their codes' places.
+                let (mut watch, mut watch_at) = (Vec::new(), Vec::new());
                 for filter in subscribe.filters {
+                    if let Some(uid) = self.policy.presence_uid(&filter.filter) {
+                        watch_at.push(suback.codes.len());
+                        suback.codes.push(code5::GRANTED_QOS_0);
+                        watch.push(uid);
+                        continue;
+                    }
                     let code = if filter.filter.starts_with("$share/") {
                         Some(code5::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
                     } else if check_topic_filter(&filter.filter).is_err() {
@@ -444,8 +487,9 @@ impl Mqtt {
                         }
                     }
                 }
+                suback.decided.extend(watch_at);
                 self.owed.get_or_insert_with(Box::default).suback = Some(suback);
-                Ok(Some(Command::Subscribe { filters: valid, max_packet: self.client_max_packet }))
+                Ok(Some(Command::Subscribe { filters: valid, max_packet: self.client_max_packet, watch }))
             }
             (_, Packet::Unsubscribe(unsubscribe)) => {
                 let codes = if self.version == LEVEL_5 { unsubscribe.filters.len() } else { 0 };
@@ -456,7 +500,10 @@ impl Mqtt {
                     unsubscribe.packet_id,
                     &vec![code5::GRANTED_QOS_0; codes],
                 );
-                Ok(Some(Command::Unsubscribe(unsubscribe.filters)))
+                let (presence, filters): (Vec<String>, Vec<String>) =
+                    unsubscribe.filters.into_iter().partition(|f| self.policy.presence_uid(f).is_some());
+                let unwatch = presence.iter().filter_map(|f| self.policy.presence_uid(f)).collect();
+                Ok(Some(Command::Unsubscribe { filters, unwatch }))
             }
             (LEVEL_5, Packet::Disconnect(d))
                 if d.reason_code
@@ -613,8 +660,8 @@ impl Mqtt {
                 out.put_slice(&len_bytes);
                 out.put_slice(&props);
             }
-            // WIP (issue 52): presence reaches an MQTT session as PUBLISHes of its own.
-            Frame::Presence { .. } => debug_assert!(false, "MQTT presence is not served yet"),
+            // PRESENCE comes through `encode_presence`, a PUBLISH per entry.
+            Frame::Presence { .. } => debug_assert!(false, "an MQTT presence as one frame"),
             // Client frames never come back out.
             Frame::Login { .. }
             | Frame::Ping(_)
@@ -628,7 +675,34 @@ impl Mqtt {
     }
 }
 
+/// A PRESENCE entry as an MQTT PUBLISH's payload: JSON, the fields the frame's entry has
+/// (docs/PROTOCOL.md, "Presence over MQTT").
+fn presence_json(kind: PresenceKind, entry: &PresenceEntry) -> String {
+    let kind = match kind {
+        PresenceKind::Change => "change",
+        PresenceKind::Snapshot => "snapshot",
+        PresenceKind::Resync => "resync",
+    };
+    let mut json = serde_json::json!({
+        "uid": entry.uid,
+        "online": entry.online,
+        "at_ms": entry.at_ms,
+        "status": entry.status,
+        "kind": kind,
+    });
+    if let Some(last_seen_ms) = entry.last_seen_ms.filter(|_| !entry.online) {
+        json["last_seen_ms"] = last_seen_ms.into();
+    }
+    json.to_string()
+}
+
 impl Mqtt {
+    /// A PRESENCE entry as a QoS 0 PUBLISH on its uid's presence topic.
+    pub(crate) fn publish_presence(&self, kind: PresenceKind, entry: &PresenceEntry, out: &mut BytesMut) {
+        let topic = format!("{}{}", self.policy.presence_prefix, entry.uid);
+        self.publish(&topic, presence_json(kind, entry).as_bytes(), out);
+    }
+
     /// A QoS 0 PUBLISH of `payload` on `topic` (the registry queued it only for a session
     /// that subscribed to the topic, and that takes packets of its size); nothing when it is
     /// over the client's Maximum Packet Size ([MQTT-3.1.2-24]).

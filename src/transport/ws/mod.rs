@@ -332,6 +332,19 @@ impl Framing for WebSocket {
         }
     }
 
+    fn encode_presence(&mut self, frame: &Frame, out: &mut BytesMut) {
+        match (self.payload.mqtt(), frame) {
+            (Some(mqtt), Frame::Presence { kind, entries }) if self.refusal != CLOSED => {
+                for entry in entries {
+                    let at = open_message(out);
+                    mqtt.publish_presence(*kind, entry, out);
+                    close_message(out, at);
+                }
+            }
+            _ => self.encode(frame, out),
+        }
+    }
+
     fn accepted(&mut self, out: &mut BytesMut) {
         if let Some(mqtt) = self.payload.mqtt_mut() {
             let at = open_message(out);
