@@ -180,7 +180,7 @@ fn server_identity(ca: &common::tls::TestCa) -> Option<std::sync::Arc<idlegate::
 #[test]
 fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     use bytes::{Bytes, BytesMut};
-    use idlegate_proto::{kind, CloseReason, Device, Frame};
+    use idlegate_proto::{kind, CloseReason, Device, Frame, PresenceEntry, PresenceKind};
 
     let Some(node) = find_on_path(&["node", "nodejs"]) else {
         return skip_without("node", "apt-get install nodejs");
@@ -189,6 +189,11 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     let welcome = body(&Frame::Welcome { timeout_ms: 30_000, tick_ms: 1_000, session: "00000000000000ff".into() });
     let bye = body(&Frame::Bye { reason: CloseReason::Shutdown, text: "retry_after_ms=4200; restarting".into() });
     let refreshed = body(&Frame::Refreshed { expires: 1_700_000_020 });
+    let entries = vec![
+        PresenceEntry { uid: u64::MAX, online: true, at_ms: 5, status: "busy".into(), last_seen_ms: None },
+        PresenceEntry { uid: 7, online: false, at_ms: 9, status: String::new(), last_seen_ms: Some(8) },
+    ];
+    let presence = body(&Frame::Presence { kind: PresenceKind::Resync, entries });
     let script = format!(
         "const w = await import({module:?});
          const hex = (b) => Buffer.from(b).toString('hex');
@@ -197,6 +202,10 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
            login: hex(w.encodeLogin('18446744073709551615', 'tok', 'tab')),
            ping: hex(w.encodePing(new Uint8Array([1, 2]))), data: hex(w.encodeData('app')), logout: hex(w.encodeLogout()),
            refresh: hex(w.encodeRefresh('a.b.c')),
+           watch: hex(w.encodeUids(w.KIND.WATCH, ['18446744073709551615', 7])),
+           unwatch: hex(w.encodeUids(w.KIND.UNWATCH, [7])),
+           status: hex(w.encodeStatus('away ☕')),
+           presence: w.decodeFrame(Buffer.from('{presence}', 'hex')),
            refreshed: w.decodeFrame(Buffer.from('{refreshed}', 'hex')),
            welcome: w.decodeFrame(Buffer.from('{welcome}', 'hex')),
            bye: w.decodeFrame(Buffer.from('{bye}', 'hex')),
@@ -214,10 +223,14 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
         ("DATA", kind::DATA),
         ("LOGOUT", kind::LOGOUT),
         ("REFRESH", kind::REFRESH),
+        ("WATCH", kind::WATCH),
+        ("UNWATCH", kind::UNWATCH),
+        ("STATUS", kind::STATUS),
         ("WELCOME", kind::WELCOME),
         ("PONG", kind::PONG),
         ("PUSH", kind::PUSH),
         ("REFRESHED", kind::REFRESHED),
+        ("PRESENCE", kind::PRESENCE),
         ("BYE", kind::BYE),
     ];
     for (name, byte) in kinds {
@@ -241,6 +254,16 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
     assert_eq!(js["logout"], json!(body(&Frame::Logout)));
     assert_eq!(js["refresh"], json!(body(&Frame::Refresh(Bytes::from_static(b"a.b.c")))));
     assert_eq!(js["refreshed"], json!({"type": "refreshed", "expires": 1_700_000_020u64}));
+    assert_eq!(js["watch"], json!(body(&Frame::Watch(vec![u64::MAX, 7]))));
+    assert_eq!(js["unwatch"], json!(body(&Frame::Unwatch(vec![7]))));
+    assert_eq!(js["status"], json!(body(&Frame::Status("away ☕".into()))));
+    assert_eq!(
+        js["presence"],
+        json!({"type": "presence", "kind": "resync", "entries": [
+            {"uid": "18446744073709551615", "online": true, "atMs": 5, "status": "busy", "lastSeenMs": null},
+            {"uid": "7", "online": false, "atMs": 9, "status": "", "lastSeenMs": 8},
+        ]})
+    );
     assert_eq!(
         js["welcome"],
         json!({"type": "welcome", "timeoutMs": 30000, "tickMs": 1000, "session": "00000000000000ff"})
@@ -309,5 +332,63 @@ async fn the_js_client_in_chromium_refreshes_a_20_second_token_three_times_in_on
     page.eval("window.r.logout(), true").await;
     let offline = backend.expect("offline", 8).await;
     assert_eq!(offline.data["reason"], json!("logout"));
+    let _ = chromium.kill().await;
+}
+
+const WATCHING: &str = r#"
+(async () => { try {
+  window.presence = [];
+  const { Client } = await import('/src/index.js');
+  window.w = new Client({ url: WS, uid: 1 });
+  window.w.on('presence', (p) => window.presence.push(p));
+  window.w.watch(['18446744073709551615', 2]);
+  window.w.setStatus('in the browser');
+  return 'started';
+} catch (e) { return `failed: ${e} ${e.stack}`; } })()
+"#;
+
+/// The JS client in Chromium watches two uids (one above 2^53) and sets its status: a
+/// snapshot, each change of a uid a raw client moves, its own status in the stream, and,
+/// after a restart of the gateway, the list watched again with a fresh snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_client_in_chromium_watches_uids_and_sets_its_status() {
+    let Some(browser) = chromium() else { return };
+    let watch = idlegate::WatchConfig { policy: idlegate::WatchPolicy::Open, ..idlegate::WatchConfig::default() };
+    let config = Config { watch, ..common::browser::config() };
+    let mut server = common::TestServer::start(config.clone()).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
+    let site = serve_package().await;
+    let profile = tempfile::tempdir().unwrap();
+    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[]).await;
+    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
+    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
+    until(&mut page, &loaded).await;
+    let script = WATCHING.replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()));
+    assert_eq!(page.eval_async(&script).await, json!("started"));
+    assert_eq!(backend.expect("status", 1).await.data["status"], json!("in the browser"));
+    until(&mut page, "window.presence.length === 1").await;
+    let snapshot = page.eval("JSON.stringify(window.presence[0])").await;
+    let snapshot: Value = serde_json::from_str(snapshot.as_str().unwrap()).unwrap();
+    assert_eq!(snapshot["kind"], json!("snapshot"));
+    let mut uids: Vec<&str> =
+        snapshot["entries"].as_array().unwrap().iter().map(|e| e["uid"].as_str().unwrap()).collect();
+    uids.sort_unstable();
+    assert_eq!(uids, [BIG_UID, "2"], "every digit of the big uid");
+
+    let mut big = common::Client::connect(server.addr).await;
+    big.login(BIG_UID.parse().unwrap()).await;
+    big.send(idlegate_proto::Frame::Status("big".into())).await;
+    until(&mut page, "window.presence.length === 3").await;
+    let changes = page.eval("JSON.stringify(window.presence.slice(1).map((p) => [p.kind, p.entries[0].uid, p.entries[0].online, p.entries[0].status]))").await;
+    let changes: Value = serde_json::from_str(changes.as_str().unwrap()).unwrap();
+    assert_eq!(changes, json!([["change", BIG_UID, true, ""], ["change", BIG_UID, true, "big"]]));
+
+    // A restart: the client watches its list again and sets its status again.
+    server.shutdown().await;
+    let server = server.restart(config).await;
+    let (_, mut backend) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
+    until(&mut page, "window.w.state.state === 'online' && window.presence.at(-1).kind === 'snapshot'").await;
+    assert_eq!(backend.expect("status", 1).await.data["status"], json!("in the browser"));
+    page.eval("window.w.logout(), true").await;
     let _ = chromium.kill().await;
 }

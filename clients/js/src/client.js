@@ -10,7 +10,10 @@ import {
   encodeLogout,
   encodePing,
   encodeRefresh,
+  encodeStatus,
+  encodeUids,
   checkDevice,
+  KIND,
   readExpiry,
   reasonOfCloseCode,
   refreshDelayMs,
@@ -28,6 +31,8 @@ export const DEFAULT_MAX_QUEUED = 64;
 export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 /** Wait before asking the token function again after it failed to give a refresh's token. */
 const REFRESH_RETRY_MS = 1000;
+/** uids in one WATCH or UNWATCH frame: 8 KiB, far under any gateway's frame limit. */
+const UIDS_PER_FRAME = 1024;
 
 /**
  * A token function's answer as `{token, expires}`: a string is a token whose expiry is read
@@ -93,7 +98,10 @@ export class Client {
     this.WebSocket = Impl;
     this.state = { state: 'offline', reason: 'disconnect', text: 'not started', code: undefined, retryInMs: null };
     this.queue = [];
-    this.listeners = { state: new Set(), push: new Set(), refreshed: new Set(), error: new Set() };
+    this.listeners = { state: new Set(), push: new Set(), refreshed: new Set(), presence: new Set(), error: new Set() };
+    /** The uids watched (decimal strings) and the status set: sent again on every connection. */
+    this.watching = new Set();
+    this.status = undefined;
     this.attempt = 0;
     this.refresh = false;
     this.ws = null;
@@ -108,7 +116,8 @@ export class Client {
 
   /**
    * Calls `listener` on each `state` change, `push` (a Uint8Array), `refreshed` ({expires}:
-   * the gateway took a refreshed token) or `error` (an Error).
+   * the gateway took a refreshed token), `presence` ({kind, entries}: watched uids' presence)
+   * or `error` (an Error).
    */
   on(type, listener) {
     this.listeners[type].add(listener);
@@ -128,6 +137,40 @@ export class Client {
     if (this.queue.length >= this.maxQueued) return false;
     this.queue.push(frame);
     return true;
+  }
+
+  /**
+   * Watches `uids` too (decimal strings, bigints or safe integers): the gateway answers with
+   * a `presence` event of kind 'snapshot', then one of kind 'change' per transition, in the
+   * order of its event stream ('resync': the whole list again, after the client fell
+   * behind). The list is kept and watched again on every connection, each time with a
+   * fresh snapshot. Whom a user may watch is the gateway's policy: a uid it may not reads as
+   * one that never logged in.
+   */
+  watch(uids) {
+    const added = [...uids].map((uid) => toUid(uid).toString()).filter((uid) => !this.watching.has(uid));
+    added.forEach((uid) => this.watching.add(uid));
+    this.sendUids(KIND.WATCH, added);
+  }
+
+  /** Stops watching `uids`. */
+  unwatch(uids) {
+    const gone = [...uids].map((uid) => toUid(uid).toString()).filter((uid) => this.watching.delete(uid));
+    this.sendUids(KIND.UNWATCH, gone);
+  }
+
+  /** Sets the user's status, which its watchers see (empty: none); set again on every connection. */
+  setStatus(text) {
+    const frame = encodeStatus(text);
+    this.status = text;
+    if (this.state.state === 'online' && this.ws?.readyState === 1) this.write(frame);
+  }
+
+  sendUids(kind, uids) {
+    if (this.state.state !== 'online' || this.ws?.readyState !== 1) return;
+    for (let i = 0; i < uids.length; i += UIDS_PER_FRAME) {
+      this.write(encodeUids(kind, uids.slice(i, i + UIDS_PER_FRAME)));
+    }
   }
 
   /** Ends the session (LOGOUT); stays offline until reconnect(). */
@@ -211,10 +254,14 @@ export class Client {
         clearTimeout(this.timer);
         this.setState({ state: 'online', session: frame.session, timeoutMs: frame.timeoutMs, tickMs: frame.tickMs, keepaliveMs });
         for (const queued of this.queue.splice(0)) this.write(queued);
+        this.sendUids(KIND.WATCH, [...this.watching]);
+        if (this.status !== undefined) this.write(encodeStatus(this.status));
         this.schedulePing();
         this.scheduleRefresh(ws, expires);
       } else if (frame.type === 'push') {
         this.emit('push', frame.payload);
+      } else if (frame.type === 'presence') {
+        this.emit('presence', { kind: frame.kind, entries: frame.entries });
       } else if (frame.type === 'refreshed') {
         // The gateway's word on the new token's expiry: the next refresh runs from it.
         this.scheduleRefresh(ws, frame.expires > 0 ? frame.expires : undefined);

@@ -86,7 +86,15 @@ export declare class Client {
   on(type: 'push', listener: (payload: Uint8Array) => void): () => void;
   /** The gateway took a refreshed token: the session goes on until `expires` (unix seconds). */
   on(type: 'refreshed', listener: (event: { expires: number }) => void): () => void;
+  /** Watched uids' presence: a snapshot answering watch() (again after each reconnect), each change in the gateway's stream order, or a resync of the whole list. */
+  on(type: 'presence', listener: (event: { kind: PresenceKind; entries: PresenceEntry[] }) => void): () => void;
   on(type: 'error', listener: (error: Error) => void): () => void;
+  /** Watches these uids too; kept, and watched again on every connection. */
+  watch(uids: Iterable<Uid>): void;
+  /** Stops watching these uids. */
+  unwatch(uids: Iterable<Uid>): void;
+  /** Sets the user's status (empty: none), which its watchers see; set again on every connection. */
+  setStatus(text: string): void;
   /** Sends DATA now when online, else queues it; false (message not taken) when the queue is full. */
   send(payload: Uint8Array | ArrayBuffer | ArrayBufferView | string): boolean;
   logout(): void;
@@ -103,8 +111,39 @@ export declare class Backoff {
 }
 
 export declare const KIND: Readonly<
-  Record<'LOGIN' | 'PING' | 'DATA' | 'LOGOUT' | 'REFRESH' | 'WELCOME' | 'PONG' | 'PUSH' | 'REFRESHED' | 'BYE', number>
+  Record<
+    | 'LOGIN'
+    | 'PING'
+    | 'DATA'
+    | 'LOGOUT'
+    | 'REFRESH'
+    | 'WATCH'
+    | 'UNWATCH'
+    | 'STATUS'
+    | 'WELCOME'
+    | 'PONG'
+    | 'PUSH'
+    | 'REFRESHED'
+    | 'PRESENCE'
+    | 'BYE',
+    number
+  >
 >;
+export type PresenceKind = 'change' | 'snapshot' | 'resync';
+/** One watched uid's presence; `uid` in decimal, exact above 2^53. */
+export interface PresenceEntry {
+  uid: string;
+  online: boolean;
+  /** When this state began (unix ms); 0 for a uid never seen. */
+  atMs: number;
+  status: string;
+  /** For an offline uid, when it was last online (unix ms), if known. */
+  lastSeenMs: number | null;
+}
+export declare const PRESENCE_KINDS: readonly PresenceKind[];
+export declare const MAX_STATUS_WIRE_BYTES: number;
+export declare function encodeUids(kind: number, uids: Iterable<Uid>): Uint8Array;
+export declare function encodeStatus(text: string): Uint8Array;
 export declare const REASONS: readonly (CloseReason | undefined)[];
 export declare const BYE_CLOSE_BASE: number;
 export declare const MAX_DEVICE_BYTES: number;
@@ -114,7 +153,8 @@ export type Frame =
   | { type: 'pong'; payload: Uint8Array }
   | { type: 'push'; payload: Uint8Array }
   | { type: 'refreshed'; expires: number }
-  | { type: 'bye'; reason: CloseReason; text: string };
+  | { type: 'bye'; reason: CloseReason; text: string }
+  | { type: 'presence'; kind: PresenceKind; entries: PresenceEntry[] };
 
 export declare function toUid(uid: Uid): bigint;
 export declare function checkDevice(device?: string): string;

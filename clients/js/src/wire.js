@@ -9,12 +9,22 @@ export const KIND = Object.freeze({
   DATA: 0x03,
   LOGOUT: 0x04,
   REFRESH: 0x05,
+  WATCH: 0x06,
+  UNWATCH: 0x07,
+  STATUS: 0x08,
   WELCOME: 0x81,
   PONG: 0x82,
   PUSH: 0x83,
   REFRESHED: 0x84,
+  PRESENCE: 0x85,
   BYE: 0x8f,
 });
+
+/** What a PRESENCE's entries are, by their wire byte. */
+export const PRESENCE_KINDS = Object.freeze(['change', 'snapshot', 'resync']);
+
+/** Longest status a PRESENCE entry carries, in UTF-8 bytes (its length is one byte). */
+export const MAX_STATUS_WIRE_BYTES = 255;
 
 /** BYE reasons by their wire byte (index 0 unused). */
 export const REASONS = Object.freeze([
@@ -125,6 +135,68 @@ export function encodeRefresh(token) {
   return frame(KIND.REFRESH, encoder.encode(token));
 }
 
+/** WATCH (`kind` KIND.WATCH) or UNWATCH (KIND.UNWATCH): the uids, u64 big-endian each (protocol version 5). */
+export function encodeUids(kind, uids) {
+  const list = [...uids].map(toUid);
+  if (list.length === 0) throw new RangeError('a WATCH or UNWATCH names at least one uid');
+  const payload = new Uint8Array(8 * list.length);
+  const view = new DataView(payload.buffer);
+  list.forEach((uid, i) => view.setBigUint64(8 * i, uid));
+  return frame(kind, payload);
+}
+
+/** STATUS: the user's status as UTF-8 (empty: none), at most MAX_STATUS_WIRE_BYTES (protocol version 5). */
+export function encodeStatus(text) {
+  if (typeof text !== 'string') throw new TypeError('status must be a string');
+  const bytes = encoder.encode(text);
+  if (bytes.length > MAX_STATUS_WIRE_BYTES) {
+    throw new RangeError(`status of ${bytes.length} bytes; at most ${MAX_STATUS_WIRE_BYTES}`);
+  }
+  return frame(KIND.STATUS, bytes);
+}
+
+/**
+ * A PRESENCE payload: what the entries are (u8), their count (u16), then each entry: uid
+ * (u64), state (u8), at_ms (u64), the status's length (u8) and the status, and for an
+ * offline entry last_seen_ms (u64, 0 when unknown). uids come back as decimal strings.
+ */
+function decodePresence(payload) {
+  if (payload.length < 3) return new Error('PRESENCE shorter than its header');
+  const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  const kind = PRESENCE_KINDS[payload[0]];
+  if (!kind) return new Error(`PRESENCE of unknown kind ${payload[0]}`);
+  const count = view.getUint16(1);
+  const entries = [];
+  let at = 3;
+  for (let i = 0; i < count; i++) {
+    if (payload.length < at + 18) return new Error('PRESENCE entry cut short');
+    const uid = view.getBigUint64(at).toString();
+    const state = payload[at + 8];
+    if (state > 1) return new Error(`PRESENCE entry of state ${state}`);
+    const online = state === 1;
+    const atMs = Number(view.getBigUint64(at + 9));
+    const length = payload[at + 17];
+    at += 18;
+    if (payload.length < at + length + (online ? 0 : 8)) return new Error('PRESENCE entry cut short');
+    let status;
+    try {
+      status = decoder.decode(payload.subarray(at, at + length));
+    } catch {
+      return new Error('PRESENCE status that is not UTF-8');
+    }
+    at += length;
+    let lastSeenMs = null;
+    if (!online) {
+      const seen = Number(view.getBigUint64(at));
+      lastSeenMs = seen > 0 ? seen : null;
+      at += 8;
+    }
+    entries.push({ uid, online, atMs, status, lastSeenMs });
+  }
+  if (at !== payload.length) return new Error('PRESENCE with bytes after its last entry');
+  return { type: 'presence', kind, entries };
+}
+
 /** A tenth of a token's remaining lifetime is the lead a refresh takes before its expiry... */
 const REFRESH_SHARE = 10;
 /** ...but at least this: a round trip to the token provider and one to the gateway. */
@@ -171,7 +243,8 @@ export function toBytes(payload) {
 /**
  * One frame from the gateway, or an Error saying what is wrong with it:
  * `{type: 'welcome', timeoutMs, tickMs, session}`, `{type: 'pong', payload}`,
- * `{type: 'push', payload}`, `{type: 'refreshed', expires}`, `{type: 'bye', reason, text}`.
+ * `{type: 'push', payload}`, `{type: 'refreshed', expires}`, `{type: 'bye', reason, text}`,
+ * `{type: 'presence', kind, entries: [{uid, online, atMs, status, lastSeenMs}]}`.
  */
 export function decodeFrame(data) {
   const bytes = toBytes(data);
@@ -196,6 +269,8 @@ export function decodeFrame(data) {
     case KIND.REFRESHED:
       if (payload.length !== 8) return new Error(`REFRESHED of ${payload.length} bytes`);
       return { type: 'refreshed', expires: Number(view.getBigUint64(0)) };
+    case KIND.PRESENCE:
+      return decodePresence(payload);
     case KIND.BYE: {
       const reason = REASONS[payload[0]];
       if (!reason) return new Error(`BYE with reason ${payload[0]}`);

@@ -243,3 +243,40 @@ test('the backoff matches the Rust crate: windows double to the cap, the hint is
 });
 
 void decodeFrame;
+
+test('watch, unwatch and setStatus go out when online, again on every connection, and presence is handed over', async () => {
+  FakeSocket.opened = [];
+  const client = new Client({ url: 'ws://gw', uid: 1, WebSocket: FakeSocket, backoff: { baseMs: 10, capMs: 10 } });
+  const presence = [];
+  client.on('presence', (p) => presence.push(p));
+  client.watch([7, '8']);
+  client.setStatus('away');
+  await flush();
+  const first = FakeSocket.opened[0];
+  first.accept();
+  first.welcome();
+  // After the LOGIN: the list and the status, kept from before the session.
+  assert.deepEqual(first.kinds(), [KIND.LOGIN, KIND.WATCH, KIND.STATUS]);
+  client.watch([8, 9]);
+  client.unwatch([7, 100]);
+  assert.deepEqual(first.kinds().slice(3), [KIND.WATCH, KIND.UNWATCH]);
+  assert.equal(first.sent[3].length, 9, 'only 9 is new');
+  first.deliver(0x85, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0);
+  assert.deepEqual(presence, [{ kind: 'change', entries: [{ uid: '9', online: true, atMs: 5, status: '', lastSeenMs: null }] }]);
+  // A loss, and the next connection watches 8 and 9 and sets the status again.
+  first.close(1006);
+  await advance(100, 10);
+  const second = FakeSocket.opened[1];
+  second.accept();
+  second.welcome();
+  assert.deepEqual(second.kinds(), [KIND.LOGIN, KIND.WATCH, KIND.STATUS]);
+  const watched = decodeUids(second.sent[1]);
+  assert.deepEqual(watched.sort(), ['8', '9']);
+  client.close();
+});
+
+/** The uids of a WATCH or UNWATCH body. */
+function decodeUids(frame) {
+  const view = new DataView(frame.buffer, frame.byteOffset + 1, frame.byteLength - 1);
+  return Array.from({ length: view.byteLength / 8 }, (_, i) => view.getBigUint64(8 * i).toString());
+}

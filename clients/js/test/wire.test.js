@@ -92,3 +92,29 @@ test('close codes map back to the BYE reasons, and retry hints parse', () => {
   assert.equal(retryHint('retry_after_ms=x'), undefined);
   assert.equal(retryHint('10 connections open'), undefined);
 });
+
+test('watch lists and status (version 5) are PROTOCOL.md bodies; PRESENCE decodes, and bad ones are refused', async () => {
+  const { encodeUids, encodeStatus, KIND } = await import('../src/index.js');
+  assert.equal(hex(encodeUids(KIND.WATCH, [7, '8'])), '06 00 00 00 00 00 00 00 07 00 00 00 00 00 00 00 08');
+  assert.equal(hex(encodeUids(KIND.UNWATCH, [18446744073709551615n])), '07 ff ff ff ff ff ff ff ff');
+  assert.throws(() => encodeUids(KIND.WATCH, []), RangeError);
+  assert.equal(hex(encodeStatus('hi')), '08 68 69');
+  assert.equal(hex(encodeStatus('')), '08');
+  assert.throws(() => encodeStatus('x'.repeat(256)), RangeError);
+  // PROTOCOL.md's example: a snapshot of uid 7, offline at 2 with status "hi", last seen at 1.
+  const snapshot = bytes('85 01 00 01 00 00 00 00 00 00 00 07 00 00 00 00 00 00 00 00 02 02 68 69 00 00 00 00 00 00 00 01');
+  assert.deepEqual(decodeFrame(snapshot), {
+    type: 'presence',
+    kind: 'snapshot',
+    entries: [{ uid: '7', online: false, atMs: 2, status: 'hi', lastSeenMs: 1 }],
+  });
+  // An online entry carries no last_seen_ms; a uid above 2^53 stays exact.
+  const online = bytes('85 00 00 01 ff ff ff ff ff ff ff ff 01 00 00 00 00 00 00 00 05 00');
+  assert.deepEqual(decodeFrame(online).entries, [
+    { uid: '18446744073709551615', online: true, atMs: 5, status: '', lastSeenMs: null },
+  ]);
+  assert.ok(decodeFrame(bytes('85 03 00 00')) instanceof Error, 'an unknown kind');
+  assert.ok(decodeFrame(bytes('85 00 ff ff')) instanceof Error, 'more entries than bytes');
+  assert.ok(decodeFrame(bytes('85 00 00 00 09')) instanceof Error, 'bytes after the last entry');
+  assert.ok(decodeFrame(bytes('85 00 00 01 00 00 00 00 00 00 00 07 02 00 00 00 00 00 00 00 02 00')) instanceof Error, 'state 2');
+});
