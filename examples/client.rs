@@ -34,6 +34,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Some(Event::State(state)) => eprintln!("state: {state:?}"),
                 Some(Event::Push(payload)) => println!("push: {}", String::from_utf8_lossy(&payload)),
                 Some(Event::Refreshed { expires }) => eprintln!("token refreshed: the session lasts until {expires}"),
+                Some(Event::Presence { kind, entries }) => {
+                    for e in entries {
+                        let state = if e.online { "online" } else { "offline" };
+                        println!("presence ({kind:?}): uid {} {state} since {} {:?}", e.uid, e.at_ms, e.status);
+                    }
+                }
                 None => return Ok(()),
             },
             line = lines.next_line() => match line? {

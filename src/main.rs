@@ -97,6 +97,13 @@ struct ServeArgs {
     /// filter (SUBACK 0x80 in 3.1.1, 0x97 Quota exceeded in 5).
     #[arg(long, env = "IDLEGATE_MQTT_MAX_SUBSCRIPTIONS", default_value_t = idlegate::DEFAULT_MQTT_MAX_SUBSCRIPTIONS)]
     mqtt_max_subscriptions: usize,
+    /// The topic prefix of presence over MQTT: SUBSCRIBE to <prefix>/<uid> watches the uid
+    /// (its current state, then one PUBLISH per change, JSON).
+    #[arg(long, env = "IDLEGATE_MQTT_PRESENCE_TOPIC", default_value = idlegate::DEFAULT_MQTT_PRESENCE_TOPIC)]
+    mqtt_presence_topic: String,
+    /// The topic a PUBLISH to sets its user's status (the payload, UTF-8).
+    #[arg(long, env = "IDLEGATE_MQTT_STATUS_TOPIC", default_value = idlegate::DEFAULT_MQTT_STATUS_TOPIC)]
+    mqtt_status_topic: String,
     /// Ping a WebSocket session silent for more than a third of the timeout; its client's
     /// WebSocket stack answers (a browser with no page code running), which keeps a
     /// background tab online. `false`: only what the client sends keeps it alive.
@@ -975,7 +982,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_watch: args.max_watch,
             max_entries: args.max_watch_entries,
             max_status_bytes: args.max_status_bytes,
-            ..WatchConfig::default()
+            mqtt_presence_topic: args.mqtt_presence_topic.clone(),
+            mqtt_status_topic: args.mqtt_status_topic.clone(),
         },
     };
     if let Err(e) = config.validate() {

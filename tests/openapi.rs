@@ -66,7 +66,9 @@ impl Checker {
 
 #[tokio::test]
 async fn every_documented_operation_answers_as_documented() {
-    let config = Config { api_token: Some(TOKEN.into()), ..common::short_config() };
+    // Room for 3 listed uids on the node: a fourth is refused (507).
+    let watch = idlegate::WatchConfig { max_watch: 3, max_entries: 3, ..idlegate::WatchConfig::default() };
+    let config = Config { api_token: Some(TOKEN.into()), watch, ..common::short_config() };
     let mut server = TestServer::start(config).await;
     let auth = format!("Authorization: Bearer {TOKEN}");
     let (status, text) = http(server.api, "GET", "/v1/openapi.json", &[&auth], "").await;
@@ -81,6 +83,7 @@ async fn every_documented_operation_answers_as_documented() {
     let mut phone = Client::connect(server.addr).await;
     assert_eq!(phone.login_device(42, "phone").await.len(), 16);
     phone.send(Frame::Data(bytes::Bytes::from_static(b"up"))).await;
+    phone.send(Frame::Status("away".into())).await;
     let p = "/v1/presence/{uid}";
     // Eventually online (the log is read by the API as it is written).
     checker.call(&server, "GET", p, "/v1/presence/42", "", true).await;
@@ -107,6 +110,19 @@ async fn every_documented_operation_answers_as_documented() {
     checker.call(&server, "POST", push, push, r#"{"uids":[42],"payload":"!!"}"#, true).await;
     checker.call(&server, "POST", push, push, r#"{"uids":[42],"payload":"aGk=","device":"a/b"}"#, true).await;
 
+    let w = "/v1/watchlists/{uid}";
+    let (_, list) = checker.call(&server, "PUT", w, "/v1/watchlists/42", r#"{"uids":[8,"7",8]}"#, true).await;
+    assert_eq!(list, json!({"uid": 42, "uids": ["7", "8"]}));
+    checker.call(&server, "PUT", w, "/v1/watchlists/41", r#"{"uids":[1,2]}"#, true).await;
+    checker.call(&server, "PUT", w, "/v1/watchlists/41", r#"{"uids":[1,2,3,4]}"#, true).await;
+    checker.call(&server, "PUT", w, "/v1/watchlists/41", r#"{"uids":"all"}"#, true).await;
+    checker.call(&server, "GET", w, "/v1/watchlists/42", "", true).await;
+    checker.call(&server, "GET", w, "/v1/watchlists/41", "", true).await;
+    checker.call(&server, "GET", w, "/v1/watchlists/x", "", true).await;
+    checker.call(&server, "DELETE", w, "/v1/watchlists/42", "", true).await;
+    checker.call(&server, "DELETE", w, "/v1/watchlists/42", "", true).await;
+    checker.call(&server, "DELETE", w, "/v1/watchlists/x", "", true).await;
+
     let e = "/v1/events";
     checker.call(&server, "GET", e, "/v1/events?tail=many", "", true).await;
     checker.call(&server, "GET", e, "/v1/events?colour=blue", "", true).await;
@@ -122,13 +138,14 @@ async fn every_documented_operation_answers_as_documented() {
     // The stream's events, each against the schema the document names for its type.
     let schemas = checker.doc["paths"][e]["get"]["x-idlegate-events"].clone();
     let mut types = BTreeSet::new();
-    while types.len() < 5 {
+    while types.len() < 6 {
         let event = tokio::time::timeout(PATIENCE, events.next()).await.expect("an event").expect("the stream");
         let schema = schemas.get(&event.event).unwrap_or_else(|| panic!("no schema for a {} event", event.event));
         checker.check(schema, &event.data, &format!("a {} event", event.event));
         types.insert(event.event);
     }
-    assert_eq!(types, ["data", "offline", "online", "user_offline", "user_online"].map(String::from).into());
+    let all = ["data", "offline", "online", "status", "user_offline", "user_online"];
+    assert_eq!(types, all.map(String::from).into());
     // A resume from an id of no run of this log: a gap, whose schema holds too.
     let (_, mut resumed) = Sse::open(server.api, "/v1/events?after=1-0", &[&auth]).await;
     let gap = tokio::time::timeout(PATIENCE, resumed.next()).await.expect("an event").expect("the stream");

@@ -320,7 +320,10 @@ mod tests {
         UserState { online: true, at_ms, status: Arc::from(""), last_seen_ms: None }
     }
 
-    fn taken(owed: &Owed, s: &Session) -> Vec<(PresenceKind, Vec<(u64, bool, String)>)> {
+    /// A PRESENCE frame's kind and its entries' (uid, online, status).
+    type Taken = Vec<(PresenceKind, Vec<(u64, bool, String)>)>;
+
+    fn taken(owed: &Owed, s: &Session) -> Taken {
         owed.take(s)
             .into_iter()
             .map(|frame| match frame {
