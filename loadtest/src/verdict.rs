@@ -557,6 +557,59 @@ pub const KILLED_BEFORE_ITS_BATCH_MS: u64 = 50;
 /// 3 ms later with every other of that node's).
 pub const KILL_LANDS_WITHIN_MS: u64 = 20;
 
+/// The lines of `clients` whose sessions a kill may have taken before any batch carried
+/// their login, each with the kill's moment: for each kill of a node, the sessions it
+/// welcomed since its previous kill (its process's life) and before the kill landed, in the
+/// order they were welcomed, from the last one back while the stream names none of them.
+/// The writer sends its queue in order, so what a kill loses is such a suffix.
+fn killed_backlogs(
+    faults: &[Value],
+    clients: &[Value],
+    named: &std::collections::HashSet<&str>,
+) -> std::collections::HashMap<usize, u64> {
+    let mut lost = std::collections::HashMap::new();
+    for kill in faults.iter().filter(|f| f["kind"] == "kill") {
+        let (node, at) = (kill["target"].as_str().unwrap_or(""), kill["at_ms"].as_u64().unwrap_or(0));
+        let since = faults
+            .iter()
+            .filter(|f| f["kind"] == "kill" && f["target"] == node)
+            .filter_map(|f| f["at_ms"].as_u64())
+            .filter(|&t| t < at)
+            .max();
+        let mut life: Vec<(u64, usize, &str)> = clients
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c["node"] == node)
+            .filter_map(|(line, c)| Some((c["from_ms"].as_u64()?, line, c["session"].as_str()?)))
+            .filter(|&(from, _, _)| since.is_none_or(|t| from > t) && from <= at + KILL_LANDS_WITHIN_MS)
+            .collect();
+        life.sort_unstable();
+        for &(_, line, session) in life.iter().rev() {
+            if named.contains(session) {
+                break;
+            }
+            lost.insert(line, at);
+        }
+    }
+    lost
+}
+
+/// Whether something slowed `node`'s writes between a login at `from` and the kill at
+/// `killed`: a fault on the node or on Redis (not the kill, not a clock step), or its
+/// aftermath. Only then may a backlog outlast the moment after a WELCOME.
+fn slowed(faults: &[Value], node: &str, from: u64, killed: u64, aftermath: u64) -> bool {
+    faults.iter().any(|f| {
+        let target = f["target"].as_str().unwrap_or("");
+        let (at, lasts) = (f["at_ms"].as_u64().unwrap_or(0), f["for_ms"].as_u64().unwrap_or(0));
+        let delay = f["delay_ms"].as_u64().unwrap_or(0);
+        (target == node || target == "redis")
+            && f["kind"] != "kill"
+            && f["kind"] != "clock"
+            && at <= killed
+            && from <= at + lasts + delay + aftermath
+    })
+}
+
 /// After a fault ends, how long its effects may still reach a node's sessions: a fenced node
 /// logging back in, a lease running out, a last sweep.
 fn aftermath_ms(settings: &Value) -> u64 {
@@ -582,6 +635,7 @@ pub fn check_clients(verdict: &mut Verdict, events: &[Value], clients: &[Value],
     let aftermath = aftermath_ms(&schedule["settings"]);
     let named: std::collections::HashSet<&str> = events.iter().filter_map(|e| e["session"].as_str()).collect();
     let gaps = events.iter().any(|e| e["type"] == "gap");
+    let backlog = killed_backlogs(&faults, clients, &named);
     for (line, client) in clients.iter().enumerate() {
         let (Some(node), Some(session), Some(from), Some(to)) =
             (client["node"].as_str(), client["session"].as_str(), client["from_ms"].as_u64(), client["to_ms"].as_u64())
@@ -601,15 +655,21 @@ pub fn check_clients(verdict: &mut Verdict, events: &[Value], clients: &[Value],
         });
         // Every welcomed session, on any node under any fault, is in the stream unless a gap
         // was reported (issue 49: a fenced node's last logins were once exempt), or its node
-        // was killed before the login's batch could leave: WELCOME does not wait for Redis
-        // (docs/RELIABILITY.md says what that costs), so a SIGKILL in that moment takes the
-        // login with it. Only that moment is allowed, and counted.
+        // was killed before the login's batch reached Redis: WELCOME does not wait for Redis
+        // (docs/RELIABILITY.md says what that costs), so a SIGKILL takes the writer's backlog
+        // with it. That is the node's last logins before the kill and nothing else: right
+        // after their WELCOME, or (nemesis seed 11 on a Redis Cluster: killed 0.7 s after a
+        // slow Redis let its writer fall 1.2 s behind) every login since the last batch that
+        // landed, a suffix of what it welcomed. A login missing while a later one of its
+        // node made it is a hole, whatever the fault. Counted, never silent.
         let lost = client["end"] == "lost";
         let killed_at_once = faults.iter().any(|f| {
             let at = f["at_ms"].as_u64().unwrap_or(0);
             let landed_by = if lost { at + KILL_LANDS_WITHIN_MS } else { at };
             f["kind"] == "kill" && f["target"] == node && from <= landed_by && at <= from + KILLED_BEFORE_ITS_BATCH_MS
-        });
+        }) || backlog
+            .get(&line)
+            .is_some_and(|&killed| slowed(&faults, node, from, killed, aftermath));
         if !gaps && !named.contains(session) && killed_at_once {
             verdict.killed_before_batch += 1;
         } else if !gaps && !named.contains(session) {
@@ -1011,5 +1071,65 @@ mod tests {
         let landing = killed(1_999);
         assert!(landing.ok() && landing.killed_before_batch == 1, "{:?}", landing.violations);
         assert_eq!(kinds(&killed(2_000 - KILL_LANDS_WITHIN_MS - 1)), ["session_missing_from_events"]);
+    }
+
+    /// Nemesis seed 11 on a Redis Cluster at `--max-devices 2`: a slow Redis (1.2 s a
+    /// call) let n2's writer fall behind, and n2 was killed 0.7 s after it recovered; the
+    /// 35 logins it had welcomed in the 1.2 s since its last batch landed never reached the
+    /// stream. Those, a suffix of what n2 welcomed, are what the kill took; a login missing
+    /// before one that made it is still a hole.
+    #[test]
+    fn nemesis_cluster_seed_11_a_kill_takes_the_writer_s_backlog_and_nothing_before_it() {
+        let events = stream(&[
+            r#"{"type":"online","uid":1,"session":"early"}"#,
+            r#"{"type":"online","uid":2,"session":"landed"}"#,
+            r#"{"type":"offline","uid":1,"session":"early","reason":"node_lost"}"#,
+            r#"{"type":"offline","uid":2,"session":"landed","reason":"node_lost"}"#,
+        ]);
+        let schedule = json!({
+            "faults": [
+                {"kind": "slow_redis", "target": "redis", "at_ms": 94_597, "for_ms": 4_963, "delay_ms": 1_211},
+                {"kind": "kill", "target": "n2", "at_ms": 100_270, "for_ms": 1_756},
+            ],
+            "settings": {"timeout_ms": 3_000, "node_lease_ms": 1_000},
+        });
+        let client = |session: &str, from_ms: u64| {
+            json!({"uid": 3, "node": "n2", "session": session, "from_ms": from_ms, "to_ms": 100_274,
+                   "pinging": true, "end": "lost", "detail": "the connection closed without a BYE"})
+        };
+        let judged = |clients: &[Value]| {
+            let mut verdict = check(&events, &[], false);
+            check_clients(&mut verdict, &events, clients, &schedule);
+            verdict
+        };
+        // Welcomed 1.2 s and 0.6 s before the kill, after the last login that landed.
+        let backlog =
+            judged(&[client("early", 90_000), client("landed", 99_029), client("a", 99_221), client("b", 99_700)]);
+        assert!(backlog.ok() && backlog.killed_before_batch == 2, "{:?}", backlog.violations);
+        // Missing before one that landed: a hole, not the backlog.
+        let hole = judged(&[client("a", 98_000), client("landed", 99_029), client("b", 99_700)]);
+        assert_eq!(kinds(&hole), ["session_missing_from_events"]);
+        assert_eq!(hole.killed_before_batch, 1);
+        // With nothing slowing n2's writes, a backlog is no longer than the moment after a
+        // WELCOME: a login 0.5 s before the kill that never landed is a hole.
+        let healthy = json!({
+            "faults": [{"kind": "kill", "target": "n2", "at_ms": 100_270, "for_ms": 1_756}],
+            "settings": {"timeout_ms": 3_000, "node_lease_ms": 1_000},
+        });
+        let mut verdict = check(&events, &[], false);
+        check_clients(&mut verdict, &events, &[client("landed", 99_029), client("b", 99_700)], &healthy);
+        assert_eq!(kinds(&verdict), ["session_missing_from_events"]);
+        // Welcomed by a process before an earlier kill: that kill's, judged by it alone.
+        let restarted = json!({
+            "faults": [
+                {"kind": "slow_redis", "target": "redis", "at_ms": 38_000, "for_ms": 1_000, "delay_ms": 1_000},
+                {"kind": "kill", "target": "n2", "at_ms": 50_000, "for_ms": 1_000},
+                {"kind": "kill", "target": "n2", "at_ms": 100_270, "for_ms": 1_756},
+            ],
+            "settings": {"timeout_ms": 3_000, "node_lease_ms": 1_000},
+        });
+        let mut verdict = check(&events, &[], false);
+        check_clients(&mut verdict, &events, &[client("old", 40_000), client("landed", 99_029)], &restarted);
+        assert!(verdict.ok() && verdict.killed_before_batch == 1, "{:?}", verdict.violations);
     }
 }
