@@ -9,7 +9,7 @@ use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use idlegate::{
     default_max_connections, Auth, Config, ConfigFile, FlagSpec, JwksConfig, JwksSource, JwtAuth, JwtRules, Listeners,
-    ProxyProtocol, RedisTarget, Server, TlsIdentity, WatchConfig, WatchPolicy, WebhookConfig,
+    ProxyProtocol, RedisTarget, Server, TlsIdentity, WatchConfig, WebhookConfig,
 };
 use idlegate_proto::unix_now;
 use std::sync::Arc;
@@ -974,11 +974,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tls_record_limit: args.tls_record_limit,
         webhook: webhook(&args),
         watch: WatchConfig {
-            policy: args.watch_policy.unwrap_or(if args.redis.is_some() {
-                WatchPolicy::None
-            } else {
-                WatchPolicy::Listed
-            }),
+            policy: args.watch_policy,
             max_watch: args.max_watch,
             max_entries: args.max_watch_entries,
             max_status_bytes: args.max_status_bytes,

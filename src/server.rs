@@ -152,13 +152,7 @@ impl Server {
         let backplane = joining.map(|joining| joining.join(registry.clone(), clock) as Arc<dyn Backplane>);
         let directory: Arc<dyn Directory> = match &backplane {
             Some(backplane) => backplane.clone().directory(),
-            None => Arc::new(Local::new(
-                registry.clone(),
-                clock,
-                config.node_id.clone(),
-                config.max_queued_bytes(),
-                metrics.connections_open.clone(),
-            )),
+            None => Arc::new(Local::of(registry.clone(), clock, &config, &metrics)),
         };
         let watch = &config.watch;
         let (watches, fan_out) = Watches::new(

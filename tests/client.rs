@@ -369,3 +369,55 @@ async fn a_503_upgrade_is_retried_no_sooner_than_its_retry_after() {
     client.close();
     server.shutdown().await;
 }
+
+/// The next PRESENCE the client hands over, as (kind, [(uid, online, status)]).
+async fn next_presence(events: &mut Events) -> (idlegate_client::PresenceKind, Vec<(u64, bool, String)>) {
+    next_presence_within(events, PATIENCE).await
+}
+
+async fn next_presence_within(
+    events: &mut Events,
+    patience: Duration,
+) -> (idlegate_client::PresenceKind, Vec<(u64, bool, String)>) {
+    loop {
+        match timeout(patience, events.recv()).await.expect("a presence in time").expect("the client runs") {
+            Event::Presence { kind, entries } => {
+                return (kind, entries.into_iter().map(|e| (e.uid, e.online, e.status)).collect());
+            }
+            Event::State(_) | Event::Push(_) | Event::Refreshed { .. } => {}
+        }
+    }
+}
+
+/// `watch` and `set_status` before the first connection, sent once it is up; a change of
+/// the watched uid handed over; and after a restart of the gateway, the list watched again
+/// (a fresh snapshot) and the status set again (a `status` event on the new gateway).
+#[tokio::test]
+async fn the_client_watches_uids_sets_its_status_and_does_both_again_after_a_restart() {
+    use idlegate::{WatchConfig, WatchPolicy};
+    use idlegate_client::PresenceKind;
+    let config = Config { watch: WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() }, ..short_config() };
+    let mut server = TestServer::start(config.clone()).await;
+    let (_, mut stream) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
+    let options = Options::new(1).backoff(Backoff { base: Duration::from_millis(50), cap: Duration::from_millis(100) });
+    let (client, mut events) = Client::connect(&format!("tcp://{}", server.addr), options).unwrap();
+    client.watch([7]);
+    client.set_status("reading");
+    assert_eq!(next_presence(&mut events).await, (PresenceKind::Snapshot, vec![(7, false, String::new())]));
+    assert_eq!(stream.expect("status", 1).await.data["status"], json!("reading"));
+    let mut seven = server.client().await;
+    seven.login(7).await;
+    assert_eq!(next_presence(&mut events).await, (PresenceKind::Change, vec![(7, true, String::new())]));
+    client.unwatch([7]);
+    client.watch([8]);
+    assert_eq!(next_presence(&mut events).await, (PresenceKind::Snapshot, vec![(8, false, String::new())]));
+
+    server.shutdown().await;
+    let server = server.restart(config).await;
+    let (_, mut stream) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
+    // The new gateway (after its shutdown's retry hint): 8 watched again (7 no longer), the
+    // status set again.
+    assert_eq!(next_presence_within(&mut events, RESTART_PATIENCE).await, (PresenceKind::Snapshot, vec![(8, false, String::new())]));
+    assert_eq!(stream.expect("status", 1).await.data["status"], json!("reading"));
+    client.close();
+}

@@ -75,25 +75,40 @@ async fn until(page: &mut Page, expression: &str) {
     }
 }
 
+/// Chromium (with `extra` flags) on the package's blank page at `site`, loaded.
+async fn open_site(browser: &Path, profile: &Path, site: std::net::SocketAddr, extra: &[String]) -> (tokio::process::Child, Page) {
+    let (chromium, browser_http) = launch(browser, profile, extra).await;
+    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
+    // A new target starts on about:blank, itself "complete": wait for the page itself.
+    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
+    until(&mut page, &loaded).await;
+    (chromium, page)
+}
+
 /// The page's state changes for client `name`.
 async fn states(page: &mut Page, name: &str) -> Vec<Value> {
     let log = page.eval(&format!("JSON.stringify(window.log.filter((e) => e.name === '{name}'))")).await;
     serde_json::from_str(log.as_str().unwrap()).unwrap()
 }
 
+/// A page script: imports the package's `Client`, runs `body`, and answers `'started'` (or
+/// why it could not).
+fn page_script(body: &str) -> String {
+    format!(
+        "(async () => {{ try {{\n  const {{ Client }} = await import('/src/index.js');\n{body}\n  return 'started';\n}} \
+         catch (e) {{ return `failed: ${{e}} ${{e.stack}}`; }} }})()"
+    )
+}
+
 const START: &str = r#"
-(async () => { try {
   window.log = [];
   window.pushes = [];
-  const { Client } = await import('/src/index.js');
   const watch = (name, c) => c.on('state', (s) => window.log.push({ name, at: performance.now(), ...s }));
   window.a = new Client({ url: WSS, uid: BIG_UID, device: 'tab' });
   watch('a', window.a);
   window.a.on('push', (p) => window.pushes.push(new TextDecoder().decode(p)));
   window.c = new Client({ url: WS, uid: 5, keepalive: false });
   watch('c', window.c);
-  return 'started';
-} catch (e) { return `failed: ${e} ${e.stack}`; } })()
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,16 +125,12 @@ async fn the_js_client_in_chromium_logs_in_pushes_sends_expires_and_comes_back_a
 
     let profile = tempfile::tempdir().unwrap();
     let trust = trust(&ca.dir.join("gateway.pem"));
-    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[trust]).await;
-    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
-    // A new target starts on about:blank, itself "complete": wait for the page itself.
-    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
-    until(&mut page, &loaded).await;
+    let (mut chromium, mut page) = open_site(&browser, profile.path(), site, &[trust]).await;
     let script = START
         .replace("WSS", &format!("'wss://127.0.0.1:{}'", server.wss.unwrap().port()))
         .replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()))
         .replace("BIG_UID", &format!("'{BIG_UID}'"));
-    assert_eq!(page.eval_async(&script).await, json!("started"));
+    assert_eq!(page.eval_async(&page_script(&script)).await, json!("started"));
     until(&mut page, "window.a.state.state === 'online' && window.c.state.state === 'online'").await;
 
     // Every digit of the uid reached the gateway: the backend sees it exactly.
@@ -280,16 +291,12 @@ fn the_js_client_speaks_the_gateway_s_wire_vocabulary() {
 }
 
 const REFRESHING: &str = r#"
-(async () => { try {
   window.log = [];
   window.refreshed = [];
-  const { Client } = await import('/src/index.js');
   const tokens = TOKENS;
   window.r = new Client({ url: WS, uid: 8, token: async () => tokens.shift() });
   window.r.on('state', (s) => window.log.push({ name: 'r', ...s }));
   window.r.on('refreshed', (e) => window.refreshed.push(e.expires));
-  return 'started';
-} catch (e) { return `failed: ${e} ${e.stack}`; } })()
 "#;
 
 /// The client's `token` function is asked again before each token expires, and the
@@ -305,14 +312,11 @@ async fn the_js_client_in_chromium_refreshes_a_20_second_token_three_times_in_on
     let (_, mut backend) = Sse::open(server.api, "/v1/events?types=online,offline", &[]).await;
     let site = serve_package().await;
     let profile = tempfile::tempdir().unwrap();
-    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[]).await;
-    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
-    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
-    until(&mut page, &loaded).await;
+    let (mut chromium, mut page) = open_site(&browser, profile.path(), site, &[]).await;
     let script = REFRESHING
         .replace("TOKENS", &json!(tokens).to_string())
         .replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()));
-    assert_eq!(page.eval_async(&script).await, json!("started"));
+    assert_eq!(page.eval_async(&page_script(&script)).await, json!("started"));
     // Three refreshes take three quarters of a minute: 5 s before each token's expiry.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     while page.eval("window.refreshed.length >= 3").await != json!(true) {
@@ -336,15 +340,11 @@ async fn the_js_client_in_chromium_refreshes_a_20_second_token_three_times_in_on
 }
 
 const WATCHING: &str = r#"
-(async () => { try {
   window.presence = [];
-  const { Client } = await import('/src/index.js');
   window.w = new Client({ url: WS, uid: 1 });
   window.w.on('presence', (p) => window.presence.push(p));
   window.w.watch(['18446744073709551615', 2]);
   window.w.setStatus('in the browser');
-  return 'started';
-} catch (e) { return `failed: ${e} ${e.stack}`; } })()
 "#;
 
 /// The JS client in Chromium watches two uids (one above 2^53) and sets its status: a
@@ -353,18 +353,15 @@ const WATCHING: &str = r#"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_js_client_in_chromium_watches_uids_and_sets_its_status() {
     let Some(browser) = chromium() else { return };
-    let watch = idlegate::WatchConfig { policy: idlegate::WatchPolicy::Open, ..idlegate::WatchConfig::default() };
+    let watch = idlegate::WatchConfig { policy: Some(idlegate::WatchPolicy::Open), ..idlegate::WatchConfig::default() };
     let config = Config { watch, ..common::browser::config() };
     let mut server = common::TestServer::start(config.clone()).await;
     let (_, mut backend) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
     let site = serve_package().await;
     let profile = tempfile::tempdir().unwrap();
-    let (mut chromium, browser_http) = launch(&browser, profile.path(), &[]).await;
-    let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
-    let loaded = format!("location.href === 'http://{site}/' && document.readyState === 'complete'");
-    until(&mut page, &loaded).await;
+    let (mut chromium, mut page) = open_site(&browser, profile.path(), site, &[]).await;
     let script = WATCHING.replace("WS,", &format!("'ws://127.0.0.1:{}',", server.ws.port()));
-    assert_eq!(page.eval_async(&script).await, json!("started"));
+    assert_eq!(page.eval_async(&page_script(&script)).await, json!("started"));
     assert_eq!(backend.expect("status", 1).await.data["status"], json!("in the browser"));
     until(&mut page, "window.presence.length === 1").await;
     let snapshot = page.eval("JSON.stringify(window.presence[0])").await;

@@ -24,7 +24,7 @@ fn config(policy: WatchPolicy) -> Config {
         timeout: Duration::from_secs(9),
         // A user's second device sets its status while the first stays on.
         max_devices: 2,
-        watch: WatchConfig { policy, ..WatchConfig::default() },
+        watch: WatchConfig { policy: Some(policy), ..WatchConfig::default() },
         ..short_config()
     }
 }

@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 
 fn config(policy: WatchPolicy) -> Config {
-    Config { watch: WatchConfig { policy, ..WatchConfig::default() }, ..short_config() }
+    Config { watch: WatchConfig { policy: Some(policy), ..WatchConfig::default() }, ..short_config() }
 }
 
 /// The next PRESENCE frame (PONGs skipped).
@@ -190,7 +190,7 @@ async fn policy_none_refuses_the_frames_and_bounds_close_with_their_flag() {
     }
 
     let server = TestServer::start(Config {
-        watch: WatchConfig { policy: WatchPolicy::Open, max_watch: 3, max_entries: 4, ..WatchConfig::default() },
+        watch: WatchConfig { policy: Some(WatchPolicy::Open), max_watch: 3, max_entries: 4, ..WatchConfig::default() },
         ..short_config()
     })
     .await;
@@ -274,7 +274,7 @@ async fn churn(seed: u64, grace: Duration) {
         offline_grace: grace,
         timeout: Duration::from_secs(30),
         tick: Duration::from_millis(100),
-        watch: WatchConfig { policy: WatchPolicy::Open, ..WatchConfig::default() },
+        watch: WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() },
         ..short_config()
     })
     .await;

@@ -20,6 +20,7 @@ mod shared;
 mod stats;
 mod tokens;
 mod verdict;
+mod watch;
 mod wire;
 
 use std::process::ExitCode;
@@ -36,6 +37,10 @@ fn main() -> ExitCode {
     // `loadtest verdict ...`: judge a recorded event stream (verdict.rs).
     if std::env::args().nth(1).as_deref() == Some("verdict") {
         return verdict_main();
+    }
+    // `loadtest watch ...`: what watch lists cost one gateway (watch.rs).
+    if std::env::args().nth(1).as_deref() == Some("watch") {
+        return watch_main();
     }
     // `loadtest nemesis ...`: a churning cluster under seeded faults (nemesis/).
     if std::env::args().nth(1).as_deref() == Some("nemesis") {
@@ -133,6 +138,24 @@ fn judged(command: &str, verdict: Result<bool, String>) -> ExitCode {
         Err(message) => {
             eprintln!("loadtest {command}: {message}");
             ExitCode::from(2)
+        }
+    }
+}
+
+fn watch_main() -> ExitCode {
+    let args = watch::WatchArgs::parse_from(std::env::args().skip(1));
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loadtest watch: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(watch::run(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("loadtest watch: {message}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -63,7 +63,9 @@ impl std::fmt::Display for WatchPolicy {
 /// Watch lists' and status's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchConfig {
-    pub policy: WatchPolicy,
+    /// `--watch-policy`; `None` when not given: `listed` alone, `none` in a cluster (see
+    /// [`WatchConfig::policy`]).
+    pub policy: Option<WatchPolicy>,
     /// uids one session may watch at once (`--max-watch`), and one backend list may hold.
     pub max_watch: usize,
     /// Watch entries this node holds at most, over all its sessions (`--max-watch-entries`);
@@ -80,7 +82,7 @@ pub struct WatchConfig {
 impl Default for WatchConfig {
     fn default() -> WatchConfig {
         WatchConfig {
-            policy: WatchPolicy::default(),
+            policy: None,
             max_watch: DEFAULT_MAX_WATCH,
             max_entries: DEFAULT_MAX_WATCH_ENTRIES,
             max_status_bytes: DEFAULT_MAX_STATUS_BYTES,
@@ -135,8 +137,13 @@ mod tests {
     #[test]
     fn bounds_and_the_policy_in_a_cluster_are_checked() {
         assert!(WatchConfig::default().validate(false).is_ok());
-        assert_eq!(WatchConfig::default().validate(true).unwrap_err().flag, "--watch-policy");
-        assert!(WatchConfig { policy: WatchPolicy::None, ..WatchConfig::default() }.validate(true).is_ok());
+        // Not given: listed alone, none in a cluster; given, nothing but none in a cluster.
+        assert!(WatchConfig::default().validate(true).is_ok());
+        assert_eq!(WatchConfig::default().policy(false), WatchPolicy::Listed);
+        assert_eq!(WatchConfig::default().policy(true), WatchPolicy::None);
+        let open = WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() };
+        assert_eq!(open.validate(true).unwrap_err().flag, "--watch-policy");
+        assert!(WatchConfig { policy: Some(WatchPolicy::None), ..WatchConfig::default() }.validate(true).is_ok());
         let bad = |c: WatchConfig| c.validate(false).unwrap_err().flag;
         assert_eq!(bad(WatchConfig { max_watch: 0, ..WatchConfig::default() }), "--max-watch");
         assert_eq!(bad(WatchConfig { max_entries: 10, ..WatchConfig::default() }), "--max-watch-entries");

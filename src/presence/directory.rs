@@ -12,6 +12,8 @@ use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
 use prometheus::IntGauge;
 
+use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::presence::clock::Clock;
 use crate::presence::events::{Batch, EventId, EventLog};
 use crate::presence::registry::Registry;
@@ -198,6 +200,12 @@ impl Local {
     pub fn new(registry: Arc<Registry>, clock: Clock, node: String, max_queued: usize, connections: IntGauge) -> Local {
         let events = registry.events().clone();
         Local { registry, events, clock, node, max_queued, connections }
+    }
+
+    /// The directory of a gateway alone with `config`, answering from `registry`.
+    pub(crate) fn of(registry: Arc<Registry>, clock: Clock, config: &Config, metrics: &Metrics) -> Local {
+        let connections = metrics.connections_open.clone();
+        Local::new(registry, clock, config.node_id.clone(), config.max_queued_bytes(), connections)
     }
 }
 

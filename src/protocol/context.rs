@@ -79,7 +79,7 @@ impl Rules {
             mqtt_max_subscriptions: config.mqtt_max_subscriptions,
             max_devices: config.max_devices,
             ws_keepalive_pings: config.ws_keepalive_pings,
-            watch_policy: config.watch.policy,
+            watch_policy: config.watch.policy(config.redis.is_some()),
             max_status_bytes: config.watch.max_status_bytes,
         }
     }
@@ -100,13 +100,7 @@ impl Context {
             Registry::with_classes(config.timeout_classes(), config.max_devices, Arc::new(events), metrics.clone());
         let registry = Arc::new(if config.enforce_token_expiry { registry.with_token_expiry() } else { registry });
         let clock = Clock::new(tokio::time::Instant::now(), config.tick);
-        let directory = Arc::new(Local::new(
-            registry.clone(),
-            clock,
-            config.node_id.clone(),
-            config.max_queued_bytes(),
-            metrics.connections_open.clone(),
-        ));
+        let directory = Arc::new(Local::of(registry.clone(), clock, config, &metrics));
         let watch = &config.watch;
         let (watches, _fan_out) =
             Watches::new(watch.max_watch, watch.max_entries, config.max_queued_bytes(), directory, metrics.clone());
