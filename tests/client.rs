@@ -396,7 +396,8 @@ async fn next_presence_within(
 async fn the_client_watches_uids_sets_its_status_and_does_both_again_after_a_restart() {
     use idlegate::{WatchConfig, WatchPolicy};
     use idlegate_client::PresenceKind;
-    let config = Config { watch: WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() }, ..short_config() };
+    let config =
+        Config { watch: WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() }, ..short_config() };
     let mut server = TestServer::start(config.clone()).await;
     let (_, mut stream) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
     let options = Options::new(1).backoff(Backoff { base: Duration::from_millis(50), cap: Duration::from_millis(100) });
@@ -417,7 +418,10 @@ async fn the_client_watches_uids_sets_its_status_and_does_both_again_after_a_res
     let (_, mut stream) = Sse::open(server.api, "/v1/events?types=status", &[]).await;
     // The new gateway (after its shutdown's retry hint): 8 watched again (7 no longer), the
     // status set again.
-    assert_eq!(next_presence_within(&mut events, RESTART_PATIENCE).await, (PresenceKind::Snapshot, vec![(8, false, String::new())]));
+    assert_eq!(
+        next_presence_within(&mut events, RESTART_PATIENCE).await,
+        (PresenceKind::Snapshot, vec![(8, false, String::new())])
+    );
     assert_eq!(stream.expect("status", 1).await.data["status"], json!("reading"));
     client.close();
 }

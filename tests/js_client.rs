@@ -76,7 +76,12 @@ async fn until(page: &mut Page, expression: &str) {
 }
 
 /// Chromium (with `extra` flags) on the package's blank page at `site`, loaded.
-async fn open_site(browser: &Path, profile: &Path, site: std::net::SocketAddr, extra: &[String]) -> (tokio::process::Child, Page) {
+async fn open_site(
+    browser: &Path,
+    profile: &Path,
+    site: std::net::SocketAddr,
+    extra: &[String],
+) -> (tokio::process::Child, Page) {
     let (chromium, browser_http) = launch(browser, profile, extra).await;
     let mut page = Page::open(&browser_http, &format!("http://{site}/")).await;
     // A new target starts on about:blank, itself "complete": wait for the page itself.

@@ -117,8 +117,7 @@ impl Watcher {
         let stream = TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let mut w = Watcher { stream, buf: BytesMut::new(), codec: FrameCodec::new(u32::MAX) };
-        w.send(&Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None })
-            .await?;
+        w.send(&Frame::Login { uid, token: bytes::Bytes::new(), device: Default::default(), timeout_ms: None }).await?;
         match w.recv().await? {
             Frame::Welcome { .. } => Ok(w),
             other => Err(format!("uid {uid}: expected WELCOME, got {other:?}")),

@@ -93,15 +93,20 @@ impl Default for WatchConfig {
 }
 
 impl WatchConfig {
+    /// The policy in force: the one given, or `listed` alone and `none` in a cluster
+    /// (`cluster`: the gateway shares presence through Redis), where watch lists are not
+    /// served yet.
+    pub fn policy(&self, cluster: bool) -> WatchPolicy {
+        self.policy.unwrap_or(if cluster { WatchPolicy::None } else { WatchPolicy::Listed })
+    }
+
     /// Checks the bounds; `cluster`: the gateway shares presence through Redis.
     pub fn validate(&self, cluster: bool) -> Result<(), ConfigError> {
-        if cluster && self.policy != WatchPolicy::None {
+        let policy = self.policy(cluster);
+        if cluster && policy != WatchPolicy::None {
             return Err(ConfigError::new(
                 "--watch-policy",
-                format!(
-                    "{}: watch lists and status are served by a gateway alone so far; use none with --redis",
-                    self.policy
-                ),
+                format!("{policy}: watch lists and status are served by a gateway alone so far; use none with --redis"),
             ));
         }
         if self.max_watch == 0 || self.max_watch > usize::from(u16::MAX) {
