@@ -6,6 +6,10 @@
 #   loadtest/watch.sh OUT_DIR [WATCHERS] [PER_WATCHER] [RATE]
 #                     (defaults: 19000 200 50: 3.8 million watch entries, 50 changes a second)
 #
+# The harness's sessions send nothing but their WATCHes and STATUSes, so the gateway runs
+# with --timeout 10m: the run's few minutes never expire a watcher, and the ring does no
+# work beside the fan-out's.
+#
 # Writes OUT_DIR/report.json (the harness's figures: memory per watch entry, CPU per
 # delivered change, change-to-watcher latency, the celebrity's change to its last watcher)
 # and OUT_DIR/metrics-after.txt (the gateway's /metrics at the end), and OUT_DIR/command.
@@ -19,7 +23,7 @@ cargo build --release -q -p loadtest --bin loadtest
 mkdir -p "$out"
 echo "loadtest/watch.sh $out $watchers $per $rate  # at $(git describe --always --dirty)" >"$out/command"
 taskset -c "$SERVER_CPU" target/release/idlegate serve --listen 127.0.0.1:7270 --admin-listen 127.0.0.1:7271 \
-  --api-listen 127.0.0.1:7272 --watch-policy open --log-format json \
+  --api-listen 127.0.0.1:7272 --watch-policy open --timeout 10m --log-format json \
   >"$out/gateway.log" 2>&1 &
 gateway=$!
 trap 'kill $gateway 2>/dev/null || true' EXIT

@@ -98,11 +98,11 @@ struct Report {
     /// The gateway's CPU during the changes, per delivered change, in microseconds.
     cpu_seconds: f64,
     cpu_us_per_delivery: f64,
-    /// From a STATUS written to its change read by a watcher, in microseconds.
-    latency_us: Percentiles,
+    /// From a STATUS written to its change read by a watcher, in milliseconds.
+    latency_ms: Percentiles,
     /// The celebrity: from its STATUS written to the last of the watchers reading it, in
-    /// microseconds, each change.
-    celebrity_last_us: Vec<u64>,
+    /// milliseconds, each change.
+    celebrity_last_ms: Vec<f64>,
 }
 
 /// One watcher's socket, read by its own task.
@@ -285,7 +285,7 @@ pub async fn run(args: &WatchArgs) -> Result<(), String> {
     let cpu_seconds = during.cpu_seconds.unwrap_or(0.0) - cpu_before;
 
     // The celebrity, one change at a time: each waits for every watcher.
-    let mut celebrity_last_us = Vec::new();
+    let mut celebrity_last_ms = Vec::new();
     for c in 0..args.celebrity_changes {
         // Numbers of their own, above any of the changes before (which fit in 23 bits).
         let number = (1 << 23) + c;
@@ -297,7 +297,7 @@ pub async fn run(args: &WatchArgs) -> Result<(), String> {
             let seen = shared.celebrity_seen.lock().expect("not poisoned").get(&number).copied();
             if let Some((n, last)) = seen.filter(|(n, _)| *n >= args.watchers) {
                 debug_assert_eq!(n, args.watchers);
-                celebrity_last_us.push(last / 1_000);
+                celebrity_last_ms.push(last as f64 / 1e6);
                 break;
             }
             if Instant::now() > deadline {
@@ -322,8 +322,8 @@ pub async fn run(args: &WatchArgs) -> Result<(), String> {
         received: shared.received.load(Ordering::Relaxed),
         cpu_seconds,
         cpu_us_per_delivery: cpu_seconds * 1e6 / delivered.max(1.0),
-        latency_us: latency,
-        celebrity_last_us,
+        latency_ms: latency,
+        celebrity_last_ms,
     };
     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     println!("{json}");
