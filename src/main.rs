@@ -272,7 +272,7 @@ struct ServeArgs {
     /// Who may watch whom (WATCH frames, MQTT presence topics): listed (only the uids the
     /// backend listed for the user, or its token's --jwt-watch-claim lists; any other reads
     /// as a uid that never logged in), open (anyone), or none (WATCH, UNWATCH and STATUS
-    /// refused) [default: listed; none with --redis, where watch lists are not served yet].
+    /// refused) [default: listed].
     #[arg(long, env = "IDLEGATE_WATCH_POLICY")]
     watch_policy: Option<idlegate::WatchPolicy>,
     /// uids one session may watch at once, and one backend list may hold.

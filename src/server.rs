@@ -24,12 +24,13 @@ use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Joining, Settings};
-use crate::config::{Config, JwtAuth, Live, TlsIdentity, WebhookSecrets};
+use crate::config::{Config, JwtAuth, Live, TlsIdentity, WatchPolicy, WebhookSecrets};
 use crate::http::{self, serve_admin, serve_api, EVENT_STREAMS_BYTES};
 use crate::jwks::Refresher;
 use crate::metrics::Metrics;
 use crate::presence::{
-    Backplane, Clock, Directory, EventLog, FanOut, Local, Registry, StoreTrouble, Ticker, WatchLists, Watches,
+    Backplane, Clock, Directory, EventLog, FanOut, ListStore, Local, LocalLists, Registry, StoreTrouble, Ticker,
+    WatchLists, Watches,
 };
 use crate::proto::{CloseReason, Transport};
 use crate::protocol::{self, Rules};
@@ -155,14 +156,31 @@ impl Server {
             None => Arc::new(Local::of(registry.clone(), clock, &config, &metrics)),
         };
         let watch = &config.watch;
+        // The backend's watch lists: here alone, in Redis for a cluster, where a change made
+        // through another node reaches this node's fan-out (wired once it exists).
+        let fan_out_handle: Arc<OnceLock<Arc<Watches>>> = Arc::new(OnceLock::new());
+        let store: Arc<dyn ListStore> = match &backplane {
+            Some(backplane) => {
+                let handle = fan_out_handle.clone();
+                let changed = Arc::new(move |user: u64| {
+                    if let Some(watches) = handle.get() {
+                        watches.revoke(user);
+                    }
+                });
+                backplane.clone().watch_lists(watch.max_watch, changed)
+            }
+            None => Arc::new(LocalLists::new(watch.max_watch, watch.max_entries)),
+        };
+        let watch_lists = Arc::new(WatchLists::new(store));
         let (watches, fan_out) = Watches::new(
             watch.max_watch,
             watch.max_entries,
             config.max_queued_bytes(),
             directory.clone(),
+            (watch.policy() == WatchPolicy::Listed).then(|| watch_lists.clone()),
             metrics.clone(),
         );
-        let watch_lists = Arc::new(WatchLists::new(watch.max_watch, watch.max_entries));
+        let _ = fan_out_handle.set(watches.clone());
         Server {
             live: Arc::new(Live::new(&config)),
             watches,

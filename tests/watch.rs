@@ -104,9 +104,35 @@ async fn under_listed_only_the_backend_s_list_is_watched_and_a_shrunk_list_revok
     let server =
         TestServer::start(Config { watch: WatchConfig { max_watch: 3, ..WatchConfig::default() }, ..short_config() })
             .await;
+    listed_and_revoked(&[server]).await;
+}
+
+/// The same on two gateways sharing one Redis: the lists live in Redis, put through one
+/// node and read through the other; the watcher is on the first node, its lists changed
+/// and the uids it watches moved through the second, whose change reaches the first
+/// node's fan-out through its inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_the_lists_live_in_redis_and_a_change_through_any_node_revokes() {
+    let Some(redis) = common::redis::RedisServer::start().await else { return };
+    let mut nodes = Vec::new();
+    for node in ["a", "b"] {
+        let config = common::cluster::cluster_config(&redis.url(), node);
+        let watch = WatchConfig { max_watch: 3, ..WatchConfig::default() };
+        let server = TestServer::start(Config { watch, ..config }).await;
+        common::cluster::wait_ready(&server).await;
+        nodes.push(server);
+    }
+    listed_and_revoked(&nodes).await;
+    assert_eq!(redis.keys("idlegate:watchlist:*"), Vec::<String>::new(), "the deleted list left nothing");
+}
+
+/// Under `listed`, with the lists put, read and deleted through the last of `nodes`, the
+/// watched uids moved there too, and the watcher on the first.
+async fn listed_and_revoked(nodes: &[TestServer]) {
+    let (first, server) = (&nodes[0], &nodes[nodes.len() - 1]);
     let (code, body) = http(server.api, "PUT", "/v1/watchlists/1", &[], r#"{"uids": ["2", 2]}"#).await;
     assert_eq!((code, body.as_str()), (200, r#"{"uid":1,"uids":["2"]}"#), "strings in, strings out");
-    assert_eq!(http(server.api, "GET", "/v1/watchlists/1", &[], "").await, (200, r#"{"uid":1,"uids":[2]}"#.into()));
+    assert_eq!(http(first.api, "GET", "/v1/watchlists/1", &[], "").await, (200, r#"{"uid":1,"uids":[2]}"#.into()));
     let (code, body) = http(server.api, "PUT", "/v1/watchlists/9", &[], r#"{"uids": [1, 2, 3, 4]}"#).await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("--max-watch"), "{body}");
@@ -117,7 +143,14 @@ async fn under_listed_only_the_backend_s_list_is_watched_and_a_shrunk_list_revok
     two.login(2).await;
     let mut three = server.client().await;
     three.login(3).await;
-    let mut watcher = server.client().await;
+    // In a cluster a WELCOME does not wait for Redis: the snapshot says online once the
+    // stream does, as presence does.
+    let query = r#"{"uids": [2, 3]}"#;
+    common::cluster::eventually("2 and 3 are online in the stream", || async {
+        http(first.api, "POST", "/v1/presence/query", &[], query).await.1.contains(r#""online":[2,3]"#)
+    })
+    .await;
+    let mut watcher = first.client().await;
     watcher.login(1).await;
     watcher.send(Frame::Watch(vec![3, 2])).await;
     // 3 is online, and not listed: it reads as a uid that never logged in.
@@ -257,32 +290,48 @@ fn record(mut client: Client, own: Vec<u64>, views: Views, stop: Arc<AtomicBool>
     })
 }
 
-/// Random logins, logouts, drops and statuses of `uids` (two devices each) on one gateway,
-/// by four clients at once (`grace`: with an offline grace), watched by watchers that log in
-/// and WATCH them all throughout, so their snapshots land in the middle of the churn; at
-/// the end, once every uid is offline, a marker uid every watcher watches logs in: once
-/// each has seen it, everything before it in the stream has been delivered. Then each
-/// watcher's view of each uid is checked against the stream.
-async fn churn(seed: u64, grace: Duration) {
+/// Random logins, logouts, drops and statuses of `uids` (two devices each) by four clients
+/// at once (`grace`: with an offline grace), on one gateway or, with `redis`, on three
+/// gateways sharing it, each login on a node drawn from the seed; watched by watchers (on
+/// every node) that log in and WATCH them all throughout, so their snapshots land in the
+/// middle of the churn. At the end, once every uid is offline, a marker uid every watcher
+/// watches logs in: once each has seen it, everything before it in the stream has been
+/// delivered. Then each watcher's view of each uid is checked against the stream.
+async fn churn(seed: u64, grace: Duration, redis: Option<&str>) {
     const UIDS: u64 = 12;
     const CHURNERS: u64 = 4;
     const STEPS: usize = 200;
     const WATCHERS: u64 = 12;
     const MARKER: u64 = 999;
-    let server = TestServer::start(Config {
-        max_devices: 2,
-        offline_grace: grace,
-        timeout: Duration::from_secs(30),
-        tick: Duration::from_millis(100),
-        watch: WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() },
-        ..short_config()
-    })
-    .await;
+    let config = |node: &str| {
+        let base = match redis {
+            Some(url) => common::cluster::cluster_config(url, node),
+            None => short_config(),
+        };
+        Config {
+            max_devices: 2,
+            offline_grace: grace,
+            timeout: Duration::from_secs(30),
+            tick: Duration::from_millis(100),
+            watch: WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() },
+            ..base
+        }
+    };
+    let mut servers = Vec::new();
+    for node in if redis.is_some() { &["a", "b", "c"][..] } else { &["a"][..] } {
+        let server = TestServer::start(config(node)).await;
+        if redis.is_some() {
+            common::cluster::wait_ready(&server).await;
+        }
+        servers.push(server);
+    }
+    let server = &servers[0];
+    let doors: Vec<std::net::SocketAddr> = servers.iter().map(|s| s.addr).collect();
     let (_, mut sse) = Sse::open(server.api, "/v1/events?types=user_online,user_offline,status", &[]).await;
     // Each churner moves its own uids: uid u belongs to churner u % CHURNERS.
     let churners: Vec<_> = (0..CHURNERS)
         .map(|c| {
-            let addr = server.addr;
+            let doors = doors.clone();
             tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 100 + c);
                 let mine: Vec<u64> = (1..=UIDS).filter(|u| u % CHURNERS == c).collect();
@@ -291,7 +340,7 @@ async fn churn(seed: u64, grace: Duration) {
                     let key = (mine[rng.gen_range(0..mine.len())], rng.gen_range(0..2usize));
                     match (sessions.remove(&key), rng.gen_range(0..4)) {
                         (None, _) => {
-                            let mut client = Client::connect(addr).await;
+                            let mut client = Client::connect(doors[rng.gen_range(0..doors.len())]).await;
                             client.login_device(key.0, ["phone", "laptop"][key.1]).await;
                             sessions.insert(key, client);
                         }
@@ -317,7 +366,7 @@ async fn churn(seed: u64, grace: Duration) {
     let mut readers = Vec::new();
     for w in 0..WATCHERS {
         let own: Vec<u64> = (1..=UIDS).filter(|u| u % (WATCHERS / 2) == w % (WATCHERS / 2)).collect();
-        let mut client = server.client().await;
+        let mut client = servers[w as usize % servers.len()].client().await;
         client.login(100 + w).await;
         client.send(Frame::Watch(own.iter().copied().chain([MARKER]).collect())).await;
         let views_of = Views::default();
@@ -397,14 +446,25 @@ async fn churn(seed: u64, grace: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_random_churn_every_watcher_s_view_is_the_stream_s_from_its_snapshot_on() {
     for seed in [1, 2, 3] {
-        churn(seed, Duration::ZERO).await;
+        churn(seed, Duration::ZERO, None).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_offline_grace_too() {
     for seed in [4, 5] {
-        churn(seed, Duration::from_millis(300)).await;
+        churn(seed, Duration::from_millis(300), None).await;
+    }
+}
+
+/// The same on three gateways sharing one Redis: each watcher's fan-out follows the
+/// cluster's stream, snapshots come from Redis (`PRESENCE_OF`), and logins, statuses and
+/// takeovers land on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_gateways_every_watcher_s_view_is_the_stream_s_too() {
+    for (seed, grace) in [(6, Duration::ZERO), (7, Duration::from_millis(300))] {
+        let Some(redis) = common::redis::RedisServer::start().await else { return };
+        churn(seed, grace, Some(&redis.url())).await;
     }
 }
 

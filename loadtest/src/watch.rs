@@ -1,4 +1,4 @@
-//! `loadtest watch`: what watch lists cost one gateway (issue 52). Many watchers, each
+//! `loadtest watch`: what watch lists cost one gateway or a cluster (issue 52). Many watchers, each
 //! watching many uids, and a few of those uids changing their status at a steady rate:
 //! the gateway's memory per watch entry, its CPU per delivered change, and the time from a
 //! change to each watcher (p50, p99), then one uid every watcher watches (a celebrity):
@@ -38,12 +38,14 @@ const CONNECT_AT_ONCE: usize = 256;
 #[derive(Debug, Parser)]
 #[command(name = "loadtest watch", about = "Measures what watch lists cost one idlegate gateway")]
 pub struct WatchArgs {
-    /// The gateway's TCP door.
-    #[arg(long)]
-    pub addr: SocketAddr,
-    /// The gateway's admin listener (its /metrics: memory, CPU, PRESENCE entries).
-    #[arg(long)]
-    pub admin: String,
+    /// The gateway's TCP door; several, comma-separated, for a cluster: watcher `w` and
+    /// changing uid `i` log in on door `w` and `i` modulo their number.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub addr: Vec<SocketAddr>,
+    /// The gateways' admin listeners (their /metrics: memory, CPU, PRESENCE entries, summed
+    /// over them), comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub admin: Vec<String>,
     /// Watchers: one connection and one uid each.
     #[arg(long, default_value_t = 19_000)]
     pub watchers: u64,
@@ -177,7 +179,8 @@ fn list_of(w: u64, per: u64, watched: u64) -> Vec<u64> {
 pub async fn run(args: &WatchArgs) -> Result<(), String> {
     // A socket a watcher: take every descriptor the hard limit allows.
     rlimit::increase_nofile_limit(u64::MAX).map_err(|e| format!("raising the open-file limit: {e}"))?;
-    let gateway = Gateway::new(std::slice::from_ref(&args.admin));
+    let gateway = Gateway::new(&args.admin);
+    let door = |n: u64| args.addr[n as usize % args.addr.len()];
     let shared = Arc::new(Shared {
         start: Instant::now(),
         sent: (0..args.watched).map(|_| AtomicU64::new(0)).collect(),
@@ -188,13 +191,13 @@ pub async fn run(args: &WatchArgs) -> Result<(), String> {
     // The changing uids, online, and the celebrity among them (the first).
     let mut changing = Vec::new();
     for i in 0..args.changing.max(1) {
-        changing.push(Watcher::connect(args.addr, WATCHED_BASE + i).await?);
+        changing.push(Watcher::connect(door(i), WATCHED_BASE + i).await?);
     }
     eprintln!("watch: {} changing uids online; logging {} watchers in", changing.len(), args.watchers);
     let mut watchers = Vec::with_capacity(args.watchers as usize);
     let ids: Vec<u64> = (0..args.watchers).collect();
     for chunk in ids.chunks(CONNECT_AT_ONCE) {
-        let logins = chunk.iter().map(|&w| Watcher::connect(args.addr, WATCHER_BASE + w));
+        let logins = chunk.iter().map(|&w| Watcher::connect(door(w), WATCHER_BASE + w));
         for w in futures_util::future::join_all(logins).await {
             watchers.push(w?);
         }
@@ -336,8 +339,17 @@ pub async fn run(args: &WatchArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The gateway's count of PRESENCE change entries owed to watchers.
-async fn presence_changes(admin: &str) -> Result<f64, String> {
+/// The gateways' count of PRESENCE change entries owed to watchers, summed.
+async fn presence_changes(admins: &[String]) -> Result<f64, String> {
+    let mut sum = 0.0;
+    for admin in admins {
+        sum += presence_changes_of(admin).await?;
+    }
+    Ok(sum)
+}
+
+/// One gateway's count of PRESENCE change entries owed to watchers.
+async fn presence_changes_of(admin: &str) -> Result<f64, String> {
     let url = format!("http://{}/metrics", admin.trim_start_matches("http://"));
     let body = reqwest::get(&url).await.map_err(|e| e.to_string())?.text().await.map_err(|e| e.to_string())?;
     body.lines()

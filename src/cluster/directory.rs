@@ -531,10 +531,47 @@ impl Directory for ClusterDirectory {
         crate::cluster::stream::follow(self.cluster.clone(), after)
     }
 
-    fn presence_of<'a>(&'a self, _uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<(UserState, EventId)>, DirectoryError>> {
-        // The configuration refuses a watch policy in a cluster (`config/watch.rs`): no
-        // fan-out asks this of a cluster yet.
-        async { Err(DirectoryError::Unavailable("watch lists are served by a gateway alone so far".into())) }.boxed()
+    fn presence_of<'a>(&'a self, uids: &'a [u64]) -> BoxFuture<'a, Result<Vec<(UserState, EventId)>, DirectoryError>> {
+        async move {
+            // The users, their statuses and the stream's position in one step on the control
+            // slot (`PRESENCE_OF`); when an offline uid was last seen, from its own key after.
+            let keys = [keys::USERS, keys::STATUS, keys::USER_AT, keys::EVENTS_LAST];
+            let mut cmd = crate::cluster::shared::evalsha(&self.cluster.scripts.presence_of, &keys);
+            for uid in uids {
+                cmd.arg(*uid);
+            }
+            let answer = self.cluster.send_control(vec![cmd]).await?.pop().unwrap_or(redis::Value::Nil);
+            let parts: Vec<redis::Value> = redis::from_redis_value(answer).unwrap_or_default();
+            if parts.len() != 2 + 3 * uids.len() {
+                return Err(DirectoryError::Unavailable(format!("PRESENCE_OF answered {} values", parts.len())));
+            }
+            let number = |v: &redis::Value| redis::from_redis_value::<u64>(v.clone()).unwrap_or(0);
+            let at = EventId { ms: number(&parts[0]), seq: number(&parts[1]) };
+            let offline: Vec<u64> = uids
+                .iter()
+                .zip(parts[2..].chunks(3))
+                .filter(|(_, p)| number(&p[0]) == 0)
+                .map(|(&uid, _)| uid)
+                .collect();
+            let seen = if offline.is_empty() { Vec::new() } else { self.last_seen_of(&offline).await? };
+            let mut seen = seen.into_iter();
+            let states = parts[2..]
+                .chunks(3)
+                .map(|p| {
+                    let state = if number(&p[0]) == 1 {
+                        let status: String = redis::from_redis_value(p[2].clone()).unwrap_or_default();
+                        UserState { online: true, at_ms: number(&p[1]), status: Arc::from(status), last_seen_ms: None }
+                    } else {
+                        let last_seen_ms = seen.next().flatten();
+                        let at_ms = last_seen_ms.unwrap_or(0);
+                        UserState { online: false, at_ms, status: Arc::from(""), last_seen_ms }
+                    };
+                    (state, at)
+                })
+                .collect();
+            Ok(states)
+        }
+        .boxed()
     }
 }
 

@@ -3,8 +3,9 @@
 //! What arrives: `kick` (a newer login elsewhere ended one of this node's sessions; its
 //! offline event is already logged), `push`, `locate` and `end` requests (`end`: the API on
 //! another node kicks a session held here, which this node ends and logs like any kick
-//! of its own, so no `kicked` is ever logged that its client did not get), and `reply` to
-//! this node's own requests. A stream rather than pub/sub: what
+//! of its own, so no `kicked` is ever logged that its client did not get), `watchlist` (a
+//! backend changed a user's watch list through another node), and `reply` to this node's
+//! own requests. A stream rather than pub/sub: what
 //! is sent while this node's connection blips waits for it instead of being lost.
 //!
 //! One blocking `XREAD` serves both this inbox and the event stream's tail (both live on
@@ -37,7 +38,7 @@ const READ_COUNT: usize = 1024;
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Cap of an inbox: a node that stops reading cannot fill Redis.
-const INBOX_CAP: usize = 100_000;
+pub(crate) const INBOX_CAP: usize = 100_000;
 
 /// Runs until `stop`.
 pub(crate) async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
@@ -242,6 +243,12 @@ async fn handle(cluster: &Cluster, member: &str, entry: &StreamId) {
             let device = device_field(entry);
             let ended = u64::from_str_radix(&session, 16).is_ok_and(|s| registry.kick_session(uid, s, device.as_ref()));
             reply(cluster, member, &from, req, if ended { b"1".to_vec() } else { b"0".to_vec() }).await;
+        }
+        Some(b"watchlist") => {
+            // A backend changed a user's watch list through another node.
+            if let Some(uid) = number_field(entry, "uid") {
+                cluster.watch_list_changed(uid);
+            }
         }
         Some(b"reply") => {
             let (Some(req), Some(body)) = (number_field(entry, "req"), field(entry, "r")) else { return };

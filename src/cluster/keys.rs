@@ -28,6 +28,13 @@ pub(crate) const EVENTS_LAST: &str = "{idlegate}:events:last";
 /// `user_offline`, in the same script as the session events.
 pub(crate) const USERS: &str = "{idlegate}:users";
 
+/// Hash uid -> its status (issue 52) while it is online as a user (`APPLY`, `PRESENCE_OF`).
+pub(crate) const STATUS: &str = "{idlegate}:status";
+
+/// Sorted set uid -> the stamp of its last user event, kept an hour: the floor of its
+/// session events' stamps, and a snapshot's `at_ms` (`PRESENCE_OF`).
+pub(crate) const USER_AT: &str = "{idlegate}:user_at";
+
 /// Sorted set uid -> when its offline grace ends (Redis's unix ms): uids with no session
 /// whose `user_offline` waits (`--offline-grace`).
 pub(crate) const GRACE: &str = "{idlegate}:grace";
@@ -38,6 +45,13 @@ pub(crate) const GRACE: &str = "{idlegate}:grace";
 /// shard instead of filling the one that carries every script.
 pub(crate) fn last_seen(uid: u64) -> String {
     format!("idlegate:seen:{uid}")
+}
+
+/// The uids a user's sessions may watch under `--watch-policy listed`, as its backend put
+/// them (a set), under a key per user: spread over a Redis Cluster's shards, off the
+/// control slot, which carries every login.
+pub(crate) fn watch_list(uid: u64) -> String {
+    format!("idlegate:watchlist:{uid}")
 }
 
 /// Hash uid -> `<reason>|<ended_ms>` of each uid in [`GRACE`]: what its `user_offline` says.

@@ -7,16 +7,17 @@
 //! `queue` and `writer` take this node's session changes to Redis in batches (and
 //! reconcile after Redis was away or lost writes, telling by `ended` a session a failover
 //! brought back from one whose end is on its way), `relay_turn` is the webhook relay's turn and
-//! position, `shared_keys` the JWKS document fetched by URL that the nodes share, `membership` keeps the node's lease and
+//! position, `shared_keys` the JWKS document fetched by URL that the nodes share, `watch_lists` the
+//! backend's watch lists, `membership` keeps the node's lease and
 //! reaps dead nodes, `inbox` carries kicks, pushes and lookups between nodes, `stream`
 //! follows the shared event stream, and `directory` answers the backend API from all of
 //! it. `node` builds the node (in two steps: its queue, then the node on the registry),
 //! starts the tasks, is the only file that knows them all, and is where Redis is a
 //! [`crate::presence::Backplane`]: what the composition root sees of it.
 //!
-//! Imports point one way: `node` -> `directory`, `writer`, `membership`, `inbox`, `relay_turn`, `shared_keys` -> `shared` -> `store`,
+//! Imports point one way: `node` -> `directory`, `writer`, `membership`, `inbox`, `relay_turn`, `shared_keys`, `watch_lists` -> `shared` -> `store`,
 //! `scripts`, `keys`, `queue`; `writer` -> `ended`; `inbox` -> `stream` (the stream's newest position);
-//! `directory` -> `inbox`, `membership`, `stream`, `shared`.
+//! `directory` -> `inbox`, `membership`, `stream`, `shared`; `watch_lists` -> `inbox` (its cap).
 //! A test (`tests/layout.rs`) fails on any circle.
 
 mod directory;
@@ -32,6 +33,7 @@ mod shared;
 mod shared_keys;
 mod store;
 mod stream;
+mod watch_lists;
 mod writer;
 
 pub(crate) use node::Joining;

@@ -21,10 +21,11 @@ use crate::cluster::queue::{Op, Queue};
 use crate::cluster::relay_turn::SharedTurn;
 use crate::cluster::shared::{Cluster, Settings};
 use crate::cluster::shared_keys::ClusterKeys;
+use crate::cluster::watch_lists::ClusterLists;
 use crate::config::RedisTarget;
 use crate::metrics::Metrics;
 use crate::presence::{Backplane, Clock, Directory, Registry, RelayTurn, Replicate, SharedKeys, StoreTrouble};
-use crate::presence::{Session, Will};
+use crate::presence::{ListStore, Session, Will};
 use crate::proto::CloseReason;
 
 /// How often `leave` looks whether the writer has finished.
@@ -204,6 +205,11 @@ impl Backplane for Cluster {
     fn shared_keys(self: Arc<Self>) -> Arc<dyn SharedKeys> {
         Arc::new(ClusterKeys::new(self))
     }
+
+    fn watch_lists(self: Arc<Self>, max_list: usize, changed: Arc<dyn Fn(u64) + Send + Sync>) -> Arc<dyn ListStore> {
+        self.on_list_changed(changed);
+        Arc::new(ClusterLists::new(self, max_list))
+    }
 }
 
 /// Forwards the event log's session changes to the queue.
@@ -256,11 +262,9 @@ impl Replicate for Forward {
         self.enqueue(Op::Will { uid, session: id, device, will, at_ms });
     }
 
-    fn status(&self, session: &Session, _status: &Arc<str>, _at_ms: u64) {
-        // The configuration refuses a watch policy in a cluster (`config/watch.rs`), so no
-        // session here can set a status: the cluster's stream does not carry it yet.
-        debug_assert!(false, "a status set in a cluster");
-        tracing::error!(uid = session.uid(), "a status set in a cluster was dropped");
+    fn status(&self, session: &Session, status: &Arc<str>, at_ms: u64) {
+        let (uid, id, device) = (session.uid(), session.id(), session.device().clone());
+        self.enqueue(Op::Status { uid, session: id, device, status: status.clone(), at_ms });
     }
 
     fn data(&self, session: &Session, payload: &Bytes, topic: Option<&str>, at_ms: u64) -> u64 {

@@ -69,6 +69,9 @@ pub(crate) enum Op {
     Will { uid: u64, session: u64, device: Device, will: Box<Will>, at_ms: u64 },
     /// A DATA frame of the session on `device` (an MQTT PUBLISH: with its topic).
     Data { uid: u64, session: u64, device: Device, payload: Bytes, topic: Option<Box<str>>, at_ms: u64 },
+    /// A STATUS of the session on `device`: its user's status becomes `status` (empty:
+    /// none), logged only while the session is held (issue 52).
+    Status { uid: u64, session: u64, device: Device, status: Arc<str>, at_ms: u64 },
     /// A session this node ended, whose end Redis applied and then lost in a failover: Redis
     /// holds it again. It goes without an event (its `offline` went out once); a reconcile
     /// sends it.
@@ -86,6 +89,7 @@ impl Op {
             | Op::Offline { session, .. }
             | Op::Will { session, .. }
             | Op::Data { session, .. }
+            | Op::Status { session, .. }
             | Op::Forget { session, .. } => Some(*session),
             Op::Verified => None,
         }
@@ -102,6 +106,7 @@ impl Op {
             Op::Online { claims, .. } => claims.as_ref().map_or(0, |c| c.as_json().len()),
             Op::Offline { will: w, .. } => w.as_deref().map_or(0, will),
             Op::Will { will: w, .. } => will(w),
+            Op::Status { status, .. } => status.len(),
             Op::Forget { .. } | Op::Verified => 0,
         }
     }
@@ -161,6 +166,8 @@ pub(crate) struct Queued {
 /// What one compaction removed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Compacted {
+    /// Data events, and statuses a later one of their session replaced: the stream skips
+    /// them, and its consumers see the gap.
     pub data: usize,
     pub sessions: usize,
 }
@@ -310,18 +317,26 @@ fn shed_data(inner: &mut Inner, keep: usize) -> Compacted {
     Compacted { data, sessions: 0 }
 }
 
-/// Drops data events, then the online and offline of each session whose online is still
-/// waiting here (Redis never saw it begin, so it need not see it end).
+/// Drops data events and replaced statuses, then the online and offline of each session
+/// whose online is still waiting here (Redis never saw it begin, so it need not see it
+/// end).
 fn compact(inner: &mut Inner) -> Compacted {
     let ops = &mut inner.ops;
     let lost = &mut inner.lost;
     let before = ops.len();
+    // A status a later one of the same session replaces goes as data does (the stream
+    // skips it, and its consumers see the gap): what its watchers see next is the later
+    // one. Marked from the back, so the last of each session's stays.
+    let mut later = HashSet::new();
+    let superseded: Vec<bool> =
+        ops.iter().rev().map(|op| matches!(op, Op::Status { session, .. } if !later.insert(*session))).collect();
+    let mut superseded = superseded.into_iter().rev();
     ops.retain(|op| {
-        let data = matches!(op, Op::Data { .. });
-        if data {
+        let gone = superseded.next().unwrap_or(false) || matches!(op, Op::Data { .. });
+        if gone {
             note_lost(lost, op);
         }
-        !data
+        !gone
     });
     let data = before - ops.len();
     // A reroute's session is in Redis: its end must go.
@@ -368,6 +383,27 @@ mod tests {
             will: None,
             at_ms: 0,
         }
+    }
+
+    #[test]
+    fn compaction_keeps_each_session_s_last_status_and_skips_the_rest_as_data() {
+        let status = |session: u64, text: &str| Op::Status {
+            uid: 1,
+            session,
+            device: Device::DEFAULT,
+            status: Arc::from(text),
+            at_ms: 0,
+        };
+        let q = Queue::new(4, usize::MAX);
+        q.enqueue(offline(9, 9));
+        q.enqueue(status(1, "a"));
+        q.enqueue(status(2, "x"));
+        q.enqueue(status(1, "b"));
+        let queued = q.enqueue(status(1, "c"));
+        assert_eq!(queued.compacted, Some(Compacted { data: 2, sessions: 0 }));
+        let taken = q.take(10);
+        assert_eq!(taken.ops, vec![offline(9, 9), status(2, "x"), status(1, "c")]);
+        assert_eq!((taken.dropped, taken.lost), (2, vec![]), "skipped in the stream, no session ended for it");
     }
 
     #[test]

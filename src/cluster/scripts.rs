@@ -33,6 +33,9 @@ local USER_AT = '{idlegate}:user_at'
 -- long was reaped, and its sessions ended, long before), short enough that the set holds
 -- only the uids of the last hour.
 local FLOOR_KEEP_MS = 3600000
+-- Hash uid -> its status (STATUS frames, issue 52) while it is online as a user: set by
+-- `APPLY` beside its `status` event, cleared with its `user_offline`, read by `PRESENCE_OF`.
+local STATUS = '{idlegate}:status'
 
 local function emitter(stream, last_key, maxlen, maxbytes)
   maxlen, maxbytes = tonumber(maxlen), tonumber(maxbytes)
@@ -118,6 +121,13 @@ local function emitter(stream, last_key, maxlen, maxbytes)
     local stamp = e.stamp()
     redis.call('ZADD', USER_AT, stamp, uid)
     return stamp
+  end
+  -- `uid`'s `user_offline`: its last session ended for reason `r` at `ended` (its floor
+  -- when unknown); its status ends with it.
+  function e.user_offline(uid, r, ended)
+    local stamp = e.user_stamp(uid)
+    redis.call('HDEL', STATUS, uid)
+    add({'t', 'user_offline', 'uid', uid, 'r', r, 'e', ended or stamp, 'at', stamp})
   end
   -- `at` (a session event's time, by its node's clock), raised to `uid`'s floor.
   function e.floor(uid, at)
@@ -244,7 +254,7 @@ local function user_gone(ev, uk, gk, wk, uid, r, at, grace_ms, seen_ms)
     redis.call('HSET', wk, uid, r .. '|' .. at)
     redis.call('HSET', uk, uid, GRACE_MARK)
   else
-    ev.emit('t', 'user_offline', 'uid', uid, 'r', r, 'e', at, 'at', ev.user_stamp(uid))
+    ev.user_offline(uid, r, at)
   end
   if seen_ms > 0 then
     seen[#seen + 1] = uid .. ':' .. at
@@ -427,6 +437,9 @@ end
 /// - `W|<topic>\0<payload> uid session '' at device`: an MQTT session's will, kept in the
 ///   member's wills hash while the session is held, so that an ending its node never logs
 ///   (taken over from another node, or reaped with a dead node) still carries it.
+/// - `S uid session status at device`: the user's status (issue 52; empty: cleared), set and
+///   logged as a `status` event (`st`) only while its session is held; `user_offline`
+///   clears it.
 /// - `F uid session '' at device`: forget a session without an event. Its node ended it and
 ///   the end was applied, but Redis lost that write in a failover and holds the session
 ///   again: its `offline` went out once already (see `forget`).
@@ -752,6 +765,17 @@ for i = from, #ARGV, 6 do
         end
       end
     end
+  elseif kind == 'S' then
+    -- A status, while its session is held: the user's, until it sets another or goes
+    -- offline as a user.
+    if redis.call('HGET', KEYS[1], f) == s then
+      if x == '' then
+        redis.call('HDEL', STATUS, uid)
+      else
+        redis.call('HSET', STATUS, uid, x)
+      end
+      ev.emit('t', 'status', 'uid', uid, 'st', x, 'at', ev.floor(uid, at))
+    end
   elseif kind == 'F' then
     forget(KEYS[6], me, uid, f, s)
   elseif kind == 'V' then
@@ -812,8 +836,7 @@ for _, uid in ipairs(due) do
   -- lost writes between the two): it never went offline.
   if held_count(KEYS[5], uid) <= 0 then
     if redis.call('HGET', KEYS[5], uid) == GRACE_MARK then redis.call('HDEL', KEYS[5], uid) end
-    local stamp = ev.user_stamp(uid)
-    ev.emit('t', 'user_offline', 'uid', uid, 'r', r or 'node_lost', 'e', at or stamp, 'at', stamp)
+    ev.user_offline(uid, r or 'node_lost', at)
     released = released + 1
   end
 end
@@ -1199,6 +1222,31 @@ end
 return 0
 "#;
 
+/// Each uid's presence as a watcher's snapshot tells it (issue 52), with the stream's newest
+/// id, read in one atomic step: what it says is exact as of that id, and each change after
+/// it is in the stream after it, so a fan-out applies from there without a hole or a repeat.
+///
+/// KEYS: the users hash, the status hash, the user-event floors (`USER_AT`), the stream's
+/// last-id hash. ARGV: uids. Returns `{ms, n, online, at, status, online, at, status, ...}`:
+/// `online` 1 while the uid holds a session or is in its offline grace (the users hash has
+/// a field for every uid online as a user), `at` the stamp of its last user event (0 once
+/// it is forgotten, an hour on), `status` its status while online ('' for none).
+const PRESENCE_OF: &str = r#"
+local last = redis.call('HMGET', KEYS[4], 'ms', 'n')
+local out = {tonumber(last[1] or '0'), tonumber(last[2] or '0')}
+for _, uid in ipairs(ARGV) do
+  local on = redis.call('HEXISTS', KEYS[1], uid)
+  out[#out + 1] = on
+  out[#out + 1] = tonumber(redis.call('ZSCORE', KEYS[3], uid) or '0')
+  if on == 1 then
+    out[#out + 1] = redis.call('HGET', KEYS[2], uid) or ''
+  else
+    out[#out + 1] = ''
+  end
+end
+return out
+"#;
+
 /// The scripts, loaded once per process.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -1215,6 +1263,7 @@ pub(crate) struct Scripts {
     pub turn_ack: Script,
     pub turn_send: Script,
     pub turn_leave: Script,
+    pub presence_of: Script,
 }
 
 // === impl Scripts ===
@@ -1236,11 +1285,12 @@ impl Scripts {
             turn_ack: Script::new(TURN_ACK),
             turn_send: Script::new(TURN_SEND),
             turn_leave: Script::new(TURN_LEAVE),
+            presence_of: Script::new(PRESENCE_OF),
         }
     }
 
     /// Every script, for `SCRIPT LOAD` on every master before pipelines call them by hash.
-    pub(crate) fn all(&self) -> [&Script; 13] {
+    pub(crate) fn all(&self) -> [&Script; 14] {
         [
             &self.apply,
             &self.claim,
@@ -1255,6 +1305,7 @@ impl Scripts {
             &self.turn_ack,
             &self.turn_send,
             &self.turn_leave,
+            &self.presence_of,
         ]
     }
 }
@@ -1267,7 +1318,7 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Stdio};
 
-    use super::{APPLY, EMIT, ROUTE_END, ROUTE_SET};
+    use super::{APPLY, EMIT, PRESENCE_OF, ROUTE_END, ROUTE_SET};
     use crate::cluster::keys;
     use crate::proto::CloseReason;
 
@@ -1820,5 +1871,49 @@ mod tests {
         // No position at all: the stream's newest, recorded.
         redis.cli(&["DEL", keys::RELAY_ACKED]);
         assert_eq!(from(["", ""])[1], "1");
+    }
+
+    /// `PRESENCE_OF` of `uids`, as `redis-cli --raw` prints it: one line a value.
+    fn presence_of(redis: &Redis, uids: &[&str]) -> Vec<String> {
+        let keys = [keys::USERS, keys::STATUS, keys::USER_AT, keys::EVENTS_LAST];
+        let mut args: Vec<&str> = vec!["EVAL", PRESENCE_OF, "4"];
+        args.extend(keys);
+        args.extend(uids);
+        redis.cli(&args).lines().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_status_is_logged_while_its_session_is_held_and_ends_with_its_user() {
+        let Some(redis) = Redis::start() else { return };
+        const T: &str = "000000000000000b";
+        let login = ["L|30000||tcp 127.0.0.1:1", "7", S, "", "1000", ""];
+        let status = |s: &'static str, text: &'static str| ["S", "7", s, text, "1001", ""];
+        assert_eq!(apply(&redis, 1, 2, 0, &[login, status(S, "away ☕")]), "1");
+        assert_eq!(redis.cli(&["HGET", keys::STATUS, "7"]).trim(), "away ☕");
+        // One step reads the users, their statuses and the stream's newest id.
+        let last = |field| redis.cli(&["HGET", keys::EVENTS_LAST, field]).trim().to_string();
+        let online_at = redis.cli(&["ZSCORE", keys::USER_AT, "7"]).trim().to_string();
+        let answer = presence_of(&redis, &["7", "8"]);
+        assert_eq!(
+            answer,
+            [last("ms"), last("n"), "1".into(), online_at, "away ☕".into(), "0".into(), "0".into(), String::new()]
+        );
+        // A session not held sets nothing; an empty status clears it, and is logged.
+        assert_eq!(apply(&redis, 3, 5, 2, &[status(T, "not mine"), status(S, ""), status(S, "busy")]), "1");
+        let statuses = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             if e[2][2] == 'status' then out[#out + 1] = '[' .. e[2][6] .. ']' end end return out";
+        let logged: Vec<String> = redis.cli(&["EVAL", statuses, "1", keys::EVENTS]).lines().map(String::from).collect();
+        assert_eq!(logged, ["[away ☕]", "[]", "[busy]"]);
+        // The uid's last session ends: its user_offline takes the status with it, and a
+        // status of the ended session sets nothing.
+        let end = ["E1", "7", S, "logout", "1002", ""];
+        assert_eq!(apply(&redis, 6, 7, 5, &[end, status(S, "late")]), "1");
+        assert_eq!(redis.cli(&["HEXISTS", keys::STATUS, "7"]).trim(), "0");
+        let answer = presence_of(&redis, &["7"]);
+        assert_eq!(answer[2..4], ["0".to_string(), redis.cli(&["ZSCORE", keys::USER_AT, "7"]).trim().to_string()]);
+        let kinds = "local out = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do \
+             out[#out + 1] = e[2][2] end return out";
+        let kinds: Vec<String> = redis.cli(&["EVAL", kinds, "1", keys::EVENTS]).lines().map(String::from).collect();
+        assert_eq!(kinds, ["epoch", "online", "user_online", "status", "status", "status", "offline", "user_offline"]);
     }
 }

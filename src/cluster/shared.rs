@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
@@ -85,7 +85,13 @@ pub(crate) struct Cluster {
     next_request: AtomicU64,
     /// The newest event id the blocking reader has seen: consumers wait on it.
     pub(crate) tail: watch::Sender<EventId>,
+    /// What a change of a user's watch list made through another node calls (the fan-out's
+    /// check of that user's sessions here), once the composition root has wired it.
+    list_changed: OnceLock<ListChanged>,
 }
+
+/// Called with the user whose watch list changed.
+pub(crate) type ListChanged = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// The highest event number a script answered with within one stream epoch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +147,19 @@ impl Cluster {
             awaiting: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(u64::from(keys::rand_u32()) << 32),
             tail: watch::Sender::new(EventId { ms: 0, seq: 0 }),
+            list_changed: OnceLock::new(),
+        }
+    }
+
+    /// Wires what [`Cluster::watch_list_changed`] calls; the first wiring stays.
+    pub(crate) fn on_list_changed(&self, changed: ListChanged) {
+        let _ = self.list_changed.set(changed);
+    }
+
+    /// A backend changed `user`'s watch list through another node.
+    pub(crate) fn watch_list_changed(&self, user: u64) {
+        if let Some(changed) = self.list_changed.get() {
+            changed(user);
         }
     }
 

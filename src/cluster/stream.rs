@@ -197,6 +197,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
     let mut origin = Origin::default();
     let mut superseded = false;
     let mut timeout_ms = 0;
+    let mut status = None;
     for (name, value) in fields {
         let Value::BulkString(bytes) = value else { continue };
         let text = || String::from_utf8_lossy(&bytes).into_owned();
@@ -225,6 +226,8 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
             "sp" => superseded = true,
             // The session's timeout, its class's, in milliseconds.
             "tm" => timeout_ms = text().parse().unwrap_or(0),
+            // A user's status (issue 52), as its session set it.
+            "st" => status = Some(Arc::<str>::from(text())),
             _ => {}
         }
     }
@@ -249,12 +252,7 @@ fn parse(id: &str, fields: Vec<(String, Value)>) -> Option<Entry> {
         Ok(EventKind::UserOnline) => What::UserOnline,
         Ok(EventKind::UserOffline) => What::UserOffline { reason: reason?, ended_ms: ended_ms.unwrap_or(at_ms) },
         Ok(EventKind::Data) => What::Data { payload: payload.unwrap_or_default(), topic },
-        // Not written to a cluster's stream yet (the configuration refuses watch lists in
-        // a cluster); a newer node's would be skipped as an unknown kind is.
-        Ok(EventKind::Status) => {
-            tracing::warn!(id = %id, "skipping a status entry of the shared stream");
-            return None;
-        }
+        Ok(EventKind::Status) => What::Status { status: status.unwrap_or_else(|| Arc::from("")) },
         Err(e) => {
             // A newer node's kind this one does not know: skipped, and said.
             tracing::warn!(id = %id, error = %e, "skipping an entry of the shared stream");
@@ -313,6 +311,9 @@ mod tests {
                 claims: None
             }
         );
+        let status = vec![("t".into(), bulk("status")), ("uid".into(), bulk("42")), ("st".into(), bulk("away ☕"))];
+        let Some(Entry::Event(event)) = parse("5-13", status) else { panic!("an event") };
+        assert_eq!((event.uid, event.what), (42, What::Status { status: "away ☕".into() }));
         assert!(parse("5-11", vec![("t".into(), bulk("other"))]).is_none());
         assert_eq!(parse("5-12", vec![("t".into(), bulk("epoch"))]), Some(Entry::Epoch(EventId { ms: 5, seq: 12 })));
     }

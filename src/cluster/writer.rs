@@ -148,13 +148,13 @@ impl Held {
 /// How many of `ops` come before the first end of a session with data or a will earlier in
 /// them: that end goes in the next batch. Its route is marked ended (`ROUTE_END`) before
 /// its batch's `APPLY`, and a login elsewhere that replaces the route in between logs the
-/// end itself; the session's data and will must be in Redis by then, or they would be
-/// dropped as the data of a session no longer held.
+/// end itself; the session's data, will and status must be in Redis by then, or they would
+/// be dropped as those of a session no longer held.
 fn before_end_after_data(ops: &[Op]) -> usize {
     let mut busy = HashSet::new();
     for (i, op) in ops.iter().enumerate() {
         match op {
-            Op::Data { session, .. } | Op::Will { session, .. } => {
+            Op::Data { session, .. } | Op::Will { session, .. } | Op::Status { session, .. } => {
                 busy.insert(*session);
             }
             Op::Offline { session, .. } if busy.contains(session) => return i,
@@ -399,7 +399,7 @@ async fn apply(
                     answers.next();
                 }
                 Op::Offline { .. } | Op::Forget { .. } => {}
-                Op::Data { .. } | Op::Will { .. } | Op::Verified => {}
+                Op::Data { .. } | Op::Will { .. } | Op::Status { .. } | Op::Verified => {}
             }
         }
         let control = apply_cmd(cluster, member, batch, prev, &replaced_by_login);
@@ -574,7 +574,7 @@ fn route_cmd(cluster: &Cluster, member: &str, op: &Op) -> Option<redis::Cmd> {
         }
         // Its `offline` went out long ago.
         Op::Forget { uid, session, .. } => Some(route_del(cluster, member, *uid, *session)),
-        Op::Data { .. } | Op::Will { .. } | Op::Verified => None,
+        Op::Data { .. } | Op::Will { .. } | Op::Status { .. } | Op::Verified => None,
     }
 }
 
@@ -661,6 +661,10 @@ fn apply_cmd(cluster: &Cluster, member: &str, batch: &Batch<'_>, prev: u64, repl
                     None => "D".to_string(),
                 };
                 cmd.arg(kind).arg(*uid).arg(s).arg(payload.as_ref()).arg(*at_ms).arg(device.as_str());
+            }
+            Op::Status { uid, session, device, status, at_ms } => {
+                let s = keys::session_hex(*session);
+                cmd.arg("S").arg(*uid).arg(s).arg(status.as_bytes()).arg(*at_ms).arg(device.as_str());
             }
             Op::Forget { uid, session, device } => {
                 let s = keys::session_hex(*session);

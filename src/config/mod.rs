@@ -302,7 +302,7 @@ impl Config {
         if let Some(webhook) = &self.webhook {
             webhook.validate()?;
         }
-        self.watch.validate(self.redis.is_some())?;
+        self.watch.validate()?;
         if let Some(jwks) = &self.jwks {
             jwks.validate()?;
             if self.jwt.is_none() {

@@ -63,8 +63,7 @@ impl std::fmt::Display for WatchPolicy {
 /// Watch lists' and status's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchConfig {
-    /// `--watch-policy`; `None` when not given: `listed` alone, `none` in a cluster (see
-    /// [`WatchConfig::policy`]).
+    /// `--watch-policy`; `None` when not given: `listed` (see [`WatchConfig::policy`]).
     pub policy: Option<WatchPolicy>,
     /// uids one session may watch at once (`--max-watch`), and one backend list may hold.
     pub max_watch: usize,
@@ -93,22 +92,13 @@ impl Default for WatchConfig {
 }
 
 impl WatchConfig {
-    /// The policy in force: the one given, or `listed` alone and `none` in a cluster
-    /// (`cluster`: the gateway shares presence through Redis), where watch lists are not
-    /// served yet.
-    pub fn policy(&self, cluster: bool) -> WatchPolicy {
-        self.policy.unwrap_or(if cluster { WatchPolicy::None } else { WatchPolicy::Listed })
+    /// The policy in force: the one given, or `listed`, alone and in a cluster alike.
+    pub fn policy(&self) -> WatchPolicy {
+        self.policy.unwrap_or(WatchPolicy::Listed)
     }
 
-    /// Checks the bounds; `cluster`: the gateway shares presence through Redis.
-    pub fn validate(&self, cluster: bool) -> Result<(), ConfigError> {
-        let policy = self.policy(cluster);
-        if cluster && policy != WatchPolicy::None {
-            return Err(ConfigError::new(
-                "--watch-policy",
-                format!("{policy}: watch lists and status are served by a gateway alone so far; use none with --redis"),
-            ));
-        }
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_watch == 0 || self.max_watch > usize::from(u16::MAX) {
             return Err(ConfigError::new("--max-watch", format!("{}: expected 1 to 65535", self.max_watch)));
         }
@@ -140,16 +130,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bounds_and_the_policy_in_a_cluster_are_checked() {
-        assert!(WatchConfig::default().validate(false).is_ok());
-        // Not given: listed alone, none in a cluster; given, nothing but none in a cluster.
-        assert!(WatchConfig::default().validate(true).is_ok());
-        assert_eq!(WatchConfig::default().policy(false), WatchPolicy::Listed);
-        assert_eq!(WatchConfig::default().policy(true), WatchPolicy::None);
+    fn bounds_are_checked_and_the_policy_is_listed_unless_given() {
+        assert!(WatchConfig::default().validate().is_ok());
+        assert_eq!(WatchConfig::default().policy(), WatchPolicy::Listed);
         let open = WatchConfig { policy: Some(WatchPolicy::Open), ..WatchConfig::default() };
-        assert_eq!(open.validate(true).unwrap_err().flag, "--watch-policy");
-        assert!(WatchConfig { policy: Some(WatchPolicy::None), ..WatchConfig::default() }.validate(true).is_ok());
-        let bad = |c: WatchConfig| c.validate(false).unwrap_err().flag;
+        assert_eq!((open.policy(), open.validate()), (WatchPolicy::Open, Ok(())));
+        let bad = |c: WatchConfig| c.validate().unwrap_err().flag;
         assert_eq!(bad(WatchConfig { max_watch: 0, ..WatchConfig::default() }), "--max-watch");
         assert_eq!(bad(WatchConfig { max_entries: 10, ..WatchConfig::default() }), "--max-watch-entries");
         assert_eq!(bad(WatchConfig { max_status_bytes: 256, ..WatchConfig::default() }), "--max-status-bytes");

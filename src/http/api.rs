@@ -427,11 +427,7 @@ async fn put_watchlist(
     let body = json_body(&body?)?;
     let (uids, form) = uid_list(&body)?;
     let shared = &state.shared;
-    let list = shared.watch_lists.put(uid, uids).map_err(|e| match e {
-        ListError::TooLong { .. } => ApiError::bad_request(format!("uids: {e}")),
-        ListError::NodeFull { .. } => ApiError { status: StatusCode::INSUFFICIENT_STORAGE, message: e.to_string() },
-    })?;
-    shared.metrics.watchlist_entries.set(shared.watch_lists.entries() as i64);
+    let list = shared.watch_lists.store().put(uid, uids).await.map_err(list_error)?;
     revoke_unlisted(shared, uid);
     Ok(Json(json!({ "uid": uid, "uids": form.render(list.to_vec()) })))
 }
@@ -439,7 +435,7 @@ async fn put_watchlist(
 /// `GET /v1/watchlists/{uid}`: the list its backend put, or 404.
 async fn get_watchlist(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<Json<Value>, ApiError> {
     let uid = parse_uid("uid", &uid)?;
-    match state.shared.watch_lists.get(uid) {
+    match state.shared.watch_lists.store().get(uid).await.map_err(list_error)? {
         Some(list) => Ok(Json(json!({ "uid": uid, "uids": list.to_vec() }))),
         None => Err(ApiError::not_found(format!("uid {uid} has no watch list"))),
     }
@@ -450,20 +446,32 @@ async fn get_watchlist(State(state): State<ApiState>, Path(uid): Path<String>) -
 async fn delete_watchlist(State(state): State<ApiState>, Path(uid): Path<String>) -> Result<StatusCode, ApiError> {
     let uid = parse_uid("uid", &uid)?;
     let shared = &state.shared;
-    if !shared.watch_lists.delete(uid) {
+    if !shared.watch_lists.store().delete(uid).await.map_err(list_error)? {
         return Err(ApiError::not_found(format!("uid {uid} has no watch list")));
     }
-    shared.metrics.watchlist_entries.set(shared.watch_lists.entries() as i64);
     revoke_unlisted(shared, uid);
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `uid`'s sessions stop watching what the lists no longer allow, under `listed` (under
-/// `open` anyone may watch anyone, and under `none` nobody watches).
+/// `uid`'s sessions here stop watching what the lists no longer allow, under `listed`
+/// (under `open` anyone may watch anyone, and under `none` nobody watches); in a cluster the
+/// store has told the other nodes. The gauge of listed uids follows, where this process
+/// holds the lists.
 fn revoke_unlisted(shared: &Arc<Shared>, uid: u64) {
+    if let Some(entries) = shared.watch_lists.store().entries() {
+        shared.metrics.watchlist_entries.set(entries as i64);
+    }
     if shared.settings.watch_policy == WatchPolicy::Listed {
-        let lists = shared.watch_lists.clone();
-        shared.watches.revoke(uid, Arc::new(move |session, watched| lists.allows(uid, session, watched)));
+        shared.watches.revoke(uid);
+    }
+}
+
+/// A list refused (400 too long, 507 this node's bound) or out of reach (503).
+fn list_error(e: ListError) -> ApiError {
+    match e {
+        ListError::TooLong { .. } => ApiError::bad_request(format!("uids: {e}")),
+        ListError::NodeFull { .. } => ApiError { status: StatusCode::INSUFFICIENT_STORAGE, message: e.to_string() },
+        ListError::Unavailable(_) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() },
     }
 }
 

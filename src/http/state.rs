@@ -114,7 +114,7 @@ impl Settings {
             tick_ms: config.tick_ms(),
             max_connections: config.max_connections,
             max_devices: config.max_devices,
-            watch_policy: config.watch.policy(config.redis.is_some()),
+            watch_policy: config.watch.policy(),
         }
     }
 }

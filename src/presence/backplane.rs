@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::presence::{Directory, DirectoryError, EventId};
+use crate::presence::{Directory, DirectoryError, EventId, ListStore};
 
 /// A shared store for presence, events, pushes and kicks; see the module documentation.
 pub(crate) trait Backplane: Send + Sync + Debug {
@@ -36,6 +36,10 @@ pub(crate) trait Backplane: Send + Sync + Debug {
     /// The JWT keys fetched by URL, shared: one fetch an unknown `kid` asks for serves the
     /// whole cluster.
     fn shared_keys(self: Arc<Self>) -> Arc<dyn SharedKeys>;
+
+    /// The backend's watch lists, shared (one list holds at most `max_list` uids): a change
+    /// made through another node calls `changed` with its user.
+    fn watch_lists(self: Arc<Self>, max_list: usize, changed: Arc<dyn Fn(u64) + Send + Sync>) -> Arc<dyn ListStore>;
 }
 
 /// A JWKS document the cluster's nodes share: the last one any node fetched from the

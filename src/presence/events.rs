@@ -485,10 +485,14 @@ impl EventLog {
             return false;
         }
         inner.record.status(at_ms, session, status);
-        if status.is_empty() {
-            inner.statuses.remove(&session.uid());
-        } else {
-            inner.statuses.insert(session.uid(), status.clone());
+        // Kept here for a gateway alone, whose snapshots read it (`status_at`); a cluster's
+        // statuses live in Redis, beside the users they belong to.
+        if inner.record.local().is_some() {
+            if status.is_empty() {
+                inner.statuses.remove(&session.uid());
+            } else {
+                inner.statuses.insert(session.uid(), status.clone());
+            }
         }
         self.metrics.event(EventKind::Status);
         self.recorded(inner);

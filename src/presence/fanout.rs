@@ -12,6 +12,12 @@
 //!
 //! Connections never wait for the task: a WATCH is counted against the bounds at once,
 //! here, and its snapshot arrives as the session's wake-up, as a push does.
+//!
+//! Under `--watch-policy listed` the task also decides whom a session may watch, from the
+//! token's list and the backend's (`watch_lists.rs`), which in a cluster live in Redis: a
+//! WATCH is checked against the lists as they stand when the task takes it, and a list
+//! that shrinks (on any node) is checked again for every session of its user here, so a
+//! WATCH and a change of the list are taken in one order too.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,7 +34,8 @@ use crate::metrics::Metrics;
 use crate::presence::directory::Directory;
 use crate::presence::events::{Batch, EventId};
 use crate::presence::owed::Owed;
-use crate::presence::watch::{UserState, WatchIndex};
+use crate::presence::watch::{distinct, UserState, WatchIndex};
+use crate::presence::watch_lists::WatchLists;
 use crate::presence::Session;
 use crate::proto::Frame;
 
@@ -53,15 +60,11 @@ pub enum WatchRefused {
 
 /// What a connection (or the API) asks of the fan-out.
 enum Request {
-    Watch { session: Arc<Session>, uids: Vec<u64>, hidden: Vec<u64> },
+    Watch { session: Arc<Session>, uids: Vec<u64> },
     Unwatch { session: u64, uids: Vec<u64> },
     Close { session: u64 },
-    Revoke { user: u64, allowed: Allowed },
+    Revoke { user: u64 },
 }
-
-/// Whether a user's session (by id) may still watch a uid, after its backend's list
-/// changed.
-pub type Allowed = Arc<dyn Fn(u64, u64) -> bool + Send + Sync>;
 
 /// A watching session's share of the bounds: uids on its list, and uids its WATCHes asked
 /// for that the fan-out has not taken yet.
@@ -87,12 +90,10 @@ pub struct Watches {
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Request::Watch { session, uids, hidden } => {
-                write!(f, "Watch({}, {} uids, {} hidden)", session.id(), uids.len(), hidden.len())
-            }
+            Request::Watch { session, uids } => write!(f, "Watch({}, {} uids)", session.id(), uids.len()),
             Request::Unwatch { session, uids } => write!(f, "Unwatch({session}, {} uids)", uids.len()),
             Request::Close { session } => write!(f, "Close({session})"),
-            Request::Revoke { user, .. } => write!(f, "Revoke({user})"),
+            Request::Revoke { user } => write!(f, "Revoke({user})"),
         }
     }
 }
@@ -103,11 +104,13 @@ impl Watches {
     /// The handle, and the task that serves it: a list holds at most `max_watch` uids, the
     /// node at most `max_entries` watch entries, and a watcher is owed at most `max_owed`
     /// bytes of changes before they become a resync. The task follows `directory`'s stream.
+    /// Under `--watch-policy listed`, `lists` says whom a session may watch (`None`: anyone).
     pub fn new(
         max_watch: usize,
         max_entries: usize,
         max_owed: usize,
         directory: Arc<dyn Directory>,
+        lists: Option<Arc<WatchLists>>,
         metrics: Arc<Metrics>,
     ) -> (Arc<Watches>, FanOut) {
         let (requests, receiver) = mpsc::unbounded_channel();
@@ -123,20 +126,22 @@ impl Watches {
             requests: receiver,
             watches: watches.clone(),
             directory,
+            lists,
             index: WatchIndex::default(),
             max_owed,
             metrics,
-            resyncs: 0,
+            resynced: 0,
         };
         (watches, fan_out)
     }
 
-    /// `session` watches `uids` (sorted, without repeats) too; `hidden` (which it may not
-    /// watch) are answered as uids that never logged in. Refused, with nothing changed, if
-    /// its list or the node would pass their bounds; a WATCH counts all its uids, hidden
-    /// ones too, against the list's bound, so the bound tells nothing of who is listed.
-    pub fn watch(&self, session: &Arc<Session>, uids: Vec<u64>, hidden: Vec<u64>) -> Result<(), WatchRefused> {
-        let (asked, entries) = (uids.len() + hidden.len(), uids.len());
+    /// `session` watches `uids` (sorted, without repeats) too; those the policy does not
+    /// let it watch are answered as uids that never logged in. Refused, with nothing
+    /// changed, if its list or the node would pass their bounds; a WATCH counts all its
+    /// uids, ones it may not watch too, against both bounds until the task has taken it, so
+    /// a bound tells nothing of who is listed.
+    pub fn watch(&self, session: &Arc<Session>, uids: Vec<u64>) -> Result<(), WatchRefused> {
+        let (asked, entries) = (uids.len(), uids.len());
         {
             let mut budget = self.budgets.entry(session.id()).or_default();
             if budget.listed + budget.asked + asked > self.max_watch {
@@ -151,14 +156,14 @@ impl Watches {
             budget.asked += asked;
         }
         // The task lives as long as the gateway; after it, nobody reads what is owed.
-        let _ = self.requests.send(Request::Watch { session: session.clone(), uids, hidden });
+        let _ = self.requests.send(Request::Watch { session: session.clone(), uids });
         Ok(())
     }
 
-    /// `session` no longer watches `uids`.
+    /// `session` no longer watches `uids` (in any order, repeats allowed).
     pub fn unwatch(&self, session: &Session, uids: Vec<u64>) {
         if self.budgets.contains_key(&session.id()) {
-            let _ = self.requests.send(Request::Unwatch { session: session.id(), uids });
+            let _ = self.requests.send(Request::Unwatch { session: session.id(), uids: distinct(uids) });
         }
     }
 
@@ -170,10 +175,11 @@ impl Watches {
         }
     }
 
-    /// User `user` may now watch only the uids `allowed` says: its sessions' lists lose the
-    /// others, each told as a uid that never logged in.
-    pub fn revoke(&self, user: u64, allowed: Allowed) {
-        let _ = self.requests.send(Request::Revoke { user, allowed });
+    /// The backend's list for `user` changed (here, or on another node of a cluster): its
+    /// sessions here stop watching what the lists no longer allow, each such uid told as a
+    /// uid that never logged in.
+    pub fn revoke(&self, user: u64) {
+        let _ = self.requests.send(Request::Revoke { user });
     }
 
     /// Takes what `session` is owed, as PRESENCE frames.
@@ -205,11 +211,13 @@ pub struct FanOut {
     requests: mpsc::UnboundedReceiver<Request>,
     watches: Arc<Watches>,
     directory: Arc<dyn Directory>,
+    /// Whom a session may watch, under `--watch-policy listed`.
+    lists: Option<Arc<WatchLists>>,
     index: WatchIndex,
     max_owed: usize,
     metrics: Arc<Metrics>,
-    /// Resyncs counted in the metrics so far.
-    resyncs: u64,
+    /// Resync entries counted in the metrics so far.
+    resynced: u64,
 }
 
 impl std::fmt::Debug for FanOut {
@@ -283,12 +291,14 @@ impl FanOut {
     async fn handle(&mut self, request: Request) {
         let owed = &self.watches.owed;
         match request {
-            Request::Watch { session, uids, hidden } => {
+            Request::Watch { session, uids } => {
+                let asked = uids.len();
+                let (uids, hidden) = self.split(&session, uids).await;
                 let fresh = self.snapshots(&self.index.unknown(&uids)).await;
                 let added = self.index.watch(&session, &uids, &hidden, fresh, owed);
-                self.metrics.presence_snapshots.inc_by((uids.len() + hidden.len()) as u64);
+                self.metrics.presence_snapshots.inc_by(asked as u64);
                 let listed = self.index.list_len(session.id());
-                self.watches.settle(session.id(), uids.len() + hidden.len(), listed, uids.len() - added);
+                self.watches.settle(session.id(), asked, listed, asked - added);
             }
             Request::Unwatch { session, uids } => {
                 let removed = self.index.unwatch(session, &uids);
@@ -298,9 +308,31 @@ impl FanOut {
                 let removed = self.index.close(session);
                 self.watches.released(session, 0, removed);
             }
-            Request::Revoke { user, allowed } => {
-                for (session, removed) in self.index.revoke(user, &*allowed, owed) {
-                    self.watches.released(session, self.index.list_len(session), removed);
+            Request::Revoke { user } => self.recheck(Some(user)).await,
+        }
+    }
+
+    /// `uids` (sorted) split into those `session` may watch and those it may not, by the
+    /// policy; a store out of reach is asked again, and the watcher waits meanwhile rather
+    /// than be told a list nobody read.
+    async fn split(&self, session: &Session, uids: Vec<u64>) -> (Vec<u64>, Vec<u64>) {
+        let Some(lists) = &self.lists else { return (uids, Vec::new()) };
+        loop {
+            match lists.allowed(session.uid(), session.id(), &uids).await {
+                Ok(allowed) => {
+                    let (mut may, mut may_not) = (Vec::new(), Vec::new());
+                    for (uid, allowed) in uids.into_iter().zip(allowed) {
+                        if allowed {
+                            may.push(uid)
+                        } else {
+                            may_not.push(uid)
+                        }
+                    }
+                    return (may, may_not);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, uid = session.uid(), "watch lists: the lists are out of reach; retrying");
+                    tokio::time::sleep(SNAPSHOT_RETRY).await;
                 }
             }
         }
@@ -339,8 +371,26 @@ impl FanOut {
         self.metrics.presence_changes.inc_by(delivered as u64);
     }
 
-    /// A fresh snapshot of every watched uid, and a resync of every watcher's list.
+    /// The lists of user `user`'s sessions here (every session's, for `None`) checked
+    /// against the policy again: each loses what it may no longer watch.
+    async fn recheck(&mut self, user: Option<u64>) {
+        if self.lists.is_none() {
+            return;
+        }
+        for (session, uids) in self.index.lists_of(user) {
+            let gone = self.split(&session, uids).await.1;
+            if !gone.is_empty() {
+                let removed = self.index.revoke(session.id(), &gone, &self.watches.owed);
+                self.watches.released(session.id(), self.index.list_len(session.id()), removed);
+            }
+        }
+    }
+
+    /// A fresh snapshot of every watched uid, and a resync of every watcher's list. The
+    /// lists are checked against the policy first: a change of one a gap hid (in a cluster,
+    /// a node that could not be told) is taken now.
     async fn resync_all(&mut self) {
+        self.recheck(None).await;
         let fresh = self.snapshots(&self.index.watched_uids()).await;
         self.index.resync_all(fresh, &self.watches.owed);
     }
@@ -348,8 +398,8 @@ impl FanOut {
     fn gauges(&mut self) {
         self.metrics.watch_entries.set(self.index.entries() as i64);
         self.metrics.watched_uids.set(self.index.watched_len() as i64);
-        let resyncs = self.index.resyncs();
-        self.metrics.presence_resyncs.inc_by(resyncs - self.resyncs);
-        self.resyncs = resyncs;
+        let resynced = self.index.resynced();
+        self.metrics.presence_resyncs.inc_by(resynced - self.resynced);
+        self.resynced = resynced;
     }
 }

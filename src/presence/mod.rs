@@ -58,5 +58,6 @@ pub(crate) use session::Traits;
 pub use session::{session_hex, Claims, Origin, Session};
 pub use subscriptions::Subscriptions;
 pub use ticker::Ticker;
+pub(crate) use watch::distinct;
 pub use watch::UserState;
-pub use watch_lists::{ListError, WatchLists};
+pub use watch_lists::{ListError, ListStore, LocalLists, WatchLists};

@@ -74,6 +74,13 @@ impl UserState {
     }
 }
 
+/// `uids` sorted, each once: a WATCH or UNWATCH may repeat a uid, and a list holds it once.
+pub(crate) fn distinct(mut uids: Vec<u64>) -> Vec<u64> {
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
+
 /// A watched uid: its state as its watchers were last told, the stream position it is known
 /// through, and the sessions here that watch it.
 #[derive(Debug)]
@@ -99,8 +106,9 @@ pub struct WatchIndex {
     lists: HashMap<u64, List, RandomState>,
     /// Watch entries: the lists' lengths summed.
     entries: usize,
-    /// Resyncs owed so far, for the metrics.
-    resyncs: u64,
+    /// Entries owed in resyncs so far (each a watcher's whole list), for the metrics, which
+    /// count entries of every kind alike.
+    resynced: u64,
 }
 
 /// What one WATCH added: how many uids the list grew by.
@@ -119,9 +127,10 @@ impl WatchIndex {
         self.entries
     }
 
-    /// Resyncs owed so far (a watcher's whole list, after it fell behind or the stream broke).
-    pub fn resyncs(&self) -> u64 {
-        self.resyncs
+    /// Entries owed in resyncs so far (a watcher's whole list each time, after it fell
+    /// behind or the stream broke).
+    pub fn resynced(&self) -> u64 {
+        self.resynced
     }
 
     /// uids watched here.
@@ -213,27 +222,22 @@ impl WatchIndex {
         list.uids.len()
     }
 
-    /// The sessions of user `uid` that watch uids `allowed` (given the session's id and the
-    /// uid) no longer allows:
-    /// each such uid leaves their lists, and they are owed its state as
-    /// [`UserState::nobody`]. Returns each such session and how many entries it lost.
-    pub fn revoke(&mut self, uid: u64, allowed: &dyn Fn(u64, u64) -> bool, owed: &Owed) -> Vec<(u64, usize)> {
-        let ids: Vec<u64> =
-            self.lists.iter().filter(|(_, list)| list.session.uid() == uid).map(|(id, _)| *id).collect();
-        let mut revoked = Vec::new();
-        for id in ids {
-            let Some(list) = self.lists.get(&id) else { continue };
-            let session = list.session.clone();
-            let gone: Vec<u64> = list.uids.iter().copied().filter(|&watched| !allowed(id, watched)).collect();
-            if gone.is_empty() {
-                continue;
-            }
-            revoked.push((id, self.unwatch(id, &gone)));
-            for uid in gone {
-                owed.change(&session, UserState::nobody().entry(uid), usize::MAX);
-            }
+    /// Every list of a session of user `uid` (of every user, for `None`): the session, and
+    /// the uids its list holds.
+    pub fn lists_of(&self, uid: Option<u64>) -> Vec<(Arc<Session>, Vec<u64>)> {
+        let lists = self.lists.values().filter(|list| uid.is_none_or(|uid| list.session.uid() == uid));
+        lists.map(|list| (list.session.clone(), list.uids.iter().copied().collect())).collect()
+    }
+
+    /// `session_id` may no longer watch `gone`: each leaves its list, and it is owed each
+    /// one's state as [`UserState::nobody`]. Returns how many entries its list lost.
+    pub fn revoke(&mut self, session_id: u64, gone: &[u64], owed: &Owed) -> usize {
+        let Some(session) = self.lists.get(&session_id).map(|list| list.session.clone()) else { return 0 };
+        let removed = self.unwatch(session_id, gone);
+        for &uid in gone {
+            owed.change(&session, UserState::nobody().entry(uid), usize::MAX);
         }
-        revoked
+        removed
     }
 
     /// An event of the stream, in order: each watcher of its uid is owed the change, if it
@@ -280,9 +284,9 @@ impl WatchIndex {
     /// Owes `session_id` a resync of its whole list, in place of what it was owed.
     fn resync(&mut self, session_id: u64, owed: &Owed) {
         let Some(list) = self.lists.get(&session_id) else { return };
-        self.resyncs += 1;
-        let entries =
+        let entries: Vec<PresenceEntry> =
             list.uids.iter().filter_map(|uid| self.watched.get(uid).map(|watched| watched.state.entry(*uid))).collect();
+        self.resynced += entries.len() as u64;
         owed.resync(&list.session, entries);
     }
 }
@@ -382,6 +386,10 @@ mod tests {
             };
             index.apply(&event(seq, 7, what), &owed, max);
         }
+        // An offline entry (26 bytes) fits the bound of two online ones (36); the online
+        // after it does not, and is a resync instead: four of them over the eight changes,
+        // each the whole list of two, counted by entries as the metrics count every kind.
+        assert_eq!(index.resynced(), 8);
         let got = taken(&owed, &slow);
         assert_eq!(got.first().map(|f| f.0), Some(PresenceKind::Resync), "{got:?}");
         assert!(got.iter().skip(1).all(|f| f.0 == PresenceKind::Change), "{got:?}");
@@ -404,7 +412,9 @@ mod tests {
         assert_eq!((index.entries(), index.watched_len()), (2, 1));
         owed.take(&b);
         // User 2 may no longer watch 7: it leaves the list and reads as nobody.
-        assert_eq!(index.revoke(2, &|_, uid| uid != 7, &owed), [(20, 1)]);
+        let lists: Vec<(u64, Vec<u64>)> = index.lists_of(Some(2)).into_iter().map(|(s, uids)| (s.id(), uids)).collect();
+        assert_eq!(lists, [(20, vec![7])]);
+        assert_eq!(index.revoke(20, &[7], &owed), 1);
         assert_eq!(taken(&owed, &b), [(PresenceKind::Change, vec![(7, false, "".into())])]);
         assert_eq!(index.list_len(20), 0);
         assert_eq!(index.close(10), 1);

@@ -79,7 +79,7 @@ impl Rules {
             mqtt_max_subscriptions: config.mqtt_max_subscriptions,
             max_devices: config.max_devices,
             ws_keepalive_pings: config.ws_keepalive_pings,
-            watch_policy: config.watch.policy(config.redis.is_some()),
+            watch_policy: config.watch.policy(),
             max_status_bytes: config.watch.max_status_bytes,
         }
     }
@@ -102,8 +102,17 @@ impl Context {
         let clock = Clock::new(tokio::time::Instant::now(), config.tick);
         let directory = Arc::new(Local::of(registry.clone(), clock, config, &metrics));
         let watch = &config.watch;
-        let (watches, _fan_out) =
-            Watches::new(watch.max_watch, watch.max_entries, config.max_queued_bytes(), directory, metrics.clone());
+        let store = Arc::new(crate::presence::LocalLists::new(watch.max_watch, watch.max_entries));
+        let watch_lists = Arc::new(WatchLists::new(store));
+        let lists = Some(watch_lists.clone());
+        let (watches, _fan_out) = Watches::new(
+            watch.max_watch,
+            watch.max_entries,
+            config.max_queued_bytes(),
+            directory,
+            lists,
+            metrics.clone(),
+        );
         Arc::new(Context {
             registry,
             clock,
@@ -111,7 +120,7 @@ impl Context {
             shutdown: CancellationToken::new(),
             rules: Rules::new(config, Arc::new(Live::new(config))),
             watches,
-            watch_lists: Arc::new(WatchLists::new(watch.max_watch, watch.max_entries)),
+            watch_lists,
         })
     }
 }

@@ -293,15 +293,13 @@ impl Machine {
     /// as a uid that never logged in, and never watched. The snapshot comes with a later
     /// wake-up; a WATCH past `--max-watch` or `--max-watch-entries` closes the connection,
     /// with the bound in its BYE.
-    fn watch(&mut self, inputs: &impl Inputs, mut uids: Vec<u64>, add: bool) -> Result<(), Close> {
+    fn watch(&mut self, inputs: &impl Inputs, uids: Vec<u64>, add: bool) -> Result<(), Close> {
         let now = self.activity(inputs)?;
         let frame = if add { "WATCH" } else { "UNWATCH" };
         self.watching_allowed(frame)?;
         self.data_allowed(now).map_err(|(reason, text)| (reason, text.replacen("DATA", frame, 1)))?;
         let Some(session) = self.session().cloned() else { return Ok(()) };
         if !add {
-            uids.sort_unstable();
-            uids.dedup();
             self.context.watches.unwatch(&session, uids);
             return Ok(());
         }
@@ -356,7 +354,7 @@ impl Machine {
         inputs: &impl Inputs,
         filters: &[String],
         subscribe: Option<u32>,
-        mut uids: Vec<u64>,
+        uids: Vec<u64>,
         out: &mut (impl Out + ?Sized),
     ) -> Result<(), Close> {
         let now = self.activity(inputs)?;
@@ -367,8 +365,6 @@ impl Machine {
         let Some(max_packet) = subscribe else {
             subscriptions.unsubscribe(session.id(), filters);
             if !uids.is_empty() && context.rules.watch_policy != WatchPolicy::None {
-                uids.sort_unstable();
-                uids.dedup();
                 context.watches.unwatch(&session, uids);
             }
             return Ok(());
@@ -383,21 +379,16 @@ impl Machine {
         Ok(())
     }
 
-    /// Adds `uids` to `session`'s watch list under the policy: uids it may not watch are
-    /// answered as uids that never logged in. Counted when refused.
-    fn watch_for(&self, session: &Arc<Session>, mut uids: Vec<u64>) -> Result<(), WatchRefused> {
+    /// Adds `uids` to `session`'s watch list under the policy, which the fan-out applies:
+    /// uids it may not watch are answered as uids that never logged in. Counted when
+    /// refused.
+    fn watch_for(&self, session: &Arc<Session>, uids: Vec<u64>) -> Result<(), WatchRefused> {
         let context = &self.context;
-        uids.sort_unstable();
-        uids.dedup();
-        let (allowed, hidden) = match context.rules.watch_policy {
-            WatchPolicy::None => return Err(WatchRefused::Off),
-            WatchPolicy::Listed => {
-                let lists = &context.watch_lists;
-                uids.into_iter().partition(|&uid| lists.allows(session.uid(), session.id(), uid))
-            }
-            WatchPolicy::Open => (uids, Vec::new()),
-        };
-        context.watches.watch(session, allowed, hidden).inspect_err(|refused| match refused {
+        if context.rules.watch_policy == WatchPolicy::None {
+            return Err(WatchRefused::Off);
+        }
+        let uids = crate::presence::distinct(uids);
+        context.watches.watch(session, uids).inspect_err(|refused| match refused {
             WatchRefused::Session { .. } => context.metrics.watch_refused_session.inc(),
             WatchRefused::Node { .. } => context.metrics.watch_refused_node.inc(),
             WatchRefused::Off => {}
