@@ -44,7 +44,7 @@ for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break;
 addrs=() admins=()
 for n in 1 2 3; do
   port=$((BASE_PORT + 10 * n))
-  taskset -c "$SERVER_CPU" target/release/idlegate serve --node-id "n$n" --redis "redis://127.0.0.1:$REDIS_PORT" \
+  env ${GATEWAY_ENV:-} taskset -c "$SERVER_CPU" target/release/idlegate serve --node-id "n$n" --redis "redis://127.0.0.1:$REDIS_PORT" \
     --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" --api-listen "127.0.0.1:$((port + 2))" \
     --watch-policy open --timeout 10m --log-format json >"$out/gateway-$n.log" 2>&1 &
   pids+=($!)
