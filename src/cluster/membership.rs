@@ -121,7 +121,7 @@ async fn release_graces(cluster: &Cluster) -> Result<(), StoreError> {
 }
 
 /// Refreshes `member`'s lease; false if the member was reaped.
-async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
+pub(crate) async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
     let registry = cluster.registry();
     let value = format!("{} {}", registry.online(), cluster.metrics.connections_open.get().max(0));
     let lease_ms = cluster.settings.lease.as_millis() as u64;

@@ -16,7 +16,7 @@
 //! [`crate::presence::Backplane`]: what the composition root sees of it.
 //!
 //! Imports point one way: `node` -> `directory`, `writer`, `membership`, `inbox`, `relay_turn`, `shared_keys`, `watch_lists` -> `shared` -> `store`,
-//! `scripts`, `keys`, `queue`; `writer` -> `ended`; `inbox` -> `stream` (the stream's newest position);
+//! `scripts`, `keys`, `queue`; `writer` -> `ended`, `membership` (a member's lease before its first batch); `inbox` -> `stream` (the stream's newest position);
 //! `directory` -> `inbox`, `membership`, `stream`, `shared`; `watch_lists` -> `inbox` (its cap).
 //! A test (`tests/layout.rs`) fails on any circle.
 
@@ -25,6 +25,8 @@ mod ended;
 mod inbox;
 mod keys;
 mod membership;
+#[cfg(test)]
+mod model_conformance;
 mod node;
 mod queue;
 mod relay_turn;

@@ -26,7 +26,7 @@ use redis::Script;
 /// restarted empty, or a failover lost it) or a caller saw other signs of lost writes
 /// (`e.renew()`), a new epoch begins with an entry `t=epoch`: readers report it to their
 /// consumers as a gap of unknown size (`earlier_stream`), never as an unbroken sequence.
-const EMIT: &str = r#"
+pub(crate) const EMIT: &str = r#"
 -- Sorted set uid -> the stamp of its last user event: the floor of its session events'.
 local USER_AT = '{idlegate}:user_at'
 -- How long a floor is kept: far longer than any batch is held back (a node cut off that
@@ -481,7 +481,7 @@ end
 /// clients must not be told their data was taken (an MQTT PUBACK), so their node ends them.
 /// `seen` lists, comma-separated, the `uid:unix ms` of each uid this batch took offline:
 /// the caller records when each was last seen, under keys spread over the cluster.
-const APPLY: &str = r#"
+pub(crate) const APPLY: &str = r#"
 local fence = redis.call('GET', KEYS[5])
 if fence then return {-1, '', fence} end
 local last, prev, first = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[10])
@@ -538,23 +538,31 @@ local function owe(uid, r, at)
   if not owed[uid] then owed_order[#owed_order + 1] = uid end
   owed[uid] = {r, at}
 end
+-- Tells member m's node through its inbox to end its session s of uid. Not a reaped
+-- member's: nobody reads its inbox any more, and its reaper deleted it already, so a kick
+-- written after would stay in Redis for good (the model of issue 53 found it: a login
+-- routed after a fence named a session under its node's old member name).
+local function kick(m, uid, s)
+  if redis.call('EXISTS', '{idlegate}:reaped:' .. m) == 1 then return end
+  redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', s)
+end
 -- Ends session `s` that member m holds on device field pf of uid: its `offline` goes here
 -- (with its will unless `will` is false, and its claims), its uid's count drops, and
 -- with `kick` its node is told through its inbox to close it.
-local function end_held(m, uid, pf, pd, s, r, eat, will, kick)
+local function end_held(m, uid, pf, pd, s, r, eat, will, kick_it)
   redis.call('HDEL', '{idlegate}:sessions:' .. m, pf)
   local wt, wp = take_will('{idlegate}:wills:' .. m, pf, s)
   local c = take_claims('{idlegate}:claims:' .. m, pf, s)
   if not will then wt, wp = nil, nil end
   emit_offline(ev, uid, s, pd, r, eat, wt, wp, c)
   if held_remove(KEYS[6], uid, m, s) <= 0 then owe(uid, r, eat) end
-  if kick then
-    redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', s)
-  end
+  if kick_it then kick(m, uid, s) end
 end
 -- Marks session ps of member m on device pf as superseded before it was announced: the
 -- mark is the newest such session (see below), and its `online` says so.
 local function mark_superseded(m, pf, ps)
+  -- A reaped member announces nothing more, and its marks were deleted with it.
+  if redis.call('EXISTS', '{idlegate}:reaped:' .. m) == 1 then return end
   local marks = '{idlegate}:superseded:' .. m
   local newest = redis.call('HGET', marks, pf)
   if not newest or ps > newest then redis.call('HSET', marks, pf, ps) end
@@ -644,7 +652,7 @@ for i = from, #ARGV, 6 do
         -- when its login arrives, and its end follows (see `!` below). One that ended by
         -- itself is its node's already.
         if m and not ended and not gone and not (m == me and ps == s) then
-          redis.call('XADD', '{idlegate}:inbox:' .. m, 'MAXLEN', '~', 100000, '*', 'op', 'kick', 'uid', uid, 's', ps)
+          kick(m, uid, ps)
         end
       end
     end
@@ -958,7 +966,7 @@ return 1
 /// KEYS: the member's lease, its reaping claim, its reaped marker, its applied marker.
 /// ARGV: this member, claim in ms, marker in seconds. Returns 1 if this node holds the
 /// claim.
-const CLAIM: &str = r#"
+pub(crate) const CLAIM: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return 0 end
@@ -992,7 +1000,7 @@ return 1
 /// highest event number it saw in it. Returns
 /// `{next cursor, sessions left, sessions reaped, epoch, of them removed without an event,
 /// seen}`, `seen` as `APPLY`'s.
-const REAP: &str = r#"
+pub(crate) const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local found = scan[2]
 local ev = emitter(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
@@ -1031,7 +1039,7 @@ return {scan[1], redis.call('HLEN', KEYS[1]), reaped, ev.epoch(), silent, table.
 /// hash. ARGV: member, value, lease in ms. Returns `{1 or 0 if the member was reaped,
 /// epoch or '', the last event number}`: every node learns the stream's progress each
 /// tick, which is how a batch notices a failover that lost other members' writes.
-const LEASE: &str = r#"
+pub(crate) const LEASE: &str = r#"
 local mark = redis.call('HMGET', KEYS[4], 'epoch', 'n')
 local epoch, n = mark[1] or '', tonumber(mark[2] or '0')
 if redis.call('EXISTS', KEYS[3]) == 1 then return {0, epoch, n} end
@@ -1063,7 +1071,7 @@ return {1, epoch, n}
 /// trip; newlines never occur in a member, a session or a device name (control characters
 /// are refused in each). Retried for the same login, it returns what the first call
 /// replaced, kept in the route's last field.
-const ROUTE_SET: &str = r#"
+pub(crate) const ROUTE_SET: &str = r#"
 local MAX_CHAIN = 4
 local me, dev, max = ARGV[1], ARGV[4], tonumber(ARGV[5])
 local mine = tonumber(ARGV[2])
@@ -1189,7 +1197,7 @@ return replaced
 ///
 /// KEYS: the route. ARGV: the owner, the reason, the end's unix ms, `1` if the will goes
 /// out, else `0`. Returns 1 if marked (or marked already).
-const ROUTE_END: &str = r#"
+pub(crate) const ROUTE_END: &str = r#"
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local v = all[i + 1]
@@ -1211,7 +1219,7 @@ return 0
 /// Deletes a uid's route of one session if it still names the given owner
 /// (`<member>|<session>|`), whatever its device, so a late cleanup never erases a newer
 /// login. KEYS: the route. Returns 1 if deleted.
-const ROUTE_DEL: &str = r#"
+pub(crate) const ROUTE_DEL: &str = r#"
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if string.sub(all[i + 1], 1, #ARGV[1]) == ARGV[1] then
@@ -1311,7 +1319,7 @@ impl Scripts {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! `APPLY`'s numbering against a real `redis-server` (on a Unix socket in a temporary
     //! folder), driven by `redis-cli`: the contract the writer's cut batches rely on.
 
@@ -1335,7 +1343,7 @@ mod tests {
     }
 
     /// A `redis-server` for one test; stopped when dropped.
-    struct Redis {
+    pub(crate) struct Redis {
         child: Child,
         socket: PathBuf,
         _dir: tempfile::TempDir,
@@ -1343,7 +1351,7 @@ mod tests {
 
     impl Redis {
         /// Starts one, or says how to install it and returns `None` (never under CI).
-        fn start() -> Option<Redis> {
+        pub(crate) fn start() -> Option<Redis> {
             let dir = tempfile::tempdir().unwrap();
             let socket = dir.path().join("redis.sock");
             let spawned = Command::new("redis-server")
@@ -1372,7 +1380,7 @@ mod tests {
             panic!("redis-server did not answer on {}", redis.socket.display());
         }
 
-        fn cli(&self, args: &[&str]) -> String {
+        pub(crate) fn cli(&self, args: &[&str]) -> String {
             cli(&self.socket, args)
         }
     }
@@ -1915,5 +1923,29 @@ mod tests {
              out[#out + 1] = e[2][2] end return out";
         let kinds: Vec<String> = redis.cli(&["EVAL", kinds, "1", keys::EVENTS]).lines().map(String::from).collect();
         assert_eq!(kinds, ["epoch", "online", "user_online", "status", "status", "status", "offline", "user_offline"]);
+    }
+
+    /// The model of issue 53, its first counterexample: a login's chain named a session of
+    /// a member already reaped (the session sent again under its node's new name after a
+    /// fence, routed behind a login that had replaced it). `APPLY` wrote a kick to the reaped
+    /// member's inbox and a superseded mark under it, after its reaper had deleted both:
+    /// nobody would read or delete them again.
+    #[test]
+    fn model_a_login_naming_a_reaped_member_leaves_nothing_of_it_behind() {
+        let Some(redis) = Redis::start() else { return };
+        const OLD: &str = "n0#00000000";
+        redis.cli(&["SET", &keys::reaped(OLD), "0"]);
+        // OLD's session S, not held (reaped before it landed), named by member b's login.
+        let chain = format!("{OLD}|{S}|");
+        let login = ["L|30000||tcp 127.0.0.1:1", "7", S2, &chain, "1001", ""];
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[login]), "1");
+        assert_eq!(redis.cli(&["EXISTS", &keys::inbox(OLD)]).trim(), "0", "no kick for a reaped member");
+        assert_eq!(redis.cli(&["EXISTS", &keys::superseded(OLD)]).trim(), "0", "no mark for a reaped member");
+        // A live member's session named the same way is still kicked and marked.
+        let chain = format!("c|{S}|");
+        let login = ["L|30000||tcp 127.0.0.1:1", "7", "000000000000000c", &chain, "1002", "d1"];
+        assert_eq!(apply_as(&redis, "b", 2, 2, 1, &[login]), "1");
+        assert_eq!(redis.cli(&["XLEN", &keys::inbox("c")]).trim(), "1");
+        assert_eq!(redis.cli(&["EXISTS", &keys::superseded("c")]).trim(), "1");
     }
 }

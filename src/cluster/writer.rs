@@ -267,6 +267,25 @@ async fn write_one(
     let member = cluster.member();
     if progress.member.as_deref() != Some(&*member) {
         progress.prev = 0;
+        // A member's first batch waits for its lease. `MEMBERS` lists a member from its
+        // first `LEASE`, and reapers look only there: a node that wrote under a name it
+        // never leased and then died would leave sessions no reaper finds, online for good
+        // (the model of issue 53 found it: a node fenced, its batch sent again under its
+        // new name, and a crash before its next renewal).
+        match crate::cluster::membership::refresh(cluster, &member).await {
+            Ok(true) => {}
+            Ok(false) => {
+                cluster.rejoin(&member);
+                return true;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a new member's lease before its first batch failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_BACKOFF[0]) => return true,
+                    _ = stop.cancelled() => return false,
+                }
+            }
+        }
     }
     let mut attempt = 0;
     let (outcome, n, through, last) = loop {

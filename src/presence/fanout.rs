@@ -245,10 +245,21 @@ impl FanOut {
                 request = self.requests.recv() => {
                     let Some(mut request) = request else { return };
                     loop {
-                        if stream.is_none() && matches!(request, Request::Watch { .. }) {
+                        let watch = matches!(request, Request::Watch { .. });
+                        if stream.is_none() && watch {
                             stream = Some(self.follow().await);
                         }
                         self.handle(request).await;
+                        if watch {
+                            // A snapshot is held in its watcher's queue until the watcher's
+                            // connection writes it: the connections run before the next
+                            // WATCH. Otherwise a backlog of WATCHes (one that formed while
+                            // the first snapshots were read from a shared store, or a
+                            // reconnect storm's) is answered in one go, and every snapshot
+                            // is held at the same moment: on three nodes, 60 B more a watch
+                            // entry of RSS than alone (docs/BENCHMARKS.md, section 16).
+                            tokio::task::yield_now().await;
+                        }
                         match self.requests.try_recv() {
                             Ok(more) => request = more,
                             Err(_) => break,
