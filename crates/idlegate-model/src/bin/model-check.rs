@@ -26,11 +26,14 @@ fn main() {
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut builder = System::new(bounds, Mutation::None).checker().threads(threads);
-    if let Some(seconds) = args.get(4) {
-        builder = builder.timeout(Duration::from_secs(seconds.parse().expect("seconds")));
+    let limit = args.get(4).map(|seconds| Duration::from_secs(seconds.parse().expect("seconds")));
+    if let Some(limit) = limit {
+        builder = builder.timeout(limit);
     }
     let started = Instant::now();
-    let checker = builder.spawn_bfs().join();
+    // Depth first: its memory is the visited states' fingerprints and one path, where a
+    // breadth-first frontier of whole states outgrows the machine past the CI bound.
+    let checker = builder.spawn_dfs().join();
     let took = started.elapsed();
     println!("bounds: {bounds:?}, {threads} threads");
     println!(
@@ -39,7 +42,12 @@ fn main() {
         checker.unique_state_count(),
         checker.max_depth(),
         took.as_secs_f64(),
-        if checker.is_done() { "exhausted" } else { "stopped at the time limit" }
+        // A checker stopped by its time limit says it is done too: the time tells.
+        if limit.is_some_and(|limit| took >= limit) || !checker.is_done() {
+            "stopped at the time limit: no counterexample among the states explored"
+        } else {
+            "exhausted"
+        }
     );
     let mut broken = false;
     for property in checker.model().properties() {
