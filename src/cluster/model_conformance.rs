@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idlegate_model::node::Node;
+use idlegate_model::node::{keeps_route, Node};
 use idlegate_model::store::{Change, Device, Entry, Event, Held, Member, Reason, Route, Sid, Store};
 use idlegate_model::system::{Action, State};
 use idlegate_model::{Bounds, Mutation, System};
@@ -255,21 +255,6 @@ impl Driver {
             }
         }
     }
-}
-
-/// The writer's rule for which endings' routes it marks and deletes (`routes_to_delete`),
-/// over the model's changes.
-fn keeps_route(changes: &[Change]) -> Vec<bool> {
-    changes
-        .iter()
-        .enumerate()
-        .map(|(i, change)| match *change {
-            Change::End { device, last: false, .. } => {
-                !changes[i + 1..].iter().any(|c| matches!(*c, Change::Login { device: d, .. } if d == device))
-            }
-            _ => true,
-        })
-        .collect()
 }
 
 /// Everything the model compares, read in one call (a walk reads it after every step):

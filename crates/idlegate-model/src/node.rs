@@ -189,7 +189,7 @@ impl Node {
 /// Per change, whether its route step runs (`writer.rs`, `routes_to_delete`): for all but
 /// the ending of a session a later login of the batch replaces on the same device, whose
 /// `ROUTE_SET` moves the route over it, so it never goes empty between the two.
-fn keeps_route(changes: &[Change]) -> Vec<bool> {
+pub fn keeps_route(changes: &[Change]) -> Vec<bool> {
     changes
         .iter()
         .enumerate()
