@@ -150,6 +150,9 @@ pub(crate) async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, Sto
             cluster.saw_number(epoch, n);
         }
     }
+    if ok == 1 {
+        cluster.leased(member);
+    }
     Ok(ok == 1)
 }
 

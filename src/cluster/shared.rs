@@ -88,6 +88,9 @@ pub(crate) struct Cluster {
     /// What a change of a user's watch list made through another node calls (the fan-out's
     /// check of that user's sessions here), once the composition root has wired it.
     list_changed: OnceLock<ListChanged>,
+    /// The member whose lease Redis took last (`LEASE`): the writer sends nothing under a
+    /// member before it is listed (`writer.rs`, `write_one`).
+    leased_as: Mutex<Option<Arc<str>>>,
 }
 
 /// Called with the user whose watch list changed.
@@ -148,7 +151,18 @@ impl Cluster {
             next_request: AtomicU64::new(u64::from(keys::rand_u32()) << 32),
             tail: watch::Sender::new(EventId { ms: 0, seq: 0 }),
             list_changed: OnceLock::new(),
+            leased_as: Mutex::new(None),
         }
+    }
+
+    /// Redis took `member`'s lease: it is listed in `MEMBERS`, where reapers look.
+    pub(crate) fn leased(&self, member: &str) {
+        *self.leased_as.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::from(member));
+    }
+
+    /// Whether Redis took a lease of `member`.
+    pub(crate) fn has_leased(&self, member: &str) -> bool {
+        self.leased_as.lock().unwrap_or_else(PoisonError::into_inner).as_deref() == Some(member)
     }
 
     /// Wires what [`Cluster::watch_list_changed`] calls; the first wiring stays.

@@ -267,6 +267,8 @@ async fn write_one(
     let member = cluster.member();
     if progress.member.as_deref() != Some(&*member) {
         progress.prev = 0;
+    }
+    if !cluster.has_leased(&member) {
         // A member's first batch waits for its lease. `MEMBERS` lists a member from its
         // first `LEASE`, and reapers look only there: a node that wrote under a name it
         // never leased and then died would leave sessions no reaper finds, online for good
