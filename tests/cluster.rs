@@ -149,24 +149,31 @@ async fn simultaneous_duplicate_logins_leave_exactly_one_session_per_uid() {
     .await;
     // Per uid: the loser was announced and then kicked (online, offline, online), or taken
     // over before it was announced (one online); never two live sessions, never a repeat.
-    let mut seen: HashMap<u64, (u32, u32)> = HashMap::new();
-    let mut users: HashMap<u64, u32> = HashMap::new();
+    // The uid comes online as a user once, unless the loser lost its route in Redis (`!`)
+    // and its batch got there before the winner's: then it is announced first, superseded,
+    // and the stream's uid held it alone, then nothing, then the winner, so its user events
+    // say online, offline, online (`scripts::tests::a_login_that_lost_its_route_...`).
+    let mut history: HashMap<u64, Vec<String>> = HashMap::new();
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(700), sse.next()).await {
-        let entry = seen.entry(event.data["uid"].as_u64().unwrap()).or_default();
-        match event.event.as_str() {
-            "online" => entry.0 += 1,
-            "offline" => {
-                assert_eq!(event.data["reason"], "kicked");
-                entry.1 += 1
-            }
-            "user_online" => *users.entry(event.data["uid"].as_u64().unwrap()).or_default() += 1,
-            other => panic!("unexpected {other}"),
-        }
+        let uid = event.data["uid"].as_u64().unwrap();
+        let kind = match event.event.as_str() {
+            "online" if event.data["superseded"] == true => "online sp".to_string(),
+            "offline" => format!("offline {}", event.data["reason"].as_str().unwrap_or("?")),
+            other => other.to_string(),
+        };
+        history.entry(uid).or_default().push(kind);
     }
-    // One user_online per uid, however the race went: the uid came online once.
-    assert!(users.len() == UIDS as usize && users.values().all(|&n| n == 1), "{users:?}");
-    assert_eq!(seen.len(), UIDS as usize);
-    assert!(seen.values().all(|&c| c == (2, 1) || c == (1, 0)), "{seen:?}");
+    assert_eq!(history.len(), UIDS as usize);
+    let shapes: [&[&str]; 5] = [
+        &["online", "user_online"],
+        &["online", "user_online", "offline kicked", "online"],
+        &["online sp", "user_online", "offline kicked", "online"],
+        &["online", "user_online", "online sp", "offline kicked"],
+        &["online sp", "user_online", "offline kicked", "user_offline", "online", "user_online"],
+    ];
+    for (uid, events) in &history {
+        assert!(shapes.iter().any(|shape| *shape == events.as_slice()), "uid {uid}: {events:?}");
+    }
     assert_eq!(redis.cli(&["KEYS", "idlegate:route:*"]).lines().count(), UIDS as usize);
     // A uid that logs out is last seen under a key of its own slot, whichever shard holds
     // it (issue 48): every gateway answers it.

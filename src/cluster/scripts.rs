@@ -1620,6 +1620,38 @@ pub(crate) mod tests {
         assert_eq!(route_set(&redis, "c", "000000000000000c", "900", "tablet", "1"), "!");
     }
 
+    /// A login that lost its route to a newer one (`!`) can reach Redis before the login
+    /// that won: two logins of one device on two nodes in the same millisecond, the winner's
+    /// batch behind the loser's. The loser is announced first, as superseded, and its node
+    /// ends it; only then does the winner's batch arrive. User events follow the stream: the
+    /// uid held the loser alone, then nothing, then the winner, so it goes online, offline
+    /// and online again, each once, and every consumer sees the same. What the CI run of
+    /// stop 61 saw in `simultaneous_duplicate_logins_leave_exactly_one_session_per_uid`.
+    #[test]
+    fn a_login_that_lost_its_route_and_is_announced_first_is_its_user_s_own_transition() {
+        let Some(redis) = Redis::start() else { return };
+        // Same millisecond on two nodes: the owner's text breaks the tie, "b|..." wins.
+        assert_eq!(route_set(&redis, "b", S2, "1000", "", "1"), "");
+        let lost = route_set(&redis, "a", S, "1000", "", "1");
+        assert_eq!(lost, "!");
+        // The loser's batch first: announced as superseded, then ended by its node (told by
+        // the `!`); the winner's batch arrives last.
+        let (login, end) = (["L1|30000||- -", "7", S, &lost, "1000", ""], ["E1", "7", S, "kicked", "1001", ""]);
+        assert_eq!(apply_as(&redis, "a", 1, 2, 0, &[login, end]), "1");
+        assert_eq!(apply_as(&redis, "b", 1, 1, 0, &[["L1|30000||- -", "7", S2, "", "1000", ""]]), "1");
+        assert_eq!(
+            events(&redis)[1..],
+            [
+                format!("online {S} - sp"),
+                "user_online - -".into(),
+                format!("offline {S} kicked"),
+                "user_offline - kicked".into(),
+                format!("online {S2} -"),
+                "user_online - -".into(),
+            ]
+        );
+    }
+
     /// Nemesis seed 3 at `--max-devices 1`: an ended route left on one device (its deletion
     /// lost to a slow Redis) was replaced by a login of that device without a look at the
     /// uid's other routes, and the uid had two live routes, and two sessions online in the
