@@ -122,25 +122,40 @@ async fn release_graces(cluster: &Cluster) -> Result<(), StoreError> {
 
 /// Refreshes `member`'s lease; false if the member was reaped.
 pub(crate) async fn refresh(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
+    let cmd = lease_cmd(cluster, member);
+    let answer = cluster.send_control(vec![cmd]).await?.pop().unwrap_or(Value::Nil);
+    lease_taken(cluster, member, answer)
+}
+
+/// The `LEASE` call for `member`: the lease loop's each tick, and the writer's before each
+/// batch, in the same pipeline (`writer.rs`, `apply`). Redis replicates in order, so a
+/// replica that holds a batch holds the lease and the membership before it: a failover
+/// can never keep a member's sessions and lose the listing that lets a reaper find them
+/// (the model of issue 53 found it: a member leased after the replica's copy wrote after
+/// the failover and died within the tick, before its lease loop listed it again; its
+/// sessions stayed online for good).
+pub(crate) fn lease_cmd(cluster: &Cluster, member: &str) -> redis::Cmd {
     let registry = cluster.registry();
     let value = format!("{} {}", registry.online(), cluster.metrics.connections_open.get().max(0));
-    let lease_ms = cluster.settings.lease.as_millis() as u64;
-    let script = &cluster.scripts.lease;
-    let (ok, epoch, n): (i64, redis::Value, u64) = cluster
-        .call(1, |mut conn| async move {
-            let answer = script
-                .key(keys::lease(member))
-                .key(keys::MEMBERS)
-                .key(keys::reaped(member))
-                .key(keys::EVENTS_LAST)
-                .arg(member)
-                .arg(value)
-                .arg(lease_ms)
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(answer)
-        })
-        .await?;
+    let seen = cluster.high_water();
+    let (lease, reaped, applied) = (keys::lease(member), keys::reaped(member), keys::applied(member));
+    let mut cmd =
+        evalsha(&cluster.scripts.lease, &[&lease, keys::MEMBERS, &reaped, keys::EVENTS_LAST, keys::EVENTS, &applied]);
+    cmd.arg(member).arg(value).arg(cluster.settings.lease.as_millis() as u64);
+    cmd.arg(seen.epoch_arg()).arg(seen.n);
+    cmd.arg(cluster.settings.stream_cap).arg(cluster.settings.stream_bytes);
+    cmd.arg(cluster.applied_through(member));
+    cmd
+}
+
+/// Acts on `LEASE`'s answer for `member` (what it tells of the stream and of lost writes);
+/// true if Redis took the lease, false if the member was reaped.
+pub(crate) fn lease_taken(cluster: &Cluster, member: &str, answer: Value) -> Result<bool, StoreError> {
+    let (ok, epoch, n, lost): (i64, Value, u64, i64) =
+        redis::from_redis_value(answer).map_err(|e| StoreError::Redis(e.into()))?;
+    if lost == 1 {
+        cluster.lost_writes("the stream's number or this member's applied marker was behind what this node saw");
+    }
     match keys::epoch_of(&epoch) {
         // No epoch: the stream's state is gone (Redis came back empty, or failed over to a
         // replica without it) while this node remembers one.
@@ -249,7 +264,7 @@ async fn reap(cluster: &Cluster, member: &str, stop: &CancellationToken) -> Resu
 async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(String, u64, u64, u64), StoreError> {
     let script = &cluster.scripts.reap;
     let seen = cluster.high_water();
-    let (next, left, reaped, epoch, silent, seen): (String, u64, u64, redis::Value, u64, String) = cluster
+    let (next, left, reaped, epoch, silent, seen, n): (String, u64, u64, redis::Value, u64, String, u64) = cluster
         .call(1, |mut conn| async move {
             let answer = script
                 .key(keys::sessions(member))
@@ -276,7 +291,9 @@ async fn reap_step(cluster: &Cluster, member: &str, cursor: &str) -> Result<(Str
             Ok(answer)
         })
         .await?;
-    cluster.saw_epoch(keys::epoch_of(&epoch));
+    let epoch = keys::epoch_of(&epoch);
+    cluster.saw_epoch(epoch);
+    cluster.saw_number(epoch, n);
     cluster.record_seen(&seen).await;
     Ok((next, left, reaped, silent))
 }

@@ -999,7 +999,11 @@ return 1
 /// `--last-seen-ttl` in ms, the stream epoch the node knows (empty for none) and the
 /// highest event number it saw in it. Returns
 /// `{next cursor, sessions left, sessions reaped, epoch, of them removed without an event,
-/// seen}`, `seen` as `APPLY`'s.
+/// seen, the last event number}`, `seen` as `APPLY`'s. The reaper keeps the number: a
+/// failover that loses this reaping finds the reaper knowing more than the stream, and its
+/// next `REAP` of the member renews the epoch and removes what it logged before without a
+/// second `offline` (the model of issue 53 found it: without the number, a reaping lost in
+/// a failover was logged twice).
 pub(crate) const REAP: &str = r#"
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local found = scan[2]
@@ -1030,22 +1034,51 @@ for i = 1, #found, 2 do
   end
 end
 ev.save()
-return {scan[1], redis.call('HLEN', KEYS[1]), reaped, ev.epoch(), silent, table.concat(seen, ',')}
+return {scan[1], redis.call('HLEN', KEYS[1]), reaped, ev.epoch(), silent, table.concat(seen, ','), ev.n()}
 "#;
 
 /// Refreshes a member's lease, unless the member was reaped meanwhile.
 ///
 /// KEYS: the lease, the members set, the member's reaped marker, the stream's last-id
-/// hash. ARGV: member, value, lease in ms. Returns `{1 or 0 if the member was reaped,
-/// epoch or '', the last event number}`: every node learns the stream's progress each
-/// tick, which is how a batch notices a failover that lost other members' writes.
+/// hash, the stream, the member's applied marker. ARGV: member, value, lease in ms, the
+/// stream epoch the node knows (empty for none) and the highest event number it saw in it,
+/// the stream's cap and byte cap, the last change the node knows the member applied (0 for
+/// none). Returns `{1 or 0 if the member was reaped, epoch or '', the last event number, 1
+/// if Redis lost writes}`: every node learns the stream's progress each tick, which is how
+/// a batch notices a failover that lost other members' writes.
+///
+/// Redis lost writes when the stream's number in the node's epoch is below the highest the
+/// node saw, or when the member's applied marker is below what it applied (the marker is
+/// then set to it): the refresh renews the epoch, so consumers meet the gap within a tick
+/// though nothing else is logged, and the node reconciles though it has nothing to write. The model of issue 53 found
+/// both: a failover that lost an `online` a consumer had read, on a cluster that then
+/// logged nothing, never told the consumer; and a node whose lost `offline` was followed by
+/// as many events of others (its number caught up) kept the ended session in Redis, online
+/// in presence, for as long as it wrote nothing.
 pub(crate) const LEASE: &str = r#"
 local mark = redis.call('HMGET', KEYS[4], 'epoch', 'n')
 local epoch, n = mark[1] or '', tonumber(mark[2] or '0')
-if redis.call('EXISTS', KEYS[3]) == 1 then return {0, epoch, n} end
+local fenced = redis.call('EXISTS', KEYS[3]) == 1
+local lost = ARGV[4] ~= '' and ARGV[4] == epoch and n < tonumber(ARGV[5])
+-- A fenced member's applied marker went with its reaping. One behind is set back to what
+-- the member applied: the loss is told once, here, and not again by the next lease or
+-- batch (each telling would begin another epoch); the reconcile it starts repairs what the
+-- marker stood for.
+if not fenced and tonumber(redis.call('GET', KEYS[6]) or '0') < tonumber(ARGV[8]) then
+  redis.call('SET', KEYS[6], ARGV[8])
+  lost = true
+end
+if lost then
+  local ev = emitter(KEYS[5], KEYS[4], ARGV[6], ARGV[7])
+  ev.renew()
+  ev.save()
+  epoch, n = ev.epoch(), ev.n()
+end
+local said = lost and 1 or 0
+if fenced then return {0, epoch, n, said} end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[1])
-return {1, epoch, n}
+return {1, epoch, n, said}
 "#;
 
 /// Points a uid's route for one device at a new login, unless a newer login of another
@@ -1283,7 +1316,7 @@ impl Scripts {
             apply: with_emit(APPLY),
             claim: Script::new(CLAIM),
             reap: with_emit(REAP),
-            lease: Script::new(LEASE),
+            lease: with_emit(LEASE),
             route_set: Script::new(ROUTE_SET),
             route_del: Script::new(ROUTE_DEL),
             route_end: Script::new(ROUTE_END),

@@ -91,6 +91,9 @@ pub(crate) struct Cluster {
     /// The member whose lease Redis took last (`LEASE`): the writer sends nothing under a
     /// member before it is listed (`writer.rs`, `write_one`).
     leased_as: Mutex<Option<Arc<str>>>,
+    /// The member the writer's last batch was applied under, and that batch's last number:
+    /// the lease compares it with the member's applied marker each tick.
+    applied_as: Mutex<Option<(Arc<str>, u64)>>,
 }
 
 /// Called with the user whose watch list changed.
@@ -152,6 +155,20 @@ impl Cluster {
             tail: watch::Sender::new(EventId { ms: 0, seq: 0 }),
             list_changed: OnceLock::new(),
             leased_as: Mutex::new(None),
+            applied_as: Mutex::new(None),
+        }
+    }
+
+    /// The writer's batch through change `last` was applied under `member`.
+    pub(crate) fn applied(&self, member: &Arc<str>, last: u64) {
+        *self.applied_as.lock().unwrap_or_else(PoisonError::into_inner) = Some((member.clone(), last));
+    }
+
+    /// The last change `member` had applied, as far as this node knows (0: none).
+    pub(crate) fn applied_through(&self, member: &str) -> u64 {
+        match &*self.applied_as.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((m, last)) if **m == *member => *last,
+            _ => 0,
         }
     }
 

@@ -28,10 +28,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::ended::Ended;
-use crate::cluster::keys;
 use crate::cluster::queue::{cut, Op, Taken};
 use crate::cluster::shared::{evalsha, Cluster};
 use crate::cluster::store::StoreError;
+use crate::cluster::{keys, membership};
 use crate::presence::{Session, Will};
 use crate::proto::CloseReason;
 
@@ -331,6 +331,7 @@ async fn write_one(
     }
     match outcome {
         Applied::Written { superseded, dropped } => {
+            cluster.applied(&member, last);
             progress.member = Some(member);
             progress.prev = last;
             let now = Instant::now();
@@ -401,11 +402,14 @@ async fn apply(
         // Ends and data only, on one server: routes, events and the ended routes' deletion
         // in one round trip, in order.
         let mut cmds = routes;
+        cmds.push(membership::lease_cmd(cluster, member));
         cmds.push(apply_cmd(cluster, member, batch, prev, &[]));
         let at = cmds.len() - 1;
         cmds.extend(dels.iter().cloned());
         deleted = true;
-        cluster.send_all(cmds).await?.into_iter().nth(at).unwrap_or(Value::Nil)
+        let mut answers = cluster.send_all(cmds).await?;
+        leased(cluster, member, answers.get_mut(at - 1))?;
+        answers.into_iter().nth(at).unwrap_or(Value::Nil)
     } else {
         // Each login's answer: the owner it replaced, `!` if superseded, or nothing.
         let mut answers = cluster.send_all(routes).await?.into_iter();
@@ -424,7 +428,10 @@ async fn apply(
             }
         }
         let control = apply_cmd(cluster, member, batch, prev, &replaced_by_login);
-        cluster.send_all(vec![control]).await?.pop().unwrap_or(Value::Nil)
+        // The lease first, in one pipeline on the control slot: in order on a Redis Cluster too.
+        let mut answers = cluster.send_control(vec![membership::lease_cmd(cluster, member), control]).await?;
+        leased(cluster, member, answers.get_mut(0))?;
+        answers.pop().unwrap_or(Value::Nil)
     };
     let logins = logins_of(ops).zip(replaced_by_login.iter().map(String::as_str).chain(std::iter::repeat("")));
     if status_of(&answer).0 == FENCED {
@@ -442,6 +449,13 @@ async fn apply(
     finish(cluster, &answer).await?;
     cluster.record_seen(&answer_text(&answer, 4)).await;
     Ok(Applied::Written { superseded, dropped: dropped_of(&answer) })
+}
+
+/// Acts on the answer of the `LEASE` a batch went behind. A member reaped meanwhile is
+/// told by `APPLY`'s own answer (its fence), which the batch acts on.
+fn leased(cluster: &Cluster, member: &str, answer: Option<&mut Value>) -> Result<(), StoreError> {
+    let answer = answer.map(std::mem::take).unwrap_or(Value::Nil);
+    membership::lease_taken(cluster, member, answer).map(|_| ())
 }
 
 /// Part `at` of a script's array answer, as text (empty when it has none).
@@ -727,6 +741,17 @@ async fn reconcile(cluster: &Arc<Cluster>, ended: &mut Ended) -> Result<(), Stor
     // went unseen, and its session was announced again after its `offline` (nemesis
     // seed 5 at --max-devices 1).
     let kicked = pending_kicks(cluster, &member).await?;
+    // Read after the hash: a member reaped before the scan finds its sessions gone from it,
+    // and they are not lost but ended (`node_lost`). Announced again here, they went out
+    // under the node's new name as it rejoined, each online after its `offline` (the model
+    // of issue 53 found it: a node cut off past its lease and reaped reconciled before it
+    // learned of the fence). The fence's own path ends them (`Cluster::rejoin`, through the
+    // next batch or lease), as after any reaping. One reaped after the scan found its
+    // sessions there, and announces none again.
+    if fenced(cluster, &member).await? {
+        tracing::info!(%member, "not reconciling: this member was reaped; it rejoins");
+        return Ok(());
+    }
     let live = registry.live_sessions();
     // Read after the live sessions: a session is in the registry only once its login's
     // change is queued (the event log queues it under the uid's entry), and nothing is
@@ -819,6 +844,16 @@ async fn read_routes(cluster: &Cluster, sessions: &[Arc<Session>]) -> Result<Vec
         }));
     }
     Ok(routes)
+}
+
+/// Whether `member` was reaped (its fence stands).
+async fn fenced(cluster: &Cluster, member: &str) -> Result<bool, StoreError> {
+    let key = keys::reaped(member);
+    cluster
+        .call(1, |mut conn| async move {
+            redis::cmd("EXISTS").arg(&key).query_async::<bool>(&mut conn).await.map_err(StoreError::from)
+        })
+        .await
 }
 
 async fn pending_kicks(cluster: &Cluster, member: &str) -> Result<HashSet<(u64, u64)>, StoreError> {

@@ -3,7 +3,9 @@
 //! Every step is one action of one party, atomic as it is in the system: a client's LOGIN
 //! or its end on a node, a node's writer sending its batch (with the reply arriving or
 //! lost), its lease renewed, a kick read from its inbox, a reaper's `CLAIM` and `REAP`, a
-//! lease running out, a node cut off from Redis and back, a crash and a restart. The
+//! lease running out, a node cut off from Redis and back, a crash and a restart, a
+//! reconcile, and Redis failing over to a replica that lacks the writes since it copied
+//! the primary (`Replicate` takes that copy at any step, `Failover` promotes it). The
 //! checker tries every order of them within [`Bounds`].
 
 use stateright::{Model, Property};
@@ -23,12 +25,20 @@ pub struct Bounds {
     /// Faults in all: lost replies, cuts from Redis, crashes (a lease runs out by itself
     /// while its node is cut off or dead).
     pub faults: u8,
+    /// Failovers that lose writes, beside the faults.
+    pub failovers: u8,
 }
 
 impl Bounds {
     /// What CI checks exhaustively (issue 53): two nodes, one uid with two devices, two
-    /// logins and two faults (about 4.5 million states, half a minute on two cores).
-    pub const CI: Bounds = Bounds { nodes: 2, devices: 2, logins: 2, faults: 2 };
+    /// logins and two faults, no failover.
+    pub const CI: Bounds = Bounds { nodes: 2, devices: 2, logins: 2, faults: 2, failovers: 0 };
+    /// What CI checks exhaustively with Redis losing writes, in two parts that each exhaust
+    /// within a minute: two logins and a failover (logins racing, kicks across nodes, the
+    /// reconcile), and one login, two faults and a failover (a lease running out, a reaping
+    /// and a fence, around a failover).
+    pub const CI_FAILOVER: Bounds = Bounds { nodes: 2, devices: 2, logins: 2, faults: 0, failovers: 1 };
+    pub const CI_FAILOVER_FAULTS: Bounds = Bounds { nodes: 2, devices: 2, logins: 1, faults: 2, failovers: 1 };
 }
 
 /// The system; see the module documentation.
@@ -46,6 +56,9 @@ pub struct State {
     /// The next session's number.
     pub next_sid: Sid,
     pub faults: u8,
+    pub failovers: u8,
+    /// What a replica copied of Redis, which a failover promotes.
+    pub replica: Option<Store>,
 }
 
 /// One step.
@@ -98,6 +111,14 @@ pub enum Action {
     Restart {
         node: u8,
     },
+    /// The writer's reconcile after lost writes.
+    Reconcile {
+        node: u8,
+    },
+    /// A replica copies Redis as it stands (it lags from here on).
+    Replicate,
+    /// Redis fails over to that replica: the writes since are lost.
+    Failover,
 }
 
 impl System {
@@ -114,9 +135,9 @@ impl Model for System {
         let mut store = Store::default();
         let nodes: Vec<Node> = (0..self.bounds.nodes).map(Node::new).collect();
         for node in &nodes {
-            store.lease(node.member());
+            store.lease(node.member(), None, 0);
         }
-        vec![State { nodes, store, next_sid: 0, faults: 0 }]
+        vec![State { nodes, store, next_sid: 0, faults: 0, failovers: 0, replica: None }]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
@@ -129,7 +150,10 @@ impl Model for System {
                     continue;
                 }
                 Up::Connected => {
-                    if n.routed.is_some() {
+                    if n.reconcile && n.routed.is_none() {
+                        // The writer reconciles before its next batch.
+                        actions.push(Action::Reconcile { node });
+                    } else if n.routed.is_some() {
                         actions.push(Action::Apply { node, reply: true });
                         if fault {
                             actions.push(Action::Apply { node, reply: false });
@@ -137,9 +161,18 @@ impl Model for System {
                     } else if !n.queue.is_empty() && n.leased {
                         actions.push(Action::Route { node });
                     }
-                    // Renewing a live lease changes nothing; one that ran out comes back,
-                    // unless a reaper fenced the member first.
-                    if !state.store.leases.contains(&n.member()) {
+                    // Renewing a live lease changes nothing but what the node learns of
+                    // the stream (which matters only where Redis may lose writes); one that
+                    // ran out comes back, unless a reaper fenced the member first.
+                    // A renewal also renews the stream's epoch where the node saw more of it
+                    // than Redis holds.
+                    let (epoch, number) = (state.store.epoch, state.store.n);
+                    let applied = state.store.applied.get(&n.member()).copied().unwrap_or(0);
+                    let learns = self.bounds.failovers > 0
+                        && (n.epoch != Some(epoch)
+                            || n.known.is_none_or(|(e, m)| e != epoch || m != number)
+                            || (applied < n.prev && !state.store.reaped.contains_key(&n.member())));
+                    if !state.store.leases.contains(&n.member()) || learns {
                         actions.push(Action::Renew { node });
                     }
                     if state.store.inbox.get(&n.member()).is_some_and(|kicks| !kicks.is_empty()) {
@@ -177,6 +210,12 @@ impl Model for System {
         }
         for member in state.store.leases.iter().filter(|m| state.nodes.iter().all(|n| n.member() != **m)) {
             actions.push(Action::Lapse { member: *member });
+        }
+        if state.failovers < self.bounds.failovers {
+            match state.replica {
+                None => actions.push(Action::Replicate),
+                Some(_) => actions.push(Action::Failover),
+            }
         }
     }
 
@@ -217,7 +256,23 @@ impl Model for System {
                     state.nodes[i].kick(sid);
                 }
             }
-            Action::Reap { member, .. } => state.store.reap(member, self.mutation),
+            Action::Reap { node: id, member } => {
+                let i = usize::from(id);
+                if let Some((epoch, n)) = state.store.reap(member, state.nodes[i].known, self.mutation) {
+                    state.nodes[i].saw(epoch, n);
+                }
+            }
+            Action::Reconcile { node: id } => {
+                let State { nodes, store, .. } = &mut state;
+                nodes[usize::from(id)].reconcile(store);
+            }
+            Action::Replicate => state.replica = Some(state.store.replica()),
+            Action::Failover => {
+                state.failovers += 1;
+                if let Some(replica) = state.replica.take() {
+                    state.store.failover(&replica);
+                }
+            }
             Action::CutOff { node: id } => {
                 state.faults += 1;
                 state.nodes[usize::from(id)].up = Up::CutOff;
@@ -234,6 +289,10 @@ impl Model for System {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        promises::all()
+        let mut all = promises::all();
+        if self.bounds.failovers > 0 {
+            all.extend(promises::failover());
+        }
+        all
     }
 }

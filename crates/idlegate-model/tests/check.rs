@@ -3,13 +3,17 @@
 //! bound.
 
 use idlegate_model::{Bounds, Mutation, System};
-use stateright::{Checker, HasDiscoveries, Model};
+use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 /// Checks `mutation` within the CI bound, on every core; with `until`, stops at the first
 /// discovery of any property it names.
 fn check(mutation: Mutation, until: &[&'static str]) -> impl Checker<System> {
+    check_within(Bounds::CI, mutation, until)
+}
+
+fn check_within(bounds: Bounds, mutation: Mutation, until: &[&'static str]) -> impl Checker<System> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut checker = System::new(Bounds::CI, mutation).checker().threads(threads);
+    let mut checker = System::new(bounds, mutation).checker().threads(threads);
     if !until.is_empty() {
         checker = checker.finish_when(HasDiscoveries::AnyOf(until.iter().copied().collect()));
     }
@@ -26,6 +30,39 @@ fn the_protocol_keeps_every_promise_within_the_ci_bound() {
         checker.max_depth()
     );
     checker.assert_properties();
+}
+
+/// Every promise holds within `bounds`, and every reachability check is reached but those
+/// the bound cannot reach (`out_of_reach`).
+fn assert_within(bounds: Bounds, out_of_reach: &[&str]) {
+    let checker = check_within(bounds, Mutation::None, &[]);
+    eprintln!(
+        "{bounds:?}: {} states ({} unique), depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    assert!(checker.is_done(), "not exhausted");
+    for property in checker.model().properties() {
+        let found = checker.discovery(property.name).is_some();
+        match property.expectation {
+            Expectation::Sometimes if out_of_reach.contains(&property.name) => {}
+            Expectation::Sometimes => assert!(found, "not reached: {}", property.name),
+            _ => assert!(!found, "broken: {}: {:?}", property.name, checker.discovery(property.name)),
+        }
+    }
+}
+
+#[test]
+fn the_protocol_keeps_every_promise_when_redis_loses_writes() {
+    // No fault beside the failover: no lease runs out.
+    assert_within(Bounds::CI_FAILOVER, &["a member is reaped", "a fenced node rejoins"]);
+}
+
+#[test]
+fn the_protocol_keeps_every_promise_when_redis_loses_writes_around_a_reaping() {
+    // One login: no login kicks another.
+    assert_within(Bounds::CI_FAILOVER_FAULTS, &["a login on one node kicks a session of another"]);
 }
 
 #[test]

@@ -379,27 +379,33 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
-/// Starves a gateway of CPU: a stall of its runtime, as a noisy neighbour or a CPU quota
-/// makes one, while its sockets stay open. A cgroup of its own (v2, or v1's cpu controller)
-/// limits it to [`STALL_QUOTA_US`] of CPU per [`STALL_PERIOD_US`].
-pub struct Throttle {
-    group: PathBuf,
-    quota: PathBuf,
-    v2: bool,
-}
-
 /// The stalled gateway's CPU: 1 ms in every 100 ms, enough for the kernel to move its
 /// threads now and then, far too little to keep a tick or a lease.
 const STALL_QUOTA_US: u64 = 1_000;
 const STALL_PERIOD_US: u64 = 100_000;
+
+/// Starves a gateway of CPU: a stall of its runtime, as a noisy neighbour or a CPU quota
+/// makes one, while its sockets stay open. A cgroup of its own (v2, or v1's cpu controller)
+/// limits it to [`STALL_QUOTA_US`] of CPU per [`STALL_PERIOD_US`]. Healed, the gateway goes
+/// back to the cgroup it came from: left in its own, it would compete for CPU as one group
+/// against every thread outside it, a stall that outlasts its fault (nemesis seed 10 at
+/// `--max-devices 1`: a gateway stalled once lagged whenever the machine was busy, until a
+/// lag cost it its lease, with no fault near).
+pub struct Throttle {
+    group: PathBuf,
+    quota: PathBuf,
+    v2: bool,
+    /// The stalled process and the cgroup it came from (the controller's hierarchy root
+    /// joined with its path there).
+    home: std::sync::Mutex<Option<(u32, PathBuf)>>,
+}
 
 impl Throttle {
     /// A cgroup for one gateway's stalls (`name` unique to the run and the node), or why
     /// there cannot be one.
     pub fn new(name: &str) -> Result<Throttle, String> {
         let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-        let base = if v2 { PathBuf::from("/sys/fs/cgroup") } else { PathBuf::from("/sys/fs/cgroup/cpu") };
-        let group = base.join(format!("idlegate-nemesis-{name}"));
+        let group = Self::root(v2).join(format!("idlegate-nemesis-{name}"));
         std::fs::create_dir_all(&group).map_err(|e| {
             format!(
                 "the stall fault needs a writable cpu cgroup ({}): {e}; leave it out with --faults",
@@ -407,13 +413,38 @@ impl Throttle {
             )
         })?;
         let quota = group.join(if v2 { "cpu.max" } else { "cpu.cfs_quota_us" });
-        Ok(Throttle { group, quota, v2 })
+        Ok(Throttle { group, quota, v2, home: std::sync::Mutex::new(None) })
     }
 
-    /// Starves `pid` (true) or gives it back its CPU (false).
+    /// Where the CPU controller's hierarchy is mounted.
+    fn root(v2: bool) -> PathBuf {
+        PathBuf::from(if v2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/cpu" })
+    }
+
+    /// The cgroup `pid` is in, for the CPU controller: `0::<path>` on v2, the line whose
+    /// controllers include `cpu` on v1.
+    fn cgroup_of(&self, pid: u32) -> Result<PathBuf, String> {
+        let file = format!("/proc/{pid}/cgroup");
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?;
+        let path = text
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let ours = if self.v2 { controllers.is_empty() } else { controllers.split(',').any(|c| c == "cpu") };
+                ours.then_some(path)
+            })
+            .next()
+            .ok_or_else(|| format!("{file}: no cpu cgroup"))?;
+        Ok(Self::root(self.v2).join(path.trim_start_matches('/')))
+    }
+
+    /// Starves `pid` (true), or gives the process it starved its CPU back and moves it home
+    /// (false; `pid` is not needed).
     pub fn set(&self, pid: u32, stalled: bool) -> Result<(), String> {
         let write =
             |path: &Path, what: String| std::fs::write(path, what).map_err(|e| format!("{}: {e}", path.display()));
+        let mut home = self.home.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if stalled {
             if self.v2 {
                 write(&self.quota, format!("{STALL_QUOTA_US} {STALL_PERIOD_US}"))?;
@@ -421,11 +452,21 @@ impl Throttle {
                 write(&self.group.join("cpu.cfs_period_us"), STALL_PERIOD_US.to_string())?;
                 write(&self.quota, STALL_QUOTA_US.to_string())?;
             }
+            let from = self.cgroup_of(pid)?;
             // Every thread of the process (v1 moves one task per write to `tasks`;
             // cgroup.procs moves them all).
-            write(&self.group.join("cgroup.procs"), pid.to_string())
+            write(&self.group.join("cgroup.procs"), pid.to_string())?;
+            *home = Some((pid, from));
+            Ok(())
         } else {
-            write(&self.quota, if self.v2 { format!("max {STALL_PERIOD_US}") } else { "-1".to_string() })
+            write(&self.quota, if self.v2 { format!("max {STALL_PERIOD_US}") } else { "-1".to_string() })?;
+            match home.take() {
+                // A process that died meanwhile (a kill during the stall) left the group.
+                Some((pid, from)) if Path::new(&format!("/proc/{pid}")).exists() => {
+                    write(&from.join("cgroup.procs"), pid.to_string())
+                }
+                _ => Ok(()),
+            }
         }
     }
 }
@@ -435,5 +476,33 @@ impl Drop for Throttle {
         let _ = self.set(0, false);
         // Removable only once empty: its processes are gone by then (the gateways drop first).
         let _ = std::fs::remove_dir(&self.group);
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// A healed stall puts the gateway back in the cgroup it came from (nemesis seed 10 at
+    /// `--max-devices 1`: left in its own, it stayed starved whenever the machine was busy).
+    #[test]
+    fn a_healed_stall_moves_the_process_home() {
+        let throttle = match Throttle::new(&format!("test-{}", std::process::id())) {
+            Ok(throttle) => throttle,
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: {e} (needs root and a writable cpu cgroup, as the nemesis's stalls do)");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        let pid = child.id();
+        let home = throttle.cgroup_of(pid).expect("its cgroup");
+        throttle.set(pid, true).expect("stalled");
+        assert_eq!(throttle.cgroup_of(pid).expect("its cgroup"), throttle.group);
+        throttle.set(0, false).expect("healed");
+        assert_eq!(throttle.cgroup_of(pid).expect("its cgroup"), home);
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

@@ -2,9 +2,12 @@
 //! than CI's (docs/RELIABILITY.md): prints the states generated and unique, the depth
 //! reached, the time, and each property's outcome; exits 1 if a promise broke.
 //!
-//!     cargo run --release -p idlegate-model --bin model-check -- NODES DEVICES LOGINS FAULTS [SECONDS]
+//!     cargo run --release -p idlegate-model --bin model-check -- NODES DEVICES LOGINS FAULTS [SECONDS [FAILOVERS [bfs]]]
 //!
-//! With SECONDS, checking stops after that long (the depth reached is then the figure).
+//! With SECONDS (0: none), checking stops after that long (the depth reached is then the
+//! figure). FAILOVERS (default 0) are failovers of Redis that lose writes, beside the
+//! faults. `bfs` checks breadth first (shortest counterexamples; memory grows with the
+//! frontier).
 
 // No async runtime here, and nothing whose time a test would pause: the wall time of a
 // CPU-bound check is what is reported.
@@ -23,17 +26,27 @@ fn main() {
         devices: number(1, 2) as u8,
         logins: number(2, 3) as u8,
         faults: number(3, 2) as u8,
+        failovers: number(5, 0) as u8,
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // `IDLEGATE_MODEL_VERBOSE=1`: each counterexample's sessions, users and nodes at every step.
+    let verbose = std::env::var_os("IDLEGATE_MODEL_VERBOSE").is_some();
     let mut builder = System::new(bounds, Mutation::None).checker().threads(threads);
-    let limit = args.get(4).map(|seconds| Duration::from_secs(seconds.parse().expect("seconds")));
+    let limit = args
+        .get(4)
+        .map(|seconds| Duration::from_secs(seconds.parse().expect("seconds")))
+        .filter(|limit| !limit.is_zero());
     if let Some(limit) = limit {
         builder = builder.timeout(limit);
     }
     let started = Instant::now();
     // Depth first: its memory is the visited states' fingerprints and one path, where a
     // breadth-first frontier of whole states outgrows the machine past the CI bound.
-    let checker = builder.spawn_dfs().join();
+    let checker: Box<dyn Checker<System>> = if args.get(6).is_some_and(|a| a == "bfs") {
+        Box::new(builder.spawn_bfs().join())
+    } else {
+        Box::new(builder.spawn_dfs().join())
+    };
     let took = started.elapsed();
     println!("bounds: {bounds:?}, {threads} threads");
     println!(
@@ -44,7 +57,7 @@ fn main() {
         took.as_secs_f64(),
         // A checker stopped by its time limit says it is done too: the time tells.
         if limit.is_some_and(|limit| took >= limit) || !checker.is_done() {
-            "stopped at the time limit: no counterexample among the states explored"
+            "stopped at the time limit, not exhausted"
         } else {
             "exhausted"
         }
@@ -62,7 +75,20 @@ fn main() {
         println!("  {outcome}: {}", property.name);
         if bad {
             if let Some(path) = found {
-                println!("    {:?}", path.into_actions());
+                let states = path.clone().into_states();
+                for (action, state) in path.into_actions().iter().zip(states.iter().skip(1)) {
+                    println!("    {action:?}");
+                    println!("      log: {:?}", state.store.log);
+                    if verbose {
+                        println!("      sessions: {:?} users: {:?}", state.store.sessions, state.store.users);
+                        for n in &state.nodes {
+                            println!(
+                                "      node {}#{}: live {:?} queue {:?} known {:?}",
+                                n.id, n.run, n.live, n.queue, n.known
+                            );
+                        }
+                    }
+                }
             }
         }
     }
