@@ -684,3 +684,83 @@ fn random_walks_of_the_model_leave_redis_as_the_model_says() {
         );
     }
 }
+
+/// `LEASE` for member `m` on a real Redis, with the node's high water (`epoch`, `n`) and
+/// what it applied (`prev`); its answer's lines.
+fn lease_as(redis: &Redis, m: &str, epoch: &str, n: u32, prev: u32) -> Vec<String> {
+    let keys = [
+        keys::lease(m),
+        keys::MEMBERS.into(),
+        keys::reaped(m),
+        keys::EVENTS_LAST.into(),
+        keys::EVENTS.into(),
+        keys::applied(m),
+    ];
+    let args = [
+        m.to_string(),
+        "0 0".into(),
+        "60000".into(),
+        epoch.into(),
+        n.to_string(),
+        "100000".into(),
+        "100000000".into(),
+        prev.to_string(),
+    ];
+    eval(redis, LEASE, true, &keys, &args).lines().map(String::from).collect()
+}
+
+/// Logs `count` events (whatever they are: only their numbers matter here); the stream's
+/// epoch and last number after.
+fn log_events(redis: &Redis, count: usize) -> (String, u32) {
+    let body = "local ev = emitter(KEYS[1], KEYS[2], '100000', '100000000') \
+                for i = 1, tonumber(ARGV[1]) do ev.emit('t', 'data', 'uid', '7', 'p', 'x', 'at', '1') end \
+                ev.save() return {ev.epoch(), ev.n()}";
+    let out = eval(redis, body, true, &[keys::EVENTS.into(), keys::EVENTS_LAST.into()], &[count.to_string()]);
+    let mut lines = out.lines();
+    let epoch = lines.next().unwrap_or_default().to_string();
+    (epoch, lines.next().and_then(|n| n.parse().ok()).unwrap_or(0))
+}
+
+/// The model's counterexample, on the real scripts: Redis failed over to a replica that
+/// lacked events a consumer had read, and the cluster logged nothing more. The consumer
+/// was never told. A node's next `LEASE`, knowing a higher number than the stream's, now
+/// begins a new epoch, which the consumer meets as a gap.
+#[test]
+fn model_a_failover_that_loses_what_a_consumer_read_is_told_by_the_next_lease() {
+    let Some(redis) = Redis::start() else { return };
+    log_events(&redis, 1);
+    eval(&redis, REPLICA, false, &[], &["copy".into()]);
+    let (epoch, n) = log_events(&redis, 3);
+    eval(&redis, REPLICA, false, &[], &["promote".into()]);
+    let answer = lease_as(&redis, "a", &epoch, n, 0);
+    assert_eq!(answer[3], "1", "the lease tells of lost writes: {answer:?}");
+    assert_ne!(answer[1], epoch, "a new epoch");
+    let kinds = redis.cli(&[
+        "EVAL",
+        "local o = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do o[#o + 1] = e[2][2] end return o",
+        "1",
+        keys::EVENTS,
+    ]);
+    assert_eq!(kinds.lines().collect::<Vec<_>>(), ["epoch", "data", "epoch"]);
+}
+
+/// The model's counterexample, on the real scripts: a failover lost a member's `offline`
+/// (its applied marker went back), and other nodes logged as many events meanwhile, so the
+/// stream's number caught up with what the member's node had seen. The node, with nothing
+/// to write, never reconciled, and the ended session stayed in Redis, online in presence.
+/// Its `LEASE` now compares the applied marker with what the node applied: the loss is
+/// told (a new epoch, a reconcile), once, and the marker set back to it.
+#[test]
+fn model_a_member_whose_applied_marker_went_back_is_told_by_its_lease_once() {
+    let Some(redis) = Redis::start() else { return };
+    let (epoch, n) = log_events(&redis, 2);
+    redis.cli(&["SET", &keys::applied("a"), "5"]);
+    let answer = lease_as(&redis, "a", &epoch, n, 7);
+    assert_eq!((answer[0].as_str(), answer[3].as_str()), ("1", "1"), "{answer:?}");
+    assert_eq!(redis.cli(&["GET", &keys::applied("a")]).trim(), "7");
+    let (epoch, n) = (answer[1].clone(), answer[2].parse().expect("a number"));
+    assert_eq!(lease_as(&redis, "a", &epoch, n, 7)[3], "0", "told once");
+    // A reaped member's marker went with its reaping: no loss to tell.
+    redis.cli(&["SET", &keys::reaped("b"), "3"]);
+    assert_eq!(lease_as(&redis, "b", &epoch, n, 7)[..4], ["0".to_string(), epoch, n.to_string(), "0".into()]);
+}
