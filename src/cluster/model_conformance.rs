@@ -171,20 +171,8 @@ impl Driver {
 
     /// `LEASE` of member `m`, whose node knows `known` of the stream and `prev` applied.
     fn lease(&self, redis: &Redis, m: Member, known: Option<(u8, u32)>, prev: u32) {
-        let name = member(m);
-        let keys = [
-            keys::lease(&name),
-            keys::MEMBERS.into(),
-            keys::reaped(&name),
-            keys::EVENTS_LAST.into(),
-            keys::EVENTS.into(),
-            keys::applied(&name),
-        ];
         let [epoch, number] = self.known(known);
-        let args = [name.clone(), "0 0".into(), "60000".into(), epoch, number];
-        let args: Vec<String> =
-            args.into_iter().chain(["100000".into(), "100000000".into(), prev.to_string()]).collect();
-        eval(redis, LEASE, true, &keys, &args);
+        lease_as(redis, &member(m), &epoch, &number, prev);
     }
 
     /// Runs `action`'s scripts, as the gateway would from `state` (the state before it).
@@ -685,9 +673,9 @@ fn random_walks_of_the_model_leave_redis_as_the_model_says() {
     }
 }
 
-/// `LEASE` for member `m` on a real Redis, with the node's high water (`epoch`, `n`) and
-/// what it applied (`prev`); its answer's lines.
-fn lease_as(redis: &Redis, m: &str, epoch: &str, n: u32, prev: u32) -> Vec<String> {
+/// `LEASE` for member `m` on a real Redis, with the node's high water (`epoch`, `n`, as the
+/// script takes them) and what it applied (`prev`); its answer's lines.
+fn lease_as(redis: &Redis, m: &str, epoch: &str, n: &str, prev: u32) -> Vec<String> {
     let keys = [
         keys::lease(m),
         keys::MEMBERS.into(),
@@ -696,16 +684,7 @@ fn lease_as(redis: &Redis, m: &str, epoch: &str, n: u32, prev: u32) -> Vec<Strin
         keys::EVENTS.into(),
         keys::applied(m),
     ];
-    let args = [
-        m.to_string(),
-        "0 0".into(),
-        "60000".into(),
-        epoch.into(),
-        n.to_string(),
-        "100000".into(),
-        "100000000".into(),
-        prev.to_string(),
-    ];
+    let args = [m, "0 0", "60000", epoch, n, "100000", "100000000", &prev.to_string()].map(String::from);
     eval(redis, LEASE, true, &keys, &args).lines().map(String::from).collect()
 }
 
@@ -732,7 +711,7 @@ fn model_a_failover_that_loses_what_a_consumer_read_is_told_by_the_next_lease() 
     eval(&redis, REPLICA, false, &[], &["copy".into()]);
     let (epoch, n) = log_events(&redis, 3);
     eval(&redis, REPLICA, false, &[], &["promote".into()]);
-    let answer = lease_as(&redis, "a", &epoch, n, 0);
+    let answer = lease_as(&redis, "a", &epoch, &n.to_string(), 0);
     assert_eq!(answer[3], "1", "the lease tells of lost writes: {answer:?}");
     assert_ne!(answer[1], epoch, "a new epoch");
     let kinds = redis.cli(&[
@@ -755,12 +734,12 @@ fn model_a_member_whose_applied_marker_went_back_is_told_by_its_lease_once() {
     let Some(redis) = Redis::start() else { return };
     let (epoch, n) = log_events(&redis, 2);
     redis.cli(&["SET", &keys::applied("a"), "5"]);
-    let answer = lease_as(&redis, "a", &epoch, n, 7);
+    let answer = lease_as(&redis, "a", &epoch, &n.to_string(), 7);
     assert_eq!((answer[0].as_str(), answer[3].as_str()), ("1", "1"), "{answer:?}");
     assert_eq!(redis.cli(&["GET", &keys::applied("a")]).trim(), "7");
-    let (epoch, n) = (answer[1].clone(), answer[2].parse().expect("a number"));
-    assert_eq!(lease_as(&redis, "a", &epoch, n, 7)[3], "0", "told once");
+    let (epoch, n) = (answer[1].clone(), answer[2].clone());
+    assert_eq!(lease_as(&redis, "a", &epoch, &n, 7)[3], "0", "told once");
     // A reaped member's marker went with its reaping: no loss to tell.
     redis.cli(&["SET", &keys::reaped("b"), "3"]);
-    assert_eq!(lease_as(&redis, "b", &epoch, n, 7)[..4], ["0".to_string(), epoch, n.to_string(), "0".into()]);
+    assert_eq!(lease_as(&redis, "b", &epoch, &n, 7)[..4], ["0".to_string(), epoch, n, "0".into()]);
 }
